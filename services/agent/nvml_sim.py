@@ -1,0 +1,476 @@
+"""Simulated NVML backend: realistic GPU dynamics and fault injection, no GPU required.
+
+Deterministic: the same ``seed``, the same ``clock`` readings and the same sequence of
+calls give identical samples. Time only moves when ``clock()`` does; every ``sample()``
+advances each GPU's state (memory ramp, first-order thermal model, SBE counters) by the
+time elapsed since the previous sample.
+
+Model, per GPU:
+  utilization  from the workload kind ("idle", "training", "inference", "dev", None=free)
+  memory       ramps toward the workload's footprint (~15 s to fill the card), frees faster
+  power        idle_w + util * (tdp - idle_w) + noise, capped at the power limit
+  temperature  T -> ambient + R_th * power with time constant TAU_S (exact exponential step)
+  clocks       boost when busy, idle clock when free; lower under power cap, much lower
+               when thermally throttled (temperature near/above the slowdown threshold)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import uuid as uuidlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from services.agent.nvml_types import (
+    XID_DEGRADED,
+    XID_FAILED,
+    GpuInfo,
+    GpuSample,
+    MigInstance,
+    NodeInfo,
+    SbeRateTracker,
+    derive_health,
+)
+
+WORKLOAD_KINDS = ("idle", "training", "inference", "dev")
+FAULT_KINDS = ("xid79", "xid48", "dbe", "sbe_storm", "thermal", "xid13")
+
+TAU_S = 40.0  # thermal time constant
+AMBIENT_C = 28.0
+_UUID_NAMESPACE = uuidlib.UUID("6f1c2b1e-8a53-4f3e-9d0a-5c1f7e2b9a41")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    model: str
+    name: str
+    memory_total_mib: int
+    tdp_w: float
+    idle_w: float
+    max_sm_clock_mhz: int
+    idle_sm_clock_mhz: int
+    compute_capability: str
+    slowdown_temp_c: float
+    thermal_resistance: float  # degC per W above ambient at steady state
+    nvlink: bool  # SXM/NVSwitch part
+    mig_profiles: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (compute g, mem slices)
+
+
+def _mig(mem_gb_per_slice: int, full_gb: int, *, half_gb: int, three_gb: int) -> dict[str, tuple[int, int]]:
+    return {
+        f"1g.{mem_gb_per_slice}gb": (1, 1),
+        f"1g.{half_gb}gb": (1, 2),
+        f"2g.{half_gb}gb": (2, 2),
+        f"3g.{three_gb}gb": (3, 4),
+        f"4g.{three_gb}gb": (4, 4),
+        f"7g.{full_gb}gb": (7, 8),
+    }
+
+
+GPU_SPECS: dict[str, GpuSpec] = {
+    s.model: s
+    for s in (
+        GpuSpec("H100-80GB", "NVIDIA H100 80GB HBM3", 81559, 700, 70, 1980, 345, "9.0", 87, 0.064, True,
+                _mig(10, 80, half_gb=20, three_gb=40)),
+        GpuSpec("H200-141GB", "NVIDIA H200", 143771, 700, 75, 1980, 345, "9.0", 87, 0.064, True,
+                _mig(18, 141, half_gb=35, three_gb=71)),
+        GpuSpec("A100-80GB", "NVIDIA A100-SXM4-80GB", 81920, 400, 55, 1410, 210, "8.0", 88, 0.11, True,
+                _mig(10, 80, half_gb=20, three_gb=40)),
+        GpuSpec("A100-40GB", "NVIDIA A100-SXM4-40GB", 40960, 400, 50, 1410, 210, "8.0", 88, 0.11, True,
+                _mig(5, 40, half_gb=10, three_gb=20)),
+        GpuSpec("L40S", "NVIDIA L40S", 46068, 350, 35, 2520, 210, "8.9", 88, 0.14, False),
+        GpuSpec("L4", "NVIDIA L4", 23034, 72, 16, 2040, 210, "8.9", 88, 0.55, False),
+        GpuSpec("T4", "Tesla T4", 15360, 70, 10, 1590, 300, "7.5", 93, 0.6, False),
+    )
+}  # fmt: skip
+
+# Allowed placement starts by memory-slice size (A100/H100-style 8-slice layout).
+_MIG_STARTS = {1: range(0, 7), 2: range(0, 8, 2), 4: (0, 4), 8: (0,)}
+
+# Bus ids of a typical HGX 8-GPU baseboard.
+_HGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+
+
+def _unit(*parts: object) -> float:
+    """Deterministic pseudo-random number in [0, 1) from the given parts."""
+    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def _clamp(value: float, lo: float, hi: float) -> float:
+    return float(max(lo, min(hi, value)))
+
+
+@dataclass(slots=True)
+class _Workload:
+    kind: str
+    started_at: float
+    memory_fraction: float
+    period_s: float
+    phase_s: float
+    generation: int
+
+
+@dataclass(slots=True)
+class _GpuState:
+    index: int
+    spec: GpuSpec
+    uuid: str
+    rng: random.Random
+    workload: _Workload | None = None
+    workload_generation: int = 0
+    memory_used_mib: float = 0.0
+    temperature_c: float = 0.0
+    faults: set[str] = field(default_factory=set)
+    pending_xids: list[int] = field(default_factory=list)
+    latched_xids: set[int] = field(default_factory=set)
+    sbe: float = 0.0
+    sbe_rate_per_min: float = 0.0
+    dbe: int = 0
+    retired_pages_pending: bool = False
+    lost: bool = False
+    mig: tuple[MigInstance, ...] | None = None
+    sbe_tracker: SbeRateTracker = field(default_factory=SbeRateTracker)
+
+
+class SimulatedNvml:
+    """:class:`~services.agent.nvml_types.NvmlBackend` with simulated GPUs."""
+
+    def __init__(
+        self,
+        hostname: str,
+        gpu_models: Sequence[str],
+        *,
+        seed: int,
+        clock: Callable[[], float],
+        cpu_count: int = 224,
+        memory_total_mib: int = 2 * 1024 * 1024,
+        driver_version: str = "550.90.07",
+        cuda_driver_version: str = "12.4",
+    ) -> None:
+        unknown = [m for m in gpu_models if m not in GPU_SPECS]
+        if unknown:
+            raise ValueError(f"unknown GPU model(s) {unknown}; known: {sorted(GPU_SPECS)}")
+        self._hostname = hostname
+        self._seed = seed
+        self._clock = clock
+        self._cpu_count = cpu_count
+        self._memory_total_mib = memory_total_mib
+        self._driver_version = driver_version
+        self._cuda_driver_version = cuda_driver_version
+        self._opened = False
+        self._last_t: float | None = None
+        self._gpus: list[_GpuState] = []
+        for index, model in enumerate(gpu_models):
+            spec = GPU_SPECS[model]
+            state = _GpuState(
+                index=index,
+                spec=spec,
+                uuid="GPU-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{hostname}/{index}")),
+                rng=random.Random(f"{seed}/{hostname}/{index}"),
+            )
+            state.temperature_c = AMBIENT_C + spec.thermal_resistance * spec.idle_w
+            self._gpus.append(state)
+        self._by_uuid = {g.uuid: g for g in self._gpus}
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    def open(self) -> None:
+        self._opened = True
+        if self._last_t is None:
+            self._last_t = self._clock()  # simulated time starts when the backend is opened
+
+    def close(self) -> None:
+        self._opened = False
+
+    def __enter__(self) -> SimulatedNvml:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- controls ----------------------------------------------------------------
+
+    def set_workload(self, uuid: str, kind: str | None) -> None:
+        """Put a workload on a GPU (None = free). Memory then ramps, it is not instant."""
+        gpu = self._gpu_by_uuid(uuid)
+        if kind is not None and kind not in WORKLOAD_KINDS:
+            raise ValueError(f"unknown workload kind {kind!r}; expected one of {WORKLOAD_KINDS} or None")
+        if kind is None:
+            gpu.workload = None
+            return
+        gpu.workload_generation += 1
+        gen = gpu.workload_generation
+        u = lambda tag: _unit(self._seed, gpu.uuid, gen, tag)  # noqa: E731
+        fraction = {
+            "idle": (512 + 1024 * u("mem")) / gpu.spec.memory_total_mib,
+            "training": 0.85 + 0.10 * u("mem"),
+            "inference": 0.45 + 0.25 * u("mem"),
+            "dev": 0.10 + 0.20 * u("mem"),
+        }[kind]
+        gpu.workload = _Workload(
+            kind=kind,
+            started_at=self._clock(),
+            memory_fraction=fraction,
+            period_s=900 + 900 * u("period"),  # training: checkpoint/eval every 15-30 min
+            phase_s=120 + 300 * u("phase"),
+            generation=gen,
+        )
+
+    def inject_fault(self, index: int, kind: str) -> None:
+        gpu = self._gpu(index)
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
+        if kind == "xid79":
+            gpu.lost = True
+            gpu.memory_used_mib = 0.0  # nothing is readable once the GPU is off the bus
+            self._raise_xid(gpu, 79)
+        elif kind in ("xid48", "dbe"):
+            gpu.dbe += 1
+            gpu.retired_pages_pending = True
+            self._raise_xid(gpu, 48)
+        elif kind == "sbe_storm":
+            gpu.sbe_rate_per_min = 30.0 + 60.0 * gpu.rng.random()
+            self._raise_xid(gpu, 92)
+        elif kind == "xid13":
+            self._raise_xid(gpu, 13)
+        gpu.faults.add(kind)
+
+    def clear_faults(self, index: int) -> None:
+        """Simulates a GPU reset: faults, latched Xids and volatile ECC counters are cleared."""
+        gpu = self._gpu(index)
+        gpu.faults.clear()
+        gpu.pending_xids.clear()
+        gpu.latched_xids.clear()
+        gpu.sbe = 0.0
+        gpu.sbe_rate_per_min = 0.0
+        gpu.dbe = 0
+        gpu.retired_pages_pending = False
+        gpu.lost = False
+        gpu.sbe_tracker.reset()
+
+    def set_mig_layout(self, index: int, profiles: Sequence[str]) -> None:
+        """Enable MIG with the given GPU-instance profiles (first-fit placement); [] disables it."""
+        gpu = self._gpu(index)
+        if not profiles:
+            gpu.mig = None
+            return
+        table = gpu.spec.mig_profiles
+        if not table:
+            raise ValueError(f"{gpu.spec.model} does not support MIG")
+        used = [False] * 8
+        compute = 0
+        instances: list[MigInstance] = []
+        for profile in profiles:
+            if profile not in table:
+                raise ValueError(
+                    f"profile {profile!r} not valid for {gpu.spec.model}; valid: {sorted(table)}"
+                )
+            g, size = table[profile]
+            compute += g
+            start = next(
+                (s for s in _MIG_STARTS[size] if not any(used[s : s + size])),
+                None,
+            )
+            if start is None or compute > 7:
+                raise ValueError(f"MIG layout {list(profiles)} does not fit on {gpu.spec.model}")
+            for s in range(start, start + size):
+                used[s] = True
+            mig_uuid = "MIG-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{gpu.uuid}/{start}/{profile}"))
+            instances.append(MigInstance(profile=profile, start=start, size=size, uuid=mig_uuid))
+        gpu.mig = tuple(sorted(instances, key=lambda m: m.start or 0))
+
+    # ---- NvmlBackend -----------------------------------------------------------
+
+    def node_info(self) -> NodeInfo:
+        self._require_open()
+        n = len(self._gpus)
+        nvlink = [g.index for g in self._gpus if g.spec.nvlink] if n > 1 else []
+        gpus = tuple(
+            GpuInfo(
+                uuid=g.uuid,
+                index=g.index,
+                name=g.spec.name,
+                model=g.spec.model,
+                memory_total_mib=g.spec.memory_total_mib,
+                pci_bus_id=self._bus_id(g.index),
+                serial=str(1650000000000 + int(_unit(self._hostname, g.index, "serial") * 10**10)),
+                numa_node=0 if g.index < (n + 1) // 2 else 1,
+                nvlink_peers=tuple(i for i in nvlink if i != g.index) if g.index in nvlink else (),
+                mig_mode=g.mig is not None,
+                mig_instances=g.mig or (),
+                compute_capability=g.spec.compute_capability,
+                power_limit_w=float(g.spec.tdp_w),
+                slowdown_temp_c=float(g.spec.slowdown_temp_c),
+            )
+            for g in self._gpus
+        )
+        return NodeInfo(
+            hostname=self._hostname,
+            driver_version=self._driver_version,
+            cuda_driver_version=self._cuda_driver_version,
+            nvml_version=f"{self._cuda_driver_version.split('.')[0]}.{self._driver_version}",
+            cpu_count=self._cpu_count,
+            memory_total_mib=self._memory_total_mib,
+            gpus=gpus,
+        )
+
+    def sample(self) -> list[GpuSample]:
+        self._require_open()
+        now = self._clock()
+        dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
+        self._last_t = now
+        return [self._step(g, now, dt) for g in self._gpus]
+
+    # ---- dynamics ----------------------------------------------------------------
+
+    def _utilization(self, gpu: _GpuState, now: float) -> tuple[float, float]:
+        """(gpu util %, memory-bandwidth util %) the workload asks for at time ``now``."""
+        w = gpu.workload
+        if w is None:
+            return 0.0, 0.0
+        rng = gpu.rng
+        elapsed = max(0.0, now - w.started_at)
+        if w.kind == "idle":
+            return 0.0, 0.0
+        if w.kind == "training":
+            if elapsed < 20.0:  # startup: loading data/model, memory still ramping
+                util = _clamp(10 + 4 * elapsed + rng.gauss(0, 5), 0, 100)
+                return util, util * 0.4
+            in_cycle = (elapsed - w.phase_s) % w.period_s
+            if elapsed >= w.phase_s and in_cycle < 45.0:  # checkpoint / eval dip
+                util = _clamp(12 + rng.gauss(0, 6), 2, 30)
+                return util, _clamp(util * 0.5, 0, 100)
+            util = _clamp(93 + rng.gauss(0, 3), 85, 100)
+            return util, _clamp(55 + rng.gauss(0, 6), 30, 80)
+        if w.kind == "inference":
+            day = (now % 86400.0) / 86400.0
+            diurnal = 0.5 - 0.5 * math.cos(2 * math.pi * (day - 1 / 6))  # peak mid-afternoon
+            window = int(now // 10)
+            burst = 30.0 if _unit(self._seed, gpu.uuid, w.generation, "burst", window) > 0.8 else 0.0
+            util = _clamp(15 + 55 * diurnal + burst + rng.gauss(0, 8), 0, 100)
+            return util, _clamp(0.6 * util + rng.gauss(0, 4), 0, 100)
+        # dev: mostly idle, short bursts (a notebook cell, a quick test run)
+        window = int(now // 120)
+        u = _unit(self._seed, gpu.uuid, w.generation, "dev", window)
+        burst_start = window * 120 + 60 * _unit(self._seed, gpu.uuid, w.generation, "dev-start", window)
+        burst_len = 20 + 40 * _unit(self._seed, gpu.uuid, w.generation, "dev-len", window)
+        if u < 0.2 and burst_start <= now < burst_start + burst_len:
+            util = _clamp(80 + rng.gauss(0, 10), 50, 100)
+            return util, _clamp(0.5 * util + rng.gauss(0, 5), 0, 100)
+        util = _clamp(rng.gauss(1, 1), 0, 4)
+        return util, util * 0.3
+
+    def _step(self, gpu: _GpuState, now: float, dt: float) -> GpuSample:
+        spec = gpu.spec
+        xids = tuple(gpu.pending_xids)
+        gpu.pending_xids.clear()
+
+        # Memory ramps toward the workload footprint (fills in ~15 s, frees in ~3 s).
+        w = gpu.workload
+        target = 0.0 if w is None or gpu.lost else w.memory_fraction * spec.memory_total_mib
+        rate = spec.memory_total_mib / (15.0 if target > gpu.memory_used_mib else 3.0)
+        step = rate * dt
+        gpu.memory_used_mib += _clamp(target - gpu.memory_used_mib, -step, step)
+
+        util, mem_util = (0.0, 0.0) if gpu.lost else self._utilization(gpu, now)
+        noise = gpu.rng.gauss(0, 0.01 * spec.tdp_w * (0.2 + util / 100.0))
+        power = spec.idle_w + util / 100.0 * (spec.tdp_w - spec.idle_w) + noise
+        if gpu.memory_used_mib > 0:
+            power += 0.02 * spec.tdp_w  # contexts resident keep the GPU out of its deepest idle state
+        if gpu.lost:
+            power = 0.0
+        power = _clamp(power, 0.0, spec.tdp_w)
+
+        # First-order thermal model, exact over dt for piecewise-constant power.
+        steady = AMBIENT_C + spec.thermal_resistance * power
+        if "thermal" in gpu.faults:  # cooling failure: heat-sink can no longer keep up
+            steady = max(steady + 20.0, spec.slowdown_temp_c + 8.0)
+        gpu.temperature_c = steady + (gpu.temperature_c - steady) * math.exp(-dt / TAU_S)
+
+        throttle: list[str] = []
+        busy = util >= 1.0
+        clock = float(spec.max_sm_clock_mhz if busy else spec.idle_sm_clock_mhz)
+        if not busy and not gpu.lost:
+            throttle.append("gpu_idle")
+        if power >= 0.98 * spec.tdp_w:
+            throttle.append("sw_power_cap")
+            clock *= 0.93
+        if gpu.temperature_c >= spec.slowdown_temp_c - 3.0:
+            throttle.append("sw_thermal_slowdown")
+            clock = min(clock, spec.max_sm_clock_mhz * 0.8)
+        if gpu.temperature_c >= spec.slowdown_temp_c:
+            throttle.append("hw_thermal_slowdown")
+            clock = min(clock, spec.max_sm_clock_mhz * 0.55)
+            power = min(power, spec.idle_w + 0.6 * (spec.tdp_w - spec.idle_w))
+        clock_mhz = int(round(clock / 15.0) * 15)
+
+        # Correctable-ECC storm: counter climbs at the injected rate.
+        if "sbe_storm" in gpu.faults:
+            gpu.sbe += gpu.sbe_rate_per_min * dt / 60.0 * (0.8 + 0.4 * gpu.rng.random())
+        sbe = int(gpu.sbe)
+        sbe_rate = gpu.sbe_tracker.update(now, sbe)
+
+        gpu.latched_xids.update(x for x in xids if x in XID_FAILED or x in XID_DEGRADED)
+        temperature = None if gpu.lost else round(gpu.temperature_c, 1)
+        health, reasons = derive_health(
+            xid_events=gpu.latched_xids,
+            ecc_volatile_dbe=gpu.dbe,
+            retired_pages_pending=gpu.retired_pages_pending,
+            temperature_c=temperature,
+            slowdown_temp_c=spec.slowdown_temp_c,
+            throttle_reasons=throttle,
+            sbe_rate_per_min=sbe_rate,
+            gpu_lost=gpu.lost,
+        )
+        mig_on = gpu.mig is not None
+        procs = 0 if gpu.lost or w is None else (2 if w.kind == "inference" else 1)
+        return GpuSample(
+            uuid=gpu.uuid,
+            index=gpu.index,
+            timestamp=now,
+            # NVML does not report whole-GPU utilization for a MIG-enabled GPU.
+            utilization_gpu_pct=None if mig_on else round(util, 1),
+            utilization_memory_pct=None if mig_on else round(mem_util, 1),
+            memory_used_mib=int(gpu.memory_used_mib),
+            memory_total_mib=spec.memory_total_mib,
+            temperature_c=temperature,
+            power_w=None if gpu.lost else round(power, 1),
+            sm_clock_mhz=None if gpu.lost else clock_mhz,
+            ecc_volatile_sbe=sbe,
+            ecc_volatile_dbe=gpu.dbe,
+            retired_pages_pending=gpu.retired_pages_pending,
+            xid_events=xids,
+            throttle_reasons=() if gpu.lost else tuple(throttle),
+            process_count=procs,
+            health=health,
+            health_reasons=reasons,
+        )
+
+    # ---- helpers -----------------------------------------------------------------
+
+    def _raise_xid(self, gpu: _GpuState, xid: int) -> None:
+        gpu.pending_xids.append(xid)
+
+    def _bus_id(self, index: int) -> str:
+        if len(self._gpus) <= len(_HGX_BUS_IDS):
+            return f"0000:{_HGX_BUS_IDS[index]}:00.0"
+        return f"0000:{(0x10 + index * 0x08) % 0x100:02x}:00.0"
+
+    def _gpu(self, index: int) -> _GpuState:
+        if not 0 <= index < len(self._gpus):
+            raise IndexError(f"no GPU with index {index} (node has {len(self._gpus)})")
+        return self._gpus[index]
+
+    def _gpu_by_uuid(self, uuid: str) -> _GpuState:
+        try:
+            return self._by_uuid[uuid]
+        except KeyError:
+            raise KeyError(f"no GPU with uuid {uuid!r} on {self._hostname}") from None
+
+    def _require_open(self) -> None:
+        if not self._opened:
+            raise RuntimeError("SimulatedNvml is not open; call open() first")

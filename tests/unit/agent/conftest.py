@@ -1,0 +1,274 @@
+"""Fixtures for the agent's NVML backends: a controllable clock and a tiny fake pynvml.
+
+The fake reuses pynvml's real exception classes and constants (importing pynvml needs no
+GPU; only nvmlInit loads the driver library), so RealNvml's error guarding is exercised
+against the exact exception hierarchy it meets on a real machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def clock_factory():
+    return FakeClock
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    bus_id: str = "00000000:18:00.0"
+    memory_total_mib: int = 81559
+    memory_used_mib: int = 1024
+    util_gpu: int = 50
+    util_memory: int = 20
+    temperature: int = 45
+    power_mw: int = 300_000
+    sm_clock: int = 1980
+    sbe: int = 0
+    dbe: int = 0
+    numa: int | None = 0
+    serial: str = "1650000000001"
+    nvlink_remote: dict[int, str] = field(default_factory=dict)  # link -> remote bus id
+    nvlink_remote_type: dict[int, int] = field(default_factory=dict)
+    mig_enabled: bool = False
+    mig: list[dict[str, Any]] = field(default_factory=list)
+    pids: tuple[int, ...] = (4242,)
+    throttle_mask: int = 0
+    not_supported: set[str] = field(default_factory=set)  # function names raising NotSupported
+    lost: bool = False
+
+
+class FakeNvml(SimpleNamespace):
+    """Just enough of pynvml's surface for RealNvml; handles are GPU indices."""
+
+    def __init__(self, gpus: list[FakeGpu]) -> None:
+        super().__init__()
+        for name in dir(pynvml):
+            if name.startswith(("NVMLError", "NVML_", "nvmlEventType", "nvmlClocks")):
+                setattr(self, name, getattr(pynvml, name))
+        self.NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+        self.gpus = gpus
+        self.events: list[tuple[int, int]] = []  # (gpu index, xid)
+        self.initialised = False
+        self.init_error: BaseException | None = None
+        self.registered: list[int] = []
+        self.calls: list[str] = []
+
+    # ---- helpers
+    def _gpu(self, fn: str, handle: Any) -> FakeGpu:
+        self.calls.append(fn)
+        gpu = self.gpus[handle] if isinstance(handle, int) else handle["parent_gpu"]
+        if gpu.lost:
+            raise pynvml.NVMLError_GpuIsLost()
+        if fn in gpu.not_supported:
+            raise pynvml.NVMLError_NotSupported()
+        return gpu
+
+    # ---- system
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.90.07"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12040
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "12.550.90.07"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    # ---- inventory
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        if isinstance(h, dict):
+            return h["uuid"]
+        return self._gpu("nvmlDeviceGetUUID", h).uuid
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return self._gpu("nvmlDeviceGetName", h).name
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        g = self._gpu("nvmlDeviceGetMemoryInfo", h)
+        mib = 1024 * 1024
+        return SimpleNamespace(total=g.memory_total_mib * mib, used=g.memory_used_mib * mib)
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        g = self._gpu("nvmlDeviceGetPciInfo", h)
+        return SimpleNamespace(busId=g.bus_id.encode(), busIdLegacy=g.bus_id[4:].encode())
+
+    def nvmlDeviceGetSerial(self, h: int) -> str:
+        return self._gpu("nvmlDeviceGetSerial", h).serial
+
+    def nvmlDeviceGetNumaNodeId(self, h: int) -> int:
+        g = self._gpu("nvmlDeviceGetNumaNodeId", h)
+        if g.numa is None:
+            raise pynvml.NVMLError_NotSupported()
+        return g.numa
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+        self._gpu("nvmlDeviceGetCudaComputeCapability", h)
+        return (9, 0)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        self._gpu("nvmlDeviceGetEnforcedPowerLimit", h)
+        return 700_000
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: int, threshold: int) -> int:
+        self._gpu("nvmlDeviceGetTemperatureThreshold", h)
+        assert threshold == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        return 87
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        g = self._gpu("nvmlDeviceGetNvLinkState", h)
+        if not g.nvlink_remote:
+            raise pynvml.NVMLError_NotSupported()
+        if link >= 18:
+            raise pynvml.NVMLError_InvalidArgument()
+        return 1 if link in g.nvlink_remote else 0
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: int, link: int) -> int:
+        g = self._gpu("nvmlDeviceGetNvLinkRemoteDeviceType", h)
+        return g.nvlink_remote_type.get(link, pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: int, link: int) -> Any:
+        g = self._gpu("nvmlDeviceGetNvLinkRemotePciInfo", h)
+        return SimpleNamespace(busId=g.nvlink_remote[link].encode())
+
+    # ---- MIG
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        g = self._gpu("nvmlDeviceGetMigMode", h)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if g.mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        self._gpu("nvmlDeviceGetMaxMigDeviceCount", h)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, i: int) -> dict[str, Any]:
+        g = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", h)
+        if i >= len(g.mig):
+            raise pynvml.NVMLError_NotFound()
+        return {**g.mig[i], "parent_gpu": g}
+
+    def nvmlDeviceGetGpuInstanceId(self, mig: dict[str, Any]) -> int:
+        return mig["gi_id"]
+
+    def nvmlDeviceGetGpuInstanceById(self, h: int, gi_id: int) -> Any:
+        g = self._gpu("nvmlDeviceGetGpuInstanceById", h)
+        return next(m for m in g.mig if m["gi_id"] == gi_id)
+
+    def nvmlGpuInstanceGetInfo(self, gi: dict[str, Any]) -> Any:
+        return SimpleNamespace(
+            profileId=gi["profile_id"], placement=SimpleNamespace(start=gi["start"], size=gi["size"])
+        )
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, h: int, profile_id: int) -> Any:
+        names = {19: b"MIG 1g.10gb", 9: b"MIG 3g.40gb"}
+        return SimpleNamespace(name=names[profile_id])
+
+    # ---- telemetry
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        g = self._gpu("nvmlDeviceGetUtilizationRates", h)
+        return SimpleNamespace(gpu=g.util_gpu, memory=g.util_memory)
+
+    def nvmlDeviceGetTemperatureV(self, h: int, sensor: int) -> int:
+        return self._gpu("nvmlDeviceGetTemperatureV", h).temperature
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        return self._gpu("nvmlDeviceGetTemperature", h).temperature
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return self._gpu("nvmlDeviceGetPowerUsage", h).power_mw
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock_type: int) -> int:
+        assert clock_type == pynvml.NVML_CLOCK_SM
+        return self._gpu("nvmlDeviceGetClockInfo", h).sm_clock
+
+    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter: int) -> int:
+        g = self._gpu("nvmlDeviceGetTotalEccErrors", h)
+        return g.dbe if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else g.sbe
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: int) -> int:
+        self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        return pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
+        self._gpu("nvmlDeviceGetRemappedRows", h)
+        return (0, 0, 0, 0)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", h).throttle_mask
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        g = self._gpu("nvmlDeviceGetComputeRunningProcesses", h)
+        return [SimpleNamespace(pid=p, usedGpuMemory=None) for p in g.pids]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[Any]:
+        self._gpu("nvmlDeviceGetGraphicsRunningProcesses", h)
+        return []
+
+    # ---- events
+    def nvmlEventSetCreate(self) -> str:
+        return "event-set"
+
+    def nvmlEventSetFree(self, es: str) -> None:
+        pass
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
+        self._gpu("nvmlDeviceGetSupportedEventTypes", h)
+        return pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+
+    def nvmlDeviceRegisterEvents(self, h: int, types: int, es: str) -> None:
+        assert types == pynvml.nvmlEventTypeXidCriticalError
+        self.registered.append(h)
+
+    def nvmlEventSetWait_v2(self, es: str, timeout_ms: int) -> Any:
+        assert timeout_ms == 0, "sample() must never block on the event set"
+        if not self.events:
+            raise pynvml.NVMLError_Timeout()
+        index, xid = self.events.pop(0)
+        return SimpleNamespace(device=index, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
+
+
+@pytest.fixture
+def fake_nvml_factory():
+    return FakeNvml
+
+
+@pytest.fixture
+def fake_gpu_factory():
+    return FakeGpu
