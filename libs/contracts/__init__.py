@@ -1,0 +1,1 @@
+"""gpupool's wire contracts: CloudEvents envelope, event payloads, commands, subjects. Pydantic only."""

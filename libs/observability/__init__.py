@@ -1,0 +1,1 @@
+"""Logging, tracing and metrics every gpupool process shares."""

@@ -1,0 +1,1 @@
+"""The only package that imports asyncpg: pools, migrations, unit of work, outbox relay, inbox."""

@@ -1,0 +1,70 @@
+"""Connecting to NATS and declaring gpupool's JetStream streams from the contracts."""
+
+from __future__ import annotations
+
+import logging
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from libs.contracts.subjects import STREAMS, StreamSpec
+
+log = logging.getLogger(__name__)
+
+
+async def connect(url: str, name: str, *, user: str | None = None, password: str | None = None,
+                  connect_timeout: float = 5.0) -> NATS:
+    """Connect with endless reconnects: a service outlives a NATS restart instead of crashing with it."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats_error", extra={"error": str(exc)})
+
+    async def on_disconnect() -> None:
+        log.warning("nats_disconnected")
+
+    async def on_reconnect() -> None:
+        log.info("nats_reconnected")
+
+    return await nats.connect(
+        servers=[url],
+        name=name,
+        user=user,
+        password=password,
+        connect_timeout=connect_timeout,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        allow_reconnect=True,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+    )
+
+
+def stream_config(spec: StreamSpec) -> StreamConfig:
+    return StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=spec.duplicate_window_s,
+        max_age=spec.max_age_s,
+        max_bytes=spec.max_bytes,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+    )
+
+
+async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = STREAMS) -> None:
+    """Create or update each stream so its config matches the contracts (idempotent; every service calls it)."""
+    for spec in specs:
+        config = stream_config(spec)
+        try:
+            await js.stream_info(spec.name)
+        except NotFoundError:
+            await js.add_stream(config)
+            log.info("stream_created", extra={"stream": spec.name})
+        else:
+            await js.update_stream(config)

@@ -1,0 +1,174 @@
+"""Durable pull consumers with explicit ack discipline and a dead-letter stream.
+
+Outcomes of one message:
+- handled → `ack` (the handler has already committed its effect and its inbox row);
+- undecodable / invalid / `Poison` raised → copied to `gpupool.dlq.<consumer>` with the reason, then `term`;
+- any other exception → `nak` with exponential backoff, until `max_deliver` is reached, then dead-lettered.
+Messages are handled one at a time per consumer so events about one entity apply in stream order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from opentelemetry import trace
+
+from libs.bus.publisher import MSG_ID_HEADER, publish_raw
+from libs.contracts import subjects
+from libs.contracts.envelope import CloudEvent, InvalidEnvelope, parse_envelope
+from libs.contracts.events import EventData, decode_data
+from libs.observability.metrics import BUS_DEAD_LETTERS, BUS_HANDLE_SECONDS, BUS_MESSAGES
+from libs.observability.tracing import extract_context, tracer
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[CloudEvent, EventData], Awaitable[None]]
+
+
+class Poison(Exception):
+    """Raised by a handler for a message that can never succeed (retrying would only repeat the failure)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    stream: str
+    durable: str
+    filter_subjects: tuple[str, ...]
+    max_deliver: int = 8
+    ack_wait_s: float = 30.0
+    batch: int = 64
+    backoff_base_s: float = 0.2
+    backoff_max_s: float = 10.0
+    max_ack_pending: int = 1000
+
+
+def backoff_delay(spec: ConsumerSpec, num_delivered: int) -> float:
+    return min(spec.backoff_max_s, spec.backoff_base_s * (2 ** max(0, num_delivered - 1)))
+
+
+class EventConsumer:
+    def __init__(self, js: JetStreamContext, spec: ConsumerSpec, handler: Handler) -> None:
+        self.js = js
+        self.spec = spec
+        self.handler = handler
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._tracer = tracer(f"gpupool.bus.{spec.durable}")
+
+    async def start(self) -> None:
+        config = ConsumerConfig(
+            durable_name=self.spec.durable,
+            name=self.spec.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.spec.ack_wait_s,
+            max_deliver=self.spec.max_deliver,
+            max_ack_pending=self.spec.max_ack_pending,
+            filter_subjects=list(self.spec.filter_subjects),
+        )
+        try:
+            await self.js.consumer_info(self.spec.stream, self.spec.durable)
+        except NotFoundError:
+            await self.js.add_consumer(self.spec.stream, config)
+        else:
+            await self.js.add_consumer(self.spec.stream, config)  # create-or-update with the same name
+        self._sub = await self.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
+        self._task = asyncio.create_task(self._run(), name=f"consumer:{self.spec.durable}")
+
+    async def stop(self) -> None:
+        """Stop fetching, let the message in hand finish, then unsubscribe (the durable consumer stays)."""
+        self._stopping.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                msgs = await self._sub.fetch(self.spec.batch, timeout=1.0)
+            except (TimeoutError, NatsTimeoutError):
+                continue
+            except Exception as exc:  # connection blips: keep the loop alive, nats-py reconnects underneath
+                if self._stopping.is_set():
+                    break
+                log.warning("fetch_failed", extra={"consumer": self.spec.durable, "error": repr(exc)})
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await self.handle_one(msg)
+
+    async def handle_one(self, msg: Msg) -> None:
+        started = time.perf_counter()
+        consumer = self.spec.durable
+        ctx = extract_context(msg.headers)
+        with self._tracer.start_as_current_span(
+            f"consume {msg.subject}", context=ctx, kind=trace.SpanKind.CONSUMER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": msg.subject,
+                        "messaging.consumer.group.name": consumer},
+        ) as span:
+            try:
+                event = parse_envelope(msg.data)
+                data = decode_data(event)
+            except InvalidEnvelope as exc:
+                await self.dead_letter(msg, "InvalidMessage", str(exc))
+                return
+            span.set_attribute("cloudevents.event_id", event.id)
+            span.set_attribute("cloudevents.event_type", event.type)
+            try:
+                await self.handler(event, data)
+            except Poison as exc:
+                await self.dead_letter(msg, exc.reason, str(exc))
+                return
+            except Exception as exc:
+                delivered = msg.metadata.num_delivered
+                span.record_exception(exc)
+                if delivered >= self.spec.max_deliver:
+                    await self.dead_letter(msg, "MaxDeliveriesExceeded", repr(exc))
+                    return
+                delay = backoff_delay(self.spec, delivered)
+                log.warning("handler_failed_will_retry", exc_info=exc,
+                            extra={"consumer": consumer, "event_id": event.id, "delivered": delivered,
+                                   "retry_in_s": delay})
+                BUS_MESSAGES.labels(consumer=consumer, outcome="retried").inc()
+                await msg.nak(delay=delay)
+                return
+            await msg.ack()
+            BUS_MESSAGES.labels(consumer=consumer, outcome="handled").inc()
+            BUS_HANDLE_SECONDS.labels(consumer=consumer).observe(time.perf_counter() - started)
+
+    async def dead_letter(self, msg: Msg, reason: str, error: str) -> None:
+        """Park the original bytes with why, then `term` so JetStream never redelivers it."""
+        meta = msg.metadata
+        headers = {
+            MSG_ID_HEADER: f"dlq:{meta.stream}:{meta.sequence.stream}:{self.spec.durable}",
+            "Gpupool-Dlq-Reason": reason,
+            "Gpupool-Dlq-Error": error[:1000],
+            "Gpupool-Dlq-Subject": msg.subject,
+            "Gpupool-Dlq-Stream": meta.stream,
+            "Gpupool-Dlq-Stream-Seq": str(meta.sequence.stream),
+            "Gpupool-Dlq-Consumer": self.spec.durable,
+            "Gpupool-Dlq-Delivered": str(meta.num_delivered),
+        }
+        await publish_raw(self.js, subjects.dead_letter(self.spec.durable), msg.data, headers)
+        await msg.term()
+        BUS_DEAD_LETTERS.labels(consumer=self.spec.durable, reason=reason).inc()
+        BUS_MESSAGES.labels(consumer=self.spec.durable, outcome="dead_lettered").inc()
+        log.error("message_dead_lettered", extra={"consumer": self.spec.durable, "reason": reason,
+                                                   "error": error[:300], "subject": msg.subject,
+                                                   "stream_seq": meta.sequence.stream})

@@ -1,0 +1,91 @@
+"""Request/reply for commands and queries on core NATS, answered by the owning service's queue group.
+
+Handlers get a validated pydantic command and return a `Reply` (or a plain result, wrapped as success). Invalid
+requests get a 400 `InvalidRequest` reply; unexpected exceptions a 500 with a generic message (details stay in the
+service log, never leak to callers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry import trace
+from pydantic import BaseModel, ValidationError
+
+from libs.contracts.commands import Command, Reply
+from libs.observability.metrics import RPC_REQUESTS
+from libs.observability.tracing import extract_context, inject_headers, tracer
+
+log = logging.getLogger(__name__)
+
+C = TypeVar("C", bound=Command)
+RpcHandler = Callable[[Any], Awaitable[Reply | Any]]
+
+
+async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C], Awaitable[Any]],
+                *, queue: str) -> Subscription:
+    tr = tracer("gpupool.rpc")
+
+    async def on_request(msg: Msg) -> None:
+        with tr.start_as_current_span(f"serve {subject}", context=extract_context(msg.headers),
+                                      kind=trace.SpanKind.SERVER):
+            try:
+                cmd = command.model_validate_json(msg.data or b"{}")
+            except ValidationError as exc:
+                reply = Reply.failure(400, "InvalidRequest", _validation_message(exc),
+                                      errors=json.loads(exc.json(include_url=False, include_input=False)))
+                outcome = "invalid"
+            else:
+                try:
+                    result = await handler(cmd)
+                    reply = result if isinstance(result, Reply) else Reply.success(_jsonable(result))
+                    outcome = "ok" if reply.ok else "refused"
+                except Exception:
+                    log.exception("rpc_handler_failed", extra={"subject": subject})
+                    reply = Reply.failure(500, "InternalError", "the service failed to handle the request")
+                    outcome = "error"
+            RPC_REQUESTS.labels(subject=subject, outcome=outcome).inc()
+            if msg.reply:
+                await msg.respond(reply.model_dump_json().encode())
+
+    return await nc.subscribe(subject, queue=queue, cb=on_request)
+
+
+class ServiceUnavailable(RuntimeError):
+    """No service answered in time (not running, or overloaded)."""
+
+
+async def request(nc: NATS, subject: str, cmd: BaseModel, *, timeout: float = 5.0) -> Reply:
+    headers: dict[str, str] = {}
+    inject_headers(headers)
+    try:
+        msg = await nc.request(subject, cmd.model_dump_json().encode(), timeout=timeout, headers=headers)
+    except (NoRespondersError, NatsTimeoutError) as exc:
+        raise ServiceUnavailable(f"no reply on {subject}: {type(exc).__name__}") from exc
+    return Reply.model_validate_json(msg.data)
+
+
+def _jsonable(result: Any) -> Any:
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    if isinstance(result, list):
+        return [_jsonable(r) for r in result]
+    if isinstance(result, dict):
+        return {k: _jsonable(v) for k, v in result.items()}
+    return result
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "<body>"
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "; ".join(parts)

@@ -1,0 +1,158 @@
+"""The `gpupool` command.
+
+  gpupool up       run the whole platform locally (embedded NATS + PostgreSQL, every service a process)
+  gpupool down     stop a platform started by `gpupool up`
+  gpupool status   where the running platform is and whether every service is ready
+  gpupool sim      trace-replay simulator on the scheduling core (`gpupool sim --help`)
+  gpupool bench    benchmarks; writes docs/benchmarks.md
+  gpupool schemas  write the JSON Schema of every event type to a folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+DEFAULT_DATA_DIR = Path(os.environ.get("GPUPOOL_DATA_DIR", ".gpupool"))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from libs.devstack.stack import Stack, StackOptions
+
+    opts = StackOptions(
+        data_dir=args.data_dir.resolve(),
+        nats_url=os.environ.get("GPUPOOL_NATS_URL") or None,
+        database_url=os.environ.get("GPUPOOL_DATABASE_URL") or None,
+        gateway_port=args.port,
+        sim_fleet=args.fleet,
+        agent_interval_s=args.telemetry_interval,
+        with_agent=not args.no_agent,
+        log_level=args.log_level,
+    )
+    stack = Stack(opts)
+    print("starting gpupool …", flush=True)
+    try:
+        stack.start(say=lambda line: print("  " + line, flush=True))
+    except Exception as exc:
+        print(f"gpupool up failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"""
+gpupool is up.
+  gateway      {stack.gateway_url}   (OpenAPI: {stack.gateway_url}/docs)
+  admin token  {stack.admin_token}
+  run file     {stack.run_file}
+
+Try:
+  curl -s -X POST {stack.gateway_url}/v1/jobs -H "Authorization: Bearer {stack.admin_token}" \\
+       -H 'Content-Type: application/json' -d '{{"name":"demo","team":"research","gpus":2}}'
+  curl -s {stack.gateway_url}/v1/allocations -H "Authorization: Bearer {stack.admin_token}"
+
+Ctrl-C (or `gpupool down`) stops everything.""", flush=True)
+    try:
+        stack.supervise(say=lambda line: print(line, flush=True))
+    finally:
+        print("stopping …", flush=True)
+        stack.stop(say=lambda line: print(line, flush=True))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from libs.devstack.stack import stop_running
+
+    if stop_running(args.data_dir.resolve()):
+        print("gpupool stopped")
+        return 0
+    print(f"no running gpupool found in {args.data_dir}", file=sys.stderr)
+    return 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from libs.devstack.stack import read_run_file
+
+    doc = read_run_file(args.data_dir.resolve())
+    if not doc:
+        print(f"no running gpupool found in {args.data_dir}", file=sys.stderr)
+        return 1
+    try:
+        with urllib.request.urlopen(doc["gateway_url"] + "/readyz", timeout=3) as resp:
+            ready = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        ready = json.loads(exc.read() or b"{}")
+    except Exception as exc:
+        ready = {"status": f"gateway unreachable: {exc}"}
+    print(json.dumps({"gateway_url": doc["gateway_url"], "nats_url": doc["nats_url"], "ready": ready,
+                      "services": doc["services"]}, indent=2))
+    return 0 if ready.get("status") == "ready" else 1
+
+
+def cmd_sim(argv: list[str]) -> int:
+    from libs.sim.cli import main as sim_main
+
+    return sim_main(argv)
+
+
+def cmd_bench(argv: list[str]) -> int:
+    from libs.sim.bench import main as bench_main
+
+    return bench_main(argv)
+
+
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from libs.contracts.events import event_json_schemas
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for event_type, schema in event_json_schemas().items():
+        (args.out / f"{event_type}.json").write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {len(event_json_schemas())} schemas to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpupool", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run the whole platform locally")
+    up.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+                    help="where NATS/PostgreSQL data, logs, run.json and the admin token live (default .gpupool)")
+    up.add_argument("--port", type=int, default=int(os.environ.get("GPUPOOL_GATEWAY_PORT", "8080")),
+                    help="gateway port (default 8080; 0 picks a free one)")
+    up.add_argument("--fleet", default=None,
+                    help="simulated nodes, ';'-separated, each MODEL*COUNT[,MODEL*COUNT] "
+                         "(default: H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8)")
+    up.add_argument("--telemetry-interval", type=float, default=2.0, help="seconds between agent samples")
+    up.add_argument("--no-agent", action="store_true", help="start no simulated agent fleet")
+    up.add_argument("--log-level", default="INFO")
+    up.set_defaults(func=cmd_up)
+
+    for name, func, text in (("down", cmd_down, "stop the platform started by `gpupool up`"),
+                             ("status", cmd_status, "show where the platform runs and whether it is ready")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+        p.set_defaults(func=func)
+
+    sub.add_parser("sim", help="trace-replay simulator (see `gpupool sim --help`)", add_help=False)
+    sub.add_parser("bench", help="run benchmarks and write docs/benchmarks.md", add_help=False)
+
+    schemas = sub.add_parser("schemas", help="export the JSON Schema of every event type")
+    schemas.add_argument("--out", type=Path, default=Path("docs/schemas"))
+    schemas.set_defaults(func=cmd_schemas)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sim":
+        return cmd_sim(argv[1:])
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Commands and queries: request/reply over core NATS, each answered by exactly one owning service.
+
+Every reply is a `Reply`: `ok` with a `result`, or an `error` carrying an HTTP-like status, a CamelCase machine
+reason and a human message, which the gateway turns into an RFC 9457 problem body unchanged.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from libs.contracts.events import GpuSpec
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+
+JobKind = Literal["training", "inference", "dev", "batch"]
+JobState = Literal["pending", "running", "completed", "cancelled", "failed"]
+
+PRIORITY_CLASSES: dict[str, int] = {
+    "production-inference": 1000,
+    "high": 800,
+    "normal": 500,
+    "low": 200,
+    "best-effort": 0,
+}
+
+
+class Command(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ErrorDetail(BaseModel):
+    status: int = Field(ge=400, le=599)
+    reason: str
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Reply(BaseModel):
+    ok: bool
+    result: Any = None
+    error: ErrorDetail | None = None
+
+    @classmethod
+    def success(cls, result: Any) -> Reply:
+        return cls(ok=True, result=result)
+
+    @classmethod
+    def failure(cls, status: int, reason: str, message: str, **detail: Any) -> Reply:
+        return cls(ok=False, error=ErrorDetail(status=status, reason=reason, message=message, detail=detail))
+
+
+# --- inventory --------------------------------------------------------------------------------------------------
+class RegisterNode(Command):
+    cluster: str = Field(pattern=NAME_PATTERN)
+    node: str = Field(min_length=1, max_length=253)
+    hostname: str = Field(min_length=1, max_length=253)
+    cpu_count: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    driver_version: str = ""
+    agent_version: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuSpec] = Field(max_length=64)
+
+
+class ListNodes(Command):
+    cluster: str | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+    after: str | None = None
+
+
+# --- queue ------------------------------------------------------------------------------------------------------
+class SubmitJob(Command):
+    name: str = Field(pattern=NAME_PATTERN)
+    team: str = Field(pattern=NAME_PATTERN)
+    project: str = Field(default="default", pattern=NAME_PATTERN)
+    kind: JobKind = "batch"
+    priority_class: str = "normal"
+    gpus: int = Field(ge=1, le=4096)
+    gpu_models: list[str] = Field(default_factory=list, max_length=16)
+    idempotency_key: str | None = Field(default=None, max_length=255)
+    submitted_by: str = "anonymous"
+
+
+class JobRef(Command):
+    job_id: str = Field(min_length=1, max_length=64)
+
+
+class CancelJob(JobRef):
+    reason: str = Field(default="cancelled by user", max_length=500)
+
+
+class ListJobs(Command):
+    team: str | None = None
+    state: JobState | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+    after: str | None = None
+
+
+class JobView(BaseModel):
+    job_id: str
+    name: str
+    team: str
+    project: str
+    kind: str
+    priority_class: str
+    gpus: int
+    gpu_models: list[str]
+    state: JobState
+    submitted_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    allocation_id: str | None = None
+    node: str | None = None
+    cluster: str | None = None
+    message: str | None = None
+
+
+# --- quota ------------------------------------------------------------------------------------------------------
+class AdmitJob(Command):
+    """Asked by the queue at submit: may this team run this request at all?"""
+
+    team: str
+    project: str
+    priority_class: str
+    gpus: int
+    gpu_models: list[str] = Field(default_factory=list)
+
+
+# --- placement --------------------------------------------------------------------------------------------------
+class ListAllocations(Command):
+    job_id: str | None = None
+    active: bool | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+    after: str | None = None
+
+
+# --- accounting -------------------------------------------------------------------------------------------------
+class ListUsage(Command):
+    team: str | None = None
+    job_id: str | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+    after: str | None = None
+
+
+class Empty(Command):
+    pass

@@ -1,0 +1,290 @@
+"""Typed payloads (`data`) of every gpupool event, and the registry that binds each to its type and subject.
+
+Wire contract: other systems build on these. Change a payload only by adding optional fields or a new version
+(`...v2`) registered beside the old one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from libs.contracts import subjects
+from libs.contracts.envelope import CloudEvent, InvalidEnvelope, utcnow, uuid7
+
+Health = Literal["healthy", "degraded", "failed"]
+
+
+class EventData(BaseModel):
+    """Base of every event payload: knows its CloudEvents type, its subject and which field names the entity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_type: ClassVar[str]
+    event_subject: ClassVar[str]
+    entity_field: ClassVar[str]
+
+    def entity_id(self) -> str:
+        return str(getattr(self, self.entity_field))
+
+    def to_cloudevent(self, source: str, *, event_id: str | None = None, traceparent: str | None = None,
+                      time: datetime | None = None) -> CloudEvent:
+        return CloudEvent(
+            id=event_id or uuid7(),
+            source=source,
+            type=self.event_type,
+            subject=self.entity_id(),
+            time=time or utcnow(),
+            data=self.model_dump(mode="json"),
+            traceparent=traceparent,
+        )
+
+
+# --- inventory --------------------------------------------------------------------------------------------------
+class GpuSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uuid: str = Field(min_length=1, max_length=128)
+    index: int = Field(ge=0, le=255)
+    model: str = Field(min_length=1, max_length=64, description="Canonical short model, e.g. H100-80GB")
+    name: str = Field(default="", max_length=128, description="Marketing name reported by NVML")
+    memory_mib: int = Field(ge=0)
+    numa_node: int | None = None
+    nvlink_peers: list[int] = Field(default_factory=list)
+    mig_mode: bool = False
+    health: Health = "healthy"
+
+
+class NodeRegistered(EventData):
+    event_type: ClassVar[str] = "io.gpupool.node.registered.v1"
+    event_subject: ClassVar[str] = subjects.NODE_REGISTERED
+    entity_field: ClassVar[str] = "node"
+
+    cluster: str
+    node: str
+    hostname: str
+    cpu_count: int
+    memory_mib: int
+    driver_version: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuSpec]
+    registered_at: datetime
+
+
+class GpuHealthChanged(EventData):
+    event_type: ClassVar[str] = "io.gpupool.gpu.health_changed.v1"
+    event_subject: ClassVar[str] = subjects.GPU_HEALTH_CHANGED
+    entity_field: ClassVar[str] = "gpu_uuid"
+
+    cluster: str
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    previous: Health
+    current: Health
+    reasons: list[str] = Field(default_factory=list)
+    observed_at: datetime
+
+
+# --- queue ------------------------------------------------------------------------------------------------------
+class JobSubmitted(EventData):
+    event_type: ClassVar[str] = "io.gpupool.job.submitted.v1"
+    event_subject: ClassVar[str] = subjects.JOB_SUBMITTED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    name: str
+    team: str
+    project: str
+    kind: str
+    priority_class: str
+    priority: int
+    gpus: int
+    gpu_models: list[str] = Field(default_factory=list)
+    submitted_at: datetime
+
+
+class JobStarted(EventData):
+    event_type: ClassVar[str] = "io.gpupool.job.started.v1"
+    event_subject: ClassVar[str] = subjects.JOB_STARTED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    allocation_id: str
+    cluster: str
+    node: str
+    started_at: datetime
+
+
+class JobCompleted(EventData):
+    event_type: ClassVar[str] = "io.gpupool.job.completed.v1"
+    event_subject: ClassVar[str] = subjects.JOB_COMPLETED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    team: str
+    completed_at: datetime
+
+
+class JobCancelled(EventData):
+    event_type: ClassVar[str] = "io.gpupool.job.cancelled.v1"
+    event_subject: ClassVar[str] = subjects.JOB_CANCELLED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    team: str
+    reason: str
+    cancelled_at: datetime
+
+
+# --- placement --------------------------------------------------------------------------------------------------
+class AllocatedGpu(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uuid: str
+    index: int
+    model: str
+
+
+class AllocationGranted(EventData):
+    event_type: ClassVar[str] = "io.gpupool.allocation.granted.v1"
+    event_subject: ClassVar[str] = subjects.ALLOCATION_GRANTED
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    cluster: str
+    node: str
+    gpus: list[AllocatedGpu]
+    granted_at: datetime
+
+
+class AllocationReleased(EventData):
+    event_type: ClassVar[str] = "io.gpupool.allocation.released.v1"
+    event_subject: ClassVar[str] = subjects.ALLOCATION_RELEASED
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    cluster: str
+    node: str
+    gpus: list[AllocatedGpu]
+    granted_at: datetime
+    released_at: datetime
+    reason: str
+
+
+# --- accounting -------------------------------------------------------------------------------------------------
+class UsageRecorded(EventData):
+    event_type: ClassVar[str] = "io.gpupool.usage.recorded.v1"
+    event_subject: ClassVar[str] = subjects.USAGE_RECORDED
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    gpu_model: str
+    gpu_count: int
+    gpu_seconds: float
+    started_at: datetime
+    ended_at: datetime
+
+
+# --- telemetry (agent) ------------------------------------------------------------------------------------------
+class GpuTelemetry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uuid: str
+    index: int
+    utilization_gpu_pct: float = Field(ge=0, le=100)
+    utilization_memory_pct: float = Field(ge=0, le=100)
+    memory_used_mib: int = Field(ge=0)
+    memory_total_mib: int = Field(ge=0)
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    ecc_volatile_sbe: int = 0
+    ecc_volatile_dbe: int = 0
+    xid_events: list[int] = Field(default_factory=list)
+    throttle_reasons: list[str] = Field(default_factory=list)
+    process_count: int = 0
+    health: Health = "healthy"
+    health_reasons: list[str] = Field(default_factory=list)
+
+
+class TelemetrySampled(EventData):
+    """One agent sample of every GPU on a node. Sent on `gpupool.telemetry.<cluster>.<node>`, not the events
+    stream: high volume, short retention."""
+
+    event_type: ClassVar[str] = "io.gpupool.telemetry.sampled.v1"
+    event_subject: ClassVar[str] = subjects.TELEMETRY_ALL  # concrete subject: subjects.telemetry(cluster, node)
+    entity_field: ClassVar[str] = "node"
+
+    cluster: str
+    node: str
+    sampled_at: datetime
+    cpu_util_pct: float | None = None
+    memory_used_mib: int | None = None
+    gpus: list[GpuTelemetry]
+
+
+EVENT_TYPES: dict[str, type[EventData]] = {
+    cls.event_type: cls
+    for cls in (
+        NodeRegistered,
+        GpuHealthChanged,
+        JobSubmitted,
+        JobStarted,
+        JobCompleted,
+        JobCancelled,
+        AllocationGranted,
+        AllocationReleased,
+        UsageRecorded,
+        TelemetrySampled,
+    )
+}
+
+
+def subject_for(data: EventData) -> str:
+    if isinstance(data, TelemetrySampled):
+        return subjects.telemetry(data.cluster, data.node)
+    return data.event_subject
+
+
+def decode_data(event: CloudEvent) -> EventData:
+    """Typed payload of an envelope. Unknown types and invalid payloads are poison (InvalidEnvelope)."""
+    cls = EVENT_TYPES.get(event.type)
+    if cls is None:
+        raise InvalidEnvelope(f"unknown event type {event.type!r}")
+    try:
+        return cls.model_validate(event.data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "<root>"
+        raise InvalidEnvelope(f"invalid {event.type} payload: {loc}: {err.get('msg')}") from exc
+
+
+def event_json_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schema of each event type: the envelope with `data` replaced by that type's payload schema."""
+    out: dict[str, dict[str, Any]] = {}
+    for event_type, cls in sorted(EVENT_TYPES.items()):
+        envelope = CloudEvent.model_json_schema()
+        payload = cls.model_json_schema()
+        defs = {**envelope.pop("$defs", {}), **payload.pop("$defs", {})}
+        envelope["title"] = cls.__name__
+        envelope["description"] = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+        envelope["properties"]["type"] = {"const": event_type, "type": "string"}
+        envelope["properties"]["data"] = payload
+        envelope["$id"] = f"https://gpupool.dev/schemas/{event_type}.json"
+        envelope["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        if defs:
+            envelope["$defs"] = defs
+        out[event_type] = envelope
+    return out

@@ -1,0 +1,108 @@
+"""Every NATS subject and stream name gpupool uses, spelled here and nowhere else.
+
+Naming: `gpupool.<entity>.<event>` for events (each entity owned by exactly one service),
+`gpupool.cmd.<service>.<verb>` for commands and `gpupool.query.<service>.<what>` for reads (both request/reply on
+core NATS, answered by a queue group of the owning service), `gpupool.telemetry.<cluster>.<node>` for agent samples,
+`gpupool.dlq.<consumer>` for dead letters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "gpupool"
+
+# --- events (JetStream stream EVENTS) -------------------------------------------------------------------------
+NODE_REGISTERED = "gpupool.node.registered"
+GPU_HEALTH_CHANGED = "gpupool.gpu.health_changed"
+JOB_SUBMITTED = "gpupool.job.submitted"
+JOB_STARTED = "gpupool.job.started"
+JOB_COMPLETED = "gpupool.job.completed"
+JOB_CANCELLED = "gpupool.job.cancelled"
+ALLOCATION_GRANTED = "gpupool.allocation.granted"
+ALLOCATION_RELEASED = "gpupool.allocation.released"
+USAGE_RECORDED = "gpupool.usage.recorded"
+ALLOCATION_ALL = "gpupool.allocation.>"
+JOB_ALL = "gpupool.job.>"
+
+EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage")
+
+# --- telemetry (JetStream stream TELEMETRY) -------------------------------------------------------------------
+TELEMETRY_ALL = "gpupool.telemetry.>"
+
+
+def telemetry(cluster: str, node: str) -> str:
+    return f"gpupool.telemetry.{token(cluster)}.{token(node)}"
+
+
+# --- dead letters (JetStream stream DLQ) ----------------------------------------------------------------------
+DLQ_ALL = "gpupool.dlq.>"
+
+
+def dead_letter(consumer: str) -> str:
+    return f"gpupool.dlq.{token(consumer)}"
+
+
+# --- commands and queries (core NATS request/reply, never captured by a stream) -------------------------------
+CMD_INVENTORY_REGISTER_NODE = "gpupool.cmd.inventory.register_node"
+CMD_QUEUE_SUBMIT_JOB = "gpupool.cmd.queue.submit_job"
+CMD_QUEUE_COMPLETE_JOB = "gpupool.cmd.queue.complete_job"
+CMD_QUEUE_CANCEL_JOB = "gpupool.cmd.queue.cancel_job"
+CMD_QUOTA_ADMIT = "gpupool.cmd.quota.admit"
+QUERY_QUEUE_GET_JOB = "gpupool.query.queue.get_job"
+QUERY_QUEUE_LIST_JOBS = "gpupool.query.queue.list_jobs"
+QUERY_INVENTORY_LIST_NODES = "gpupool.query.inventory.list_nodes"
+QUERY_PLACEMENT_LIST_ALLOCATIONS = "gpupool.query.placement.list_allocations"
+QUERY_ACCOUNTING_LIST_USAGE = "gpupool.query.accounting.list_usage"
+QUERY_QUOTA_LIST_TEAMS = "gpupool.query.quota.list_teams"
+QUERY_RECLAMATION_LIST_TRACKED = "gpupool.query.reclamation.list_tracked"
+
+
+def health_ping(service: str) -> str:
+    """Each service answers here so `gpupool up` and the gateway's /readyz can see it is alive on the bus."""
+    return f"gpupool.query.{service}.ping"
+
+
+def token(value: str) -> str:
+    """Make a value safe as one subject token: NATS reserves '.', '*', '>' and whitespace."""
+    out = []
+    for ch in value:
+        out.append("_" if ch in ".*> \t\r\n" else ch)
+    return "".join(out) or "_"
+
+
+# --- streams ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A JetStream stream gpupool declares. The duplicate window is explicit: the outbox relay may republish an
+    event after a crash, and JetStream drops the copy if it arrives within this window (consumers' inboxes catch
+    anything later)."""
+
+    name: str
+    subjects: tuple[str, ...]
+    duplicate_window_s: float
+    max_age_s: float
+    max_bytes: int = -1
+    max_msgs_per_subject: int = -1
+
+
+EVENTS_STREAM = StreamSpec(
+    name="GPUPOOL_EVENTS",
+    subjects=tuple(f"gpupool.{entity}.>" for entity in EVENT_ENTITIES),
+    duplicate_window_s=20 * 60,
+    max_age_s=30 * 24 * 3600,
+)
+TELEMETRY_STREAM = StreamSpec(
+    name="GPUPOOL_TELEMETRY",
+    subjects=(TELEMETRY_ALL,),
+    duplicate_window_s=60,
+    max_age_s=3600,
+    max_msgs_per_subject=600,
+)
+DLQ_STREAM = StreamSpec(
+    name="GPUPOOL_DLQ",
+    subjects=(DLQ_ALL,),
+    duplicate_window_s=2 * 60,
+    max_age_s=30 * 24 * 3600,
+)
+STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, TELEMETRY_STREAM, DLQ_STREAM)

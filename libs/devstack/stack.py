@@ -1,0 +1,303 @@
+"""`gpupool up`: the whole platform on one machine, every service its own OS process.
+
+Embedded nats-server (JetStream) and PostgreSQL start in the data directory unless GPUPOOL_NATS_URL /
+GPUPOOL_DATABASE_URL point at existing servers. Services run under a small supervisor that restarts a crashed
+process (as an orchestrator would) and stops everything cleanly on Ctrl-C, SIGTERM or `gpupool down`.
+`.gpupool/run.json` tells scripts where everything is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs.devstack.servers import ManagedServer, free_port, start_nats, start_postgres
+
+BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
+DEFAULT_TEAMS = "research,inference,platform,default"
+
+
+@dataclass
+class StackOptions:
+    data_dir: Path
+    nats_url: str | None = None
+    database_url: str | None = None
+    gateway_port: int = 0
+    sim_fleet: str | None = None
+    agent_interval_s: float = 2.0
+    with_agent: bool = True
+    environment: str = "dev"
+    log_level: str = "INFO"
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    http_url: str
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait_or_kill(self, timeout: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+@dataclass
+class Stack:
+    options: StackOptions
+    servers: list[ManagedServer] = field(default_factory=list)
+    processes: list[ServiceProcess] = field(default_factory=list)
+    nats_url: str = ""
+    admin_dsn: str = ""
+    admin_token: str = ""
+    gateway_url: str = ""
+    _stopping: bool = False
+
+    @property
+    def run_file(self) -> Path:
+        return self.options.data_dir / "run.json"
+
+    # --- start ------------------------------------------------------------------------------------------------
+    def start(self, say=print) -> None:  # type: ignore[no-untyped-def]
+        opts = self.options
+        opts.data_dir.mkdir(parents=True, exist_ok=True)
+        existing = read_run_file(opts.data_dir)
+        if existing and _pid_alive(existing.get("pid", -1)):
+            raise RuntimeError(f"a gpupool stack is already running (pid {existing['pid']}); `gpupool down` first")
+        try:
+            self._start_servers(say)
+            self.admin_token = _admin_token(opts.data_dir)
+            self._start_services(say)
+        except BaseException:
+            self.stop()
+            raise
+        self.write_run_file()
+
+    def _start_servers(self, say) -> None:  # type: ignore[no-untyped-def]
+        opts = self.options
+        if opts.nats_url:
+            self.nats_url = opts.nats_url
+            say(f"nats        {self.nats_url} (existing)")
+        else:
+            nats = start_nats(opts.data_dir / "nats", log_file=opts.data_dir / "logs" / "nats-server.log")
+            self.servers.append(nats)
+            self.nats_url = nats.url
+            say(f"nats        {self.nats_url} (embedded, JetStream in {opts.data_dir / 'nats'})")
+        if opts.database_url:
+            self.admin_dsn = opts.database_url
+            say("postgresql  (existing server from GPUPOOL_DATABASE_URL)")
+        else:
+            pg = start_postgres(opts.data_dir / "postgres", log_file=opts.data_dir / "logs" / "postgres.log")
+            self.servers.append(pg)
+            self.admin_dsn = pg.url
+            say(f"postgresql  {pg.url} (embedded, data in {opts.data_dir / 'postgres'})")
+
+    def database_url(self, service: str) -> str:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(self.admin_dsn)
+        return urlunsplit((parts.scheme, parts.netloc, f"/gpupool_{service}", parts.query, parts.fragment))
+
+    def _env(self, prefix: str, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env.update({f"{prefix}{k}": v for k, v in extra.items()})
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _start_services(self, say) -> None:  # type: ignore[no-untyped-def]
+        opts = self.options
+        logs = opts.data_dir / "logs"
+        for name in BACKEND_SERVICES:
+            port = free_port()
+            settings = {"NATS_URL": self.nats_url, "DATABASE_URL": self.database_url(name),
+                        "HTTP_PORT": str(port), "ENVIRONMENT": opts.environment, "LOG_LEVEL": opts.log_level}
+            if name == "quota":
+                settings["SEED_TEAMS"] = DEFAULT_TEAMS
+            self.processes.append(ServiceProcess(
+                name, [sys.executable, "-m", f"services.{name}.main"],
+                self._env(f"GPUPOOL_{name.upper()}_", settings), f"http://127.0.0.1:{port}", logs / f"{name}.log"))
+        gateway_port = opts.gateway_port or free_port()
+        self.gateway_url = f"http://127.0.0.1:{gateway_port}"
+        self.processes.append(ServiceProcess(
+            "gateway", [sys.executable, "-m", "services.gateway.main"],
+            self._env("GPUPOOL_GATEWAY_", {"NATS_URL": self.nats_url, "PORT": str(gateway_port),
+                                           "ADMIN_TOKEN": self.admin_token, "ENVIRONMENT": opts.environment,
+                                           "LOG_LEVEL": opts.log_level}),
+            self.gateway_url, logs / "gateway.log"))
+        if opts.with_agent:
+            port = free_port()
+            agent_env = {"NATS_URL": self.nats_url, "BACKEND": "sim", "HTTP_PORT": str(port),
+                         "INTERVAL_S": str(opts.agent_interval_s), "LOG_LEVEL": opts.log_level}
+            if opts.sim_fleet:
+                agent_env["SIM_FLEET"] = opts.sim_fleet
+            self.processes.append(ServiceProcess(
+                "agent", [sys.executable, "-m", "services.agent.main"], self._env("GPUPOOL_AGENT_", agent_env),
+                f"http://127.0.0.1:{port}", logs / "agent.log"))
+        for p in self.processes:
+            p.start()
+        self.wait_ready([p for p in self.processes if p.name != "agent"], timeout=60)
+        for p in self.processes:
+            say(f"{p.name:<11} pid {p.proc.pid if p.proc else '?':<7} {p.http_url}  log {p.log_path}")
+
+    def wait_ready(self, procs: list[ServiceProcess], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = {p.name: p for p in procs}
+        while pending:
+            for name, p in list(pending.items()):
+                if not p.alive():
+                    raise RuntimeError(f"{name} exited during start-up; see {p.log_path}:\n{_tail(p.log_path)}")
+                if _http_ok(f"{p.http_url}/readyz"):
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(sorted(pending))
+                raise RuntimeError(f"not ready after {timeout:.0f}s: {names}")
+            if pending:
+                time.sleep(0.1)
+
+    # --- run ---------------------------------------------------------------------------------------------------
+    def write_run_file(self) -> None:
+        doc = {
+            "pid": os.getpid(),
+            "gateway_url": self.gateway_url,
+            "nats_url": self.nats_url,
+            "admin_token": self.admin_token,
+            "database_urls": {name: self.database_url(name) for name in BACKEND_SERVICES},
+            "metrics": {p.name: f"{p.http_url}/metrics" for p in self.processes},
+            "services": {p.name: {"pid": p.proc.pid if p.proc else None, "url": p.http_url,
+                                  "log": str(p.log_path), "restarts": p.restarts} for p in self.processes},
+            "servers": {s.name: {"pid": s.pid, "url": s.url} for s in self.servers},
+        }
+        tmp = self.run_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2))
+        os.chmod(tmp, 0o600)
+        tmp.replace(self.run_file)
+
+    def supervise(self, say=print) -> None:  # type: ignore[no-untyped-def]
+        """Restart any service that dies (back-off 0.5 s → 10 s) until asked to stop."""
+        def on_signal(signum: int, _frame: object) -> None:
+            self._stopping = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        while not self._stopping:
+            for p in self.processes:
+                if self._stopping or p.alive():
+                    continue
+                code = p.proc.returncode if p.proc else None
+                delay = min(10.0, 0.5 * (2 ** min(p.restarts, 5)))
+                if time.monotonic() - p.started_at < delay:
+                    continue
+                p.restarts += 1
+                say(f"{p.name} exited with {code}; restarting (#{p.restarts})")
+                p.start()
+                self.write_run_file()
+            time.sleep(0.2)
+
+    # --- stop --------------------------------------------------------------------------------------------------
+    def stop(self, say=lambda *_: None) -> None:  # type: ignore[no-untyped-def]
+        """Agent and gateway first (no new work), then services, then the servers under them."""
+        order = sorted(self.processes, key=lambda p: {"agent": 0, "gateway": 1}.get(p.name, 2))
+        for group in (order[:2], order[2:]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                p.wait_or_kill(timeout=15)
+        for server in reversed(self.servers):
+            server.stop()
+        if self.run_file.exists():
+            self.run_file.unlink()
+        say("stopped")
+
+
+def read_run_file(data_dir: Path) -> dict | None:
+    try:
+        return json.loads((data_dir / "run.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def stop_running(data_dir: Path, timeout: float = 60) -> bool:
+    """`gpupool down`: signal the supervisor that owns the stack and wait until it has stopped everything."""
+    doc = read_run_file(data_dir)
+    if not doc or not _pid_alive(doc.get("pid", -1)):
+        return False
+    os.kill(doc["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_alive(doc["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _pid_alive(doc["pid"])
+
+
+def _admin_token(data_dir: Path) -> str:
+    """One admin token per data directory, kept across restarts so scripts keep working."""
+    path = data_dir / "admin-token"
+    if path.exists():
+        return path.read_text().strip()
+    token = "gpt_" + secrets.token_urlsafe(32)
+    path.write_text(token + "\n")
+    os.chmod(path, 0o600)
+    return token
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return resp.status == 200
+    except Exception:
+        return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"

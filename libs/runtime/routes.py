@@ -1,0 +1,39 @@
+"""A service's routing table: which commands it answers and which events it consumes, in one place.
+
+Each service's handlers.py ends with a `routes(...)` function returning one of these, so a reader sees at a glance
+everything that can make the service act.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from libs.bus.consumer import Poison
+from libs.contracts.commands import Command
+from libs.contracts.envelope import CloudEvent
+from libs.contracts.events import EventData, TelemetrySampled
+
+EventHandler = Callable[[CloudEvent, Any], Awaitable[None]]
+
+
+@dataclass
+class Routes:
+    commands: dict[str, tuple[type[Command], Callable[[Any], Awaitable[Any]]]] = field(default_factory=dict)
+    events: dict[type[EventData], EventHandler] = field(default_factory=dict)
+    telemetry: EventHandler | None = None
+
+    def event_subjects(self) -> tuple[str, ...]:
+        return tuple(sorted({cls.event_subject for cls in self.events}))
+
+    async def dispatch(self, event: CloudEvent, data: EventData) -> None:
+        handler = self.events.get(type(data))
+        if handler is None:
+            raise Poison("UnsupportedEventType", f"no handler for {event.type}")
+        await handler(event, data)
+
+    async def dispatch_telemetry(self, event: CloudEvent, data: EventData) -> None:
+        if not isinstance(data, TelemetrySampled) or self.telemetry is None:
+            raise Poison("UnsupportedEventType", f"{event.type} is not a telemetry sample")
+        await self.telemetry(event, data)

@@ -1,0 +1,161 @@
+"""The composition every service shares: observability, NATS + streams, its own database + migrations, the
+outbox relay, consumers and request/reply handlers, and graceful shutdown.
+
+Shutdown order matters: stop fetching → finish the message in hand → stop answering requests → flush the outbox
+→ drain the NATS connection → close the pool. A SIGKILL skips all of it and still loses nothing: unacked messages
+are redelivered and committed outbox rows are published on the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from libs.bus.connection import connect, ensure_streams
+from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
+from libs.bus.publisher import publish_raw
+from libs.bus.rpc import serve
+from libs.contracts import subjects
+from libs.contracts.commands import Command, Empty
+from libs.contracts.subjects import EVENTS_STREAM, TELEMETRY_STREAM
+from libs.observability.logging import setup_logging
+from libs.observability.tracing import setup_tracing, shutdown_tracing
+from libs.runtime.http import OpsEndpoint
+from libs.runtime.routes import Routes
+from libs.runtime.settings import ServiceSettings
+from libs.store.database import create_pool, database_name, ensure_database, with_database
+from libs.store.migrations import migrate, package_migrations, store_migrations
+from libs.store.outbox_relay import OutboxRelay
+from libs.store.unit_of_work import UnitOfWork
+
+log = logging.getLogger(__name__)
+
+
+class ServiceRuntime:
+    def __init__(self, name: str, settings: ServiceSettings, *, migrations_package: str | None) -> None:
+        self.name = name
+        self.settings = settings
+        self.migrations_package = migrations_package
+        self.instance = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
+        self.source = f"/gpupool/{name}"
+        self.consumers: list[EventConsumer] = []
+        self._subs: list[Any] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stop = asyncio.Event()
+        self.pool: asyncpg.Pool | None = None
+        self.relay: OutboxRelay | None = None
+        self.http: OpsEndpoint | None = None
+
+    # --- start ----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        setup_logging(self.name, self.settings.log_level)
+        setup_tracing(self.name)
+        self.nc = await connect(self.settings.nats_url, f"gpupool-{self.name}", user=self.settings.nats_user,
+                                password=self.settings.nats_password)
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js)
+        if self.migrations_package is not None:
+            dsn = self.settings.database_url
+            await ensure_database(with_database(dsn, "postgres"), database_name(dsn))
+            self.pool = await create_pool(dsn)
+            await migrate(self.pool, store_migrations() + package_migrations(self.name, self.migrations_package))
+            self.relay = OutboxRelay(self.pool, functools.partial(publish_raw, self.js), self.name)
+            self.relay.start()
+        self.http = OpsEndpoint(self.settings.http_host, self.settings.http_port, self.ready)
+        port = await self.http.start()
+        await self.serve(subjects.health_ping(self.name), Empty, self._ping)
+        log.info("service_started", extra={"instance": self.instance, "http_port": port})
+
+    async def _ping(self, _: Empty) -> dict[str, str]:
+        return {"service": self.name, "instance": self.instance}
+
+    async def ready(self) -> bool:
+        if not self.nc.is_connected:
+            return False
+        if self.pool is not None:
+            try:
+                async with self.pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+            except Exception:
+                return False
+        return True
+
+    # --- building blocks for handlers -------------------------------------------------------------------------
+    def uow(self) -> UnitOfWork:
+        assert self.pool is not None, f"{self.name} has no database"
+        return UnitOfWork(self.pool, self.source, on_commit=self.relay.wake if self.relay else None)
+
+    async def consume(self, durable: str, filter_subjects: tuple[str, ...], handler: Handler, *,
+                      stream: str = EVENTS_STREAM.name, **spec: Any) -> EventConsumer:
+        consumer = EventConsumer(self.js, ConsumerSpec(stream=stream, durable=durable,
+                                                       filter_subjects=filter_subjects, **spec), handler)
+        await consumer.start()
+        self.consumers.append(consumer)
+        return consumer
+
+    async def serve(self, subject: str, command: type[Command], handler: Callable[[Any], Awaitable[Any]]) -> None:
+        self._subs.append(await serve(self.nc, subject, command, handler, queue=self.name))
+
+    async def mount(self, routes: Routes) -> None:
+        """Serve the routing table's commands and start its consumers (durable names derive from the service)."""
+        for subject, (command, handler) in routes.commands.items():
+            await self.serve(subject, command, handler)
+        if routes.events:
+            await self.consume(self.name, routes.event_subjects(), routes.dispatch)
+        if routes.telemetry is not None:
+            await self.consume(f"{self.name}-telemetry", (subjects.TELEMETRY_ALL,), routes.dispatch_telemetry,
+                               stream=TELEMETRY_STREAM.name, max_deliver=3, batch=256)
+
+    def background(self, coro: Awaitable[Any], name: str) -> None:
+        self._tasks.append(asyncio.ensure_future(coro))
+        self._tasks[-1].set_name(name)
+
+    # --- run and stop ------------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self._stop.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        log.info("service_stopping", extra={"instance": self.instance})
+        for consumer in self.consumers:
+            await consumer.stop()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.relay is not None:
+            await self.relay.stop()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        if self.pool is not None:
+            await self.pool.close()
+        if self.http is not None:
+            await self.http.stop()
+        shutdown_tracing()
+        log.info("service_stopped", extra={"instance": self.instance})
+
+
+def run_service(main: Callable[[], Awaitable[None]]) -> None:
+    """Entry point for `python -m services.<name>`: run the service's async main, exit 0 on a clean stop."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+

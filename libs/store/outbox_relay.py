@@ -1,0 +1,114 @@
+"""Publishes committed outbox rows to JetStream, in commit order, at least once.
+
+Rows are locked with SKIP LOCKED so two replicas never publish the same row concurrently. A crash between
+publish and marking the row sent republishes it with the same Nats-Msg-Id: the stream's duplicate window drops
+it, and consumers' inboxes catch anything later. Nothing is ever lost: a row stays until JetStream acked it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from libs.observability.metrics import OUTBOX_PENDING, OUTBOX_RELAYED
+
+log = logging.getLogger(__name__)
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+# (subject, payload, headers) -> awaitable that raises unless the stream stored the message. The store knows
+# nothing of NATS; the service's bootstrap passes libs.bus.publisher.publish_raw bound to its JetStream context.
+PublishFn = Callable[[str, bytes, dict[str, str]], Awaitable[Any]]
+
+
+class OutboxRelay:
+    def __init__(self, pool: asyncpg.Pool, publish: PublishFn, service: str, *, batch: int = 200,
+                 poll_interval_s: float = 1.0) -> None:
+        self.pool = pool
+        self.publish = publish
+        self.service = service
+        self.batch = batch
+        self.poll_interval_s = poll_interval_s
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        """Called after a unit of work committed events: publish now instead of at the next poll."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"outbox-relay:{self.service}")
+
+    async def stop(self) -> None:
+        """Publish what is already committed, then stop."""
+        self._stopping.set()
+        self._wake.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                sent = await self.publish_pending()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                delay = min(5.0, 0.1 * 2**failures)
+                log.warning("outbox_publish_failed", extra={"service": self.service, "error": repr(exc),
+                                                            "retry_in_s": delay})
+                if self._stopping.is_set() and failures > 3:
+                    return
+                await asyncio.sleep(delay)
+                continue
+            if sent:
+                continue
+            if self._stopping.is_set():
+                return
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
+
+    async def publish_pending(self) -> int:
+        """Publish one batch; returns how many rows were published."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """SELECT seq, event_id, subject, payload, traceparent FROM outbox
+                   WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED""",
+                self.batch)
+            published: list[int] = []
+            try:
+                for row in rows:
+                    headers = {MSG_ID_HEADER: row["event_id"], "Content-Type": "application/cloudevents+json"}
+                    if row["traceparent"]:
+                        headers["traceparent"] = row["traceparent"]
+                    await self.publish(row["subject"], bytes(row["payload"]), headers)
+                    published.append(row["seq"])
+            except Exception as exc:
+                if rows and len(published) < len(rows):
+                    failed = rows[len(published)]["seq"]
+                    await conn.execute(
+                        "UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1",
+                        failed, repr(exc)[:500])
+                await self._mark(conn, published)
+                raise
+            await self._mark(conn, published)
+        if published:
+            OUTBOX_RELAYED.labels(service=self.service).inc(len(published))
+        return len(published)
+
+    async def _mark(self, conn: asyncpg.Connection, seqs: list[int]) -> None:
+        if seqs:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])", seqs)
+
+    async def pending_count(self) -> int:
+        async with self.pool.acquire() as conn:
+            n = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        OUTBOX_PENDING.labels(service=self.service).set(n)
+        return int(n)

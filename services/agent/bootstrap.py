@@ -1,0 +1,63 @@
+"""Composition root of the agent: one process drives one real node, or a whole simulated fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+from libs.bus.connection import connect, ensure_streams
+from libs.observability.logging import setup_logging
+from libs.observability.tracing import setup_tracing
+from libs.runtime.http import OpsEndpoint
+from services.agent.config import AgentSettings, parse_fleet
+from services.agent.handlers import NodeAgent
+from services.agent.nvml_sim import SimulatedNvml
+from services.agent.nvml_types import NvmlBackend
+
+log = logging.getLogger(__name__)
+
+
+def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
+    if settings.backend == "real":
+        from services.agent.nvml_real import RealNvml
+
+        return [(settings.node, RealNvml())]
+    fleet = parse_fleet(settings.sim_fleet)
+    return [
+        (f"{settings.sim_node_prefix}-{i}",
+         SimulatedNvml(f"{settings.sim_node_prefix}-{i}", models, seed=settings.seed + i, clock=time.time))
+        for i, models in enumerate(fleet)
+    ]
+
+
+async def main() -> None:
+    settings = AgentSettings()
+    setup_logging("agent", settings.log_level)
+    setup_tracing("agent")
+    nc = await connect(settings.nats_url, "gpupool-agent", user=settings.nats_user,
+                       password=settings.nats_password)
+    await ensure_streams(nc.jetstream())
+    agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s)
+              for node, backend in build_backends(settings)]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def ready() -> bool:
+        return nc.is_connected
+
+    ops = OpsEndpoint(settings.http_host, settings.http_port, ready)
+    await ops.start()
+    log.info("agent_started", extra={"nodes": [a.node for a in agents], "backend": settings.backend})
+    tasks = [asyncio.create_task(a.run(stop), name=f"agent:{a.node}") for a in agents]
+    await stop.wait()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, timeout=5)
+    await ops.stop()
+    with contextlib.suppress(Exception):
+        await nc.drain()

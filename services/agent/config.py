@@ -1,0 +1,45 @@
+"""Agent settings (env prefix GPUPOOL_AGENT_)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# `gpupool up`'s default simulated fleet: 4 nodes × 8 GPUs of mixed models.
+DEFAULT_SIM_FLEET = "H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8"
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUPOOL_AGENT_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_user: str | None = None
+    nats_password: str | None = None
+    cluster: str = "local"
+    node: str = Field(default_factory=socket.gethostname, description="Node name (real backend)")
+    backend: Literal["real", "sim"] = "real"
+    sim_fleet: str = Field(default=DEFAULT_SIM_FLEET,
+                           description="Simulated nodes separated by ';', each 'MODEL*COUNT[,MODEL*COUNT]'")
+    sim_node_prefix: str = "sim-node"
+    seed: int = 7
+    interval_s: float = Field(default=2.0, gt=0, description="Seconds between telemetry samples")
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    log_level: str = "INFO"
+
+
+def parse_fleet(spec: str) -> list[list[str]]:
+    """'H100-80GB*8;L40S*4,T4*2' → [['H100-80GB']*8, ['L40S']*4 + ['T4']*2]."""
+    nodes: list[list[str]] = []
+    for node_spec in filter(None, (s.strip() for s in spec.split(";"))):
+        models: list[str] = []
+        for part in filter(None, (p.strip() for p in node_spec.split(","))):
+            model, _, count = part.partition("*")
+            if count and not count.isdigit():
+                raise ValueError(f"bad GPU count in {part!r}; expected MODEL*COUNT")
+            models += [model.strip()] * (int(count) if count else 1)
+        nodes.append(models)
+    return nodes

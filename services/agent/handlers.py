@@ -1,0 +1,103 @@
+"""One node agent: register with inventory, then stream NVML samples. For the simulated backend it also follows
+allocation events so simulated GPUs get busy when a job lands on them (allocated vs actually used is real)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from libs.bus.publisher import publish_event
+from libs.bus.rpc import ServiceUnavailable, request
+from libs.contracts import subjects
+from libs.contracts.commands import ListAllocations
+from libs.contracts.envelope import InvalidEnvelope, parse_envelope
+from libs.contracts.events import AllocationGranted, AllocationReleased, decode_data
+from services.agent.domain import registration, telemetry
+from services.agent.nvml_sim import SimulatedNvml
+from services.agent.nvml_types import NvmlBackend
+
+log = logging.getLogger(__name__)
+SOURCE = "/gpupool/agent"
+
+
+class NodeAgent:
+    def __init__(self, nc: NATS, backend: NvmlBackend, cluster: str, node: str, interval_s: float) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.backend = backend
+        self.cluster = cluster
+        self.node = node
+        self.interval_s = interval_s
+        self.samples_sent = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.backend.open()
+        try:
+            await self.register(stop)
+            if isinstance(self.backend, SimulatedNvml):
+                await self.follow_allocations()
+            while not stop.is_set():
+                await self.sample_once()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+        finally:
+            self.backend.close()
+
+    async def register(self, stop: asyncio.Event) -> None:
+        """Retry until inventory confirms: a node that is not registered cannot be scheduled on."""
+        cmd = registration(self.cluster, self.node, self.backend.node_info(), self.backend.sample())
+        delay = 0.2
+        while not stop.is_set():
+            try:
+                reply = await request(self.nc, subjects.CMD_INVENTORY_REGISTER_NODE, cmd, timeout=5.0)
+                if reply.ok:
+                    log.info("node_registered", extra={"node": self.node, "gpus": len(cmd.gpus)})
+                    return
+                log.error("registration_refused", extra={"node": self.node, "error": reply.error.model_dump()
+                                                         if reply.error else None})
+            except ServiceUnavailable as exc:
+                log.warning("registration_retry", extra={"node": self.node, "error": str(exc)})
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    async def sample_once(self) -> None:
+        samples = self.backend.sample()
+        event = telemetry(self.cluster, self.node, samples, time.time()).to_cloudevent(SOURCE)
+        try:
+            await publish_event(self.js, subjects.telemetry(self.cluster, self.node), event)
+            self.samples_sent += 1
+        except Exception as exc:  # a missed sample is acceptable; the next one follows
+            log.warning("telemetry_publish_failed", extra={"node": self.node, "error": repr(exc)})
+
+    async def follow_allocations(self) -> None:
+        assert isinstance(self.backend, SimulatedNvml)
+        sim = self.backend
+        await self.nc.subscribe(subjects.ALLOCATION_ALL, cb=self._on_allocation)
+        with contextlib.suppress(ServiceUnavailable):
+            reply = await request(self.nc, subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS,
+                                  ListAllocations(active=True, limit=1000), timeout=2.0)
+            for item in (reply.result or {}).get("items", []) if reply.ok else []:
+                if item["node"] == self.node and item["cluster"] == self.cluster:
+                    for gpu in item["gpus"]:
+                        sim.set_workload(gpu["uuid"], "training")
+
+    async def _on_allocation(self, msg: Msg) -> None:
+        try:
+            data = decode_data(parse_envelope(msg.data))
+        except (InvalidEnvelope, json.JSONDecodeError):
+            return
+        if not isinstance(data, AllocationGranted | AllocationReleased):
+            return
+        if data.node != self.node or data.cluster != self.cluster:
+            return
+        assert isinstance(self.backend, SimulatedNvml)
+        kind = "training" if isinstance(data, AllocationGranted) else None
+        for gpu in data.gpus:
+            with contextlib.suppress(KeyError, ValueError):
+                self.backend.set_workload(gpu.uuid, kind)

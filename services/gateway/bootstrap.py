@@ -1,0 +1,116 @@
+"""Composition root of the gateway: settings → NATS connection → FastAPI app with problem-details errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from libs.bus.connection import connect
+from libs.bus.rpc import ServiceUnavailable, request
+from libs.contracts import subjects
+from libs.contracts.commands import Empty
+from libs.observability.logging import setup_logging
+from libs.observability.tracing import setup_tracing
+from services.gateway.config import GatewaySettings
+from services.gateway.domain import problem
+from services.gateway.handlers import ApiError, router
+
+log = logging.getLogger(__name__)
+HTTP_REQUESTS = Counter("gpupool_gateway_requests_total", "HTTP requests", ["method", "route", "status"])
+BACKENDS = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.nc = await connect(settings.nats_url, "gpupool-gateway", user=settings.nats_user,
+                                     password=settings.nats_password)
+        try:
+            yield
+        finally:
+            await app.state.nc.drain()
+
+    app = FastAPI(
+        title="gpupool API",
+        version="0.1.0",
+        summary="One governed, shared GPU pool: jobs, nodes, allocations, quotas, usage.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.include_router(router)
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:
+        return problem(exc.status, exc.reason, exc.detail, instance=req.url.path, **exc.extensions)
+
+    @app.exception_handler(ServiceUnavailable)
+    async def on_unavailable(req: Request, exc: ServiceUnavailable) -> JSONResponse:
+        return problem(503, "ServiceUnavailable", "a backing service did not answer in time; retry later",
+                       instance=req.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(req: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        detail = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        return problem(422, "InvalidRequest", detail, instance=req.url.path, errors=errors[:20])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HttpError")
+        return problem(exc.status_code, reason, str(exc.detail), instance=req.url.path)
+
+    @app.exception_handler(Exception)
+    async def on_crash(req: Request, exc: Exception) -> JSONResponse:
+        log.exception("gateway_unhandled_error", extra={"path": req.url.path})
+        return problem(500, "InternalError", "the gateway failed to handle the request", instance=req.url.path)
+
+    @app.middleware("http")
+    async def count(req: Request, call_next):  # type: ignore[no-untyped-def]
+        response = await call_next(req)
+        route = req.scope.get("route")
+        HTTP_REQUESTS.labels(req.method, getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    @app.get("/healthz", tags=["ops"], summary="The gateway process is alive")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], summary="NATS is connected and every service answers on the bus")
+    async def readyz(req: Request) -> JSONResponse:
+        async def ping(service: str) -> bool:
+            try:
+                reply = await request(req.app.state.nc, subjects.health_ping(service), Empty(), timeout=1.0)
+                return reply.ok
+            except ServiceUnavailable:
+                return False
+
+        results = await asyncio.gather(*(ping(s) for s in BACKENDS))
+        services = dict(zip(BACKENDS, results, strict=True))
+        ok = req.app.state.nc.is_connected and all(results)
+        return JSONResponse({"status": "ready" if ok else "not ready", "services": services},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    settings = GatewaySettings()
+    setup_logging("gateway", settings.log_level)
+    setup_tracing("gateway")
+    uvicorn.run(create_app(settings), host=settings.http_host, port=settings.port, log_config=None,
+                access_log=False, timeout_graceful_shutdown=10)

@@ -1,0 +1,13 @@
+"""Placement service settings (env prefix GPUPOOL_PLACEMENT_)."""
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from libs.runtime.settings import ServiceSettings
+
+
+class PlacementSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUPOOL_PLACEMENT_", extra="ignore")
+
+    cycle_interval_s: float = Field(default=1.0, description="Longest wait between scheduling cycles")
+    policy: str = "default"

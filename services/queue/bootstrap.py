@@ -1,0 +1,13 @@
+"""Composition root of the queue service: settings → runtime → handlers → routes."""
+
+from libs.runtime.service import ServiceRuntime
+from services.queue.config import QueueSettings
+from services.queue.handlers import QueueHandlers, routes
+
+
+async def main() -> None:
+    settings = QueueSettings()
+    runtime = ServiceRuntime("queue", settings, migrations_package="services.queue")
+    await runtime.start()
+    await runtime.mount(routes(QueueHandlers(runtime, settings)))
+    await runtime.run_until_signalled()

@@ -1,0 +1,32 @@
+"""The job state machine: which transitions are legal, and the refusal when one is not."""
+
+from __future__ import annotations
+
+from libs.contracts.commands import PRIORITY_CLASSES, Reply
+
+TERMINAL = frozenset({"completed", "cancelled", "failed"})
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"running", "cancelled", "failed"}),
+    # back to pending: requeue after preemption or node loss
+    "running": frozenset({"completed", "cancelled", "failed", "pending"}),
+    "completed": frozenset(),
+    "cancelled": frozenset(),
+    "failed": frozenset(),
+}
+
+
+def can_transition(current: str, target: str) -> bool:
+    return target in TRANSITIONS.get(current, frozenset())
+
+
+def refuse_transition(job_id: str, current: str, target: str) -> Reply:
+    if current in TERMINAL:
+        return Reply.failure(409, "JobAlreadyFinished", f"job {job_id} is already {current}",
+                             job_id=job_id, state=current)
+    return Reply.failure(409, "InvalidJobState", f"job {job_id} is {current}; it cannot become {target}",
+                         job_id=job_id, state=current)
+
+
+def priority_of(priority_class: str) -> int | None:
+    return PRIORITY_CLASSES.get(priority_class)

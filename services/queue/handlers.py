@@ -1,0 +1,191 @@
+"""Queue service handlers: job submission and lifecycle commands, and the allocation events that move jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from libs.bus.rpc import ServiceUnavailable, request
+from libs.contracts import subjects
+from libs.contracts.commands import (
+    AdmitJob,
+    CancelJob,
+    JobRef,
+    ListJobs,
+    Reply,
+    SubmitJob,
+)
+from libs.contracts.envelope import CloudEvent, utcnow, uuid7
+from libs.contracts.events import (
+    AllocationGranted,
+    AllocationReleased,
+    JobCancelled,
+    JobCompleted,
+    JobStarted,
+    JobSubmitted,
+)
+from libs.runtime.routes import Routes
+from libs.runtime.service import ServiceRuntime
+from services.queue import store
+from services.queue.config import QueueSettings
+from services.queue.domain import TERMINAL, can_transition, priority_of, refuse_transition
+
+log = logging.getLogger(__name__)
+CONSUMER = "queue"
+
+
+class QueueHandlers:
+    def __init__(self, runtime: ServiceRuntime, settings: QueueSettings) -> None:
+        self.rt = runtime
+        self.settings = settings
+
+    # --- commands --------------------------------------------------------------------------------------------
+    async def submit_job(self, cmd: SubmitJob) -> Reply:
+        priority = priority_of(cmd.priority_class)
+        if priority is None:
+            return Reply.failure(422, "UnknownPriorityClass", f"priority class {cmd.priority_class!r} does not exist")
+        request_hash = hashlib.sha256(
+            cmd.model_dump_json(exclude={"idempotency_key", "submitted_by"}).encode()).hexdigest()
+        if cmd.idempotency_key:
+            replay = await self._replay(cmd.idempotency_key, request_hash)
+            if replay is not None:
+                return replay
+        admission = await self._admit(cmd)
+        if admission is not None:
+            return admission
+        now = utcnow()
+        job = {
+            "job_id": uuid7(), "name": cmd.name, "team": cmd.team, "project": cmd.project, "kind": cmd.kind,
+            "priority_class": cmd.priority_class, "priority": priority, "gpus": cmd.gpus,
+            "gpu_models": cmd.gpu_models, "submitted_by": cmd.submitted_by, "submitted_at": now,
+            "idempotency_key": cmd.idempotency_key, "request_hash": request_hash,
+        }
+        async with self.rt.uow() as uow:
+            row = await store.insert_job(uow.conn, job)
+            if row is not None:
+                await uow.emit(JobSubmitted(
+                    job_id=job["job_id"], name=cmd.name, team=cmd.team, project=cmd.project, kind=cmd.kind,
+                    priority_class=cmd.priority_class, priority=priority, gpus=cmd.gpus,
+                    gpu_models=cmd.gpu_models, submitted_at=now))
+        if row is None:  # lost a race with the same idempotency key: answer with the winner
+            assert cmd.idempotency_key is not None
+            replay = await self._replay(cmd.idempotency_key, request_hash)
+            assert replay is not None
+            return replay
+        log.info("job_submitted", extra={"job_id": job["job_id"], "team": cmd.team, "gpus": cmd.gpus})
+        return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": True})
+
+    async def _replay(self, key: str, request_hash: str) -> Reply | None:
+        async with self.rt.pool.acquire() as conn:
+            row = await store.find_by_idempotency_key(conn, key)
+        if row is None:
+            return None
+        if row["request_hash"] != request_hash:
+            return Reply.failure(422, "IdempotencyKeyReused",
+                                 "this Idempotency-Key was already used for a different request")
+        return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": False})
+
+    async def _admit(self, cmd: SubmitJob) -> Reply | None:
+        """Ask the quota service; None means admitted. Quota down → 503, never a silent accept."""
+        try:
+            reply = await request(self.rt.nc, subjects.CMD_QUOTA_ADMIT, AdmitJob(
+                team=cmd.team, project=cmd.project, priority_class=cmd.priority_class, gpus=cmd.gpus,
+                gpu_models=cmd.gpu_models), timeout=self.settings.admission_timeout_s)
+        except ServiceUnavailable:
+            return Reply.failure(503, "AdmissionUnavailable", "the quota service did not answer; retry later")
+        return None if reply.ok else reply
+
+    async def complete_job(self, cmd: JobRef) -> Reply:
+        return await self._finish(cmd.job_id, "completed", "CompletedByUser")
+
+    async def cancel_job(self, cmd: CancelJob) -> Reply:
+        return await self._finish(cmd.job_id, "cancelled", "CancelledByUser", cmd.reason)
+
+    async def _finish(self, job_id: str, target: str, reason: str, message: str | None = None) -> Reply:
+        now = utcnow()
+        async with self.rt.uow() as uow:
+            row = await store.get_job(uow.conn, job_id, for_update=True)
+            if row is None:
+                return Reply.failure(404, "JobNotFound", f"no job {job_id}")
+            if target == "completed" and row["state"] != "running":
+                return refuse_transition(job_id, row["state"], target)
+            if not can_transition(row["state"], target):
+                return refuse_transition(job_id, row["state"], target)
+            await store.set_state(uow.conn, job_id, row["state"], target, reason, at=now, message=message)
+            if target == "completed":
+                await uow.emit(JobCompleted(job_id=job_id, team=row["team"], completed_at=now))
+            else:
+                await uow.emit(JobCancelled(job_id=job_id, team=row["team"], reason=message or reason,
+                                            cancelled_at=now))
+            updated = await store.get_job(uow.conn, job_id)
+        log.info("job_finished", extra={"job_id": job_id, "state": target})
+        return Reply.success(store.to_view(updated).model_dump(mode="json"))
+
+    # --- queries ---------------------------------------------------------------------------------------------
+    async def get_job(self, cmd: JobRef) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            row = await store.get_job(conn, cmd.job_id)
+            if row is None:
+                return Reply.failure(404, "JobNotFound", f"no job {cmd.job_id}")
+            events = await store.history(conn, cmd.job_id)
+        view = store.to_view(row).model_dump(mode="json")
+        view["history"] = [{"at": e["at"].isoformat(), "from": e["from_state"], "to": e["to_state"],
+                            "reason": e["reason"]} for e in events]
+        return Reply.success(view)
+
+    async def list_jobs(self, cmd: ListJobs) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            rows = await store.list_jobs(conn, team=cmd.team, state=cmd.state, limit=cmd.limit + 1,
+                                         after=cmd.after)
+        items = [store.to_view(r).model_dump(mode="json") for r in rows[: cmd.limit]]
+        next_after = items[-1]["job_id"] if len(rows) > cmd.limit else None
+        return Reply.success({"items": items, "next": next_after})
+
+    # --- events ----------------------------------------------------------------------------------------------
+    async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            row = await store.get_job(uow.conn, data.job_id, for_update=True)
+            if row is None or row["state"] != "pending":
+                # cancelled meanwhile: placement releases the allocation when it sees the cancellation
+                log.info("allocation_for_non_pending_job", extra={"job_id": data.job_id,
+                                                                  "state": row["state"] if row else None})
+                return
+            await store.set_state(uow.conn, data.job_id, "pending", "running", "AllocationGranted",
+                                  at=data.granted_at, message=None, allocation_id=data.allocation_id,
+                                  node=data.node, cluster=data.cluster)
+            await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
+                                      node=data.node, started_at=data.granted_at))
+
+    async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
+        """A release the user did not ask for (node lost, reclaimed) sends a running job back to the queue."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            row = await store.get_job(uow.conn, data.job_id, for_update=True)
+            if row is None or row["state"] in TERMINAL or row["allocation_id"] != data.allocation_id:
+                return
+            await store.set_state(uow.conn, data.job_id, row["state"], "pending", f"Requeued:{data.reason}",
+                                  at=data.released_at, message=f"requeued after {data.reason}",
+                                  allocation_id=None, node=None, cluster=None)
+            await uow.emit(JobSubmitted(
+                job_id=data.job_id, name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
+                priority_class=row["priority_class"], priority=priority_of(row["priority_class"]) or 0,
+                gpus=row["gpus"], gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"]))
+
+
+def routes(h: QueueHandlers) -> Routes:
+    return Routes(
+        commands={
+            subjects.CMD_QUEUE_SUBMIT_JOB: (SubmitJob, h.submit_job),
+            subjects.CMD_QUEUE_COMPLETE_JOB: (JobRef, h.complete_job),
+            subjects.CMD_QUEUE_CANCEL_JOB: (CancelJob, h.cancel_job),
+            subjects.QUERY_QUEUE_GET_JOB: (JobRef, h.get_job),
+            subjects.QUERY_QUEUE_LIST_JOBS: (ListJobs, h.list_jobs),
+        },
+        events={
+            AllocationGranted: h.on_allocation_granted,
+            AllocationReleased: h.on_allocation_released,
+        },
+    )

@@ -1,0 +1,80 @@
+"""Every SQL statement of the queue service."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from libs.contracts.commands import JobView
+
+_COLUMNS = ("job_id, name, team, project, kind, priority_class, gpus, gpu_models, state, submitted_at, "
+            "started_at, finished_at, allocation_id, node, cluster, message")
+
+
+def to_view(row: asyncpg.Record) -> JobView:
+    return JobView(**{k: row[k] for k in JobView.model_fields})
+
+
+async def find_by_idempotency_key(conn: asyncpg.Connection, key: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(f"SELECT {_COLUMNS}, request_hash FROM jobs WHERE idempotency_key = $1", key)
+
+
+async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.Record:
+    row = await conn.fetchrow(
+        f"""INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
+                             submitted_by, submitted_at, idempotency_key, request_hash, message)
+            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,'pending',$10,$11,$12,$13,$14)
+            ON CONFLICT (idempotency_key) DO NOTHING
+            RETURNING {_COLUMNS}""",
+        job["job_id"], job["name"], job["team"], job["project"], job["kind"], job["priority_class"],
+        job["priority"], job["gpus"], job["gpu_models"], job["submitted_by"], job["submitted_at"],
+        job["idempotency_key"], job["request_hash"], "waiting for placement")
+    if row is not None:
+        await record_history(conn, job["job_id"], None, "pending", "Submitted")
+    return row
+
+
+async def get_job(conn: asyncpg.Connection, job_id: str, *, for_update: bool = False) -> asyncpg.Record | None:
+    lock = " FOR UPDATE" if for_update else ""
+    return await conn.fetchrow(f"SELECT {_COLUMNS} FROM jobs WHERE job_id = $1{lock}", job_id)
+
+
+async def list_jobs(conn: asyncpg.Connection, *, team: str | None, state: str | None, limit: int,
+                    after: str | None) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        f"""SELECT {_COLUMNS} FROM jobs
+            WHERE ($1::text IS NULL OR team = $1) AND ($2::text IS NULL OR state = $2)
+              AND ($3::text IS NULL OR job_id > $3)
+            ORDER BY job_id LIMIT $4""",
+        team, state, after, limit)
+
+
+async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target: str, reason: str, *,
+                    at: datetime, message: str | None = None, **fields: Any) -> None:
+    sets = ["state = $2", "message = $3"]
+    args: list[Any] = [job_id, target, message]
+    if target == "running":
+        sets.append(f"started_at = ${len(args) + 1}")
+        args.append(at)
+    if target in ("completed", "cancelled", "failed"):
+        sets.append(f"finished_at = ${len(args) + 1}")
+        args.append(at)
+    for column in ("allocation_id", "node", "cluster"):
+        if column in fields:
+            sets.append(f"{column} = ${len(args) + 1}")
+            args.append(fields[column])
+    await conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = $1", *args)
+    await record_history(conn, job_id, current, target, reason)
+
+
+async def record_history(conn: asyncpg.Connection, job_id: str, from_state: str | None, to_state: str,
+                         reason: str) -> None:
+    await conn.execute("INSERT INTO job_history (job_id, from_state, to_state, reason) VALUES ($1,$2,$3,$4)",
+                       job_id, from_state, to_state, reason)
+
+
+async def history(conn: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT at, from_state, to_state, reason FROM job_history WHERE job_id = $1 ORDER BY id", job_id)

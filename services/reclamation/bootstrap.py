@@ -1,0 +1,13 @@
+"""Composition root of the reclamation service."""
+
+from libs.runtime.service import ServiceRuntime
+from services.reclamation.config import ReclamationSettings
+from services.reclamation.handlers import ReclamationHandlers, routes
+
+
+async def main() -> None:
+    settings = ReclamationSettings()
+    runtime = ServiceRuntime("reclamation", settings, migrations_package="services.reclamation")
+    await runtime.start()
+    await runtime.mount(routes(ReclamationHandlers(runtime, settings)))
+    await runtime.run_until_signalled()

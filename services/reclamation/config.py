@@ -1,0 +1,12 @@
+"""Reclamation service settings (env prefix GPUPOOL_RECLAMATION_)."""
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from libs.runtime.settings import ServiceSettings
+
+
+class ReclamationSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUPOOL_RECLAMATION_", extra="ignore")
+
+    busy_util_pct: float = Field(default=5.0, description="A GPU above this utilization counts as busy")
