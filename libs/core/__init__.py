@@ -1,21 +1,66 @@
 """gpupool's pure scheduling core: standard library only, no I/O, time and randomness injected.
 
 The placement service and the trace simulator run exactly this code, so what the simulator measures is
-what production does.
+what production does. See README.md in this folder for the pipeline and vocabulary.
 """
 
-from libs.core.model import Gpu, JobRequest, Node, Snapshot
-from libs.core.plan import PendingReason, Placement, Plan
-from libs.core.schedule import Policy, schedule
+from libs.core.mig import CATALOGUE as MIG_CATALOGUE
+from libs.core.mig import MigProfile, plan_gpu_layout, valid_layout
+from libs.core.migplan import plan_mig_layouts
+from libs.core.model import (
+    EXCLUSIVE,
+    FRACTIONAL,
+    MIG,
+    Allocation,
+    Gpu,
+    JobRequest,
+    MigInstance,
+    Node,
+    Snapshot,
+    UsageRecord,
+)
+from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
+from libs.core.policy import (
+    DEFAULT_PRIORITY_CLASSES,
+    Policy,
+    PriorityClass,
+    QuotaEntry,
+    QuotaTree,
+    WorkloadShape,
+)
+from libs.core.quota import teams_quota
+from libs.core.schedule import Scheduler, derive_workload, schedule
 
 __all__ = [
+    "DEFAULT_PRIORITY_CLASSES",
+    "EXCLUSIVE",
+    "FRACTIONAL",
+    "MIG",
+    "MIG_CATALOGUE",
+    "Allocation",
     "Gpu",
     "JobRequest",
+    "MigInstance",
+    "MigProfile",
+    "MigReconfig",
     "Node",
     "PendingReason",
     "Placement",
     "Plan",
     "Policy",
+    "Preemption",
+    "PriorityClass",
+    "QuotaEntry",
+    "QuotaTree",
+    "Reservation",
+    "Scheduler",
     "Snapshot",
+    "UsageRecord",
+    "WorkloadShape",
+    "derive_workload",
+    "plan_gpu_layout",
+    "plan_mig_layouts",
     "schedule",
+    "teams_quota",
+    "valid_layout",
 ]

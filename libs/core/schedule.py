@@ -1,67 +1,846 @@
 """The scheduling cycle: `schedule(snapshot, pending, policy, now) -> Plan`.
 
-This is the walking-skeleton policy: order by (priority desc, submit time, id), then first fit of whole GPUs on one
-node. Deterministic: the same inputs always give the same plan.
+Phases (each a small unit, see README.md):
+
+1. normalise requests (`fit.normalize`), resolve priority classes;            InvalidRequest
+2. order: priority -> fair share (dominant share, half-life-decayed) -> submit time -> id;
+3. per job: quota admission per GPU model (`quota.QuotaLedger`);              QuotaExceeded
+4. filter -> score -> select over node groups (`fit`), gangs all-or-nothing;  NoFeasibleNode, WaitingForGang
+5. if blocked: preemption search (decide only) or a reservation for a big job; Preempting, ReservedForGang
+6. the plan: placements, preemptions, MIG reconfigurations, reservations, a reason for every pending job.
+
+Deterministic: the same inputs give the same plan. `Scheduler` keeps its indexes between cycles for callers that
+feed it changes (the simulator); `schedule` builds one from a snapshot.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from libs.core.model import JobRequest, Snapshot
-from libs.core.plan import PendingReason, Placement, Plan
+from libs.core import mig as migcat
+from libs.core.fit import (
+    CPU_KIND,
+    FRAC_KIND,
+    MIG_KIND,
+    WHOLE_KIND,
+    Choice,
+    GpuShape,
+    Invalid,
+    Shape,
+    apply_choice,
+    choose,
+    fragmentation,
+    gpu_eligible,
+    normalize,
+    used_share,
+)
+from libs.core.model import WHOLE, Allocation, JobRequest, MigInstance, Snapshot
+from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
+from libs.core.policy import Policy, PriorityClass, WorkloadShape
+from libs.core.quota import QuotaLedger
+from libs.core.state import ClusterState, RunningJob, Take
+
+INF = math.inf
+
+# Reason codes (CamelCase, stable: other services match on them)
+INVALID_REQUEST = "InvalidRequest"
+QUOTA_EXCEEDED = "QuotaExceeded"
+NO_FEASIBLE_NODE = "NoFeasibleNode"
+WAITING_FOR_GANG = "WaitingForGang"
+RESERVED_FOR_GANG = "ReservedForGang"
+RESERVED_FOR_JOB = "ReservedForJob"
+PREEMPTING = "Preempting"
+BLOCKED_BY_QUEUE_HEAD = "BlockedByQueueHead"
+PREEMPTED_BY_PRIORITY = "PreemptedByPriority"
+RECLAIMED_FOR_GUARANTEE = "ReclaimedForGuarantee"
 
 
-@dataclass(frozen=True, slots=True)
-class Policy:
-    name: str = "fifo"
+def derive_workload(jobs: Iterable[JobRequest], limit: int = 12) -> tuple[WorkloadShape, ...]:
+    """The most common request shapes among `jobs`, weighted by how often they occur."""
+    counts: Counter = Counter()
+    for j in jobs:
+        if j.mig_profile:
+            counts[(1, WHOLE, 0, 0, tuple(sorted(j.gpu_models)), j.mig_profile)] += 1
+        elif j.gpu_fraction_milli:
+            counts[(1, j.gpu_fraction_milli, j.cpu_milli, j.memory_mib, tuple(sorted(j.gpu_models)), "")] += 1
+        elif j.gpus > 0:
+            per = j.gpus_per_node or j.gpus
+            counts[(min(per, 8), WHOLE, j.cpu_milli, j.memory_mib, tuple(sorted(j.gpu_models)), "")] += 1
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+    return tuple(
+        WorkloadShape(gpus=g, gpu_milli=m, weight=float(c), cpu_milli=cpu, memory_mib=mem, gpu_models=models,
+                      mig_profile=prof)
+        for (g, m, cpu, mem, models, prof), c in top
+    )
 
 
-def queue_order(job: JobRequest) -> tuple:
-    return (-job.priority, job.submitted_at, job.job_id)
+def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:
+    if name:
+        return by_name.get(name)
+    best = None
+    for c in classes:
+        if c.value <= value and (best is None or c.value > best.value):
+            best = c
+    if best is None and classes:
+        best = min(classes, key=lambda c: c.value)
+    return best
+
+
+class Scheduler:
+    """Scheduling state that outlives one cycle. `schedule()` is the one-shot form."""
+
+    def __init__(self, snapshot: Snapshot, policy: Policy, workload: tuple[WorkloadShape, ...] = ()):
+        self.policy = policy
+        self.classes_by_name = {c.name: c for c in policy.priority_classes}
+        workload = workload or policy.workload
+        self.workload = workload
+        host = tuple(dict.fromkeys((w.cpu_milli, w.memory_mib) for w in workload)) if policy.setting("w_frag") else ()
+        self.host_bit = {hm: i for i, hm in enumerate(host)}
+        total = sum(w.weight for w in workload if w.gpus > 0 and not w.mig_profile) or 1.0
+        self.gpu_shapes = tuple(
+            GpuShape(w.weight / total, w.gpus, w.gpu_milli, frozenset(w.gpu_models) or None,
+                     self.host_bit.get((w.cpu_milli, w.memory_mib), 0))
+            for w in workload
+            if w.gpus > 0 and not w.mig_profile
+        )
+        self.state = ClusterState(snapshot, host)
+        self.history = snapshot.usage
+        self._frag_memo: dict = {}
+        self._choose_memo: dict = {}
+        self._class_memo: dict = {}
+        self._shape_ids: dict = {}
+        self._models = sorted(self.state.capacity)
+        self._model_mem: dict[str, int] = {}
+        for ns in self.state.nodes:
+            for g in ns.gpus:
+                self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
+        self.team_alloc: dict[tuple[str, str], int] = {}
+        by_job: dict[str, list[Allocation]] = {}
+        for a in snapshot.running:
+            by_job.setdefault(a.job_id, []).append(a)
+        for job_id in sorted(by_job):
+            for a in by_job[job_id]:
+                self.bind_allocation(a)
+
+    # ---- feeding changes (incremental) ---------------------------------------------------------------------
+
+    def _resolve(self, name: str, value: int, preemptible: bool | None) -> tuple[int, bool, float] | None:
+        c = _class_of(self.policy.priority_classes, self.classes_by_name, name, value)
+        if name and c is None:
+            return None
+        prio = c.value if name else value
+        pre = preemptible if preemptible is not None else (c.preemptible if c else True)
+        min_rt = c.min_runtime_s if c is not None and c.min_runtime_s is not None else self.policy.min_runtime_s
+        return prio, pre, min_rt
+
+    def bind_allocation(self, a: Allocation) -> None:
+        """Account an allocation granted outside this scheduler (or from the snapshot)."""
+        resolved = self._resolve(a.priority_class, a.priority, a.preemptible) or (a.priority, True, 0.0)
+        prio, pre, min_rt = resolved
+        end = a.started_at + a.max_runtime_s if a.max_runtime_s is not None else INF
+        meta = RunningJob(a.job_id, a.team, a.project, prio, pre, min_rt, a.started_at, end)
+        before = dict(self.state.running[a.job_id].milli_by_model) if a.job_id in self.state.running else {}
+        self.state.add_running(a, meta)
+        after = self.state.running[a.job_id].milli_by_model if a.job_id in self.state.running else {}
+        for model, milli in after.items():
+            d = milli - before.get(model, 0)
+            if d:
+                key = (a.team, model)
+                self.team_alloc[key] = self.team_alloc.get(key, 0) + d
+
+    def finish(self, job_id: str) -> None:
+        """A job ended or was evicted: free what it held."""
+        rj = self.state.running.get(job_id)
+        if rj is not None:
+            for model, milli in rj.milli_by_model.items():
+                key = (rj.team, model)
+                self.team_alloc[key] = self.team_alloc.get(key, 0) - milli
+        self.state.remove_running(job_id)
+
+    # ---- helpers ---------------------------------------------------------------------------------------------
+
+    def _sid(self, shape: Shape) -> int:
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = len(self._shape_ids)
+        return sid
+
+    def _classes_for(self, shape: Shape, allowed: frozenset) -> list[int]:
+        key = (shape.selector, allowed, shape.kind)
+        out = self._class_memo.get(key)
+        if out is None:
+            out = [
+                c.id
+                for c in self.state.classes
+                if shape.selector <= c.labels and (shape.kind == CPU_KIND or c.models & allowed)
+            ]
+            self._class_memo[key] = out
+        return out
+
+    def _choices(self, cid: int, dyn: tuple, shape: Shape, sid: int, per_node: int, allowed: frozenset,
+                 mode: str) -> tuple:
+        key = (cid, dyn, sid, per_node, allowed, mode)
+        out = self._choose_memo.get(key)
+        if out is None:
+            if len(self._choose_memo) > 400_000:
+                self._choose_memo.clear()
+            out = choose(self.state.classes[cid], dyn, shape, per_node, allowed, mode)
+            self._choose_memo[key] = out
+        return out
+
+    def _frag(self, cid: int, dyn: tuple, mask: int) -> float:
+        key = (cid, dyn, mask)
+        v = self._frag_memo.get(key)
+        if v is None:
+            if len(self._frag_memo) > 400_000:
+                self._frag_memo.clear()
+            v = fragmentation(self.state.classes[cid], dyn, mask, self.gpu_shapes)
+            self._frag_memo[key] = v
+        return v
+
+    def _mode(self) -> str:
+        p = self.policy
+        if p.setting("fit") == "first":
+            return "first"
+        if p.setting("w_frag") > 0:
+            return "frag"
+        return "loose" if p.setting("w_spread") > p.setting("w_binpack") else "tight"
+
+    def _rep(self, bucket: dict, shape: Shape, exclude: set, domain: str | None, lowest: bool):
+        nodes = self.state.nodes
+        host = bool(shape.cpu or shape.mem)
+        best = None
+        scanned = 0
+        for idx in bucket:
+            ns = nodes[idx]
+            if idx in exclude or (host and not ns.host_fits(shape.cpu, shape.mem)):
+                continue
+            if lowest:
+                if best is None or idx < best.idx:
+                    best = ns
+                continue
+            if domain is None or ns.topology == domain:
+                return ns
+            if best is None:
+                best = ns
+            scanned += 1
+            if scanned > 64:
+                break
+        return best
+
+    def _score(self, cid: int, dyn: tuple, mask: int, rep, choice: Choice, shape: Shape,
+               domain: str | None) -> float:
+        p = self.policy
+        cls = self.state.classes[cid]
+        after = apply_choice(cls, dyn, choice, shape)
+        s = 0.0
+        w_frag = p.setting("w_frag")
+        if w_frag:
+            if shape.kind == MIG_KIND:
+                s += w_frag * choice.mig_score
+            elif self.gpu_shapes:
+                mask_after = self.state.host_mask(rep, shape.cpu, shape.mem)
+                d = self._frag(cid, after, mask_after) - self._frag(cid, dyn, mask)
+                s -= w_frag * d / (WHOLE * max(1, cls.n_gpus))
+        wb, ws = p.setting("w_binpack"), p.setting("w_spread")
+        if wb or ws:
+            if shape.kind == CPU_KIND and rep.cpu_cap:
+                u = 1.0 - (rep.cpu_free - shape.cpu) / rep.cpu_cap
+            else:
+                u = used_share(cls, after)
+            s += wb * u + ws * (1.0 - u)
+        wt = p.setting("w_topology")
+        if wt:
+            s += wt * choice.topology
+            if domain is not None and rep.topology == domain:
+                s += wt
+        return s
+
+    def _best(self, shape: Shape, sid: int, per_node: int, allowed: frozenset, exclude: set,
+              domain: str | None):
+        """Filter -> score -> select: the best (node, choice) for one node's part of the request."""
+        mode = self._mode()
+        best = None
+        best_key = None
+        groups = self.state.groups
+        for cid in self._classes_for(shape, allowed):
+            for key, bucket in groups.get(cid, {}).items():
+                dyn, mask = key
+                cands = self._choices(cid, dyn, shape, sid, per_node, allowed, mode)
+                if not cands:
+                    continue
+                rep = self._rep(bucket, shape, exclude, domain, mode == "first")
+                if rep is None:
+                    continue
+                if mode == "first":
+                    k = (0.0, -rep.idx)
+                    if best_key is None or k > best_key:
+                        best_key, best = k, (rep.idx, cands[0])
+                    continue
+                for c in cands:
+                    k = (self._score(cid, dyn, mask, rep, c, shape, domain), -rep.idx)
+                    if best_key is None or k > best_key:
+                        best_key, best = k, (rep.idx, c)
+        return best
+
+    def _whole_count(self, cid: int, dyn: tuple, shape: Shape, allowed: frozenset) -> int:
+        cls = self.state.classes[cid]
+        counts: dict[str, int] = {}
+        for st, d in zip(cls.gpus, dyn, strict=True):
+            if gpu_eligible(st, shape, allowed):
+                free = d if not isinstance(d, tuple) else d[0]
+                if free == WHOLE:
+                    counts[st[0]] = counts.get(st[0], 0) + 1
+        return max(counts.values(), default=0)
+
+    def _take(self, job: JobRequest, idx: int, choice: Choice, shape: Shape) -> Take:
+        ns = self.state.nodes[idx]
+        if shape.kind == WHOLE_KIND:
+            gmem = ns.gpus[choice.positions[0]].memory_mib
+            t = Take(job.job_id, idx, choice.positions, WHOLE, gmem, shape.cpu, shape.mem)
+        elif shape.kind == FRAC_KIND:
+            t = Take(job.job_id, idx, choice.positions, shape.milli, shape.gmem, shape.cpu, shape.mem)
+        elif shape.kind == MIG_KIND:
+            t = Take(job.job_id, idx, choice.positions, 0, 0, shape.cpu, shape.mem, mig=choice.mig)
+        else:
+            t = Take(job.job_id, idx, (), 0, 0, shape.cpu, shape.mem)
+        self.state.take(t)
+        return t
+
+    def _place(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset) -> list[Take] | None:
+        """All-or-nothing placement of every part of the job; None (and nothing changed) when it does not fit."""
+        st = self.state
+        mark = st.mark()
+        takes: list[Take] = []
+        used: set[int] = set()
+        domain = None
+        if shape.members >= 1:
+            for _ in range(shape.members):
+                got = self._best(shape, sid, shape.per_node, allowed, used, domain)
+                if got is None:
+                    st.rollback(mark)
+                    return None
+                idx, choice = got
+                takes.append(self._take(job, idx, choice, shape))
+                used.add(idx)
+                if shape.is_gang and shape.prefer_topology and domain is None:
+                    domain = st.nodes[idx].topology
+            return takes
+        remaining = shape.total
+        while remaining > 0:
+            pick = None
+            pick_key = None
+            for cid in self._classes_for(shape, allowed):
+                for key, bucket in st.groups.get(cid, {}).items():
+                    n = min(self._whole_count(cid, key[0], shape, allowed), remaining)
+                    if n <= 0:
+                        continue
+                    rep = self._rep(bucket, shape, used, domain, False)
+                    if rep is None:
+                        continue
+                    k = (n, domain is not None and rep.topology == domain, -rep.idx)
+                    if pick_key is None or k > pick_key:
+                        pick_key, pick = k, (rep.idx, n)
+            if pick is None:
+                st.rollback(mark)
+                return None
+            idx, n = pick
+            ns = st.nodes[idx]
+            dyn = tuple(g.dyn() for g in ns.gpus)
+            choice = self._choices(ns.cls, dyn, shape, sid, n, allowed, "tight" if self._mode() == "frag"
+                                   else self._mode())
+            if not choice:
+                st.rollback(mark)
+                return None
+            takes.append(self._take(job, idx, choice[0], shape))
+            used.add(idx)
+            remaining -= n
+            if shape.prefer_topology and domain is None:
+                domain = ns.topology
+        return takes
+
+    def _fits_node(self, idx: int, shape: Shape, sid: int, allowed: frozenset) -> bool:
+        ns = self.state.nodes[idx]
+        if not ns.schedulable or not ns.host_fits(shape.cpu, shape.mem) or not shape.selector <= ns.labels:
+            return False
+        dyn = tuple(g.dyn() for g in ns.gpus)
+        return bool(self._choices(ns.cls, dyn, shape, sid, shape.per_node, allowed, "first"))
+
+    def _amount(self, shape: Shape, model: str) -> int:
+        if shape.kind == MIG_KIND:
+            p = migcat.profile(model, shape.profile)
+            return p.milli if p else 0
+        return shape.gpu_milli_total()
+
+    def _models_for(self, shape: Shape) -> list[str]:
+        if shape.kind == CPU_KIND:
+            return list(self._models)
+        out = []
+        for m in self._models:
+            if shape.models and m not in shape.models:
+                continue
+            if self._model_mem.get(m, 0) < shape.min_mem:
+                continue
+            if shape.kind == MIG_KIND and shape.profile not in migcat.profiles_for(m):
+                continue
+            out.append(m)
+        return out
+
+    def _share(self, team: str, now: float) -> float:
+        best = 0.0
+        cap = self.state.capacity
+        weight = 1.0
+        for e in self.policy.quotas.entries:
+            if e.path.endswith("/" + team) and e.path.count("/") == 1:
+                weight = e.weight or 1.0
+                break
+        for model, c in cap.items():
+            if c <= 0:
+                continue
+            use = self.team_alloc.get((team, model), 0) + self._hist.get((team, model), 0.0)
+            best = max(best, use / c)
+        return best / weight
+
+    # ---- the cycle -------------------------------------------------------------------------------------------
+
+    def cycle(self, pending: Iterable[JobRequest], now: float) -> Plan:
+        p = self.policy
+        st = self.state
+        st.commit()
+        jobs: dict[str, JobRequest] = {}
+        for j in pending:
+            jobs.setdefault(j.job_id, j)
+        hl = p.fair_share_half_life_s
+        self._hist: dict[tuple[str, str], float] = {}
+        for u in self.history:
+            decayed = u.gpu_seconds * 0.5 ** (max(0.0, now - u.as_of) / hl) if hl > 0 else 0.0
+            avg = decayed / (hl / math.log(2)) * WHOLE if hl > 0 else 0.0
+            key = (u.team, u.gpu_model)
+            self._hist[key] = self._hist.get(key, 0.0) + avg
+
+        ledger = QuotaLedger(p.quotas, st.capacity, p.strict_quota)
+        for rj in st.running.values():
+            paths = ledger.paths(rj.team, rj.project)
+            for model, milli in rj.milli_by_model.items():
+                ledger.add(paths, model, milli)
+
+        placements: list[Placement] = []
+        reasons: list[PendingReason] = []
+        preemptions: list[Preemption] = []
+        reservations: list[Reservation] = []
+        reconfigs: dict[tuple[str, str], tuple[list, list]] = {}
+        reserved: dict[int, tuple[str, float]] = {}
+        nominated: set[int] = set()
+        victims: set[str] = set()
+        fail_memo: dict = {}
+        preempt_fail: set = set()
+
+        meta: dict[str, tuple] = {}
+        valid: list[JobRequest] = []
+        for j in jobs.values():
+            r = self._resolve(j.priority_class, j.priority, j.preemptible)
+            if r is None:
+                reasons.append(PendingReason(j.job_id, INVALID_REQUEST, f"unknown priority class {j.priority_class!r}"))
+                continue
+            try:
+                shape = normalize(j)
+            except Invalid as e:
+                reasons.append(PendingReason(j.job_id, INVALID_REQUEST, str(e)))
+                continue
+            meta[j.job_id] = (shape, *r)
+            valid.append(j)
+
+        order = p.setting("order")
+        head_of_line = p.setting("head_of_line")
+        blocked_by: str | None = None
+        placed_flag = [False]
+
+        def sequence():
+            if order == "fifo":
+                yield from sorted(valid, key=lambda j: (j.submitted_at, j.job_id))
+                return
+            if order == "priority":
+                yield from sorted(valid, key=lambda j: (-meta[j.job_id][1], j.submitted_at, j.job_id))
+                return
+            by_prio: dict[int, dict[str, list[JobRequest]]] = {}
+            for j in valid:
+                by_prio.setdefault(meta[j.job_id][1], {}).setdefault(j.team, []).append(j)
+            for prio in sorted(by_prio, reverse=True):
+                queues = {t: deque(sorted(js, key=lambda j: (j.submitted_at, j.job_id)))
+                          for t, js in by_prio[prio].items()}
+                heap = [(self._share(t, now), q[0].submitted_at, q[0].job_id, t) for t, q in queues.items()]
+                heapq.heapify(heap)
+                while heap:
+                    share, _, _, team = heapq.heappop(heap)
+                    q = queues[team]
+                    job = q.popleft()
+                    placed_flag[0] = False
+                    yield job
+                    if q:
+                        s = self._share(team, now) if placed_flag[0] else share
+                        heapq.heappush(heap, (s, q[0].submitted_at, q[0].job_id, team))
+
+        for job in sequence():
+            shape, prio, preemptible, _min_rt = meta[job.job_id]
+            if blocked_by is not None:
+                reasons.append(PendingReason(job.job_id, BLOCKED_BY_QUEUE_HEAD,
+                                             f"FIFO: waiting behind {blocked_by}, which does not fit yet"))
+                continue
+            paths = ledger.paths(job.team, job.project)
+            models = self._models_for(shape)
+            if not models:
+                reasons.append(PendingReason(job.job_id, NO_FEASIBLE_NODE,
+                                             f"no GPU model in the cluster can serve {shape.describe()}"))
+                continue
+            allowed_l = []
+            quota_msg = None
+            for m in models:
+                msg = ledger.check(paths, m, self._amount(shape, m))
+                if msg is None:
+                    allowed_l.append(m)
+                elif quota_msg is None:
+                    quota_msg = msg
+            if not allowed_l:
+                reasons.append(PendingReason(job.job_id, QUOTA_EXCEEDED, quota_msg or "over quota"))
+                continue
+            allowed = frozenset(allowed_l)
+            sid = self._sid(shape)
+            qualifying = tuple(
+                sorted({rid for idx, (rid, start_by) in reserved.items()
+                        if job.max_runtime_s is not None and now + job.max_runtime_s <= start_by})
+            )
+            memo_key = (sid, allowed, qualifying)
+            takes = None
+            if memo_key not in fail_memo:
+                takes = self._place(job, shape, sid, allowed)
+                if takes is None and qualifying:
+                    opened = [i for i, (rid, _) in reserved.items() if rid in qualifying]
+                    for i in opened:
+                        st.set_hidden(i, False)
+                    takes = self._place(job, shape, sid, allowed)
+                    for i in opened:
+                        st.set_hidden(i, True)
+            if takes:
+                for r, t in enumerate(takes):
+                    placements.append(self._placement(job, t, r, shape, reconfigs))
+                    for model, milli in self._take_milli(t).items():
+                        ledger.add(paths, model, milli)
+                        key = (job.team, model)
+                        self.team_alloc[key] = self.team_alloc.get(key, 0) + milli
+                self._register(job, takes, prio, preemptible, _min_rt, now)
+                placed_flag[0] = True
+                continue
+
+            # blocked: why?
+            if memo_key in fail_memo:
+                code, msg = fail_memo[memo_key]
+            else:
+                code, msg = self._why(job, shape, sid, allowed, reserved)
+                fail_memo[memo_key] = (code, msg)
+
+            if p.setting("preemption") and code != RESERVED_FOR_GANG and code != RESERVED_FOR_JOB:
+                reclaim = any(ledger.within_guarantee(paths, m, self._amount(shape, m)) for m in allowed)
+                pkey = (sid, allowed, job.team, prio, reclaim)
+                if pkey not in preempt_fail:
+                    found = self._preempt(job, shape, sid, allowed, prio, reclaim, ledger, victims, now)
+                    if found is None:
+                        preempt_fail.add(pkey)
+                    else:
+                        chosen, target_nodes = found
+                        for vid, why in chosen:
+                            victims.add(vid)
+                            v = st.running[vid]
+                            node = st.nodes[st.holds[vid][0].node].name if st.holds.get(vid) else ""
+                            if why == PREEMPTED_BY_PRIORITY:
+                                m = f"{job.job_id} (priority {prio}) of team {job.team} needs the capacity; " \
+                                    f"{vid} has priority {v.priority}"
+                            else:
+                                m = f"team {v.team} borrows capacity that team {job.team} is guaranteed " \
+                                    f"and {job.job_id} is waiting for"
+                            preemptions.append(Preemption(vid, node, job.job_id, why, m))
+                        for idx in target_nodes:
+                            nominated.add(idx)
+                            st.set_hidden(idx, True)
+                        names = ", ".join(sorted(st.nodes[i].name for i in target_nodes))
+                        reasons.append(PendingReason(job.job_id, PREEMPTING,
+                                                     f"waiting for {len(chosen)} preempted job(s) to leave {names}"))
+                        if head_of_line:
+                            blocked_by = job.job_id
+                        continue
+
+            if (p.setting("backfill") and shape.kind == WHOLE_KIND and shape.total >= 2
+                    and code in (NO_FEASIBLE_NODE, WAITING_FOR_GANG)
+                    and len(reservations) < p.max_reservations):
+                res = self._reserve(job, shape, allowed, now)
+                if res is not None:
+                    idxs, start_by = res
+                    for i in idxs:
+                        reserved[i] = (job.job_id, start_by)
+                        st.set_hidden(i, True)
+                    reservations.append(Reservation(job.job_id, tuple(st.nodes[i].name for i in idxs), start_by))
+                    when = "when running work there ends" if start_by == INF else f"by t={start_by:g}"
+                    msg += f"; reserved {len(idxs)} node(s) to start {when}"
+            reasons.append(PendingReason(job.job_id, code, msg))
+            if head_of_line:
+                blocked_by = job.job_id
+
+        for i in list(reserved) + list(nominated):
+            st.set_hidden(i, False)
+        st.commit()
+        mig_changes = tuple(
+            MigReconfig(node, uuid, tuple(d), tuple(c)) for (node, uuid), (d, c) in sorted(reconfigs.items())
+        )
+        return Plan(tuple(placements), tuple(reasons), tuple(preemptions), mig_changes, tuple(reservations))
+
+    # ---- pieces of the cycle ---------------------------------------------------------------------------------
+
+    def _take_milli(self, t: Take) -> dict[str, int]:
+        ns = self.state.nodes[t.node]
+        out: dict[str, int] = {}
+        for pos in t.positions:
+            g = ns.gpus[pos]
+            milli = g.mig_profiles[t.mig[0]].milli if t.mig else t.milli
+            out[g.model] = out.get(g.model, 0) + milli
+        return out
+
+    def _register(self, job: JobRequest, takes: list[Take], prio: int, pre: bool, min_rt: float, now: float):
+        end = now + job.max_runtime_s if job.max_runtime_s is not None else INF
+        rj = RunningJob(job.job_id, job.team, job.project, prio, pre, min_rt, now, end)
+        for t in takes:
+            for model, milli in self._take_milli(t).items():
+                rj.milli_by_model[model] = rj.milli_by_model.get(model, 0) + milli
+        self.state.running[job.job_id] = rj
+
+    def _placement(self, job: JobRequest, t: Take, replica: int, shape: Shape, reconfigs: dict) -> Placement:
+        ns = self.state.nodes[t.node]
+        gpus = [ns.gpus[p] for p in t.positions]
+        mig = None
+        if t.mig is not None:
+            mig = MigInstance(t.mig[0], t.mig[1])
+            if not t.reused_idle:
+                d, c = reconfigs.setdefault((ns.name, gpus[0].uuid), ([], []))
+                d.extend(MigInstance(n, s) for s, n in t.destroyed)
+                c.append(mig)
+        return Placement(
+            job_id=job.job_id,
+            cluster=ns.cluster,
+            node=ns.name,
+            gpu_uuids=tuple(g.uuid for g in gpus),
+            gpu_indices=tuple(g.index for g in gpus),
+            replica=replica,
+            gpu_model=gpus[0].model if gpus else "",
+            gpu_fraction_milli=shape.milli if shape.kind == FRAC_KIND else 0,
+            gpu_memory_mib=shape.gmem if shape.kind == FRAC_KIND else 0,
+            mig=mig,
+            cpu_milli=shape.cpu,
+            memory_mib=shape.mem,
+        )
+
+    def _why(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, reserved: dict) -> tuple[str, str]:
+        st = self.state
+        if reserved:
+            opened = list(reserved)
+            for i in opened:
+                st.set_hidden(i, False)
+            mark = st.mark()
+            fits = self._place(job, shape, sid, allowed)
+            st.rollback(mark)
+            for i in opened:
+                st.set_hidden(i, True)
+            if fits:
+                holders = sorted({reserved[i][0] for i in opened})
+                return (RESERVED_FOR_GANG,
+                        f"capacity that fits is reserved for {', '.join(holders)}; set max_runtime_s short enough "
+                        f"to backfill")
+        if shape.is_gang:
+            n_ok = 0
+            for cid in self._classes_for(shape, allowed):
+                for key, bucket in st.groups.get(cid, {}).items():
+                    if self._choices(cid, key[0], shape, sid, shape.per_node if shape.members else 1, allowed,
+                                     "first"):
+                        n_ok += len(bucket)
+            need = shape.members or shape.total
+            return (WAITING_FOR_GANG,
+                    f"{shape.describe()}: all or nothing, and only {n_ok} node(s) can take a member now "
+                    f"(need {need})")
+        return (NO_FEASIBLE_NODE, f"no schedulable node has room for {shape.describe()}"
+                + (f" with {shape.cpu} mCPU / {shape.mem} MiB" if shape.cpu or shape.mem else ""))
+
+    def _reserve(self, job: JobRequest, shape: Shape, allowed: frozenset, now: float):
+        """Nodes to hold for a blocked big job, and when they are expected to be free enough (Slurm-style)."""
+        st = self.state
+        per = shape.per_node if shape.members else None
+        ends: dict[int, list[tuple[float, int]]] = {}
+        for job_id, takes in st.holds.items():
+            rj = st.running.get(job_id)
+            end = rj.end_at if rj is not None else INF
+            for t in takes:
+                if t.mig is None and t.positions:
+                    ends.setdefault(t.node, []).append((end, len(t.positions) if t.milli >= WHOLE else 0))
+        ready: list[tuple[float, int, int, int]] = []  # (time, -gpus, idx, gpus)
+        for ns in st.nodes:
+            if not ns.schedulable or ns.hidden or not shape.selector <= ns.labels:
+                continue
+            cls = st.classes[ns.cls]
+            elig = [i for i, s in enumerate(cls.gpus) if gpu_eligible(s, shape, allowed)]
+            if not elig:
+                continue
+            want = per if per is not None else len(elig)
+            if len(elig) < want:
+                continue
+            free = sum(1 for i in elig if ns.gpus[i].free == WHOLE)
+            t_ready = now if free >= want else INF
+            if free < want:
+                for end, n in sorted(ends.get(ns.idx, [])):
+                    free += n
+                    if free >= want:
+                        t_ready = end
+                        break
+                else:
+                    t_ready = INF
+            ready.append((t_ready, -len(elig), ns.idx, want))
+        ready.sort()
+        chosen: list[int] = []
+        got = 0
+        need = shape.members if shape.members else shape.total
+        for _t, _, idx, want in ready:
+            chosen.append(idx)
+            got += 1 if shape.members else want
+            if got >= need:
+                start_by = max(r[0] for r in ready if r[2] in set(chosen))
+                return chosen, start_by
+        return None
+
+    def _preempt(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, prio: int, reclaim: bool,
+                 ledger: QuotaLedger, taken: set, now: float):
+        """Decide victims (never act): same team and lower priority, or borrowers when the job's team is within
+        its guarantee. Never non-preemptible work, work younger than its minimum runtime, or a victim of higher
+        priority than the preemptor. Returns ([(victim, reason)], target node indices) or None."""
+        st = self.state
+        budget: dict[str, int] = {}
+        cands: list[tuple] = []
+        for rj in st.running.values():
+            if rj.job_id in taken or rj.job_id == job.job_id or not rj.preemptible or rj.priority > prio:
+                continue
+            if now - rj.started_at < rj.min_runtime_s:
+                continue
+            if shape.kind != CPU_KIND and not (set(rj.milli_by_model) & allowed):
+                continue
+            if rj.team == job.team and rj.priority < prio:
+                why = PREEMPTED_BY_PRIORITY
+            elif rj.team != job.team and reclaim:
+                vpaths = ledger.paths(rj.team, rj.project)
+                borrowed = sum(ledger.borrowed(vpaths[1], m) for m in rj.milli_by_model)
+                if borrowed <= 0:
+                    continue
+                budget.setdefault(rj.team, borrowed)
+                why = RECLAIMED_FOR_GUARANTEE
+            else:
+                continue
+            milli = sum(rj.milli_by_model.values())
+            lost = milli * max(0.0, now - rj.started_at)
+            cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team))
+        if not cands:
+            return None
+        cands.sort()
+        by_node: dict[int, list[tuple]] = {}
+        for c in cands:
+            for t in st.holds.get(c[2], []):
+                by_node.setdefault(t.node, []).append(c)
+
+        def release_set(sel: list[tuple]) -> int:
+            mark = st.mark()
+            for c in sel:
+                st.release(c[2])
+            return mark
+
+        def within_budget(sel: list[tuple]) -> bool:
+            spent: dict[str, int] = {}
+            for c in sel:
+                if c[3] == RECLAIMED_FOR_GUARANTEE:
+                    spent[c[5]] = spent.get(c[5], 0) + c[4]
+                    if spent[c[5]] > budget.get(c[5], 0) + WHOLE - 1:
+                        return False
+            return True
+
+        def minimise(sel: list[tuple], fits) -> list[tuple]:
+            for c in sorted(sel, key=lambda c: (-c[0], -c[1], c[2])):
+                trial = [x for x in sel if x is not c]
+                mark = release_set(trial)
+                ok = fits()
+                st.rollback(mark)
+                if ok:
+                    sel = trial
+            return sel
+
+        if shape.members == 1:
+            best = None
+            for idx in sorted(by_node):
+                ns = st.nodes[idx]
+                if ns.hidden or not ns.schedulable:
+                    continue
+                sel: list[tuple] = []
+                mark = st.mark()
+                ok = False
+                for c in by_node[idx]:
+                    if c[2] in {x[2] for x in sel}:
+                        continue
+                    sel.append(c)
+                    if not within_budget(sel):
+                        sel.pop()
+                        continue
+                    st.release(c[2])
+                    if self._fits_node(idx, shape, sid, allowed):
+                        ok = True
+                        break
+                st.rollback(mark)
+                if not ok:
+                    continue
+                sel = minimise(sel, lambda idx=idx: self._fits_node(idx, shape, sid, allowed))
+                key = (max(c[0] for c in sel), sum(c[1] for c in sel), len(sel), idx)
+                if best is None or key < best[0]:
+                    best = (key, sel, idx)
+            if best is None:
+                return None
+            return [(c[2], c[3]) for c in best[1]], [best[2]]
+
+        # gangs: release cheapest victims until the whole gang fits, then drop the ones not needed
+        def gang_fits() -> bool:
+            mark = st.mark()
+            ok = self._place(job, shape, sid, allowed) is not None
+            st.rollback(mark)
+            return ok
+
+        sel = []
+        mark = st.mark()
+        ok = False
+        for c in cands[:256]:
+            sel.append(c)
+            if not within_budget(sel):
+                sel.pop()
+                continue
+            st.release(c[2])
+            if gang_fits():
+                ok = True
+                break
+        st.rollback(mark)
+        if not ok:
+            return None
+        sel = minimise(sel, gang_fits)
+        mark = release_set(sel)
+        takes = self._place(job, shape, sid, allowed) or []
+        nodes = sorted({t.node for t in takes})
+        st.rollback(mark)
+        return [(c[2], c[3]) for c in sel], nodes
 
 
 def schedule(snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> Plan:
-    del policy, now  # the skeleton policy ignores both; the signature is the contract
-    taken = set(snapshot.allocated_gpus)
-    placements: list[Placement] = []
-    reasons: list[PendingReason] = []
-    nodes = sorted(snapshot.nodes, key=lambda n: (n.cluster, n.name))
-    for job in sorted(pending, key=queue_order):
-        if job.gpus < 1:
-            reasons.append(PendingReason(job.job_id, "InvalidRequest", "a job must ask for at least one GPU"))
-            continue
-        placed = False
-        for node in nodes:
-            if not node.schedulable:
-                continue
-            free = [
-                g
-                for g in sorted(node.gpus, key=lambda g: g.index)
-                if g.healthy and g.uuid not in taken and (not job.gpu_models or g.model in job.gpu_models)
-            ]
-            if len(free) >= job.gpus:
-                chosen = free[: job.gpus]
-                taken.update(g.uuid for g in chosen)
-                placements.append(
-                    Placement(
-                        job_id=job.job_id,
-                        cluster=node.cluster,
-                        node=node.name,
-                        gpu_uuids=tuple(g.uuid for g in chosen),
-                        gpu_indices=tuple(g.index for g in chosen),
-                    )
-                )
-                placed = True
-                break
-        if not placed:
-            models = ", ".join(job.gpu_models) or "any model"
-            reasons.append(
-                PendingReason(
-                    job.job_id,
-                    "NoFeasibleNode",
-                    f"no schedulable node has {job.gpus} free healthy GPU(s) of {models}",
-                )
-            )
-    return Plan(placements=tuple(placements), pending=tuple(reasons))
+    """One scheduling cycle from a snapshot (pure: the same inputs give the same plan)."""
+    pending = list(pending)
+    workload = policy.workload or (
+        derive_workload(pending, policy.max_workload_shapes) if policy.setting("w_frag") else ()
+    )
+    return Scheduler(snapshot, policy, workload).cycle(pending, now)

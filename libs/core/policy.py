@@ -1,0 +1,123 @@
+"""Policy: priority classes, the quota tree, scorer weights and switches. Plain values; `Policy(name=...)` picks a
+preset (`fifo`, `best-fit`, `default`) and any field may be overridden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """Priority and preemptibility are separate: a high class may still be preemptible, and the reverse."""
+
+    name: str
+    value: int
+    preemptible: bool
+    min_runtime_s: float | None = None  # None: the policy's min_runtime_s
+
+
+DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
+    PriorityClass("production-inference", 1000, preemptible=False),
+    PriorityClass("high", 100, preemptible=False),
+    PriorityClass("normal", 0, preemptible=True),
+    PriorityClass("low", -50, preemptible=True),
+    PriorityClass("best-effort", -100, preemptible=True, min_runtime_s=0.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntry:
+    """Quota of one node of the org -> team -> project tree for one GPU model (``"*"``: any model), in GPUs.
+
+    Usage above `guaranteed` is borrowed (from siblings' unused guarantee, up to their `lending_limit`, and from
+    capacity nobody is guaranteed) and may be reclaimed. `borrowing_limit` caps borrowing (None: unlimited);
+    `weight` scales the fair share of capacity beyond guarantees.
+    """
+
+    path: str  # "org", "org/team" or "org/team/project"
+    guaranteed: float = 0.0
+    gpu_model: str = "*"
+    borrowing_limit: float | None = None
+    lending_limit: float | None = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaTree:
+    entries: tuple[QuotaEntry, ...] = ()
+    team_org: tuple[tuple[str, str], ...] = ()  # team -> org; teams not listed belong to `default_org`
+    default_org: str = "default"
+
+    def path_of(self, team: str, project: str) -> tuple[str, str, str]:
+        org = dict(self.team_org).get(team, self.default_org)
+        return (org, f"{org}/{team}", f"{org}/{team}/{project}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadShape:
+    """One kind of request and how common it is: the fragmentation scorer measures a node against these."""
+
+    gpus: int
+    gpu_milli: int = 1000  # per GPU; < 1000 only with gpus == 1
+    weight: float = 1.0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: tuple[str, ...] = ()
+    mig_profile: str = ""
+
+
+_PRESETS: dict[str, dict] = {
+    # FIFO by submit time, first fit, head-of-line blocking (no backfill), no preemption, no fair share.
+    "fifo": dict(
+        order="fifo", fit="first", head_of_line=True, preemption=False, backfill=False,
+        w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=0.0,
+    ),
+    # Priority then submit time; the node (and GPU) left with the least free capacity; no preemption.
+    "best-fit": dict(
+        order="priority", fit="score", head_of_line=False, preemption=False, backfill=False,
+        w_binpack=1.0, w_spread=0.0, w_topology=0.0, w_frag=0.0,
+    ),
+    # gpupool: priority -> fair share -> submit -> id; fragmentation-aware + topology + packing; reservations
+    # with backfill; preemption within teams and to reclaim guarantees.
+    "default": dict(
+        order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
+        w_binpack=0.05, w_spread=0.0, w_topology=0.3, w_frag=1.0,
+    ),
+    "spread": dict(
+        order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
+        w_binpack=0.0, w_spread=1.0, w_topology=0.3, w_frag=0.0,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str = "default"
+    order: str | None = None  # "fifo" | "priority" | "fair"
+    fit: str | None = None  # "first" | "score"
+    head_of_line: bool | None = None
+    preemption: bool | None = None
+    backfill: bool | None = None
+    w_binpack: float | None = None
+    w_spread: float | None = None
+    w_topology: float | None = None
+    w_frag: float | None = None
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+    quotas: QuotaTree = field(default_factory=QuotaTree)
+    strict_quota: bool = False  # True: a team without quota entries may not borrow at all
+    fair_share_half_life_s: float = 7 * 24 * 3600.0
+    min_runtime_s: float = 300.0
+    max_reservations: int = 4
+    workload: tuple[WorkloadShape, ...] = ()  # empty: derived from the pending jobs of the cycle
+    max_workload_shapes: int = 12
+
+    def setting(self, key: str):
+        value = getattr(self, key)
+        if value is not None:
+            return value
+        return _PRESETS.get(self.name, _PRESETS["default"])[key]
+
+
+def preset_names() -> tuple[str, ...]:
+    return tuple(_PRESETS)

@@ -1,0 +1,144 @@
+"""Quota ledger over the org -> team -> project tree, per GPU model, in milli-GPUs.
+
+Admission of `amount` of model `m` for a job walks its path (project, team, org). At each level with an entry:
+
+1. usage + amount must stay within guaranteed + borrowing_limit (when a limit is set);
+2. what the level would use above its guarantee, plus what its siblings already borrow, must be covered by the
+   siblings' unused guarantees (each capped by its lending_limit) plus the parent's capacity that no child is
+   guaranteed (for orgs: the cluster's capacity of that model minus all org guarantees).
+
+Borrowed usage (above guarantee) is what reclaim may preempt when a team under its guarantee is waiting.
+"""
+
+from __future__ import annotations
+
+import math
+
+from libs.core.policy import QuotaEntry, QuotaTree
+
+INF = math.inf
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+class QuotaLedger:
+    def __init__(self, tree: QuotaTree, capacity: dict[str, int], strict: bool = False):
+        self.tree = tree
+        self.capacity = capacity
+        self.strict = strict
+        self.entries: dict[tuple[str, str], QuotaEntry] = {(e.path, e.gpu_model): e for e in tree.entries}
+        self.children: dict[tuple[str, str], list[QuotaEntry]] = {}
+        for e in tree.entries:
+            self.children.setdefault((_parent(e.path), e.gpu_model), []).append(e)
+        self.usage: dict[tuple[str, str], int] = {}
+        self.has_entries = bool(tree.entries)
+        self._paths: dict[tuple[str, str], tuple[str, str, str]] = {}
+
+    def paths(self, team: str, project: str) -> tuple[str, str, str]:
+        key = (team, project)
+        p = self._paths.get(key)
+        if p is None:
+            p = self._paths[key] = self.tree.path_of(team, project)
+        return p
+
+    def entry(self, path: str, model: str) -> QuotaEntry | None:
+        return self.entries.get((path, model)) or self.entries.get((path, "*"))
+
+    def add(self, paths: tuple[str, ...], model: str, milli: int) -> None:
+        if not self.has_entries or milli == 0:
+            return
+        u = self.usage
+        for p in paths:
+            u[(p, model)] = u.get((p, model), 0) + milli
+            u[(p, "*")] = u.get((p, "*"), 0) + milli
+
+    def used(self, path: str, key_model: str) -> int:
+        return self.usage.get((path, key_model), 0)
+
+    def guaranteed(self, path: str, model: str) -> int:
+        e = self.entry(path, model)
+        return int(e.guaranteed * 1000) if e else 0
+
+    def borrowed(self, path: str, model: str) -> int:
+        e = self.entry(path, model)
+        if e is None:
+            return self.used(path, "*")  # no guarantee: everything it uses is borrowed
+        return max(0, self.used(path, e.gpu_model) - int(e.guaranteed * 1000))
+
+    def within_guarantee(self, paths: tuple[str, ...], model: str, milli: int) -> bool:
+        """True when the team level (paths[1]) would stay within its guarantee after taking `milli`."""
+        e = self.entry(paths[1], model)
+        if e is None:
+            return False
+        return self.used(paths[1], e.gpu_model) + milli <= int(e.guaranteed * 1000)
+
+    def check(self, paths: tuple[str, ...], model: str, milli: int) -> str | None:
+        """None when admissible, else a message for a `QuotaExceeded` reason."""
+        if not self.has_entries:
+            return None
+        any_entry = False
+        for path in reversed(paths):  # project, team, org
+            e = self.entry(path, model)
+            if e is None:
+                continue
+            any_entry = True
+            km = e.gpu_model
+            used = self.used(path, km)
+            g = int(e.guaranteed * 1000)
+            if e.borrowing_limit is not None and used + milli > g + int(e.borrowing_limit * 1000):
+                return (
+                    f"{path} would use {(used + milli) / 1000:g} {km} GPU(s), over its guarantee "
+                    f"{e.guaranteed:g} + borrowing limit {e.borrowing_limit:g}"
+                )
+            if used + milli > g:
+                avail = self._borrowable(path, km, e, used + milli)
+                need = used + milli - g
+                if need > avail:
+                    return (
+                        f"{path} would borrow {need / 1000:g} {km} GPU(s) but only {max(avail, 0) / 1000:g} "
+                        f"can be lent now"
+                    )
+        if self.strict and not any_entry:
+            return f"{paths[1]} has no quota for {model}"
+        return None
+
+    def _borrowable(self, path: str, km: str, me: QuotaEntry, my_use: int) -> float:
+        parent = _parent(path)
+        siblings = self.children.get((parent, km), [])
+        cluster = self.capacity.get(km, 0) if km != "*" else sum(self.capacity.values())
+        pe = self.entries.get((parent, km)) if parent else None
+        if pe is None:  # root level, or a parent without an entry: the cluster bounds it
+            pool = cluster
+        elif pe.borrowing_limit is None:
+            pool = cluster
+        else:
+            pool = min(cluster, int((pe.guaranteed + pe.borrowing_limit) * 1000))
+        unassigned = pool - sum(int(s.guaranteed * 1000) for s in siblings)
+        lend = 0.0
+        borrowed_by_others = 0
+        for s in siblings:
+            if s.path == me.path:
+                continue
+            g = int(s.guaranteed * 1000)
+            u = self.used(s.path, km)
+            unused = max(0, g - u)
+            if s.lending_limit is not None:
+                unused = min(unused, int(s.lending_limit * 1000))
+            lend += unused
+            borrowed_by_others += max(0, u - g)
+        return lend + max(0.0, unassigned) - borrowed_by_others
+
+
+def teams_quota(guarantees: dict[str, float], gpu_model: str = "*", org: str = "default",
+                lending_limit: float | None = None, borrowing_limit: float | None = None) -> QuotaTree:
+    """A flat tree: one org, one entry per team (handy for tests and the simulator)."""
+    return QuotaTree(
+        entries=tuple(
+            QuotaEntry(f"{org}/{team}", g, gpu_model, borrowing_limit=borrowing_limit, lending_limit=lending_limit)
+            for team, g in sorted(guarantees.items())
+        ),
+        team_org=tuple((t, org) for t in sorted(guarantees)),
+        default_org=org,
+    )
