@@ -6,6 +6,7 @@ import logging
 
 import nats
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
@@ -13,6 +14,10 @@ from nats.js.errors import NotFoundError
 from libs.contracts.subjects import STREAMS, StreamSpec
 
 log = logging.getLogger(__name__)
+
+# Re-exported so that code outside libs/bus never imports nats directly.
+NatsClient = NATS
+Message = Msg
 
 
 async def connect(url: str, name: str, *, user: str | None = None, password: str | None = None,

@@ -32,6 +32,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         agent_interval_s=args.telemetry_interval,
         with_agent=not args.no_agent,
         log_level=args.log_level,
+        database_prefix=os.environ.get("GPUPOOL_DATABASE_PREFIX", "gpupool"),
     )
     stack = Stack(opts)
     print("starting gpupool …", flush=True)

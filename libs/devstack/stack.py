@@ -36,6 +36,7 @@ class StackOptions:
     with_agent: bool = True
     environment: str = "dev"
     log_level: str = "INFO"
+    database_prefix: str = "gpupool"  # databases are <prefix>_<service>; tests use their own prefix
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Stack:
         from urllib.parse import urlsplit, urlunsplit
 
         parts = urlsplit(self.admin_dsn)
-        return urlunsplit((parts.scheme, parts.netloc, f"/gpupool_{service}", parts.query, parts.fragment))
+        return urlunsplit((parts.scheme, parts.netloc, f"/{self.options.database_prefix}_{service}", parts.query, parts.fragment))
 
     def _env(self, prefix: str, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}

@@ -18,8 +18,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
-
 from libs.bus.connection import connect, ensure_streams
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
 from libs.bus.publisher import publish_raw
@@ -32,7 +30,7 @@ from libs.observability.tracing import setup_tracing, shutdown_tracing
 from libs.runtime.http import OpsEndpoint
 from libs.runtime.routes import Routes
 from libs.runtime.settings import ServiceSettings
-from libs.store.database import create_pool, database_name, ensure_database, with_database
+from libs.store.database import Pool, create_pool, database_name, ensure_database, with_database
 from libs.store.migrations import migrate, package_migrations, store_migrations
 from libs.store.outbox_relay import OutboxRelay
 from libs.store.unit_of_work import UnitOfWork
@@ -51,7 +49,7 @@ class ServiceRuntime:
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop = asyncio.Event()
-        self.pool: asyncpg.Pool | None = None
+        self.pool: Pool | None = None
         self.relay: OutboxRelay | None = None
         self.http: OpsEndpoint | None = None
 

@@ -7,6 +7,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+# Types re-exported so that code outside libs/store and services' store.py never imports asyncpg.
+Pool = asyncpg.Pool
+Connection = asyncpg.Connection
+Record = asyncpg.Record
+
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 

@@ -9,9 +9,7 @@ import json
 import logging
 import time
 
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-
+from libs.bus.connection import Message, NatsClient
 from libs.bus.publisher import publish_event
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
@@ -27,7 +25,7 @@ SOURCE = "/gpupool/agent"
 
 
 class NodeAgent:
-    def __init__(self, nc: NATS, backend: NvmlBackend, cluster: str, node: str, interval_s: float) -> None:
+    def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.backend = backend
@@ -87,7 +85,7 @@ class NodeAgent:
                     for gpu in item["gpus"]:
                         sim.set_workload(gpu["uuid"], "training")
 
-    async def _on_allocation(self, msg: Msg) -> None:
+    async def _on_allocation(self, msg: Message) -> None:
         try:
             data = decode_data(parse_envelope(msg.data))
         except (InvalidEnvelope, json.JSONDecodeError):

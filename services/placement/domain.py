@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-
-import asyncpg
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from libs.contracts.events import AllocatedGpu
 from libs.core import Gpu, JobRequest, Node, Snapshot
 
 
-def build_snapshot(nodes: Iterable[asyncpg.Record], gpus: Iterable[asyncpg.Record],
+def build_snapshot(nodes: Iterable[Mapping[str, Any]], gpus: Iterable[Mapping[str, Any]],
                    held: Iterable[str]) -> Snapshot:
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
@@ -28,7 +27,7 @@ def build_snapshot(nodes: Iterable[asyncpg.Record], gpus: Iterable[asyncpg.Recor
     )
 
 
-def build_requests(rows: Iterable[asyncpg.Record]) -> list[JobRequest]:
+def build_requests(rows: Iterable[Mapping[str, Any]]) -> list[JobRequest]:
     return [
         JobRequest(job_id=r["job_id"], team=r["team"], project=r["project"], gpus=r["gpus"],
                    gpu_models=tuple(r["gpu_models"]), priority=r["priority"],
