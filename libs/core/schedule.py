@@ -402,7 +402,8 @@ class Scheduler:
                 continue
             use = self.team_alloc.get((team, model), 0) + self._hist.get((team, model), 0.0)
             best = max(best, use / c)
-        return best / weight
+        # quantised so that negligible differences (long-decayed history) leave the order to submit time
+        return round(best / weight, 4)
 
     # ---- the cycle -------------------------------------------------------------------------------------------
 
@@ -761,9 +762,11 @@ class Scheduler:
             spent: dict[str, int] = {}
             for c in sel:
                 if c[3] == RECLAIMED_FOR_GUARANTEE:
-                    spent[c[5]] = spent.get(c[5], 0) + c[4]
-                    if spent[c[5]] > budget.get(c[5], 0) + WHOLE - 1:
+                    # a victim is fair game while its team still borrows (Kueue's rule): jobs are indivisible,
+                    # so the last one may take the team below its guarantee
+                    if spent.get(c[5], 0) >= budget.get(c[5], 0):
                         return False
+                    spent[c[5]] = spent.get(c[5], 0) + c[4]
             return True
 
         def minimise(sel: list[tuple], fits) -> list[tuple]:

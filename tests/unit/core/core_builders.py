@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, settings
 
 from libs.core import Allocation, Gpu, JobRequest, MigInstance, Node, Snapshot
 
 # Modest example counts: the whole core + sim suite must finish well inside CI's budget on 2 cores.
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# GPUPOOL_HYPOTHESIS_EXAMPLES raises it for a deeper local run.
+FAST = settings(
+    max_examples=int(os.environ.get("GPUPOOL_HYPOTHESIS_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def gpus(node: str, n: int = 8, model: str = "H100-80GB", memory_mib: int = 81920, sharing: str = "exclusive",

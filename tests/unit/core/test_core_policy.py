@@ -1,0 +1,142 @@
+"""Ordering, quotas, preemption, reservations and backfill."""
+
+from __future__ import annotations
+
+from core_builders import cluster, job, node, running, snapshot
+
+from libs.core import Policy, QuotaEntry, QuotaTree, UsageRecord, schedule, teams_quota
+
+
+def _order(plan):
+    return [p.job_id for p in plan.placements]
+
+
+def test_orders_by_priority_before_submit_time():
+    snap = snapshot(cluster(1, 1))
+    jobs = [job("early-normal", 1, at=0.0), job("late-high", 1, at=5.0, priority_class="high")]
+    plan = schedule(snap, jobs, Policy(), now=10.0)
+    assert _order(plan) == ["late-high"]
+
+
+def test_equal_priority_goes_to_the_team_with_the_smaller_share():
+    snap = snapshot(cluster(1, 4), running=[running("r", "node000", [0, 1], team="heavy", started=0.0)])
+    jobs = [job("heavy-1", 1, team="heavy", at=0.0), job("light-1", 1, team="light", at=1.0),
+            job("light-2", 1, team="light", at=2.0)]
+    plan = schedule(snap, jobs, Policy(), now=10.0)
+    assert _order(plan) == ["light-1", "light-2"]
+
+
+def test_decayed_usage_history_counts_towards_fair_share():
+    snap = snapshot(cluster(1, 1), usage=[UsageRecord("past", "H100-80GB", 1e7, as_of=0.0)])
+    jobs = [job("p", 1, team="past", at=0.0), job("n", 1, team="new", at=1.0)]
+    assert _order(schedule(snap, jobs, Policy(), now=0.0)) == ["n"]
+    # after many half-lives the history is forgotten and submit time decides again
+    long_after = 50 * Policy().fair_share_half_life_s
+    assert _order(schedule(snap, jobs, Policy(), now=long_after)) == ["p"]
+
+
+def test_fifo_blocks_everything_behind_a_head_that_does_not_fit():
+    snap = snapshot(cluster(1, 4))
+    plan = schedule(snap, [job("big", 8, at=0.0), job("small", 1, at=1.0)], Policy(name="fifo"), now=0.0)
+    assert plan.placements == ()
+    assert plan.reason_of("small").reason == "BlockedByQueueHead"
+
+
+def test_quota_exceeded_beyond_guarantee_plus_borrowing_limit():
+    quotas = teams_quota({"a": 2, "b": 2}, borrowing_limit=1)
+    snap = snapshot(cluster(1, 8))
+    plan = schedule(snap, [job("j", 4, team="a")], Policy(quotas=quotas), now=0.0)
+    assert plan.reason_of("j").reason == "QuotaExceeded"
+    assert "borrowing limit" in plan.reason_of("j").message
+    ok = schedule(snap, [job("j", 3, team="a")], Policy(quotas=quotas), now=0.0)
+    assert _order(ok) == ["j"]
+
+
+def test_lending_limit_keeps_part_of_an_idle_teams_guarantee():
+    quotas = teams_quota({"a": 4, "b": 4}, lending_limit=1)
+    snap = snapshot(cluster(1, 8))
+    plan = schedule(snap, [job("j", 6, team="a")], Policy(quotas=quotas), now=0.0)
+    assert plan.reason_of("j").reason == "QuotaExceeded"
+    assert _order(schedule(snap, [job("j", 5, team="a")], Policy(quotas=quotas), now=0.0)) == ["j"]
+
+
+def test_per_model_quota_only_limits_that_model():
+    quotas = QuotaTree(entries=(QuotaEntry("default/a", 0, gpu_model="H100-80GB", borrowing_limit=0),))
+    nodes = [node("h", 2), node("t", 2, model="T4", memory_mib=16384)]
+    plan = schedule(snapshot(nodes), [job("j", 1, team="a")], Policy(quotas=quotas), now=0.0)
+    assert plan.placements[0].node == "t"
+
+
+def test_preempts_lowest_priority_first_within_a_team():
+    snap = snapshot(cluster(1, 4), running=[
+        running("low", "node000", [0, 1], priority_class="low", started=0.0),
+        running("normal", "node000", [2, 3], priority_class="normal", started=0.0),
+    ])
+    plan = schedule(snap, [job("urgent", 2, priority_class="high")], Policy(), now=3600.0)
+    assert [(p.job_id, p.reason, p.preemptor) for p in plan.preemptions] == [
+        ("low", "PreemptedByPriority", "urgent")
+    ]
+    assert plan.reason_of("urgent").reason == "Preempting"
+
+
+def test_victim_set_is_near_minimal():
+    snap = snapshot(cluster(1, 4), running=[
+        running("one-a", "node000", [0], priority_class="low"),
+        running("one-b", "node000", [1], priority_class="low"),
+        running("two", "node000", [2, 3], priority_class="low"),
+    ])
+    plan = schedule(snap, [job("urgent", 2, priority_class="normal")], Policy(), now=3600.0)
+    victims = {p.job_id for p in plan.preemptions}
+    assert victims in ({"one-a", "one-b"}, {"two"})
+
+
+def test_never_preempts_non_preemptible_or_too_young_work():
+    snap = snapshot(cluster(1, 2), running=[
+        running("pinned", "node000", [0], priority_class="low", preemptible=False, started=0.0),
+        running("young", "node000", [1], priority_class="low", started=3500.0),
+    ])
+    plan = schedule(snap, [job("urgent", 1, priority_class="high")], Policy(), now=3600.0)
+    assert plan.preemptions == ()
+    assert plan.reason_of("urgent").reason == "NoFeasibleNode"
+
+
+def test_never_preempts_another_team_without_a_guarantee_to_reclaim():
+    snap = snapshot(cluster(1, 1), running=[running("other", "node000", [0], team="b", priority_class="low")])
+    plan = schedule(snap, [job("urgent", 1, team="a", priority_class="high")], Policy(), now=3600.0)
+    assert plan.preemptions == ()
+
+
+def test_reclaims_borrowed_capacity_for_a_team_under_its_guarantee():
+    quotas = teams_quota({"a": 2, "b": 2})
+    snap = snapshot(cluster(1, 4), running=[
+        running(f"b{i}", "node000", [i], team="b", priority_class="normal") for i in range(4)
+    ])
+    plan = schedule(snap, [job("a1", 2, team="a")], Policy(quotas=quotas), now=3600.0)
+    assert len(plan.preemptions) == 2
+    assert {p.reason for p in plan.preemptions} == {"ReclaimedForGuarantee"}
+
+
+def test_blocked_gang_reserves_nodes_and_long_jobs_may_not_backfill_there():
+    nodes = cluster(2, 8)
+    snap = snapshot(nodes, running=[
+        running("r0", "node000", range(4), max_runtime_s=100.0),
+        running("r1", "node001", range(4), max_runtime_s=200.0),
+    ])
+    jobs = [
+        job("gang", 16, gang_nodes=2, gpus_per_node=8, at=0.0),
+        job("long", 4, at=1.0),
+        job("short", 4, at=2.0, max_runtime_s=50.0),
+    ]
+    plan = schedule(snap, jobs, Policy(), now=10.0)
+    assert plan.reason_of("gang").reason == "WaitingForGang"
+    (res,) = plan.reservations
+    assert res.job_id == "gang" and res.start_by == 200.0
+    assert plan.reason_of("long").reason == "ReservedForGang"
+    assert _order(plan) == ["short"]
+
+
+def test_best_effort_yields_to_everything_in_its_team():
+    snap = snapshot(cluster(1, 1), running=[running("be", "node000", [0], priority_class="best-effort",
+                                                    started=99.0)])
+    plan = schedule(snap, [job("n", 1, priority_class="normal")], Policy(), now=100.0)
+    assert [p.job_id for p in plan.preemptions] == ["be"]
