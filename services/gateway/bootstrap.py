@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -18,7 +19,7 @@ from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import Empty
 from libs.observability.logging import setup_logging
-from libs.observability.tracing import setup_tracing
+from libs.observability.tracing import extract_context, setup_tracing, tracer
 from services.gateway.config import GatewaySettings
 from services.gateway.domain import problem
 from services.gateway.handlers import ApiError, router
@@ -73,11 +74,25 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         log.exception("gateway_unhandled_error", extra={"path": req.url.path})
         return problem(500, "InternalError", "the gateway failed to handle the request", instance=req.url.path)
 
+    http_tracer = tracer("gpupool.gateway")
+
     @app.middleware("http")
-    async def count(req: Request, call_next):  # type: ignore[no-untyped-def]
-        response = await call_next(req)
-        route = req.scope.get("route")
-        HTTP_REQUESTS.labels(req.method, getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+    async def trace_and_count(req: Request, call_next):  # type: ignore[no-untyped-def]
+        """One SERVER span per request (continuing a caller's traceparent), so the trace runs from HTTP through
+        the request/reply hop and the outbox into every consumer."""
+        with http_tracer.start_as_current_span(
+            f"{req.method} {req.url.path}", context=extract_context(req.headers), kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": req.method, "url.path": req.url.path},
+        ) as span:
+            response = await call_next(req)
+            route = getattr(req.scope.get("route"), "path", "unmatched")
+            span.update_name(f"{req.method} {route}")
+            span.set_attribute("http.route", route)
+            span.set_attribute("http.response.status_code", response.status_code)
+            ctx = span.get_span_context()
+            if ctx.is_valid:
+                response.headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+        HTTP_REQUESTS.labels(req.method, route, str(response.status_code)).inc()
         return response
 
     @app.get("/healthz", tags=["ops"], summary="The gateway process is alive")

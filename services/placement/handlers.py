@@ -22,7 +22,8 @@ from libs.contracts.events import (
     JobSubmitted,
     NodeRegistered,
 )
-from libs.core import Policy, schedule
+from libs.core import Placement, Policy, schedule
+from libs.observability.tracing import extract_context, tracer
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
@@ -39,6 +40,7 @@ class PlacementHandlers:
         self.settings = settings
         self.policy = Policy(name=settings.policy)
         self._kick = asyncio.Event()
+        self._tracer = tracer("gpupool.placement")
 
     # --- events that change the read model --------------------------------------------------------------------
     async def on_node_registered(self, event: CloudEvent, data: NodeRegistered) -> None:
@@ -56,7 +58,7 @@ class PlacementHandlers:
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
         async with self.rt.uow() as uow:
             if await uow.first_time(CONSUMER, event.id):
-                await store.add_pending(uow.conn, data)
+                await store.add_pending(uow.conn, data, event.traceparent)
         self._kick.set()
 
     async def on_job_completed(self, event: CloudEvent, data: JobCompleted) -> None:
@@ -107,20 +109,16 @@ class PlacementHandlers:
             return 0
         plan = schedule(build_snapshot(nodes, gpus, held), build_requests(pending), self.policy, now=time.time())
         models = {g["uuid"]: g["model"] for g in gpus}
+        traces = {r["job_id"]: r["traceparent"] for r in pending}
         placed = 0
         for p in plan.placements:
+            parent = extract_context({"traceparent": traces[p.job_id]} if traces.get(p.job_id) else {})
             try:
-                async with self.rt.uow() as uow:
-                    job = await store.take_pending(uow.conn, p.job_id)
-                    if job is None:
-                        continue
-                    allocation_id = uuid7()
-                    now = utcnow()
-                    alloc_gpus = allocated_gpus(p.gpu_uuids, models, p.gpu_indices)
-                    await store.insert_allocation(uow.conn, allocation_id, job, p.cluster, p.node, alloc_gpus, now)
-                    await uow.emit(AllocationGranted(
-                        allocation_id=allocation_id, job_id=p.job_id, team=job["team"], project=job["project"],
-                        cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now))
+                with self._tracer.start_as_current_span("place job", context=parent,
+                                                        attributes={"gpupool.job_id": p.job_id}):
+                    allocation_id = await self._apply(p, models)
+                if allocation_id is None:
+                    continue
                 placed += 1
                 log.info("job_placed", extra={"job_id": p.job_id, "allocation_id": allocation_id,
                                               "node": p.node, "gpus": list(p.gpu_indices)})
@@ -130,6 +128,21 @@ class PlacementHandlers:
             async with self.rt.pool.acquire() as conn:
                 await store.record_pending_reasons(conn, [(r.job_id, r.reason, r.message) for r in plan.pending])
         return placed
+
+    async def _apply(self, p: Placement, models: dict[str, str]) -> str | None:
+        """Commit one placement with its AllocationGranted event; None if the job is no longer pending."""
+        async with self.rt.uow() as uow:
+            job = await store.take_pending(uow.conn, p.job_id)
+            if job is None:
+                return None
+            allocation_id = uuid7()
+            now = utcnow()
+            alloc_gpus = allocated_gpus(p.gpu_uuids, models, p.gpu_indices)
+            await store.insert_allocation(uow.conn, allocation_id, job, p.cluster, p.node, alloc_gpus, now)
+            await uow.emit(AllocationGranted(
+                allocation_id=allocation_id, job_id=p.job_id, team=job["team"], project=job["project"],
+                cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now))
+        return allocation_id
 
     # --- queries -----------------------------------------------------------------------------------------------
     async def list_allocations(self, cmd: ListAllocations) -> Reply:

@@ -31,7 +31,7 @@ async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str) -> No
     await conn.execute("UPDATE gpus SET health = $2 WHERE uuid = $1", uuid, health)
 
 
-async def add_pending(conn: asyncpg.Connection, data: JobSubmitted) -> bool:
+async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent: str | None) -> bool:
     """False when the job already finished or is already placed: a late or repeated submission is ignored."""
     finished = await conn.fetchval("SELECT 1 FROM finished_jobs WHERE job_id = $1", data.job_id)
     live = await conn.fetchval(
@@ -39,9 +39,10 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted) -> bool:
     if finished or live:
         return False
     await conn.execute(
-        """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at)
-           VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (job_id) DO NOTHING""",
-        data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at)
+        """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (job_id) DO NOTHING""",
+        data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at,
+        traceparent)
     return True
 
 
@@ -50,7 +51,7 @@ async def load_state(conn: asyncpg.Connection) -> tuple[list, list, list[str], l
     gpus = await conn.fetch("SELECT uuid, cluster, node, idx, model, memory_mib, health FROM gpus")
     held = [r["gpu_uuid"] for r in await conn.fetch("SELECT gpu_uuid FROM allocation_gpus WHERE live")]
     pending = await conn.fetch(
-        "SELECT job_id, team, project, gpus, gpu_models, priority, submitted_at FROM pending_jobs")
+        "SELECT job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent FROM pending_jobs")
     return list(nodes), list(gpus), held, list(pending)
 
 

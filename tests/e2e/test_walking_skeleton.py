@@ -94,6 +94,20 @@ async def test_submitted_job_is_allocated_and_announced_as_a_cloudevent(platform
             assert usage["gpu_seconds"] == pytest.approx(2 * held, rel=1e-6)
 
 
+async def test_one_trace_runs_from_the_http_request_to_the_allocation_event(platform) -> None:
+    trace_id = f"{time.time_ns():032x}"[-32:]
+    caller = f"00-{trace_id}-{'ab' * 8}-01"
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            response = api.post("/v1/jobs", json={"name": "traced", "team": "research", "gpus": 1},
+                                headers={"traceparent": caller})
+            assert response.status_code == 201
+            assert response.headers["traceparent"].split("-")[1] == trace_id
+            _, envelope, _ = await watcher.wait_for(AllocationGranted, response.json()["job_id"])
+    assert envelope.traceparent is not None
+    assert envelope.traceparent.split("-")[1] == trace_id
+
+
 async def test_cancelling_a_pending_job_releases_nothing_and_it_never_runs(platform) -> None:
     async with AllocationWatcher(platform.nats_url) as watcher:
         with platform.client() as api:

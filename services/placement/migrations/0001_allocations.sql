@@ -28,7 +28,8 @@ CREATE TABLE pending_jobs (
     priority      INTEGER     NOT NULL,
     submitted_at  TIMESTAMPTZ NOT NULL,
     reason        TEXT,
-    message       TEXT
+    message       TEXT,
+    traceparent   TEXT         -- trace of the submission, so the placement joins the same trace
 );
 
 CREATE TABLE allocations (
