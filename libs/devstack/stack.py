@@ -155,6 +155,7 @@ class Stack:
         self.processes.append(ServiceProcess(
             "gateway", [sys.executable, "-m", "services.gateway.main"],
             self._env("GPUPOOL_GATEWAY_", {"NATS_URL": self.nats_url, "PORT": str(gateway_port),
+                                           "DATABASE_URL": self.database_url("gateway"),
                                            "ADMIN_TOKEN": self.admin_token, "ENVIRONMENT": opts.environment,
                                            "LOG_LEVEL": opts.log_level}),
             self.gateway_url, logs / "gateway.log"))
@@ -195,7 +196,7 @@ class Stack:
             "gateway_url": self.gateway_url,
             "nats_url": self.nats_url,
             "admin_token": self.admin_token,
-            "database_urls": {name: self.database_url(name) for name in BACKEND_SERVICES},
+            "database_urls": {name: self.database_url(name) for name in (*BACKEND_SERVICES, "gateway")},
             "metrics": {p.name: f"{p.http_url}/metrics" for p in self.processes},
             "services": {p.name: {"pid": p.proc.pid if p.proc else None, "url": p.http_url,
                                   "log": str(p.log_path), "restarts": p.restarts} for p in self.processes},

@@ -20,6 +20,9 @@ from libs.contracts import subjects
 from libs.contracts.commands import Empty
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import extract_context, setup_tracing, tracer
+from libs.store.database import create_pool, database_name, ensure_database, with_database
+from libs.store.migrations import migrate, package_migrations, store_migrations
+from services.gateway.auth import Authenticator
 from services.gateway.config import GatewaySettings
 from services.gateway.domain import problem
 from services.gateway.handlers import ApiError, router
@@ -34,10 +37,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.nc = await connect(settings.nats_url, "gpupool-gateway", user=settings.nats_user,
                                      password=settings.nats_password)
+        dsn = settings.database_url
+        await ensure_database(with_database(dsn, "postgres"), database_name(dsn))
+        app.state.pool = await create_pool(dsn, max_size=20)
+        await migrate(app.state.pool, store_migrations() + package_migrations("gateway", "services.gateway"))
+        app.state.authenticator = Authenticator(settings, app.state.pool)
         try:
             yield
         finally:
             await app.state.nc.drain()
+            await app.state.pool.close()
 
     app = FastAPI(
         title="gpupool API",
@@ -94,6 +103,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 response.headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
         HTTP_REQUESTS.labels(req.method, route, str(response.status_code)).inc()
         return response
+
+    @app.middleware("http")
+    async def limit_body(req: Request, call_next):  # type: ignore[no-untyped-def]
+        length = req.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return problem(413, "PayloadTooLarge", f"request bodies are limited to {settings.max_body_bytes} bytes",
+                           instance=req.url.path)
+        return await call_next(req)
 
     @app.get("/healthz", tags=["ops"], summary="The gateway process is alive")
     async def healthz() -> dict:

@@ -12,11 +12,21 @@ class GatewaySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="GPUPOOL_GATEWAY_", extra="ignore")
 
     port: int = 8080
-    admin_token: str = Field(default="", description="Bearer token with every right (bootstrap/admin)")
+    admin_token: str = Field(default="", description="Bootstrap bearer token with the platform-admin role")
     request_timeout_s: float = 5.0
+    max_body_bytes: int = Field(default=64 * 1024, description="Larger request bodies are refused with 413")
+    # OIDC / JWT bearer tokens (optional): validated against this issuer, audience and JWKS.
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks_url: str | None = None
+    oidc_role_claim: str = "gpupool_role"
+    oidc_team_claim: str = "gpupool_team"
+    oidc_default_role: str = "viewer"
 
     @model_validator(mode="after")
-    def _safe_token(self) -> GatewaySettings:
+    def _safe_settings(self) -> GatewaySettings:
         if self.environment != "dev" and len(self.admin_token) < 32:
             raise ValueError("GPUPOOL_GATEWAY_ADMIN_TOKEN must be set to at least 32 random characters outside dev")
+        if self.oidc_jwks_url and not (self.oidc_issuer and self.oidc_audience):
+            raise ValueError("OIDC needs GPUPOOL_GATEWAY_OIDC_ISSUER and _OIDC_AUDIENCE with _OIDC_JWKS_URL")
         return self

@@ -3,10 +3,11 @@ copy of their data."""
 
 from __future__ import annotations
 
-import hmac
+import json
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
@@ -25,6 +26,17 @@ from libs.contracts.commands import (
     ListNodes,
     ListUsage,
     SubmitJob,
+)
+from services.gateway import store
+from services.gateway.auth import AuthError
+from services.gateway.domain import (
+    ANY,
+    TEAM_ADMIN_GRANTABLE,
+    Action,
+    Forbidden,
+    Principal,
+    Role,
+    mint_token,
 )
 
 
@@ -59,17 +71,44 @@ class CancelBody(BaseModel):
 bearer = HTTPBearer(auto_error=False)
 
 
-def authenticated(request: Request,
-                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
-    expected = request.app.state.settings.admin_token
+async def authenticated(request: Request,
+                        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
     if creds is None or creds.scheme.lower() != "bearer":
         raise ApiError(401, "Unauthenticated", "send Authorization: Bearer <token>")
-    if not expected or not hmac.compare_digest(creds.credentials.encode(), expected.encode()):
-        raise ApiError(401, "InvalidToken", "the bearer token is not valid")
-    return "admin"
+    try:
+        principal = await request.app.state.authenticator.authenticate(creds.credentials)
+    except AuthError as exc:
+        raise ApiError(401, exc.reason, str(exc)) from exc
+    request.state.principal = principal
+    return principal
 
 
-Principal = Annotated[str, Depends(authenticated)]
+Caller = Annotated[Principal, Depends(authenticated)]
+
+
+def require(principal: Principal, action: Action, team: str | None = None) -> None:
+    if not principal.may(action, team):
+        raise ApiError(403, "Forbidden", str(Forbidden(principal, action, team)), action=action.value)
+
+
+def team_filter(principal: Principal, action: Action, requested: str | None) -> str | None:
+    """The team a list may show: a team-scoped caller sees only their own team."""
+    if principal.scope(action) == ANY:
+        return requested
+    require(principal, action, requested or principal.team)
+    return principal.team
+
+
+async def record(req: Request, principal: Principal, action: str, target: str | None, before: Any = None,
+                 after: Any = None, conn: Any = None) -> None:
+    trace_id = req.headers.get("traceparent", "").split("-")[1] if req.headers.get("traceparent") else None
+    kwargs = dict(actor=principal.subject, actor_role=principal.role, action=action, target=target,
+                  before=before, after=after, trace_id=trace_id)
+    if conn is not None:
+        await store.audit(conn, **kwargs)
+        return
+    async with req.app.state.pool.acquire() as own:
+        await store.audit(own, **kwargs)
 
 
 async def call(req: Request, subject: str, cmd: Command) -> Any:
@@ -83,12 +122,17 @@ async def call(req: Request, subject: str, cmd: Command) -> Any:
 router = APIRouter(prefix="/v1")
 
 
+async def job_team(req: Request, job_id: str) -> dict:
+    return await call(req, subjects.QUERY_QUEUE_GET_JOB, JobRef(job_id=job_id))
+
+
 @router.post("/jobs", status_code=201, summary="Submit a job", tags=["jobs"],
              responses={200: {"description": "Replayed: same Idempotency-Key and body as an earlier submission"}})
-async def submit_job(body: JobRequestBody, req: Request, response: Response, principal: Principal,
+async def submit_job(body: JobRequestBody, req: Request, response: Response, caller: Caller,
                      idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> dict:
+    require(caller, Action.JOB_SUBMIT, body.team)
     result = await call(req, subjects.CMD_QUEUE_SUBMIT_JOB, SubmitJob(
-        **body.model_dump(), idempotency_key=idempotency_key, submitted_by=principal))
+        **body.model_dump(), idempotency_key=idempotency_key, submitted_by=caller.subject))
     created = result.pop("created", True)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/v1/jobs/{result['job_id']}"
@@ -96,56 +140,167 @@ async def submit_job(body: JobRequestBody, req: Request, response: Response, pri
 
 
 @router.get("/jobs", summary="List jobs (cursor pagination)", tags=["jobs"])
-async def list_jobs(req: Request, _: Principal, team: str | None = None, state: JobState | None = None,
+async def list_jobs(req: Request, caller: Caller, team: str | None = None, state: JobState | None = None,
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                     cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+    team = team_filter(caller, Action.JOB_READ, team)
     return await call(req, subjects.QUERY_QUEUE_LIST_JOBS, ListJobs(team=team, state=state, limit=limit, after=cursor))
 
 
 @router.get("/jobs/{job_id}", summary="One job with its state history", tags=["jobs"])
-async def get_job(job_id: str, req: Request, _: Principal) -> dict:
-    return await call(req, subjects.QUERY_QUEUE_GET_JOB, JobRef(job_id=job_id))
+async def get_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
+    require(caller, Action.JOB_READ)
+    job = await job_team(req, job_id)
+    require(caller, Action.JOB_READ, job["team"])
+    return job
 
 
 @router.post("/jobs/{job_id}/complete", summary="Mark a running job completed (releases its GPUs)", tags=["jobs"])
-async def complete_job(job_id: str, req: Request, _: Principal) -> dict:
+async def complete_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
+    require(caller, Action.JOB_COMPLETE)
+    require(caller, Action.JOB_COMPLETE, (await job_team(req, job_id))["team"])
     return await call(req, subjects.CMD_QUEUE_COMPLETE_JOB, JobRef(job_id=job_id))
 
 
 @router.post("/jobs/{job_id}/cancel", summary="Cancel a pending or running job", tags=["jobs"])
-async def cancel_job(job_id: str, req: Request, _: Principal, body: CancelBody | None = None) -> dict:
+async def cancel_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
+                     body: CancelBody | None = None) -> dict:
+    require(caller, Action.JOB_CANCEL)
+    before = await job_team(req, job_id)
+    require(caller, Action.JOB_CANCEL, before["team"])
     reason = body.reason if body else "cancelled by user"
-    return await call(req, subjects.CMD_QUEUE_CANCEL_JOB, CancelJob(job_id=job_id, reason=reason))
+    after = await call(req, subjects.CMD_QUEUE_CANCEL_JOB, CancelJob(job_id=job_id, reason=reason))
+    await record(req, caller, "job.cancel", job_id, {"state": before["state"]},
+                 {"state": after["state"], "reason": reason})
+    return after
 
 
 @router.get("/nodes", summary="Nodes with their GPUs, health and latest telemetry", tags=["pool"])
-async def list_nodes(req: Request, _: Principal, cluster: str | None = None,
+async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                      cursor: Annotated[str | None, Query(max_length=300)] = None) -> dict:
+    require(caller, Action.POOL_READ)
     return await call(req, subjects.QUERY_INVENTORY_LIST_NODES, ListNodes(cluster=cluster, limit=limit, after=cursor))
 
 
 @router.get("/allocations", summary="Allocations (GPUs held by jobs)", tags=["pool"])
-async def list_allocations(req: Request, _: Principal, job_id: str | None = None, active: bool | None = None,
-                           limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+async def list_allocations(req: Request, caller: Caller, job_id: Annotated[str | None, Query(max_length=64)] = None,
+                           active: bool | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                            cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+    require(caller, Action.POOL_READ)
     return await call(req, subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS,
                       ListAllocations(job_id=job_id, active=active, limit=limit, after=cursor))
 
 
 @router.get("/usage", summary="GPU-seconds ledger", tags=["accounting"])
-async def list_usage(req: Request, _: Principal, team: str | None = None, job_id: str | None = None,
+async def list_usage(req: Request, caller: Caller, team: Annotated[str | None, Query(max_length=63)] = None,
+                     job_id: Annotated[str | None, Query(max_length=64)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                      cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+    team = team_filter(caller, Action.USAGE_READ, team)
     return await call(req, subjects.QUERY_ACCOUNTING_LIST_USAGE,
                       ListUsage(team=team, job_id=job_id, limit=limit, after=cursor))
 
 
 @router.get("/teams", summary="Teams and their quotas", tags=["quota"])
-async def list_teams(req: Request, _: Principal) -> dict:
+async def list_teams(req: Request, caller: Caller) -> dict:
+    require(caller, Action.TEAM_READ)
     return await call(req, subjects.QUERY_QUOTA_LIST_TEAMS, Empty())
 
 
 @router.get("/reclamation/tracked", summary="Live allocations with idle time from telemetry", tags=["reclaim"])
-async def list_tracked(req: Request, _: Principal) -> dict:
+async def list_tracked(req: Request, caller: Caller) -> dict:
+    require(caller, Action.POOL_READ)
     return await call(req, subjects.QUERY_RECLAMATION_LIST_TRACKED, Empty())
+
+
+# --- tokens ----------------------------------------------------------------------------------------------------
+class TokenRequest(BaseModel):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
+        {"name": "alice-laptop", "role": "member", "team": "research", "expires_in_days": 90}]}}
+
+    name: str = Field(pattern=NAME_PATTERN)
+    role: Role
+    team: str | None = Field(default=None, pattern=NAME_PATTERN)
+    expires_in_days: int | None = Field(default=90, ge=1, le=3650, description="null: never expires")
+
+
+class TokenView(BaseModel):
+    token_id: str
+    name: str
+    role: str
+    team: str | None
+    created_by: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
+
+
+class NewToken(TokenView):
+    token: str = Field(description="The secret, shown only in this response")
+
+
+@router.post("/tokens", status_code=201, summary="Create an API token (the secret is shown once)", tags=["security"],
+             response_model=NewToken)
+async def create_token(body: TokenRequest, req: Request, caller: Caller) -> NewToken:
+    require(caller, Action.TOKEN_MANAGE)
+    if caller.scope(Action.TOKEN_MANAGE) != ANY:
+        if body.team != caller.team or body.role not in TEAM_ADMIN_GRANTABLE:
+            raise ApiError(403, "Forbidden", f"a team admin may grant only {sorted(TEAM_ADMIN_GRANTABLE)} "
+                                             f"in team {caller.team!r}", action=Action.TOKEN_MANAGE.value)
+    if body.role in ("team-admin", "member", "viewer") and body.team is None:
+        raise ApiError(422, "TeamRequired", f"a {body.role} token must name its team")
+    token_id, token, secret_hash = mint_token()
+    expires = datetime.now(UTC) + timedelta(days=body.expires_in_days) if body.expires_in_days else None
+    async with req.app.state.pool.acquire() as conn, conn.transaction():
+        row = await store.insert_token(conn, token_id=token_id, name=body.name, role=body.role, team=body.team,
+                                       secret_hash=secret_hash, created_by=caller.subject, expires_at=expires)
+        view = TokenView(**dict(row))
+        await record(req, caller, "token.create", token_id, None, view.model_dump(mode="json"), conn=conn)
+    return NewToken(**view.model_dump(), token=token)
+
+
+@router.get("/tokens", summary="List API tokens (never their secrets)", tags=["security"])
+async def list_tokens(req: Request, caller: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                      cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+    require(caller, Action.TOKEN_MANAGE)
+    team = None if caller.scope(Action.TOKEN_MANAGE) == ANY else caller.team
+    async with req.app.state.pool.acquire() as conn:
+        rows = await store.list_tokens(conn, team=team, limit=limit + 1, after=cursor)
+    items = [TokenView(**dict(r)).model_dump(mode="json") for r in rows[:limit]]
+    return {"items": items, "next": items[-1]["token_id"] if len(rows) > limit else None}
+
+
+@router.delete("/tokens/{token_id}", status_code=204, summary="Revoke an API token", tags=["security"])
+async def revoke_token(token_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> Response:
+    require(caller, Action.TOKEN_MANAGE)
+    async with req.app.state.pool.acquire() as conn, conn.transaction():
+        row = await store.find_token(conn, token_id)
+        if row is None or (caller.scope(Action.TOKEN_MANAGE) != ANY and row["team"] != caller.team):
+            raise ApiError(404, "TokenNotFound", f"no token {token_id}")
+        revoked = await store.revoke_token(conn, token_id)
+        await record(req, caller, "token.revoke", token_id, {"revoked_at": None},
+                     {"revoked_at": revoked["revoked_at"].isoformat()}, conn=conn)
+    return Response(status_code=204)
+
+
+@router.get("/audit", summary="Audit log of administrative actions (newest first)", tags=["security"])
+async def list_audit(req: Request, caller: Caller, action: Annotated[str | None, Query(max_length=64)] = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                     cursor: Annotated[int | None, Query(ge=1)] = None) -> dict:
+    require(caller, Action.AUDIT_READ)
+    async with req.app.state.pool.acquire() as conn:
+        rows = await store.list_audit(conn, action=action, limit=limit + 1, before_id=cursor)
+    items = [{"id": r["id"], "at": r["at"].isoformat(), "actor": r["actor"], "actor_role": r["actor_role"],
+              "action": r["action"], "target": r["target"],
+              "before": json.loads(r["before"]) if r["before"] else None,
+              "after": json.loads(r["after"]) if r["after"] else None, "trace_id": r["trace_id"]}
+             for r in rows[:limit]]
+    return {"items": items, "next": items[-1]["id"] if len(rows) > limit else None}
+
+
+@router.get("/whoami", summary="The authenticated caller: subject, role, team", tags=["security"])
+async def whoami(caller: Caller) -> dict:
+    return {"subject": caller.subject, "role": caller.role, "team": caller.team, "via": caller.via,
+            "allowed": sorted(a.value for a in Action if caller.scope(a))}

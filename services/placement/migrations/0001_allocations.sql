@@ -28,8 +28,7 @@ CREATE TABLE pending_jobs (
     priority      INTEGER     NOT NULL,
     submitted_at  TIMESTAMPTZ NOT NULL,
     reason        TEXT,
-    message       TEXT,
-    traceparent   TEXT         -- trace of the submission, so the placement joins the same trace
+    message       TEXT
 );
 
 CREATE TABLE allocations (
