@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libs.devstack.nats_auth import NatsUser, load_users, write_config
 from libs.devstack.servers import ManagedServer, free_port, start_nats, start_postgres
 
 BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
@@ -85,6 +86,8 @@ class Stack:
     admin_dsn: str = ""
     admin_token: str = ""
     gateway_url: str = ""
+    nats_users: dict[str, NatsUser] = field(default_factory=dict)
+    nats_admin_url: str = ""
     _stopping: bool = False
 
     @property
@@ -113,10 +116,18 @@ class Stack:
             self.nats_url = opts.nats_url
             say(f"nats        {self.nats_url} (existing)")
         else:
-            nats = start_nats(opts.data_dir / "nats", log_file=opts.data_dir / "logs" / "nats-server.log")
+            # Our own server: every service gets its own user, limited to the subjects it owns or consumes.
+            users = load_users()
+            self.nats_users = {u.name: u for u in users}
+            admin_password = secrets.token_urlsafe(24)
+            config = write_config(opts.data_dir / "nats-auth.conf", users, admin_password)
+            nats = start_nats(opts.data_dir / "nats", config_file=config,
+                              log_file=opts.data_dir / "logs" / "nats-server.log")
             self.servers.append(nats)
             self.nats_url = nats.url
-            say(f"nats        {self.nats_url} (embedded, JetStream in {opts.data_dir / 'nats'})")
+            self.nats_admin_url = nats.url.replace("nats://", f"nats://admin:{admin_password}@", 1)
+            say(f"nats        {self.nats_url} (embedded, JetStream in {opts.data_dir / 'nats'}, "
+                f"per-service credentials)")
         if opts.database_url:
             self.admin_dsn = opts.database_url
             say("postgresql  (existing server from GPUPOOL_DATABASE_URL)")
@@ -132,8 +143,11 @@ class Stack:
         parts = urlsplit(self.admin_dsn)
         return urlunsplit((parts.scheme, parts.netloc, f"/{self.options.database_prefix}_{service}", parts.query, parts.fragment))
 
-    def _env(self, prefix: str, extra: dict[str, str]) -> dict[str, str]:
+    def _env(self, prefix: str, extra: dict[str, str], nats_user: str | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        user = self.nats_users.get(nats_user or "")
+        if user is not None:
+            extra = {**extra, "NATS_USER": user.name, "NATS_PASSWORD": user.password}
         env.update({f"{prefix}{k}": v for k, v in extra.items()})
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -149,7 +163,8 @@ class Stack:
                 settings["SEED_TEAMS"] = DEFAULT_TEAMS
             self.processes.append(ServiceProcess(
                 name, [sys.executable, "-m", f"services.{name}.main"],
-                self._env(f"GPUPOOL_{name.upper()}_", settings), f"http://127.0.0.1:{port}", logs / f"{name}.log"))
+                self._env(f"GPUPOOL_{name.upper()}_", settings, name), f"http://127.0.0.1:{port}",
+                logs / f"{name}.log"))
         gateway_port = opts.gateway_port or free_port()
         self.gateway_url = f"http://127.0.0.1:{gateway_port}"
         self.processes.append(ServiceProcess(
@@ -157,7 +172,7 @@ class Stack:
             self._env("GPUPOOL_GATEWAY_", {"NATS_URL": self.nats_url, "PORT": str(gateway_port),
                                            "DATABASE_URL": self.database_url("gateway"),
                                            "ADMIN_TOKEN": self.admin_token, "ENVIRONMENT": opts.environment,
-                                           "LOG_LEVEL": opts.log_level}),
+                                           "LOG_LEVEL": opts.log_level}, "gateway"),
             self.gateway_url, logs / "gateway.log"))
         if opts.with_agent:
             port = free_port()
@@ -166,7 +181,7 @@ class Stack:
             if opts.sim_fleet:
                 agent_env["SIM_FLEET"] = opts.sim_fleet
             self.processes.append(ServiceProcess(
-                "agent", [sys.executable, "-m", "services.agent.main"], self._env("GPUPOOL_AGENT_", agent_env),
+                "agent", [sys.executable, "-m", "services.agent.main"], self._env("GPUPOOL_AGENT_", agent_env, "agent"),
                 f"http://127.0.0.1:{port}", logs / "agent.log"))
         for p in self.processes:
             p.start()
@@ -194,7 +209,9 @@ class Stack:
         doc = {
             "pid": os.getpid(),
             "gateway_url": self.gateway_url,
-            "nats_url": self.nats_url,
+            # With the embedded server this URL carries the admin credentials (run.json is mode 0600).
+            "nats_url": self.nats_admin_url or self.nats_url,
+            "nats_auth": bool(self.nats_users),
             "admin_token": self.admin_token,
             "database_urls": {name: self.database_url(name) for name in (*BACKEND_SERVICES, "gateway")},
             "metrics": {p.name: f"{p.http_url}/metrics" for p in self.processes},
