@@ -6,6 +6,9 @@
   gpupool sim      trace-replay simulator on the scheduling core (`gpupool sim --help`)
   gpupool bench    benchmarks; writes docs/benchmarks.md
   gpupool schemas  write the JSON Schema of every event type to a folder
+
+People-facing commands on the gateway's API (libs/cli/people.py): submit, jobs, describe, cancel, complete, nodes,
+pool, top, teams, usage, token, audit, whoami, completion. `gpupool <command> --help` for each.
 """
 
 from __future__ import annotations
@@ -142,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     schemas = sub.add_parser("schemas", help="export the JSON Schema of every event type")
     schemas.add_argument("--out", type=Path, default=Path("docs/schemas"))
     schemas.set_defaults(func=cmd_schemas)
+
+    from libs.cli import people
+
+    people.register(sub)
     return parser
 
 

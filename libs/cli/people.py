@@ -1,0 +1,790 @@
+"""The people-facing `gpupool` commands, built on the Python client (libs.client).
+
+  gpupool submit      submit a job from flags or a YAML file (-f job.yaml)
+  gpupool jobs        list jobs            gpupool describe JOB_ID   one job, its history and allocations
+  gpupool cancel      cancel a job         gpupool complete JOB_ID   mark a running job finished
+  gpupool nodes       nodes and GPUs       gpupool pool              per cluster/model: allocated, used, idle
+  gpupool top         live per-GPU view    gpupool teams / usage     teams and quotas / the GPU-seconds ledger
+  gpupool token       create|list|revoke   gpupool audit             the audit log (admins)
+  gpupool whoami      the caller's identity, role and allowed actions
+  gpupool completion  bash|zsh completion script
+
+Every one takes --url / --token (else GPUPOOL_URL / GPUPOOL_TOKEN, else .gpupool/run.json) and -o table|json.
+Exit status: 0 ok, 1 the API refused or failed, 2 usage or configuration error, 3 gateway unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from libs.client import ConfigError, GpupoolClient, GpupoolError
+from libs.client.models import Allocation, ApiModel, Job, Node
+
+EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+JOB_STATES = ("pending", "running", "completed", "cancelled", "failed")
+JOB_KINDS = ("training", "inference", "dev", "batch")
+PRIORITY_CLASSES = ("production-inference", "high", "normal", "low", "best-effort")
+ROLES = ("platform-admin", "operator", "team-admin", "member", "viewer", "service")
+USED_UTIL_PCT = 5.0  # a GPU counts as "used" above this utilization
+CLEAR = "\x1b[H\x1b[2J"
+
+
+class UsageError(Exception):
+    """Bad input from the user (exit 2)."""
+
+
+# --- output ---------------------------------------------------------------------------------------------------------
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def cell(value: Any) -> str:
+    """One table cell: None → "-", datetimes in UTC, floats short; control characters never reach the terminal."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, datetime):
+        return fmt_time(value)
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) < 1000 else f"{value:.0f}"
+    if isinstance(value, list | tuple):
+        return ",".join(cell(v) for v in value) or "-"
+    return _CONTROL.sub(" ", str(value))
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A plain aligned table: two spaces between columns, numeric columns right-aligned, no trailing blanks."""
+    rows = [list(r) for r in rows]
+    width = len(headers)
+    for r in rows:
+        if len(r) != width:
+            raise ValueError(f"row has {len(r)} cells, table has {width} columns")
+    right = [bool(rows) and all(_numeric(r[i]) or r[i] is None for r in rows)
+             and any(_numeric(r[i]) for r in rows) for i in range(width)]
+    text = [[cell(h) for h in headers]] + [[cell(v) for v in r] for r in rows]
+    widths = [max(len(line[i]) for line in text) for i in range(width)]
+    out = []
+    for line in text:
+        parts = [c.rjust(widths[i]) if right[i] else c.ljust(widths[i]) for i, c in enumerate(line)]
+        out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def key_values(pairs: Sequence[tuple[str, Any]]) -> str:
+    pad = max(len(k) for k, _ in pairs) + 2
+    return "\n".join(f"{(k + ':').ljust(pad)}{cell(v)}" for k, v in pairs)
+
+
+def fmt_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_age(value: datetime | None, now: datetime | None = None) -> str:
+    if value is None:
+        return "-"
+    now = now or datetime.now(UTC)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    seconds = max(0, int((now - value).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def fmt_gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}"
+
+
+def emit(args: argparse.Namespace, raw: Any, render: Callable[[], str]) -> None:
+    if args.output == "json":
+        print(json.dumps(raw, indent=2, sort_keys=False, default=str))
+    else:
+        print(render())
+
+
+def raws(items: Iterable[ApiModel]) -> list[dict[str, Any]]:
+    return [i.raw for i in items]
+
+
+# --- job spec: YAML file + flags -----------------------------------------------------------------------------------
+SPEC_KEYS = {"name": "name", "team": "team", "project": "project", "gpus": "gpus", "kind": "kind",
+             "priority_class": "priority_class", "priority-class": "priority_class",
+             "gpu_models": "gpu_models", "gpu-models": "gpu_models", "models": "gpu_models", "model": "gpu_models",
+             "idempotency_key": "idempotency_key", "idempotency-key": "idempotency_key"}
+
+
+def load_spec_file(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UsageError(f"{path} is not valid YAML{where}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path} must be a YAML mapping of job fields (name, team, gpus, ...)")
+    return doc
+
+
+def merge_spec(file_doc: dict[str, Any] | None, flags: dict[str, Any]) -> dict[str, Any]:
+    """The job to submit: the file's fields, then every flag that was given on top. Unknown keys, wrong types and
+    missing required fields are usage errors."""
+    spec: dict[str, Any] = {}
+    for key, value in (file_doc or {}).items():
+        target = SPEC_KEYS.get(str(key))
+        if target is None:
+            allowed = "name, team, project, gpus, gpu_models, kind, priority_class, idempotency_key"
+            raise UsageError(f"unknown job field {key!r} (allowed: {allowed})")
+        spec[target] = value
+    for key, value in flags.items():
+        if value is not None and value != []:
+            spec[key] = value
+    if "gpu_models" in spec:
+        models = spec["gpu_models"]
+        if isinstance(models, str):
+            models = [m.strip() for m in models.split(",") if m.strip()]
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise UsageError("gpu_models must be a model name or a list of model names")
+        spec["gpu_models"] = models
+    if "gpus" in spec:
+        gpus = spec["gpus"]
+        if isinstance(gpus, bool) or not isinstance(gpus, int | str) or not str(gpus).strip().isdigit():
+            raise UsageError(f"gpus must be a whole number, not {gpus!r}")
+        spec["gpus"] = int(gpus)
+    for key in ("name", "team", "project", "kind", "priority_class", "idempotency_key"):
+        if key in spec and not isinstance(spec[key], str):
+            spec[key] = str(spec[key])
+    missing = [k for k in ("name", "team", "gpus") if k not in spec]
+    if missing:
+        raise UsageError("missing " + ", ".join(f"--{m}" for m in missing) + " (as flags or in the -f file)")
+    return spec
+
+
+# --- client ---------------------------------------------------------------------------------------------------------
+def make_client(args: argparse.Namespace) -> GpupoolClient:
+    """Built from --url/--token, else the environment, else run.json. Tests replace this function."""
+    return GpupoolClient.from_env(getattr(args, "url", None), getattr(args, "token", None))
+
+
+# --- commands -------------------------------------------------------------------------------------------------------
+def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    file_doc = load_spec_file(args.file) if args.file else None
+    spec = merge_spec(file_doc, {"name": args.name, "team": args.team, "project": args.project, "gpus": args.gpus,
+                                 "gpu_models": args.models, "kind": args.kind,
+                                 "priority_class": args.priority_class, "idempotency_key": args.idempotency_key})
+    job = gp.submit_job(spec.pop("name"), spec.pop("team"), spec.pop("gpus"), **spec)
+
+    def render() -> str:
+        models = "/".join(job.gpu_models) or "any model"
+        head = (f"submitted job {job.job_id}" if job.created
+                else f"job {job.job_id} was already submitted with idempotency key {job.idempotency_key}")
+        return (f"{head}\n  {job.name} · team {job.team} · {job.gpus} GPU(s) of {models} · state {job.state}\n"
+                f"  watch it: gpupool describe {job.job_id}")
+
+    emit(args, job.raw, render)
+    return EXIT_OK
+
+
+def jobs_table(jobs: Sequence[Job]) -> str:
+    if not jobs:
+        return "No jobs."
+    return table(["JOB ID", "NAME", "TEAM", "PROJECT", "KIND", "PRIORITY", "GPUS", "MODELS", "STATE", "NODE", "AGE"],
+                 [[j.job_id, j.name, j.team, j.project, j.kind, j.priority_class, j.gpus, j.gpu_models or "any",
+                   j.state, f"{j.cluster}/{j.node}" if j.node else None, fmt_age(j.submitted_at)] for j in jobs])
+
+
+def cmd_jobs(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    jobs = gp.list_jobs(team=args.team, state=args.state, limit=args.limit)
+    emit(args, raws(jobs), lambda: jobs_table(jobs))
+    return EXIT_OK
+
+
+def allocations_table(allocs: Sequence[Allocation]) -> str:
+    return table(["ALLOCATION", "NODE", "GPUS", "MODEL", "GRANTED", "RELEASED", "REASON"],
+                 [[a.allocation_id, f"{a.cluster}/{a.node}", ",".join(str(g.index) for g in a.gpus),
+                   ",".join(sorted({g.model for g in a.gpus})), a.granted_at, a.released_at, a.release_reason]
+                  for a in allocs])
+
+
+def describe_text(job: Job, allocs: Sequence[Allocation]) -> str:
+    runtime = None
+    if job.started_at:
+        end = job.finished_at or datetime.now(UTC)
+        runtime = fmt_age(job.started_at, now=end)
+    out = [key_values([
+        ("Job", job.job_id), ("Name", job.name), ("Team", job.team), ("Project", job.project),
+        ("Kind", job.kind), ("Priority", job.priority_class),
+        ("GPUs", f"{job.gpus} × {' or '.join(job.gpu_models) or 'any model'}"), ("State", job.state),
+        ("Node", f"{job.cluster}/{job.node}" if job.node else None), ("Submitted", job.submitted_at),
+        ("Started", job.started_at), ("Finished", job.finished_at), ("Runtime", runtime),
+        ("Message", job.message),
+    ])]
+    out.append("\nHistory:")
+    if job.history:
+        out.append(_indent(table(["AT", "FROM", "TO", "REASON"],
+                                 [[h.at, h.from_state, h.to_state, h.reason] for h in job.history])))
+    else:
+        out.append("  (none)")
+    out.append("\nAllocations:")
+    out.append(_indent(allocations_table(allocs)) if allocs else "  (none)")
+    return "\n".join(out)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def cmd_describe(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    job = gp.get_job(args.job_id)
+    allocs = gp.list_allocations(job_id=job.job_id)
+    emit(args, {**job.raw, "allocations": raws(allocs)}, lambda: describe_text(job, allocs))
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    job = gp.cancel_job(args.job_id, args.reason)
+    emit(args, job.raw, lambda: f"job {job.job_id} is {job.state}")
+    return EXIT_OK
+
+
+def cmd_complete(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    job = gp.complete_job(args.job_id)
+    emit(args, job.raw, lambda: f"job {job.job_id} is {job.state}")
+    return EXIT_OK
+
+
+def nodes_table(nodes: Sequence[Node]) -> str:
+    if not nodes:
+        return "No nodes."
+    rows = []
+    for n in nodes:
+        healthy = sum(1 for g in n.gpus if g.health == "healthy")
+        models = sorted({g.model for g in n.gpus})
+        rows.append([n.cluster, n.node, n.state, len(n.gpus), healthy, models,
+                     n.cpu_util_pct, fmt_age(n.last_seen_at) + " ago" if n.last_seen_at else None])
+    return table(["CLUSTER", "NODE", "STATE", "GPUS", "HEALTHY", "MODELS", "CPU %", "LAST SEEN"], rows)
+
+
+def cmd_nodes(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    nodes = gp.list_nodes(cluster=args.cluster)
+    emit(args, raws(nodes), lambda: nodes_table(nodes))
+    return EXIT_OK
+
+
+def _gpu_used(gpu: Any) -> bool:
+    t = gpu.telemetry
+    return t is not None and t.utilization_gpu_pct is not None and t.utilization_gpu_pct > USED_UTIL_PCT
+
+
+def pool_summary(nodes: Sequence[Node], allocs: Sequence[Allocation]) -> list[dict[str, Any]]:
+    """Per (cluster, GPU model): total, allocated (held by a live allocation), used (utilization above 5 %),
+    allocated but idle, unhealthy (not "healthy"), free (healthy and not allocated)."""
+    held = {g.uuid for a in allocs if a.active for g in a.gpus}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for n in nodes:
+        for g in n.gpus:
+            r = rows.setdefault((n.cluster, g.model), {"cluster": n.cluster, "model": g.model, "total": 0,
+                                                       "allocated": 0, "used": 0, "allocated_idle": 0,
+                                                       "unhealthy": 0, "free": 0})
+            allocated, used, healthy = g.uuid in held, _gpu_used(g), g.health == "healthy"
+            r["total"] += 1
+            r["allocated"] += allocated
+            r["used"] += used
+            r["allocated_idle"] += allocated and not used
+            r["unhealthy"] += not healthy
+            r["free"] += healthy and not allocated
+    return [rows[k] for k in sorted(rows)]
+
+
+def pool_table(summary: Sequence[dict[str, Any]]) -> str:
+    if not summary:
+        return "No GPUs."
+    cols = ("total", "allocated", "used", "allocated_idle", "unhealthy", "free")
+    rows = [[r["cluster"], r["model"], *(r[c] for c in cols)] for r in summary]
+    if len(summary) > 1:
+        rows.append(["all", "", *(sum(r[c] for r in summary) for c in cols)])
+    return table(["CLUSTER", "MODEL", "TOTAL", "ALLOCATED", "USED", "ALLOC-IDLE", "UNHEALTHY", "FREE"], rows)
+
+
+def cmd_pool(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    summary = pool_summary(gp.list_nodes(cluster=args.cluster), gp.list_allocations(active=True))
+    emit(args, summary, lambda: pool_table(summary))
+    return EXIT_OK
+
+
+def top_rows(nodes: Sequence[Node], allocs: Sequence[Allocation], jobs: Sequence[Job]) -> list[dict[str, Any]]:
+    holder = {g.uuid: a for a in allocs if a.active for g in a.gpus}
+    names = {j.job_id: j for j in jobs}
+    rows = []
+    for n in nodes:
+        for g in sorted(n.gpus, key=lambda g: g.index):
+            t = g.telemetry
+            a = holder.get(g.uuid)
+            job = names.get(a.job_id) if a else None
+            rows.append({
+                "cluster": n.cluster, "node": n.node, "index": g.index, "model": g.model,
+                "util_pct": t.utilization_gpu_pct if t else None,
+                "memory_used_mib": t.memory_used_mib if t else None, "memory_total_mib": g.memory_mib,
+                "temperature_c": t.temperature_c if t else None, "power_w": t.power_w if t else None,
+                "health": g.health, "job_id": a.job_id if a else None, "team": a.team if a else None,
+                "job_name": job.name if job else None,
+            })
+    return rows
+
+
+def top_frame(rows: Sequence[dict[str, Any]], where: str, now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
+    alloc = sum(1 for r in rows if r["job_id"])
+    used = sum(1 for r in rows if (r["util_pct"] or 0) > USED_UTIL_PCT)
+    idle = sum(1 for r in rows if r["job_id"] and (r["util_pct"] or 0) <= USED_UTIL_PCT)
+    head = (f"gpupool top · {where} · {now.strftime('%H:%M:%S')} UTC · {len(rows)} GPUs · {alloc} allocated · "
+            f"{used} used (>{USED_UTIL_PCT:g}% util) · {idle} allocated-idle")
+    if not rows:
+        return head + "\n\nNo GPUs."
+
+    def mem(r: dict[str, Any]) -> str:
+        return f"{fmt_gib(r['memory_used_mib'])}/{fmt_gib(r['memory_total_mib'])}"
+
+    def util(r: dict[str, Any]) -> Any:
+        return None if r["util_pct"] is None else round(float(r["util_pct"]))
+
+    def holder(r: dict[str, Any]) -> Any:
+        if not r["job_id"]:
+            return None
+        return f"{r['job_id']} ({r['team']}/{r['job_name']})" if r["job_name"] else f"{r['job_id']} ({r['team']})"
+
+    body = table(["NODE", "GPU", "MODEL", "UTIL %", "MEM GiB", "TEMP C", "POWER W", "HEALTH", "ALLOCATED TO"],
+                 [[f"{r['cluster']}/{r['node']}", r["index"], r["model"], util(r), mem(r),
+                   None if r["temperature_c"] is None else round(float(r["temperature_c"])),
+                   None if r["power_w"] is None else round(float(r["power_w"])), r["health"], holder(r)]
+                  for r in rows])
+    return f"{head}\n\n{body}"
+
+
+def cmd_top(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.interval <= 0:
+        raise UsageError("--interval must be a positive number of seconds")
+
+    def sample() -> list[dict[str, Any]]:
+        return top_rows(gp.list_nodes(cluster=args.cluster), gp.list_allocations(active=True),
+                        gp.list_jobs(state="running"))
+
+    rows: list[dict[str, Any]] = sample()  # a first failure (bad token, unreachable) ends the command
+    error: GpupoolError | None = None
+    try:
+        while True:
+            if args.output == "json":
+                print(json.dumps({"error": str(error)} if error else rows, default=str), flush=True)
+            elif error:  # keep watching through a restart of the gateway; say so on screen
+                print(f"{CLEAR}gpupool top · {gp.base_url} · error: {error} · retrying every {args.interval:g}s",
+                      flush=True)
+            else:
+                frame = top_frame(rows, gp.base_url)
+                print(frame if args.once else f"{CLEAR}{frame}\n\n(Ctrl-C to quit)", flush=True)
+            if args.once:
+                return EXIT_OK
+            time.sleep(args.interval)
+            try:
+                rows, error = sample(), None
+            except GpupoolError as exc:
+                error = exc
+    except KeyboardInterrupt:  # the way out of the live view
+        return EXIT_OK
+
+
+def cmd_teams(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    teams = gp.list_teams()
+
+    def render() -> str:
+        if not teams:
+            return "No teams."
+        return table(["TEAM", "ORG", "QUOTAS (model guaranteed/borrowing limit)"],
+                     [[t.team, t.org, "; ".join(f"{q.gpu_model} {q.guaranteed}/{cell(q.borrowing_limit)}"
+                                                for q in t.quotas) or None] for t in teams])
+
+    emit(args, raws(teams), render)
+    return EXIT_OK
+
+
+def cmd_usage(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    records = gp.list_usage(team=args.team, job_id=args.job)
+
+    def render() -> str:
+        if not records:
+            return "No usage recorded."
+        rows: list[list[Any]] = [[u.job_id, u.team, u.project, u.gpu_model, u.gpu_count, round(u.gpu_seconds),
+                                  u.started_at, u.ended_at, u.release_reason] for u in records]
+        total = sum(u.gpu_seconds for u in records)
+        return (table(["JOB", "TEAM", "PROJECT", "MODEL", "GPUS", "GPU-SECONDS", "STARTED", "ENDED", "REASON"],
+                      rows)
+                + f"\n\ntotal: {total:.0f} GPU-seconds ({total / 3600:.2f} GPU-hours) in {len(records)} "
+                  "allocation(s)")
+
+    emit(args, raws(records), render)
+    return EXIT_OK
+
+
+def cmd_token_create(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.expires_in_days is not None and args.expires_in_days <= 0:
+        raise UsageError("--expires-in-days must be a positive number of days")
+    tok = gp.create_token(args.name, args.role, team=args.team, expires_in_days=args.expires_in_days,
+                          never_expires=args.never_expires)
+    emit(args, tok.raw, lambda: (
+        key_values([("Token ID", tok.token_id), ("Name", tok.name), ("Role", tok.role), ("Team", tok.team),
+                    ("Expires", tok.expires_at or "never")])
+        + f"\n\nSecret (shown only this once; store it now):\n  {tok.token}"))
+    return EXIT_OK
+
+
+def _token_status(t: Any) -> str:
+    if t.revoked_at:
+        return "revoked"
+    if t.expires_at and t.expires_at <= datetime.now(UTC):
+        return "expired"
+    return "active"
+
+
+def cmd_token_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    tokens = gp.list_tokens()
+    emit(args, raws(tokens), lambda: table(
+        ["TOKEN ID", "NAME", "ROLE", "TEAM", "STATUS", "CREATED BY", "EXPIRES", "LAST USED"],
+        [[t.token_id, t.name, t.role, t.team, _token_status(t), t.created_by, t.expires_at or "never",
+          t.last_used_at] for t in tokens]) if tokens else "No tokens.")
+    return EXIT_OK
+
+
+def cmd_token_revoke(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    gp.revoke_token(args.token_id)
+    emit(args, {"token_id": args.token_id, "revoked": True}, lambda: f"token {args.token_id} revoked")
+    return EXIT_OK
+
+
+def _short(value: Any, width: int = 60) -> str:
+    if value is None:
+        return "-"
+    text = json.dumps(value, separators=(",", ":"), default=str) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def cmd_audit(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.limit <= 0:
+        raise UsageError("--limit must be positive")
+    entries = gp.audit(limit=args.limit, action=args.action)
+    emit(args, raws(entries), lambda: table(
+        ["AT", "ACTOR", "ROLE", "ACTION", "TARGET", "BEFORE", "AFTER"],
+        [[e.at, e.actor, e.actor_role, e.action, e.target, _short(e.before, 40), _short(e.after, 40)]
+         for e in entries]) if entries else "No audit entries.")
+    return EXIT_OK
+
+
+def cmd_whoami(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    me = gp.whoami()
+    emit(args, me.raw, lambda: key_values([("Subject", me.subject), ("Role", me.role), ("Team", me.team),
+                                           ("Via", me.via), ("Gateway", gp.base_url),
+                                           ("Allowed", ", ".join(me.allowed) or None)]))
+    return EXIT_OK
+
+
+# --- shell completion -------------------------------------------------------------------------------------------------
+FILE_DESTS = {"file", "data_dir", "out"}
+
+
+def completion_spec(parser: argparse.ArgumentParser) -> dict[str, dict[str, Any]]:
+    """For every command path ("" for the top, "token create" ...): its subcommands/positional choices, its
+    options, which options take a value, the choices of those, and which complete file names."""
+    spec: dict[str, dict[str, Any]] = {}
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        entry: dict[str, Any] = {"words": [], "options": [], "takes_value": [], "choices": {}, "files": []}
+        spec[path] = entry
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    entry["words"].append(name)
+                    walk(child, f"{path} {name}".strip())
+                continue
+            if not action.option_strings:
+                if action.choices:
+                    entry["words"].extend(str(c) for c in action.choices)
+                continue
+            entry["options"].extend(action.option_strings)
+            if action.nargs != 0:
+                entry["takes_value"].extend(action.option_strings)
+                for opt in action.option_strings:
+                    if action.choices:
+                        entry["choices"][opt] = [str(c) for c in action.choices]
+                    elif action.dest in FILE_DESTS or action.type is Path:
+                        entry["files"].append(opt)
+
+    walk(parser, "")
+    return spec
+
+
+def _case_fn(name: str, cases: list[tuple[list[str], str]], default: str = "") -> str:
+    lines = [f"_gpupool_{name}() {{", '    case "$1" in']
+    for keys, body in cases:
+        lines.append("        " + "|".join(json.dumps(k) for k in keys) + f") {body} ;;")
+    if default:
+        lines.append(f"        *) {default} ;;")
+    lines += ["    esac", "}"]
+    return "\n".join(lines)
+
+
+def _helpers(spec: dict[str, dict[str, Any]]) -> str:
+    def words(ws: Iterable[str]) -> str:
+        return "echo " + json.dumps(" ".join(ws))
+
+    fns = [
+        _case_fn("words", [([path], words(e["words"])) for path, e in spec.items() if e["words"]]),
+        _case_fn("opts", [([path], words(e["options"])) for path, e in spec.items() if e["options"]]),
+        _case_fn("choices", [([f"{path}|{opt}"], words(ch)) for path, e in spec.items()
+                             for opt, ch in e["choices"].items()]),
+        _case_fn("takes_value", [([f"{path}|{o}" for o in e["takes_value"]], "return 0")
+                                 for path, e in spec.items() if e["takes_value"]], "return 1"),
+        _case_fn("files", [([f"{path}|{o}" for o in e["files"]], "return 0")
+                           for path, e in spec.items() if e["files"]], "return 1"),
+    ]
+    return "\n\n".join(fns)
+
+
+_BODY = r"""
+    local cmdpath="" w i skip=0 subs
+    for ((i=FIRST; i<LAST; i++)); do
+        w="${WORDS[i]}"
+        if (( skip )); then skip=0; continue; fi
+        case "$w" in
+            --*=*) continue ;;
+            -*) _gpupool_takes_value "$cmdpath|$w" && skip=1; continue ;;
+        esac
+        subs=" $(_gpupool_words "$cmdpath") "
+        if [[ "$subs" == *" $w "* ]]; then cmdpath="${cmdpath:+$cmdpath }$w"; fi
+    done
+"""
+
+
+def completion_script(shell: str, parser: argparse.ArgumentParser) -> str:
+    spec = completion_spec(parser)
+    helpers = _helpers(spec)
+    if shell == "bash":
+        body = _BODY.replace("FIRST", "1").replace("LAST", "COMP_CWORD").replace("WORDS", "COMP_WORDS")
+        return f"""# bash completion for gpupool; generated by `gpupool completion bash`.
+# Enable: source <(gpupool completion bash)   (or write it to /etc/bash_completion.d/gpupool)
+{helpers}
+
+_gpupool() {{
+    local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+{body}
+    COMPREPLY=()
+    if [[ "$prev" == -* ]] && _gpupool_takes_value "$cmdpath|$prev"; then
+        local choices; choices="$(_gpupool_choices "$cmdpath|$prev")"
+        if [[ -n "$choices" ]]; then
+            COMPREPLY=($(compgen -W "$choices" -- "$cur"))
+        elif _gpupool_files "$cmdpath|$prev"; then
+            COMPREPLY=($(compgen -f -- "$cur"))
+        fi
+        return 0
+    fi
+    if [[ "$cur" == -* ]]; then
+        COMPREPLY=($(compgen -W "$(_gpupool_opts "$cmdpath")" -- "$cur"))
+    else
+        COMPREPLY=($(compgen -W "$(_gpupool_words "$cmdpath")" -- "$cur"))
+    fi
+    return 0
+}}
+complete -F _gpupool gpupool
+"""
+    if shell == "zsh":
+        body = _BODY.replace("FIRST", "2").replace("LAST", "CURRENT").replace("WORDS", "words")
+        return f"""#compdef gpupool
+# zsh completion for gpupool; generated by `gpupool completion zsh`.
+# Enable: gpupool completion zsh > "${{fpath[1]}}/_gpupool"   (or: source <(gpupool completion zsh) after compinit)
+{helpers}
+
+_gpupool() {{
+    local cur="${{words[CURRENT]}}" prev="${{words[CURRENT-1]}}"
+{body}
+    if [[ "$prev" == -* ]] && _gpupool_takes_value "$cmdpath|$prev"; then
+        local choices; choices="$(_gpupool_choices "$cmdpath|$prev")"
+        if [[ -n "$choices" ]]; then
+            compadd -- ${{=choices}}
+        elif _gpupool_files "$cmdpath|$prev"; then
+            _files
+        fi
+        return 0
+    fi
+    if [[ "$cur" == -* ]]; then
+        compadd -- ${{=$(_gpupool_opts "$cmdpath")}}
+    else
+        compadd -- ${{=$(_gpupool_words "$cmdpath")}}
+    fi
+}}
+
+if [[ "${{funcstack[1]}}" == "_gpupool" ]]; then
+    _gpupool "$@"
+else
+    compdef _gpupool gpupool
+fi
+"""
+    raise UsageError(f"unknown shell {shell!r} (bash or zsh)")
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from libs.cli.main import build_parser
+
+    print(completion_script(args.shell, build_parser()), end="")
+    return EXIT_OK
+
+
+# --- wiring ---------------------------------------------------------------------------------------------------------
+def fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def run_api(func: Callable[[argparse.Namespace, GpupoolClient], int]) -> Callable[[argparse.Namespace], int]:
+    """Wrap a command: build the client, run, and turn every failure into one line on stderr and an exit code."""
+
+    def runner(args: argparse.Namespace) -> int:
+        try:
+            gp = make_client(args)
+            try:
+                return func(args, gp)
+            finally:
+                gp.close()
+        except ConfigError as exc:
+            return fail(exc.detail, EXIT_USAGE)
+        except UsageError as exc:
+            return fail(str(exc), EXIT_USAGE)
+        except GpupoolError as exc:
+            return fail(str(exc), EXIT_UNREACHABLE if exc.unreachable else EXIT_API)
+        except KeyboardInterrupt:
+            return fail("interrupted", 130)
+        except BrokenPipeError:  # `gpupool jobs | head`
+            try:
+                sys.stdout = open(os.devnull, "w")  # silence the flush at exit
+            except OSError:
+                pass
+            return EXIT_OK
+        except Exception as exc:  # a bug in the CLI or a response it cannot read: still one line, no traceback
+            if os.environ.get("GPUPOOL_DEBUG"):
+                raise
+            text = " ".join(str(exc).split())[:300]
+            return fail(f"unexpected {type(exc).__name__}: {text} (set GPUPOOL_DEBUG=1 for a traceback)", EXIT_API)
+
+    runner.__name__ = func.__name__
+    return runner
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("connection and output")
+    g.add_argument("--url", help="gateway URL (default $GPUPOOL_URL, else run.json of `gpupool up`)")
+    g.add_argument("--token", help="API token (default $GPUPOOL_TOKEN, else the admin token in run.json)")
+    g.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    return common
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the people-facing commands to the `gpupool` parser's subcommands."""
+    common = _common()
+
+    def add(name: str, func: Callable[[argparse.Namespace, GpupoolClient], int], text: str,
+            parent: argparse._SubParsersAction = sub) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=text, description=text, parents=[common])
+        p.set_defaults(func=run_api(func))
+        return p
+
+    p = add("submit", cmd_submit, "submit a job (from flags, a YAML file, or both: flags win)")
+    p.add_argument("-f", "--file", help="YAML file with the job's fields (name, team, gpus, gpu_models, ...); "
+                                        "'-' reads stdin")
+    p.add_argument("--name", help="job name (lowercase, 1-63 chars)")
+    p.add_argument("--team")
+    p.add_argument("--project", help="project within the team (default: default)")
+    p.add_argument("--gpus", type=int, help="whole GPUs, all on one node")
+    p.add_argument("--model", dest="models", action="append", metavar="MODEL",
+                   help="acceptable GPU model (repeatable; none means any), e.g. H100-80GB")
+    p.add_argument("--kind", choices=JOB_KINDS)
+    p.add_argument("--priority-class", help="e.g. " + ", ".join(PRIORITY_CLASSES) + " (default normal)")
+    p.add_argument("--idempotency-key", help="make resubmission safe across runs (default: a fresh key)")
+
+    p = add("jobs", cmd_jobs, "list jobs")
+    p.add_argument("--team")
+    p.add_argument("--state", choices=JOB_STATES)
+    p.add_argument("--limit", type=int, help="show at most this many")
+
+    p = add("describe", cmd_describe, "one job: its fields, state history and allocations")
+    p.add_argument("job_id", metavar="JOB_ID")
+
+    p = add("cancel", cmd_cancel, "cancel a pending or running job")
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--reason", help="why (recorded in the job's history)")
+
+    p = add("complete", cmd_complete, "mark a running job completed (releases its GPUs)")
+    p.add_argument("job_id", metavar="JOB_ID")
+
+    p = add("nodes", cmd_nodes, "nodes with GPU counts, health and last telemetry")
+    p.add_argument("--cluster")
+
+    p = add("pool", cmd_pool, "GPUs per cluster and model: allocated, used, allocated-but-idle, unhealthy, free")
+    p.add_argument("--cluster")
+
+    p = add("top", cmd_top, "live per-GPU view: utilization, memory, temperature, power, health, holder")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--cluster")
+
+    add("teams", cmd_teams, "teams and their quotas")
+
+    p = add("usage", cmd_usage, "the GPU-seconds ledger")
+    p.add_argument("--team")
+    p.add_argument("--job", help="one job's usage")
+
+    token = sub.add_parser("token", help="API tokens: create, list, revoke (admins)",
+                           description="API tokens: create, list, revoke (admins)")
+    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="{create,list,revoke}")
+    p = add("create", cmd_token_create, "create a token; its secret is shown once", token_sub)
+    p.add_argument("--name", required=True)
+    p.add_argument("--role", required=True, choices=ROLES)
+    p.add_argument("--team", help="the team a team-admin/member/viewer token acts for")
+    exp = p.add_mutually_exclusive_group()
+    exp.add_argument("--expires-in-days", type=int, help="default: the gateway's (90 days)")
+    exp.add_argument("--never-expires", action="store_true", help="a token without expiry")
+    add("list", cmd_token_list, "list tokens (never their secrets)", token_sub)
+    p = add("revoke", cmd_token_revoke, "revoke a token now", token_sub)
+    p.add_argument("token_id", metavar="TOKEN_ID")
+
+    p = add("audit", cmd_audit, "the audit log of administrative actions, newest as the gateway orders them")
+    p.add_argument("--limit", type=int, default=50, help="at most this many entries (default 50)")
+    p.add_argument("--action", help="only this action, e.g. token.create")
+
+    add("whoami", cmd_whoami, "who the token authenticates as, and what it may do")
+
+    p = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
+                       description="print a shell completion script: source <(gpupool completion bash)")
+    p.add_argument("shell", choices=("bash", "zsh"))
+    p.set_defaults(func=cmd_completion)

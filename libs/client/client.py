@@ -1,0 +1,327 @@
+"""A small synchronous client of the gpupool HTTP API (httpx), for internal tools and for the `gpupool` CLI.
+
+    from libs.client import GpupoolClient, GpupoolError
+
+    with GpupoolClient.from_env() as gp:
+        job = gp.submit_job(name="llama-ft", team="research", gpus=2, gpu_models=["H100-80GB"])
+        for j in gp.list_jobs(team="research", state="running"):
+            print(j.job_id, j.node)
+
+Every failure is a `GpupoolError(status, reason, detail, problem)`: the gateway's RFC 9457 problem body parsed, or
+status 0 / reason "Unreachable" when the gateway cannot be reached at all. Calls that are safe to repeat (every GET,
+and POST /v1/jobs, which always carries an Idempotency-Key) are retried on 503 and on connection errors, at most
+3 tries with a short back-off; nothing else is retried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import ValidationError
+
+from libs.client.models import (
+    Allocation,
+    ApiModel,
+    AuditEntry,
+    CreatedToken,
+    Job,
+    Node,
+    Readiness,
+    SubmitResult,
+    Team,
+    Token,
+    UsageRecord,
+    WhoAmI,
+)
+
+M = TypeVar("M", bound=ApiModel)
+
+DEFAULT_TIMEOUT_S = 10.0
+MAX_TRIES = 3
+BACKOFF_S = (0.2, 0.6)  # sleeps between the tries
+PAGE_SIZE = 500  # per request when walking a list; the gateway allows up to 1000
+
+
+class GpupoolError(Exception):
+    """An API call failed. `status` is the HTTP status (0: the gateway was not reached), `reason` the gateway's
+    machine reason (CamelCase, e.g. UnknownTeam), `detail` the human text, `problem` the whole problem body."""
+
+    def __init__(self, status: int, reason: str, detail: str, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.reason, self.detail = status, reason, detail
+        self.problem: dict[str, Any] = problem if problem is not None else {}
+
+    @property
+    def unreachable(self) -> bool:
+        """The gateway was not reached at all (refused, DNS, timeout)."""
+        return self.reason == "Unreachable"
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" + (f" (HTTP {self.status})" if self.status else "")
+
+    def __repr__(self) -> str:
+        return f"GpupoolError({self.status}, {self.reason!r}, {self.detail!r})"
+
+
+class ConfigError(GpupoolError):
+    """No gateway URL or token could be found (flags, environment, run.json)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(0, "NotConfigured", detail)
+
+
+def _camel(phrase: str) -> str:
+    return "".join(w[:1].upper() + w[1:] for w in phrase.replace("-", " ").split())
+
+
+def error_from_response(resp: httpx.Response) -> GpupoolError:
+    """Turn an error response into a GpupoolError: the problem+json body when there is one, else something
+    readable built from the status line and the start of the body (a proxy's HTML page, say)."""
+    try:
+        phrase = HTTPStatus(resp.status_code).phrase
+    except ValueError:
+        phrase = "HTTP Error"
+    body: Any = None
+    try:
+        body = resp.json()
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict):
+        reason = body.get("reason") or _camel(str(body.get("title") or phrase))
+        detail = body.get("detail")
+        if detail is None:
+            detail = body.get("title") or body.get("message") or phrase
+        if not isinstance(detail, str):
+            detail = json.dumps(detail)
+        return GpupoolError(resp.status_code, str(reason), detail, body)
+    text = " ".join(resp.text.split())[:200] if resp.content else ""
+    return GpupoolError(resp.status_code, _camel(phrase), text or phrase, {})
+
+
+def _find_run_file() -> Path | None:
+    candidates = []
+    if os.environ.get("GPUPOOL_DATA_DIR"):
+        candidates.append(Path(os.environ["GPUPOOL_DATA_DIR"]) / "run.json")
+    candidates.append(Path.cwd() / ".gpupool" / "run.json")
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def resolve_connection(url: str | None = None, token: str | None = None) -> tuple[str, str]:
+    """Where the gateway is and which token to send: explicit values, then GPUPOOL_URL / GPUPOOL_TOKEN, then the
+    run.json that `gpupool up` writes ($GPUPOOL_DATA_DIR/run.json, else ./.gpupool/run.json)."""
+    url = url or os.environ.get("GPUPOOL_URL") or None
+    token = token or os.environ.get("GPUPOOL_TOKEN") or None
+    run_file = None
+    if not url or not token:
+        run_file = _find_run_file()
+        if run_file is not None:
+            try:
+                doc = json.loads(run_file.read_text())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read {run_file}: {exc}") from None
+            url = url or doc.get("gateway_url")
+            token = token or doc.get("admin_token")
+    if not url:
+        raise ConfigError("no gateway URL: pass --url, set GPUPOOL_URL, or start one with `gpupool up`")
+    if not token:
+        raise ConfigError("no API token: pass --token or set GPUPOOL_TOKEN"
+                          + (f" ({run_file} has no admin_token)" if run_file else ""))
+    return url.rstrip("/"), token
+
+
+class GpupoolClient:
+    def __init__(self, base_url: str, token: str, timeout: float = DEFAULT_TIMEOUT_S, *,
+                 transport: httpx.BaseTransport | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._sleep = sleep
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
+                                  headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
+                                           "User-Agent": "gpupool-client/0.1"})
+
+    @classmethod
+    def from_env(cls, url: str | None = None, token: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 **kwargs: Any) -> GpupoolClient:
+        base_url, tok = resolve_connection(url, token)
+        return cls(base_url, tok, timeout, **kwargs)
+
+    # --- plumbing ----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GpupoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, json_body: Any = None,
+                headers: dict[str, str] | None = None, retry: bool | None = None,
+                ok_statuses: Sequence[int] = ()) -> httpx.Response:
+        """One API call; raises GpupoolError for anything but 2xx (or a status in `ok_statuses`). `retry`
+        defaults to True for GET only."""
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        tries = MAX_TRIES if (retry if retry is not None else method.upper() == "GET") else 1
+        for attempt in range(1, tries + 1):
+            try:
+                resp = self._http.request(method, path, params=params or None, json=json_body, headers=headers)
+            except httpx.TransportError as exc:
+                if attempt < tries:
+                    self._sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
+                    continue
+                kind = "timed out" if isinstance(exc, httpx.TimeoutException) else "cannot reach gateway"
+                raise GpupoolError(0, "Unreachable", f"{kind} at {self.base_url} ({type(exc).__name__})") from None
+            if resp.status_code == 503 and attempt < tries and 503 not in ok_statuses:
+                self._sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
+                continue
+            if resp.is_success or resp.status_code in ok_statuses:
+                return resp
+            raise error_from_response(resp)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self.request(method, path, **kwargs)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            raise GpupoolError(resp.status_code, "InvalidResponse",
+                               f"the gateway answered {method} {path} with a body that is not JSON") from None
+
+    def iter_pages(self, path: str, params: dict[str, Any] | None = None,
+                   limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every item of a `{"items": [...], "next": cursor}` list, following the cursor; at most `limit` items.
+        A bare JSON array is accepted too."""
+        params = dict(params or {})
+        remaining = limit
+        cursor: str | None = None
+        while True:
+            page_size = PAGE_SIZE if remaining is None else max(1, min(PAGE_SIZE, remaining))
+            doc = self._json("GET", path, params={**params, "limit": page_size, "cursor": cursor})
+            items = doc if isinstance(doc, list) else (doc or {}).get("items", [])
+            for item in items:
+                if remaining is not None:
+                    if remaining <= 0:
+                        return
+                    remaining -= 1
+                yield item
+            cursor = None if isinstance(doc, list) else (doc or {}).get("next")
+            if not cursor or not items or (remaining is not None and remaining <= 0):
+                return
+
+    def _list(self, model: type[M], path: str, params: dict[str, Any] | None = None,
+              limit: int | None = None) -> list[M]:
+        return [_parse(model, item, path) for item in self.iter_pages(path, params, limit)]
+
+    # --- jobs --------------------------------------------------------------------------------------------------
+    def submit_job(self, name: str, team: str, gpus: int, *, project: str | None = None,
+                   gpu_models: Sequence[str] | None = None, kind: str | None = None,
+                   priority_class: str | None = None, idempotency_key: str | None = None) -> SubmitResult:
+        """Submit a job. Without an idempotency key one is generated, so the client's own retries never create a
+        second job; pass your own key to make retries across processes safe too. `created` on the result is
+        False when the gateway replayed an earlier submission with the same key and body."""
+        body: dict[str, Any] = {"name": name, "team": team, "gpus": gpus}
+        for key, value in (("project", project), ("kind", kind), ("priority_class", priority_class)):
+            if value is not None:
+                body[key] = value
+        if gpu_models:
+            body["gpu_models"] = list(gpu_models)
+        key = idempotency_key or f"gpupool-client-{uuid.uuid4()}"
+        resp = self.request("POST", "/v1/jobs", json_body=body, headers={"Idempotency-Key": key}, retry=True)
+        data = resp.json()
+        result = _parse(SubmitResult, data, "/v1/jobs")
+        result.created = resp.status_code == 201
+        result.idempotency_key = key
+        return result
+
+    def list_jobs(self, team: str | None = None, state: str | None = None, limit: int | None = None) -> list[Job]:
+        return self._list(Job, "/v1/jobs", {"team": team, "state": state}, limit)
+
+    def get_job(self, job_id: str) -> Job:
+        return _parse(Job, self._json("GET", f"/v1/jobs/{_seg(job_id)}"), "/v1/jobs/{id}")
+
+    def cancel_job(self, job_id: str, reason: str | None = None) -> Job:
+        body = {"reason": reason} if reason else None
+        return _parse(Job, self._json("POST", f"/v1/jobs/{_seg(job_id)}/cancel", json_body=body),
+                      "/v1/jobs/{id}/cancel")
+
+    def complete_job(self, job_id: str) -> Job:
+        return _parse(Job, self._json("POST", f"/v1/jobs/{_seg(job_id)}/complete"), "/v1/jobs/{id}/complete")
+
+    # --- pool --------------------------------------------------------------------------------------------------
+    def list_nodes(self, cluster: str | None = None) -> list[Node]:
+        return self._list(Node, "/v1/nodes", {"cluster": cluster})
+
+    def list_allocations(self, job_id: str | None = None, active: bool | None = None) -> list[Allocation]:
+        params = {"job_id": job_id, "active": None if active is None else str(active).lower()}
+        return self._list(Allocation, "/v1/allocations", params)
+
+    def list_usage(self, team: str | None = None, job_id: str | None = None) -> list[UsageRecord]:
+        return self._list(UsageRecord, "/v1/usage", {"team": team, "job_id": job_id})
+
+    def list_teams(self) -> list[Team]:
+        return self._list(Team, "/v1/teams")
+
+    # --- tokens and audit (admin) --------------------------------------------------------------------------------
+    def create_token(self, name: str, role: str, team: str | None = None, expires_in_days: int | None = None,
+                     *, never_expires: bool = False) -> CreatedToken:
+        """Create an API token. The secret (`.token`) is returned once and never again. Without
+        `expires_in_days` the gateway's default expiry applies; `never_expires=True` asks for none."""
+        body: dict[str, Any] = {"name": name, "role": role}
+        if team is not None:
+            body["team"] = team
+        if never_expires:
+            body["expires_in_days"] = None
+        elif expires_in_days is not None:
+            body["expires_in_days"] = expires_in_days
+        return _parse(CreatedToken, self._json("POST", "/v1/tokens", json_body=body), "/v1/tokens")
+
+    def list_tokens(self) -> list[Token]:
+        return self._list(Token, "/v1/tokens")
+
+    def revoke_token(self, token_id: str) -> None:
+        self.request("DELETE", f"/v1/tokens/{_seg(token_id)}")
+
+    def audit(self, limit: int | None = 100, action: str | None = None) -> list[AuditEntry]:
+        """The newest `limit` audit entries (None: all), optionally of one action (e.g. "token.create")."""
+        return self._list(AuditEntry, "/v1/audit", {"action": action}, limit=limit)
+
+    def whoami(self) -> WhoAmI:
+        """Who the token authenticates as: subject, role, team and the actions it allows."""
+        return _parse(WhoAmI, self._json("GET", "/v1/whoami"), "/v1/whoami")
+
+    # --- ops ---------------------------------------------------------------------------------------------------
+    def ready(self) -> Readiness:
+        """GET /readyz: whether every service answers. A 503 is an answer here ("not ready"), not an error."""
+        resp = self.request("GET", "/readyz", retry=False, ok_statuses=(503,))
+        try:
+            return Readiness.from_api(resp.json())
+        except ValueError:
+            return Readiness(status="not ready")
+
+
+def _parse(model: type[M], data: Any, path: str) -> M:
+    """A response object as `model`; a shape the client cannot read is a GpupoolError, not a pydantic trace."""
+    try:
+        return model.from_api(data)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise GpupoolError(0, "InvalidResponse", f"cannot read the gateway's answer from {path}: {where}: "
+                                                 f"{first['msg']}", {}) from None
+
+
+def _seg(value: str) -> str:
+    """One path segment, escaped, so an id can never walk to another route."""
+    from urllib.parse import quote
+
+    return quote(str(value), safe="")

@@ -1,0 +1,226 @@
+"""The Python client against a fake gateway (httpx.MockTransport): problems, retries, pagination, configuration."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from cli_fakes import FakeGateway, allocation, job, problem
+
+from libs.client import ConfigError, GpupoolClient, GpupoolError, error_from_response, resolve_connection
+
+
+def client(gw: FakeGateway) -> GpupoolClient:
+    return GpupoolClient("http://gw.test/", "tok", transport=gw.transport, sleep=lambda _s: None)
+
+
+# --- problem parsing --------------------------------------------------------------------------------------------------
+def test_problem_json_becomes_a_gpupool_error_with_reason_detail_and_body():
+    exc = error_from_response(problem(422, "UnknownTeam", "team 'x' does not exist"))
+    assert (exc.status, exc.reason, exc.detail) == (422, "UnknownTeam", "team 'x' does not exist")
+    assert exc.problem["type"].endswith("/UnknownTeam")
+    assert str(exc) == "UnknownTeam: team 'x' does not exist (HTTP 422)"
+
+
+def test_a_non_json_error_body_still_gives_a_readable_error():
+    exc = error_from_response(httpx.Response(502, text="<html>\n <h1>Bad   gateway</h1></html>"))
+    assert (exc.status, exc.reason) == (502, "BadGateway")
+    assert exc.detail == "<html> <h1>Bad gateway</h1></html>" and exc.problem == {}
+    exc = error_from_response(httpx.Response(500))
+    assert (exc.reason, exc.detail) == ("InternalServerError", "Internal Server Error")
+
+
+def test_json_error_without_reason_falls_back_to_title():
+    exc = error_from_response(httpx.Response(409, json={"title": "conflict here"}))
+    assert (exc.reason, exc.detail) == ("ConflictHere", "conflict here")
+
+
+def test_api_error_raised_by_a_call():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/jobs/nope", problem(404, "JobNotFound", "no job nope"))
+    with pytest.raises(GpupoolError) as info:
+        client(gw).get_job("nope")
+    assert (info.value.status, info.value.reason) == (404, "JobNotFound")
+    assert len(gw.calls) == 1  # 404 is an answer, never retried
+
+
+def test_ids_are_escaped_into_one_path_segment():
+    gw = FakeGateway()
+    client_ = client(gw)
+    with pytest.raises(GpupoolError):
+        client_.get_job("../nodes")
+    assert gw.calls[0].url.raw_path == b"/v1/jobs/..%2Fnodes"
+
+
+# --- retries ----------------------------------------------------------------------------------------------------------
+def test_get_is_retried_on_503_and_connection_errors_then_succeeds():
+    gw, answers = FakeGateway(), iter(["down", "503", "ok"])
+
+    def flaky(req):
+        step = next(answers)
+        if step == "down":
+            raise httpx.ConnectError("refused", request=req)
+        if step == "503":
+            return problem(503, "ServiceUnavailable", "retry later")
+        return {"items": [job()], "next": None}
+
+    gw.on("GET", "/v1/jobs", flaky)
+    sleeps: list[float] = []
+    gp = GpupoolClient("http://gw.test", "tok", transport=gw.transport, sleep=sleeps.append)
+    assert [j.job_id for j in gp.list_jobs()] == ["j1"]
+    assert len(gw.calls) == 3 and len(sleeps) == 2
+
+
+def test_retries_are_bounded_to_three_tries():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/nodes", problem(503, "ServiceUnavailable", "retry later"))
+    with pytest.raises(GpupoolError) as info:
+        client(gw).list_nodes()
+    assert info.value.status == 503 and len(gw.calls) == 3
+
+
+def test_non_idempotent_posts_are_not_retried():
+    gw = FakeGateway()
+    gw.on("POST", "/v1/jobs/j1/cancel", problem(503, "ServiceUnavailable", "retry later"))
+    with pytest.raises(GpupoolError):
+        client(gw).cancel_job("j1", "because")
+    assert len(gw.calls) == 1
+    assert json.loads(gw.calls[0].content) == {"reason": "because"}
+
+
+def test_submit_sends_one_idempotency_key_and_reuses_it_on_retry():
+    gw, answers = FakeGateway(), iter([503, 201])
+
+    def submit(req):
+        status = next(answers)
+        if status == 503:
+            return problem(503, "ServiceUnavailable", "retry later")
+        return httpx.Response(201, json=job(state="pending") | {"job_id": "j9"})
+
+    gw.on("POST", "/v1/jobs", submit)
+    result = client(gw).submit_job("demo", "research", 2, gpu_models=["H100-80GB"], kind="training")
+    keys = {c.headers["Idempotency-Key"] for c in gw.calls}
+    assert len(gw.calls) == 2 and len(keys) == 1 and keys.pop().startswith("gpupool-client-")
+    assert json.loads(gw.calls[0].content) == {"name": "demo", "team": "research", "gpus": 2,
+                                               "kind": "training", "gpu_models": ["H100-80GB"]}
+    assert result.job_id == "j9" and result.created is True
+
+
+def test_submit_replay_is_reported_as_not_created():
+    gw = FakeGateway()
+    gw.on("POST", "/v1/jobs", httpx.Response(200, json=job()))
+    result = client(gw).submit_job("demo", "research", 2, idempotency_key="k1")
+    assert result.created is False and result.idempotency_key == "k1"
+    assert gw.calls[0].headers["Idempotency-Key"] == "k1"
+
+
+def test_unreachable_gateway_is_status_zero():
+    def down(req):
+        raise httpx.ConnectError("refused", request=req)
+
+    gp = GpupoolClient("http://gw.test", "tok", transport=httpx.MockTransport(down), sleep=lambda _s: None)
+    with pytest.raises(GpupoolError) as info:
+        gp.list_teams()
+    assert info.value.status == 0 and info.value.reason == "Unreachable" and info.value.unreachable
+    assert "cannot reach gateway at http://gw.test" in info.value.detail
+    assert str(info.value).startswith("Unreachable: cannot reach gateway")
+
+
+# --- pagination and models ----------------------------------------------------------------------------------------------
+def test_list_walks_every_page_via_the_cursor_and_honours_limit():
+    gw = FakeGateway()
+    pages = {None: ({"items": [job("a"), job("b")], "next": "b"}), "b": {"items": [job("c")], "next": None}}
+    gw.on("GET", "/v1/jobs", lambda req: pages[req.url.params.get("cursor")])
+    assert [j.job_id for j in client(gw).list_jobs(team="research")] == ["a", "b", "c"]
+    assert all(c.url.params["team"] == "research" for c in gw.calls)
+    gw.calls.clear()
+    assert [j.job_id for j in client(gw).list_jobs(limit=1)] == ["a"]
+    assert gw.calls[0].url.params["limit"] == "1" and len(gw.calls) == 1
+
+
+def test_models_keep_unknown_fields_and_the_raw_json():
+    gw = FakeGateway()
+    doc = job(history=[{"at": "2025-01-01T12:00:00+00:00", "from": None, "to": "pending", "reason": "Submitted"}],
+              new_field={"x": 1})
+    gw.on("GET", "/v1/jobs/j1", doc)
+    got = client(gw).get_job("j1")
+    assert got.history[0].to_state == "pending" and got.history[0].from_state is None
+    assert got.new_field == {"x": 1}  # type: ignore[attr-defined]
+    assert got.raw == doc
+
+
+def test_allocation_filters_and_active_flag():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/allocations", {"items": [allocation("a1", "j1", ["u1"])], "next": None})
+    allocs = client(gw).list_allocations(job_id="j1", active=True)
+    assert allocs[0].active and allocs[0].gpus[0].uuid == "u1"
+    assert gw.calls[0].url.params["active"] == "true" and gw.calls[0].url.params["job_id"] == "j1"
+
+
+def test_tokens_and_audit():
+    gw = FakeGateway()
+    created = {"token_id": "t1", "name": "ci", "role": "service", "team": None, "expires_at": None, "token": "s3cr3t"}
+    gw.on("POST", "/v1/tokens", lambda req: httpx.Response(201, json=created))
+    gw.on("GET", "/v1/tokens", [{k: v for k, v in created.items() if k != "token"}])  # a bare list is fine too
+    gw.on("DELETE", "/v1/tokens/t1", httpx.Response(204))
+    gw.on("GET", "/v1/audit", {"items": [{"id": 1, "at": "2025-01-01T12:00:00Z", "actor": "admin",
+                                          "action": "token.create", "target": "t1", "before": None,
+                                          "after": {"role": "service"}}], "next": None})
+    gp = client(gw)
+    assert gp.create_token("ci", "service").token == "s3cr3t"
+    assert json.loads(gw.calls[0].content) == {"name": "ci", "role": "service"}
+    assert [t.token_id for t in gp.list_tokens()] == ["t1"]
+    assert gp.revoke_token("t1") is None
+    assert gp.audit(limit=10, action="token.create")[0].after == {"role": "service"}
+    assert gw.calls[-1].url.params["action"] == "token.create" and gw.calls[-1].url.params["limit"] == "10"
+
+
+def test_ready_treats_503_as_not_ready_without_retrying():
+    gw = FakeGateway()
+    gw.on("GET", "/readyz", httpx.Response(503, json={"status": "not ready", "services": {"queue": False}}))
+    r = client(gw).ready()
+    assert not r.ready and r.services == {"queue": False} and len(gw.calls) == 1
+
+
+def test_sends_the_bearer_token():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/teams", {"items": [], "next": None})
+    client(gw).list_teams()
+    assert gw.calls[0].headers["Authorization"] == "Bearer tok"
+
+
+# --- configuration -----------------------------------------------------------------------------------------------------
+def test_from_env_prefers_flags_then_env_then_run_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUPOOL_URL", raising=False)
+    monkeypatch.delenv("GPUPOOL_TOKEN", raising=False)
+    monkeypatch.delenv("GPUPOOL_DATA_DIR", raising=False)
+    with pytest.raises(ConfigError, match="no gateway URL"):
+        resolve_connection()
+    (tmp_path / ".gpupool").mkdir()
+    (tmp_path / ".gpupool" / "run.json").write_text(json.dumps({"gateway_url": "http://run:1/", "admin_token": "rt"}))
+    assert resolve_connection() == ("http://run:1", "rt")
+    monkeypatch.setenv("GPUPOOL_URL", "http://env:2")
+    monkeypatch.setenv("GPUPOOL_TOKEN", "et")
+    assert resolve_connection() == ("http://env:2", "et")
+    assert resolve_connection("http://flag:3", "ft") == ("http://flag:3", "ft")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({"gateway_url": "http://dd:4", "admin_token": "dt"}))
+    monkeypatch.delenv("GPUPOOL_URL")
+    monkeypatch.delenv("GPUPOOL_TOKEN")
+    monkeypatch.setenv("GPUPOOL_DATA_DIR", str(other))
+    assert resolve_connection() == ("http://dd:4", "dt")
+    gp = GpupoolClient.from_env()
+    assert gp.base_url == "http://dd:4"
+    gp.close()
+
+
+def test_missing_token_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUPOOL_TOKEN", raising=False)
+    monkeypatch.delenv("GPUPOOL_DATA_DIR", raising=False)
+    monkeypatch.setenv("GPUPOOL_URL", "http://env:2")
+    with pytest.raises(ConfigError, match="no API token"):
+        resolve_connection()
