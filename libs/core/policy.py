@@ -82,7 +82,7 @@ _PRESETS: dict[str, dict] = {
     # with backfill; preemption within teams and to reclaim guarantees.
     "default": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.05, w_spread=0.0, w_topology=0.3, w_frag=1.0,
+        w_binpack=0.01, w_spread=0.0, w_topology=0.3, w_frag=1.0,
     ),
     "spread": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
@@ -110,7 +110,7 @@ class Policy:
     min_runtime_s: float = 300.0
     max_reservations: int = 4
     workload: tuple[WorkloadShape, ...] = ()  # empty: derived from the pending jobs of the cycle
-    max_workload_shapes: int = 12
+    max_workload_shapes: int = 32
 
     def setting(self, key: str):
         value = getattr(self, key)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable
 
 from libs.core import mig as migcat
@@ -58,23 +58,31 @@ PREEMPTED_BY_PRIORITY = "PreemptedByPriority"
 RECLAIMED_FOR_GUARANTEE = "ReclaimedForGuarantee"
 
 
-def derive_workload(jobs: Iterable[JobRequest], limit: int = 12) -> tuple[WorkloadShape, ...]:
-    """The most common request shapes among `jobs`, weighted by how often they occur."""
-    counts: Counter = Counter()
+def derive_workload(jobs: Iterable[JobRequest], limit: int = 32,
+                    demand_weighted: bool = True) -> tuple[WorkloadShape, ...]:
+    """The most common GPU request shapes among `jobs` (by count of GPUs, share, models, MIG profile), weighted by
+    how often they occur; each carries the median CPU/memory of its requests."""
+    groups: dict[tuple, list[tuple[int, int]]] = {}
     for j in jobs:
+        models = tuple(sorted(j.gpu_models))
         if j.mig_profile:
-            counts[(1, WHOLE, 0, 0, tuple(sorted(j.gpu_models)), j.mig_profile)] += 1
+            key = (1, WHOLE, models, j.mig_profile)
         elif j.gpu_fraction_milli:
-            counts[(1, j.gpu_fraction_milli, j.cpu_milli, j.memory_mib, tuple(sorted(j.gpu_models)), "")] += 1
+            key = (1, j.gpu_fraction_milli, models, "")
         elif j.gpus > 0:
-            per = j.gpus_per_node or j.gpus
-            counts[(min(per, 8), WHOLE, j.cpu_milli, j.memory_mib, tuple(sorted(j.gpu_models)), "")] += 1
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
-    return tuple(
-        WorkloadShape(gpus=g, gpu_milli=m, weight=float(c), cpu_milli=cpu, memory_mib=mem, gpu_models=models,
-                      mig_profile=prof)
-        for (g, m, cpu, mem, models, prof), c in top
-    )
+            key = (min(j.gpus_per_node or j.gpus, 8), WHOLE, models, "")
+        else:
+            continue
+        groups.setdefault(key, []).append((j.cpu_milli, j.memory_mib))
+    top = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:limit]
+    out = []
+    for (g, m, models, prof), hosts in top:
+        cpus = sorted(h[0] for h in hosts)
+        mems = sorted(h[1] for h in hosts)
+        weight = len(hosts) * g * m / WHOLE if demand_weighted else float(len(hosts))
+        out.append(WorkloadShape(gpus=g, gpu_milli=m, weight=weight, cpu_milli=cpus[len(cpus) // 2],
+                                 memory_mib=mems[len(mems) // 2], gpu_models=models, mig_profile=prof))
+    return tuple(out)
 
 
 def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:
@@ -112,12 +120,15 @@ class Scheduler:
         self._choose_memo: dict = {}
         self._class_memo: dict = {}
         self._shape_ids: dict = {}
+        self._sticky: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
+        self._norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
         self._models = sorted(self.state.capacity)
         self._model_mem: dict[str, int] = {}
         for ns in self.state.nodes:
             for g in ns.gpus:
                 self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
-        self.team_alloc: dict[tuple[str, str], int] = {}
+        self.team_alloc: dict[tuple[str, str], int] = {}  # (team, model) -> milli held
+        self.usage_tp: dict[tuple[str, str, str], int] = {}  # (team, project, model) -> milli held
         by_job: dict[str, list[Allocation]] = {}
         for a in snapshot.running:
             by_job.setdefault(a.job_id, []).append(a)
@@ -148,17 +159,21 @@ class Scheduler:
         for model, milli in after.items():
             d = milli - before.get(model, 0)
             if d:
-                key = (a.team, model)
-                self.team_alloc[key] = self.team_alloc.get(key, 0) + d
+                self._account(a.team, a.project, model, d)
 
     def finish(self, job_id: str) -> None:
         """A job ended or was evicted: free what it held."""
         rj = self.state.running.get(job_id)
         if rj is not None:
             for model, milli in rj.milli_by_model.items():
-                key = (rj.team, model)
-                self.team_alloc[key] = self.team_alloc.get(key, 0) - milli
+                self._account(rj.team, rj.project, model, -milli)
         self.state.remove_running(job_id)
+
+    def _account(self, team: str, project: str, model: str, delta: int) -> None:
+        key = (team, model)
+        self.team_alloc[key] = self.team_alloc.get(key, 0) + delta
+        k3 = (team, project, model)
+        self.usage_tp[k3] = self.usage_tp.get(k3, 0) + delta
 
     # ---- helpers ---------------------------------------------------------------------------------------------
 
@@ -244,13 +259,15 @@ class Scheduler:
             elif self.gpu_shapes:
                 mask_after = self.state.host_mask(rep, shape.cpu, shape.mem)
                 d = self._frag(cid, after, mask_after) - self._frag(cid, dyn, mask)
-                s -= w_frag * d / (WHOLE * max(1, cls.n_gpus))
+                s -= w_frag * d / WHOLE
         wb, ws = p.setting("w_binpack"), p.setting("w_spread")
         if wb or ws:
-            if shape.kind == CPU_KIND and rep.cpu_cap:
-                u = 1.0 - (rep.cpu_free - shape.cpu) / rep.cpu_cap
-            else:
-                u = used_share(cls, after)
+            # packing measure: GPUs in use after the choice, averaged with CPU in use where the node tracks CPU,
+            # so that ties go to the node whose spare capacity is smallest (big nodes stay free for big jobs)
+            u = used_share(cls, after) if shape.kind != CPU_KIND else 0.0
+            if rep.cpu_cap:
+                cpu_u = 1.0 - (rep.cpu_free - shape.cpu) / rep.cpu_cap
+                u = cpu_u if shape.kind == CPU_KIND else (u + cpu_u) / 2
             s += wb * u + ws * (1.0 - u)
         wt = p.setting("w_topology")
         if wt:
@@ -423,10 +440,9 @@ class Scheduler:
             self._hist[key] = self._hist.get(key, 0.0) + avg
 
         ledger = QuotaLedger(p.quotas, st.capacity, p.strict_quota)
-        for rj in st.running.values():
-            paths = ledger.paths(rj.team, rj.project)
-            for model, milli in rj.milli_by_model.items():
-                ledger.add(paths, model, milli)
+        if ledger.has_entries:
+            for (team, project, model), milli in self.usage_tp.items():
+                ledger.add(ledger.paths(team, project), model, milli)
 
         placements: list[Placement] = []
         reasons: list[PendingReason] = []
@@ -441,18 +457,36 @@ class Scheduler:
 
         meta: dict[str, tuple] = {}
         valid: list[JobRequest] = []
+        cache = self._norm_cache
+        if len(cache) > 200_000:
+            cache.clear()
         for j in jobs.values():
-            r = self._resolve(j.priority_class, j.priority, j.preemptible)
-            if r is None:
-                reasons.append(PendingReason(j.job_id, INVALID_REQUEST, f"unknown priority class {j.priority_class!r}"))
+            hit = cache.get(j.job_id)
+            if hit is None or hit[0] is not j:
+                r = self._resolve(j.priority_class, j.priority, j.preemptible)
+                if r is None:
+                    hit = (j, (INVALID_REQUEST, f"unknown priority class {j.priority_class!r}"))
+                else:
+                    try:
+                        hit = (j, (normalize(j), *r))
+                    except Invalid as e:
+                        hit = (j, (INVALID_REQUEST, str(e)))
+                cache[j.job_id] = hit
+            m = hit[1]
+            if m[0] == INVALID_REQUEST:
+                reasons.append(PendingReason(j.job_id, INVALID_REQUEST, m[1]))
                 continue
-            try:
-                shape = normalize(j)
-            except Invalid as e:
-                reasons.append(PendingReason(j.job_id, INVALID_REQUEST, str(e)))
-                continue
-            meta[j.job_id] = (shape, *r)
+            meta[j.job_id] = m
             valid.append(j)
+
+        # reservations made last cycle hold for jobs still pending, also against jobs ordered before them now
+        for rid, (idxs, start_by) in self._sticky.items():
+            if rid in jobs:
+                for i in idxs:
+                    if i not in reserved:
+                        reserved[i] = (rid, start_by)
+                        st.set_hidden(i, True)
+        new_sticky: dict[str, tuple[list[int], float]] = {}
 
         order = p.setting("order")
         head_of_line = p.setting("head_of_line")
@@ -509,6 +543,12 @@ class Scheduler:
                 continue
             allowed = frozenset(allowed_l)
             sid = self._sid(shape)
+            own = [i for i, (rid, _) in reserved.items() if rid == job.job_id]
+            for i in own:  # a job may always use what is reserved for it
+                del reserved[i]
+                st.set_hidden(i, False)
+            if own:
+                fail_memo.clear()
             qualifying = tuple(
                 sorted({rid for idx, (rid, start_by) in reserved.items()
                         if job.max_runtime_s is not None and now + job.max_runtime_s <= start_by})
@@ -529,8 +569,7 @@ class Scheduler:
                     placements.append(self._placement(job, t, r, shape, reconfigs))
                     for model, milli in self._take_milli(t).items():
                         ledger.add(paths, model, milli)
-                        key = (job.team, model)
-                        self.team_alloc[key] = self.team_alloc.get(key, 0) + milli
+                        self._account(job.team, job.project, model, milli)
                 self._register(job, takes, prio, preemptible, _min_rt, now)
                 placed_flag[0] = True
                 continue
@@ -581,6 +620,7 @@ class Scheduler:
                     for i in idxs:
                         reserved[i] = (job.job_id, start_by)
                         st.set_hidden(i, True)
+                    new_sticky[job.job_id] = (list(idxs), start_by)
                     reservations.append(Reservation(job.job_id, tuple(st.nodes[i].name for i in idxs), start_by))
                     when = "when running work there ends" if start_by == INF else f"by t={start_by:g}"
                     msg += f"; reserved {len(idxs)} node(s) to start {when}"
@@ -590,6 +630,7 @@ class Scheduler:
 
         for i in list(reserved) + list(nominated):
             st.set_hidden(i, False)
+        self._sticky = new_sticky
         st.commit()
         mig_changes = tuple(
             MigReconfig(node, uuid, tuple(d), tuple(c)) for (node, uuid), (d, c) in sorted(reconfigs.items())
@@ -685,6 +726,8 @@ class Scheduler:
         for ns in st.nodes:
             if not ns.schedulable or ns.hidden or not shape.selector <= ns.labels:
                 continue
+            if (ns.cpu_cap and ns.cpu_cap < shape.cpu) or (ns.mem_cap and ns.mem_cap < shape.mem):
+                continue  # could never host it, however long we wait
             cls = st.classes[ns.cls]
             elig = [i for i, s in enumerate(cls.gpus) if gpu_eligible(s, shape, allowed)]
             if not elig:

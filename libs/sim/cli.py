@@ -1,0 +1,180 @@
+"""`gpupool sim`: replay traces and run the fill experiment through the scheduling core.
+
+    gpupool sim fill   --nodes NODES.csv --tasks TASKS.csv --policy P --seed S --out DIR
+    gpupool sim replay --trace TRACE.csv --format openb|generic --nodes NODES.csv --policy P --out DIR
+
+`--policy` takes one of fifo, best-fit, default, or several separated by commas (compared in one run: the first
+one's numbers are the top-level keys of metrics.json, all of them are under "policies").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from libs.sim import engine, plots, traces
+
+REPO = Path(__file__).resolve().parents[2]
+OPENB = REPO.parent / "shared" / "traces" / "alibaba-openb-2023"
+DEFAULT_NODES = OPENB / "openb_node_list_gpu_node.csv"
+DEFAULT_TASKS = OPENB / "openb_pod_list_default.csv"
+
+
+def _default(path: Path) -> str | None:
+    return str(path) if path.exists() else None
+
+
+def _policies(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    for n in names:
+        if n not in engine.POLICIES:
+            raise argparse.ArgumentTypeError(f"unknown policy {n!r}; choose from {', '.join(engine.POLICIES)}")
+    if not names:
+        raise argparse.ArgumentTypeError("no policy given")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpupool sim",
+        description="Run gpupool's scheduling core on traces: the fill experiment (fragmentation) and timed "
+                    "replays. Every plan is verified by an in-memory applier. Writes DIR/metrics.json and PNG plots.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{fill,replay}")
+
+    f = sub.add_parser(
+        "fill",
+        help="submit tasks sampled from a trace until the cluster is full; measure unallocated GPUs",
+        description="The fill experiment of Weng et al. (ATC'23): tasks sampled (seeded, with replacement) from "
+                    "TASKS arrive one by one into the cluster of NODES and never leave; a task that does not fit "
+                    "(CPU, memory and GPU demand must all fit one node) is dropped. Records the share of GPUs left "
+                    "unallocated against the arrived workload (GPU demand / capacity). metrics.json: "
+                    "unallocated_gpu_share at the final arrived workload and the whole curve.",
+    )
+    f.add_argument("--nodes", default=_default(DEFAULT_NODES), required=not DEFAULT_NODES.exists(),
+                   help="node list CSV (sn|name,cpu_milli,memory_mib,gpu,model); default: the openb GPU node list "
+                        "in ../shared/traces when present")
+    f.add_argument("--tasks", default=_default(DEFAULT_TASKS), required=not DEFAULT_TASKS.exists(),
+                   help="task CSV with name,cpu_milli,memory_mib,num_gpu,gpu_milli (gpu_spec honoured when "
+                        "present); default: the openb pod list in ../shared/traces when present")
+    f.add_argument("--policy", type=_policies, default=["default"],
+                   help="fifo | best-fit | default, or a comma-separated list to compare (default: default)")
+    f.add_argument("--seed", type=int, default=0, help="seed of the task sampling (default 0)")
+    f.add_argument("--out", required=True, help="output directory (created if missing)")
+    f.add_argument("--max-arrived", type=float, default=1.0,
+                   help="stop when the arrived GPU demand reaches this multiple of capacity (default 1.0)")
+    f.add_argument("--sharing", choices=("fractional", "exclusive"), default="fractional",
+                   help="sharing mode of every GPU (default fractional: openb is a GPU-sharing trace)")
+
+    r = sub.add_parser(
+        "replay",
+        help="replay a trace on a virtual clock; JCT, queueing, allocation, fragmentation, fairness",
+        description="Timed replay: jobs arrive at their submit time, run for their duration, may be preempted "
+                    "(and restart) by the default policy, and the scheduler runs a cycle at most every "
+                    "--cycle-interval seconds of virtual time. metrics.json: jct_mean_s, jct_p99_s, queue_mean_s, "
+                    "queue_p99_s, gpu_allocation_rate, jain_fairness, preemptions and more.",
+    )
+    r.add_argument("--trace", default=_default(DEFAULT_TASKS), required=not DEFAULT_TASKS.exists(),
+                   help="trace CSV; default: the openb pod list in ../shared/traces when present")
+    r.add_argument("--format", choices=("openb", "generic"), default="openb",
+                   help="openb: Alibaba GPU trace v2023 pod list; generic: submit_time,duration,gpus,gpu_model,"
+                        "team,priority[,...] (see docs/sim.md)")
+    r.add_argument("--nodes", default=_default(DEFAULT_NODES), required=not DEFAULT_NODES.exists(),
+                   help="node list CSV (sn|name,cpu_milli,memory_mib,gpu,model)")
+    r.add_argument("--policy", type=_policies, default=["default"],
+                   help="fifo | best-fit | default, or a comma-separated list to compare (default: default)")
+    r.add_argument("--out", required=True, help="output directory (created if missing)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the synthetic team assignment (default 0)")
+    r.add_argument("--max-nodes", type=int, default=0,
+                   help="shrink the cluster to this many nodes, taken evenly over the node list (0: all)")
+    r.add_argument("--limit", type=int, default=0, help="replay only the first N jobs by submit time (0: all)")
+    r.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply submit times by this factor (< 1 compresses arrivals; default 1)")
+    r.add_argument("--cycle-interval", type=float, default=30.0,
+                   help="seconds of virtual time between scheduling cycles at most (default 30)")
+    r.add_argument("--sharing", choices=("fractional", "exclusive"), default="fractional",
+                   help="sharing mode of every GPU (default fractional)")
+    return parser
+
+
+def shrink(nodes: list, n: int) -> list:
+    if n <= 0 or n >= len(nodes):
+        return nodes
+    step = len(nodes) / n
+    return [nodes[int(i * step)] for i in range(n)]
+
+
+def run_fill(args) -> dict:
+    nodes = traces.read_nodes(args.nodes, sharing=args.sharing)
+    tasks = traces.read_tasks(args.tasks)
+    results = {p: engine.fill(nodes, tasks, p, args.seed, max_arrived=args.max_arrived) for p in args.policy}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    first = results[args.policy[0]].metrics
+    metrics = {**first, "policies": {p: r.metrics for p, r in results.items()},
+               "command": "gpupool sim fill", "nodes_file": str(args.nodes), "tasks_file": str(args.tasks)}
+    if "best-fit" in results and "default" in results:
+        bf = results["best-fit"].metrics["unallocated_gpu_share"]
+        gp = results["default"].metrics["unallocated_gpu_share"]
+        metrics["default_vs_best_fit_reduction"] = (bf - gp) / bf if bf else 0.0
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    plots.fill_curve(results, out)
+    return metrics
+
+
+def load_jobs(args) -> list[traces.SimJob]:
+    if args.format == "openb":
+        jobs = traces.openb_jobs(traces.read_tasks(args.trace), seed=args.seed)
+    else:
+        jobs = traces.read_generic(args.trace, seed=args.seed)
+    jobs.sort(key=lambda j: (j.submit, j.job_id))
+    if args.limit > 0:
+        jobs = jobs[: args.limit]
+    if args.time_scale != 1.0 and jobs:
+        t0 = jobs[0].submit
+        jobs = [traces.SimJob(_retime(j.request, t0 + (j.submit - t0) * args.time_scale), j.duration)
+                for j in jobs]
+    return jobs
+
+
+def _retime(req, t):
+    from dataclasses import replace
+
+    return replace(req, submitted_at=t)
+
+
+def run_replay(args) -> dict:
+    nodes = shrink(traces.read_nodes(args.nodes, sharing=args.sharing), args.max_nodes)
+    jobs = load_jobs(args)
+    results = {p: engine.replay(nodes, jobs, p, cycle_interval=args.cycle_interval) for p in args.policy}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    first = results[args.policy[0]].metrics
+    metrics = {**first, "policies": {p: r.metrics for p, r in results.items()},
+               "command": "gpupool sim replay", "trace_file": str(args.trace), "format": args.format}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    plots.replay_plots(results, out)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        metrics = run_fill(args) if args.command == "fill" else run_replay(args)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"gpupool sim: error: {e}", file=sys.stderr)
+        return 2
+    keys = ("unallocated_gpu_share",) if args.command == "fill" else (
+        "jct_mean_s", "jct_p99_s", "queue_mean_s", "queue_p99_s", "gpu_allocation_rate", "jain_fairness",
+        "preemptions")
+    for name, m in metrics["policies"].items():
+        print(name + ": " + ", ".join(f"{k}={m[k]:.4g}" for k in keys))
+    print(f"wrote {Path(args.out) / 'metrics.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""The simulator: a virtual clock driving the same `libs.core.Scheduler` the placement service runs, with every
+plan checked and applied by the independent in-memory applier (`applier.Ledger`).
+
+* `replay`: timed trace replay (arrivals, run times, preemption with restart, requeue), metrics over time.
+* `fill`:   the fill experiment of Weng et al. (ATC'23, "Beware of Fragmentation"): tasks sampled from a trace
+  arrive one by one and never leave; placement failures are dropped; the share of GPUs left unallocated is
+  recorded against the arrived workload (sum of GPU demand / GPU capacity).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from libs.core import Node, Policy, Scheduler, Snapshot, WorkloadShape, derive_workload, teams_quota
+from libs.core import mig as migcat
+from libs.core.model import WHOLE, JobRequest
+from libs.core.policy import preset_names
+from libs.sim.applier import Ledger
+from libs.sim.metrics import FragMeter, jain, mean, percentile
+from libs.sim.traces import SimJob, Task
+
+POLICIES = ("fifo", "best-fit", "default")
+
+
+def make_policy(name: str, teams: list[str] | None = None, capacity_gpus: float = 0.0, *, preemption=None,
+                backfill=None) -> Policy:
+    """The simulator's policies. `default` also gets equal guaranteed quotas per team (so borrowing and reclaim
+    happen); the baselines run without quotas."""
+    if name not in preset_names():
+        raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
+    kw: dict = {}
+    if name == "default" and teams:
+        kw["quotas"] = teams_quota({t: capacity_gpus / len(teams) for t in teams})
+    if preemption is not None:
+        kw["preemption"] = preemption
+    if backfill is not None:
+        kw["backfill"] = backfill
+    return Policy(name=name, **kw)
+
+
+def workload_of(requests: list[JobRequest], limit: int = 32) -> tuple[WorkloadShape, ...]:
+    return derive_workload(requests, limit)
+
+
+@dataclass
+class Series:
+    t: list[float] = field(default_factory=list)
+    alloc: list[float] = field(default_factory=list)
+    frag_t: list[float] = field(default_factory=list)
+    frag: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ReplayResult:
+    metrics: dict
+    series: Series
+    jct: list[float]
+    team_gpu_s: dict[str, float]
+    waits: dict[str, float] = field(default_factory=dict)  # job id -> queueing delay before its first start
+
+
+def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_interval: float = 30.0,
+           frag_samples: int = 100) -> ReplayResult:
+    wall0 = time.perf_counter()
+    teams = sorted({j.request.team for j in jobs})
+    capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
+    policy = make_policy(policy_name, teams, float(capacity))
+    workload = workload_of([j.request for j in jobs])
+    sched = Scheduler(Snapshot(tuple(nodes)), policy, workload)
+    ledger = Ledger(nodes)
+    meter = FragMeter(ledger, workload)
+    by_id = {j.job_id: j for j in jobs}
+    requests = {j.job_id: j.request for j in jobs}
+
+    events: list[tuple[float, int, int, str, int]] = []  # (time, kind 0=finish 1=arrival, seq, job, gen)
+    seq = 0
+    for j in sorted(jobs, key=lambda j: (j.submit, j.job_id)):
+        events.append((j.submit, 1, seq, j.job_id, 0))
+        seq += 1
+    heapq.heapify(events)
+    gen: Counter = Counter()
+    pending: dict[str, JobRequest] = {}
+    started: dict[str, float] = {}
+    first_start: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    preempted: Counter = Counter()
+    team_gpu_s: Counter = Counter()
+    held_milli: dict[str, int] = {}
+    series = Series()
+    cycles = 0
+    last_cycle = -float("inf")
+    span_start = min((j.submit for j in jobs), default=0.0)
+    frag_every = 1
+
+    def stop(job_id: str, now: float) -> None:
+        s = started.pop(job_id)
+        team_gpu_s[requests[job_id].team] += held_milli.pop(job_id, 0) / WHOLE * (now - s)
+        sched.finish(job_id)
+        ledger.release(job_id)
+
+    head_of_line = policy.setting("head_of_line")
+    stuck = False  # FIFO: the last cycle placed nothing; only a finish can change that
+    while events:
+        horizon = max(events[0][0], last_cycle + cycle_interval)
+        freed = False
+        while events and events[0][0] <= horizon:
+            t, kind, _, job_id, g = heapq.heappop(events)
+            if kind == 0:
+                if gen[job_id] != g or job_id not in started:
+                    continue
+                stop(job_id, t)
+                finished[job_id] = t
+                freed = True
+            else:
+                pending[job_id] = requests[job_id]
+        now = horizon
+        if head_of_line and stuck and not freed:
+            continue  # exact shortcut: new arrivals queue behind a head that still does not fit
+        for _ in range(4):
+            plan = sched.cycle(list(pending.values()), now)
+            cycles += 1
+            ledger.apply(plan, requests)
+            for p in plan.placements:
+                if p.job_id in pending:
+                    del pending[p.job_id]
+                    started[p.job_id] = now
+                    first_start.setdefault(p.job_id, now)
+                    heapq.heappush(events, (now + by_id[p.job_id].duration, 0, seq, p.job_id, gen[p.job_id]))
+                    seq += 1
+                milli = p.gpu_fraction_milli or WHOLE * len(p.gpu_uuids)
+                if p.mig is not None:
+                    prof = migcat.profile(p.gpu_model, p.mig.profile)
+                    milli = prof.milli if prof else 0
+                held_milli[p.job_id] = held_milli.get(p.job_id, 0) + milli
+            for v in plan.preemptions:
+                if v.job_id in started:
+                    stop(v.job_id, now)
+                    gen[v.job_id] += 1
+                    preempted[v.job_id] += 1
+                    pending[v.job_id] = requests[v.job_id]
+            if not plan.preemptions:
+                break
+        stuck = bool(pending) and not plan.placements
+        last_cycle = now
+        series.t.append(now)
+        series.alloc.append(ledger.allocated_milli() / max(1, ledger.capacity_milli()))
+        if cycles % frag_every == 0:
+            series.frag_t.append(now)
+            series.frag.append(meter.fragmented_gpus())
+            if len(series.frag) > frag_samples:
+                frag_every *= 2
+                series.frag_t, series.frag = series.frag_t[::2], series.frag[::2]
+        if not events and pending:
+            break  # nothing left will ever free capacity: the rest cannot run
+
+    jct = [finished[j] - by_id[j].submit for j in finished]
+    queue = [first_start[j] - by_id[j].submit for j in first_start]
+    span_end = max(finished.values(), default=span_start)
+    # time-weighted allocation rate over the replay
+    rate = 0.0
+    for i in range(len(series.t) - 1):
+        rate += series.alloc[i] * (series.t[i + 1] - series.t[i])
+    span = (series.t[-1] - series.t[0]) if len(series.t) > 1 else 0.0
+    per_team_service: dict[str, list[float]] = {}
+    for j in finished:
+        d = by_id[j].duration
+        per_team_service.setdefault(requests[j].team, []).append(d / max(d, finished[j] - by_id[j].submit))
+    total_gpu_s = sum(team_gpu_s.values()) or 1.0
+    metrics = {
+        "policy": policy_name,
+        "jobs": len(jobs),
+        "finished": len(finished),
+        "unfinished": len(jobs) - len(finished),
+        "jct_mean_s": mean(jct),
+        "jct_p50_s": percentile(jct, 50),
+        "jct_p99_s": percentile(jct, 99),
+        "queue_mean_s": mean(queue),
+        "queue_p50_s": percentile(queue, 50),
+        "queue_p99_s": percentile(queue, 99),
+        "gpu_allocation_rate": rate / span if span > 0 else (series.alloc[-1] if series.alloc else 0.0),
+        "fragmented_gpus_mean": mean(series.frag),
+        "jain_fairness": jain([mean(v) for v in per_team_service.values()]),
+        "team_gpu_share": {t: team_gpu_s[t] / total_gpu_s for t in sorted(team_gpu_s)},
+        "preemptions": sum(preempted.values()),
+        "makespan_s": span_end - span_start,
+        "gpus": capacity,
+        "nodes": len(nodes),
+        "cycles": cycles,
+        "cycle_interval_s": cycle_interval,
+        "wall_s": round(time.perf_counter() - wall0, 3),
+    }
+    waits = {j: first_start[j] - by_id[j].submit for j in first_start}
+    return ReplayResult(metrics, series, jct, dict(team_gpu_s), waits)
+
+
+@dataclass
+class FillResult:
+    metrics: dict
+    curve: list[tuple[float, float]]  # (arrived workload share, unallocated GPU share)
+
+
+def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, *, max_arrived: float = 1.0,
+         step: float = 0.01) -> FillResult:
+    """Submit tasks sampled (with replacement, seeded) from `tasks` until the arrived GPU demand reaches
+    `max_arrived` x capacity. Each task is scheduled on arrival and never leaves; one that does not fit is
+    dropped. A task fits a node only where its CPU, memory and GPU demand all fit."""
+    wall0 = time.perf_counter()
+    rng = random.Random(seed)
+    capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
+    if capacity == 0 or not tasks:
+        raise ValueError("the fill experiment needs GPUs and tasks")
+    policy = make_policy(policy_name, preemption=False, backfill=False)
+    workload = workload_of([t.request(t.name, 0.0, "fill") for t in tasks])
+    sched = Scheduler(Snapshot(tuple(nodes)), policy, workload)
+    ledger = Ledger(nodes)
+    arrived = 0.0
+    allocated = 0.0
+    failed = 0
+    failed_gpu = 0.0
+    curve = [(0.0, 1.0)]
+    next_mark = step
+    i = 0
+    while arrived < max_arrived * capacity - 1e-9:
+        t = tasks[rng.randrange(len(tasks))]
+        i += 1
+        req = t.request(f"fill-{i:06d}", float(i), "fill")
+        arrived += t.gpu_demand
+        plan = sched.cycle([req], float(i))
+        ledger.apply(plan, {req.job_id: req})
+        if plan.placements:
+            allocated += t.gpu_demand
+        else:
+            failed += 1
+            failed_gpu += t.gpu_demand
+        while arrived / capacity >= next_mark - 1e-12 and next_mark <= max_arrived + 1e-9:
+            curve.append((round(next_mark, 6), 1.0 - ledger.allocated_milli() / (capacity * WHOLE)))
+            next_mark += step
+    unalloc = 1.0 - ledger.allocated_milli() / (capacity * WHOLE)
+    metrics = {
+        "policy": policy_name,
+        "seed": seed,
+        "gpus": capacity,
+        "nodes": len(nodes),
+        "tasks_arrived": i,
+        "tasks_failed": failed,
+        "gpu_demand_failed": round(failed_gpu, 3),
+        "arrived_workload": round(arrived / capacity, 6),
+        "unallocated_gpu_share": unalloc,
+        "unallocated_gpus": unalloc * capacity,
+        "curve": [{"arrived": a, "unallocated_gpu_share": u} for a, u in curve],
+        "wall_s": round(time.perf_counter() - wall0, 3),
+    }
+    return FillResult(metrics, curve)
