@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from libs.contracts.events import GpuSpec
 
@@ -29,6 +29,23 @@ PRIORITY_CLASSES: dict[str, int] = {
 
 class Command(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _no_nul_characters(self) -> Command:
+        """PostgreSQL text cannot hold NUL; refuse it at the edge instead of failing deep in a query."""
+        def walk(value: Any) -> bool:
+            if isinstance(value, str):
+                return "\x00" in value
+            if isinstance(value, list | tuple):
+                return any(walk(v) for v in value)
+            if isinstance(value, dict):
+                return any(walk(k) or walk(v) for k, v in value.items())
+            return False
+
+        for name in type(self).model_fields:
+            if walk(getattr(self, name)):
+                raise ValueError(f"{name} must not contain NUL characters")
+        return self
 
 
 class ErrorDetail(BaseModel):

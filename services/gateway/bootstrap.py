@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libs.bus.connection import connect
@@ -73,6 +74,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         detail = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
         return problem(422, "InvalidRequest", detail, instance=req.url.path, errors=errors[:20])
 
+    @app.exception_handler(ValidationError)
+    async def on_command_invalid(req: Request, exc: ValidationError) -> JSONResponse:
+        """A command the gateway built from valid-looking input still failed the contract's rules."""
+        first = exc.errors()[0]
+        detail = f"{'.'.join(str(p) for p in first.get('loc', ())) or 'request'}: {first.get('msg')}"
+        return problem(422, "InvalidRequest", detail, instance=req.url.path)
+
     @app.exception_handler(StarletteHTTPException)
     async def on_http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HttpError")
@@ -105,6 +113,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return response
 
     @app.middleware("http")
+    async def refuse_nul(req: Request, call_next):  # type: ignore[no-untyped-def]
+        """NUL can never be valid in a path or query here (PostgreSQL text cannot even store it)."""
+        if "\x00" in req.url.path or "%00" in req.url.query or "\x00" in req.url.query:
+            return problem(400, "InvalidRequest", "NUL characters are not allowed in the URL", instance="/")
+        return await call_next(req)
+
+    @app.middleware("http")
     async def limit_body(req: Request, call_next):  # type: ignore[no-untyped-def]
         length = req.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
@@ -116,7 +131,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def healthz() -> dict:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"], summary="NATS is connected and every service answers on the bus")
+    @app.get("/readyz", tags=["ops"], summary="NATS is connected and every service answers on the bus",
+             responses={503: {"description": "Not ready: the body says which service did not answer"}})
     async def readyz(req: Request) -> JSONResponse:
         async def ping(service: str) -> bool:
             try:

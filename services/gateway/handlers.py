@@ -59,7 +59,7 @@ class JobRequestBody(BaseModel):
     kind: JobKind = "batch"
     priority_class: str = Field(default="normal", max_length=63)
     gpus: int = Field(ge=1, le=4096, description="Whole GPUs, all on one node")
-    gpu_models: list[Annotated[str, Field(max_length=64)]] = Field(
+    gpu_models: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]] = Field(
         default_factory=list, max_length=16, description="Any of these models; empty means any")
 
 
@@ -119,7 +119,34 @@ async def call(req: Request, subject: str, cmd: Command) -> Any:
     return reply.result
 
 
-router = APIRouter(prefix="/v1")
+class Problem(BaseModel):
+    """RFC 9457 problem details, as every error of this API is answered."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    reason: str = Field(description="CamelCase machine reason, e.g. UnknownTeam, Forbidden, JobNotFound")
+    instance: str | None = None
+    model_config = {"extra": "allow"}
+
+
+_PROBLEM = {"application/problem+json": {"schema": Problem.model_json_schema()}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": _PROBLEM}
+    for status, text in {
+        400: "Malformed request (e.g. a body that is not JSON)",
+        401: "Missing, invalid, expired or revoked bearer token",
+        403: "The caller's role or team does not allow this",
+        404: "No such resource",
+        409: "The resource is not in a state that allows this",
+        413: "Request body too large",
+        422: "Validation failed, or the request is refused with a reason (e.g. UnknownTeam)",
+        503: "A backing service did not answer in time",
+    }.items()
+}
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
 
 
 async def job_team(req: Request, job_id: str) -> dict:
