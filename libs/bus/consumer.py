@@ -57,7 +57,8 @@ class ConsumerSpec:
 
 
 def backoff_delay(spec: ConsumerSpec, num_delivered: int) -> float:
-    return min(spec.backoff_max_s, spec.backoff_base_s * (2 ** max(0, num_delivered - 1)))
+    # Exponent capped: with an unlimited or large max_deliver, 2**n would overflow the float conversion.
+    return min(spec.backoff_max_s, spec.backoff_base_s * 2.0 ** min(max(0, num_delivered - 1), 62))
 
 
 class EventConsumer:
@@ -111,7 +112,15 @@ class EventConsumer:
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
-                await self.handle_one(msg)
+                try:
+                    await self.handle_one(msg)
+                except Exception as exc:
+                    # ack/nak/term or the dead-letter publish failed (NATS blip, DLQ stream missing): an escaping
+                    # exception would end this task and silently stop the consumer. Keep going; the message is
+                    # redelivered (nak now if we still can, else after ack_wait) and gets another try.
+                    log.exception("handle_failed", extra={"consumer": self.spec.durable, "error": repr(exc)})
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=backoff_delay(self.spec, msg.metadata.num_delivered))
 
     async def handle_one(self, msg: Msg) -> None:
         started = time.perf_counter()

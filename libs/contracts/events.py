@@ -282,6 +282,9 @@ def event_json_schemas() -> dict[str, dict[str, Any]]:
         envelope["description"] = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
         envelope["properties"]["type"] = {"const": event_type, "type": "string"}
         envelope["properties"]["data"] = payload
+        # CloudEvents 1.0 makes specversion REQUIRED; the model only defaults it (lenient on input), so the
+        # published schema must still demand it of every document on the wire.
+        envelope["required"] = ["specversion", *[r for r in envelope.get("required", []) if r != "specversion"]]
         envelope["$id"] = f"https://gpupool.dev/schemas/{event_type}.json"
         envelope["$schema"] = "https://json-schema.org/draft/2020-12/schema"
         if defs:

@@ -76,31 +76,36 @@ class OutboxRelay:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
 
     async def publish_pending(self) -> int:
-        """Publish one batch; returns how many rows were published."""
+        """Publish one batch; returns how many rows were published.
+
+        On a failed publish, the rows already published are marked and the failing row's `attempts`/`last_error`
+        recorded *in the committed transaction*, then the error is raised (raising inside the transaction block
+        would roll that bookkeeping back and leave published rows unmarked)."""
+        failure: Exception | None = None
         async with self.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 """SELECT seq, event_id, subject, payload, traceparent FROM outbox
                    WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED""",
                 self.batch)
             published: list[int] = []
-            try:
-                for row in rows:
-                    headers = {MSG_ID_HEADER: row["event_id"], "Content-Type": "application/cloudevents+json"}
-                    if row["traceparent"]:
-                        headers["traceparent"] = row["traceparent"]
+            for row in rows:
+                headers = {MSG_ID_HEADER: row["event_id"], "Content-Type": "application/cloudevents+json"}
+                if row["traceparent"]:
+                    headers["traceparent"] = row["traceparent"]
+                try:
                     await self.publish(row["subject"], bytes(row["payload"]), headers)
-                    published.append(row["seq"])
-            except Exception as exc:
-                if rows and len(published) < len(rows):
-                    failed = rows[len(published)]["seq"]
+                except Exception as exc:
+                    failure = exc
                     await conn.execute(
                         "UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1",
-                        failed, repr(exc)[:500])
-                await self._mark(conn, published)
-                raise
+                        row["seq"], repr(exc)[:500])
+                    break
+                published.append(row["seq"])
             await self._mark(conn, published)
         if published:
             OUTBOX_RELAYED.labels(service=self.service).inc(len(published))
+        if failure is not None:
+            raise failure
         return len(published)
 
     async def _mark(self, conn: asyncpg.Connection, seqs: list[int]) -> None:
