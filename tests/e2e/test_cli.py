@@ -1,18 +1,9 @@
-"""The client and the `gpupool` CLI against a live gateway (opt-in).
-
-It runs only when a platform is already up and named by GPUPOOL_TEST_GATEWAY_URL and GPUPOOL_TEST_TOKEN (an admin
-token), e.g. after `gpupool up --port 0 --data-dir /tmp/gp`:
-
-    GPUPOOL_TEST_GATEWAY_URL=$(jq -r .gateway_url /tmp/gp/run.json) \
-    GPUPOOL_TEST_TOKEN=$(jq -r .admin_token /tmp/gp/run.json) pytest tests/integration/test_client_cli.py
-
-It never starts a platform itself (the e2e tests own that).
-"""
+"""The typed client and the `gpupool` CLI against the live platform (`gpupool up` processes): a user's walk from
+submitting through watching to cancelling a job."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 
@@ -21,16 +12,12 @@ import pytest
 from libs.cli.main import main
 from libs.client import GpupoolClient, GpupoolError
 
-URL = os.environ.get("GPUPOOL_TEST_GATEWAY_URL", "")
-TOKEN = os.environ.get("GPUPOOL_TEST_TOKEN", "")
-
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not (URL and TOKEN), reason="no live gateway (GPUPOOL_TEST_GATEWAY_URL/_TOKEN)")]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture()
-def gp():
-    with GpupoolClient(URL, TOKEN) as client:
+def gp(platform):  # type: ignore[no-untyped-def]
+    with GpupoolClient(platform.gateway, platform.run["admin_token"]) as client:
         yield client
 
 
@@ -44,12 +31,13 @@ def wait_for_state(gp: GpupoolClient, job_id: str, state: str, timeout_s: float 
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([*argv, "--url", URL, "--token", TOKEN])
+    code = main([*argv, "--url", cli.url, "--token", cli.token])
     out = capsys.readouterr()
     return code, out.out, out.err
 
 
-def test_submit_watch_and_cancel_through_the_cli(gp, capsys):
+def test_submit_watch_and_cancel_through_the_cli(platform, gp, capsys):
+    cli.url, cli.token = platform.gateway, platform.run["admin_token"]
     assert gp.ready().ready
     name = f"cli-{uuid.uuid4().hex[:8]}"
     code, out, _ = cli(capsys, "submit", "--name", name, "--team", "research", "--gpus", "1", "-o", "json")
