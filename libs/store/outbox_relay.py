@@ -58,6 +58,11 @@ class OutboxRelay:
             try:
                 sent = await self.publish_pending()
                 failures = 0
+                # A short batch means the backlog is drained; only a full one is worth counting.
+                if sent < self.batch:
+                    OUTBOX_PENDING.labels(service=self.service).set(0)
+                else:
+                    await self.pending_count()
             except Exception as exc:
                 failures += 1
                 delay = min(5.0, 0.1 * 2**failures)
