@@ -26,6 +26,7 @@ from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.gateway.auth import Authenticator
 from services.gateway.config import GatewaySettings
 from services.gateway.domain import problem
+from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     app.state.settings = settings
     app.include_router(router)
+    app.include_router(events_router)
 
     @app.exception_handler(ApiError)
     async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:

@@ -1,5 +1,8 @@
 """Schemathesis against the live gateway's own OpenAPI: thousands of generated requests across every endpoint,
-no server error, and every response (status, content type, body) as documented."""
+no server error, and every response (status, content type, body) as documented.
+
+`GET /v1/events` is left out: it is a stream that stays open for up to `max_seconds`, which a request-per-example
+fuzzer cannot consume; tests/e2e/test_events_stream.py covers it."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ def test_generated_requests_find_no_server_error_and_no_undocumented_response(pl
          "-H", f"Authorization: Bearer {platform.run['admin_token']}",
          "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance,"
                      "content_type_conformance",
-         "--max-examples", "150", "--workers", "2", "--seed", "20261130", "--no-color"],
+         "--exclude-path", "/v1/events", "--max-examples", "150", "--workers", "2", "--seed", "20261130", "--no-color"],
         capture_output=True, text=True, timeout=600)
     report = result.stdout + result.stderr
     generated = re.search(r"(\d+) generated", report)
