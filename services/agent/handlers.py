@@ -16,16 +16,18 @@ from libs.contracts import subjects
 from libs.contracts.commands import ListAllocations
 from libs.contracts.envelope import InvalidEnvelope, parse_envelope
 from libs.contracts.events import AllocationGranted, AllocationReleased, decode_data
+from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
 from services.agent.domain import registration, telemetry
 from services.agent.nvml_sim import SimulatedNvml
-from services.agent.nvml_types import NvmlBackend
+from services.agent.nvml_types import GpuSample, NodeInfo, NvmlBackend
 
 log = logging.getLogger(__name__)
 SOURCE = "/gpupool/agent"
 
 
 class NodeAgent:
-    def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float) -> None:
+    def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
+                 metrics: DcgmMetrics | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.backend = backend
@@ -33,6 +35,8 @@ class NodeAgent:
         self.node = node
         self.interval_s = interval_s
         self.samples_sent = 0
+        self.metrics = metrics if metrics is not None else default_metrics()
+        self._info: NodeInfo | None = None  # static facts for the DCGM labels, read once
 
     async def run(self, stop: asyncio.Event) -> None:
         self.backend.open()
@@ -66,12 +70,22 @@ class NodeAgent:
 
     async def sample_once(self) -> None:
         samples = self.backend.sample()
+        self.update_metrics(samples)
         event = telemetry(self.cluster, self.node, samples, time.time()).to_cloudevent(SOURCE)
         try:
             await publish_event(self.js, subjects.telemetry(self.cluster, self.node), event)
             self.samples_sent += 1
         except Exception as exc:  # a missed sample is acceptable; the next one follows
             log.warning("telemetry_publish_failed", extra={"node": self.node, "error": repr(exc)})
+
+    def update_metrics(self, samples: list[GpuSample]) -> None:
+        """DCGM-named gauges on /metrics, labelled with this node's name as `Hostname`."""
+        try:
+            if self._info is None:
+                self._info = self.backend.node_info()
+            self.metrics.update(self.node, self._info, samples)
+        except Exception as exc:  # metrics must never stop telemetry
+            log.warning("dcgm_metrics_update_failed", extra={"node": self.node, "error": repr(exc)})
 
     async def follow_allocations(self) -> None:
         assert isinstance(self.backend, SimulatedNvml)
