@@ -73,6 +73,33 @@ class NodeRegistered(EventData):
     registered_at: datetime
 
 
+class NodeLost(EventData):
+    """A ready node sent nothing (no telemetry, no registration) for longer than inventory's threshold."""
+
+    event_type: ClassVar[str] = "io.gpupool.node.lost.v1"
+    event_subject: ClassVar[str] = subjects.NODE_LOST
+    entity_field: ClassVar[str] = "node"
+
+    cluster: str
+    node: str
+    last_seen_at: datetime = Field(description="When the node last reported (its last sample's time)")
+    detected_at: datetime = Field(description="When inventory declared it lost")
+
+
+class NodeRecovered(EventData):
+    """A lost node reported again (a fresh telemetry sample or a re-registration) and is ready again."""
+
+    event_type: ClassVar[str] = "io.gpupool.node.recovered.v1"
+    event_subject: ClassVar[str] = subjects.NODE_RECOVERED
+    entity_field: ClassVar[str] = "node"
+
+    cluster: str
+    node: str
+    lost_at: datetime | None = Field(default=None, description="When inventory had declared it lost")
+    last_seen_at: datetime = Field(description="The report that brought it back")
+    recovered_at: datetime
+
+
 class GpuHealthChanged(EventData):
     event_type: ClassVar[str] = "io.gpupool.gpu.health_changed.v1"
     event_subject: ClassVar[str] = subjects.GPU_HEALTH_CHANGED
@@ -239,6 +266,8 @@ EVENT_TYPES: dict[str, type[EventData]] = {
     cls.event_type: cls
     for cls in (
         NodeRegistered,
+        NodeLost,
+        NodeRecovered,
         GpuHealthChanged,
         JobSubmitted,
         JobStarted,

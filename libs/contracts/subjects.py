@@ -14,6 +14,8 @@ PREFIX = "gpupool"
 
 # --- events (JetStream stream EVENTS) -------------------------------------------------------------------------
 NODE_REGISTERED = "gpupool.node.registered"
+NODE_LOST = "gpupool.node.lost"
+NODE_RECOVERED = "gpupool.node.recovered"
 GPU_HEALTH_CHANGED = "gpupool.gpu.health_changed"
 JOB_SUBMITTED = "gpupool.job.submitted"
 JOB_STARTED = "gpupool.job.started"

@@ -9,5 +9,7 @@ async def main() -> None:
     settings = InventorySettings()
     runtime = ServiceRuntime("inventory", settings, migrations_package="services.inventory")
     await runtime.start()
-    await runtime.mount(routes(InventoryHandlers(runtime)))
+    handlers = InventoryHandlers(runtime, settings)
+    await runtime.mount(routes(handlers))
+    runtime.background(handlers.node_sweeper(), "node-sweeper")
     await runtime.run_until_signalled()

@@ -11,8 +11,12 @@ from libs.contracts.commands import RegisterNode
 from libs.contracts.events import GpuTelemetry
 
 
-async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime) -> None:
+async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime) -> asyncpg.Record | None:
+    """Insert or refresh the node (state back to `ready`) and its GPUs; returns the node's previous
+    `state, lost_at` (None for a new node), read under the row lock."""
     await conn.execute("INSERT INTO clusters (cluster) VALUES ($1) ON CONFLICT DO NOTHING", cmd.cluster)
+    previous = await conn.fetchrow(
+        "SELECT state, lost_at FROM nodes WHERE cluster = $1 AND node = $2 FOR UPDATE", cmd.cluster, cmd.node)
     await conn.execute(
         """INSERT INTO nodes (cluster, node, hostname, cpu_count, memory_mib, driver_version, agent_version, labels,
                               state, registered_at, last_seen_at)
@@ -20,7 +24,7 @@ async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime
            ON CONFLICT (cluster, node) DO UPDATE SET hostname = EXCLUDED.hostname,
                cpu_count = EXCLUDED.cpu_count, memory_mib = EXCLUDED.memory_mib,
                driver_version = EXCLUDED.driver_version, agent_version = EXCLUDED.agent_version,
-               labels = EXCLUDED.labels, state = 'ready', registered_at = EXCLUDED.registered_at,
+               labels = EXCLUDED.labels, state = 'ready', lost_at = NULL, registered_at = EXCLUDED.registered_at,
                last_seen_at = EXCLUDED.last_seen_at""",
         cmd.cluster, cmd.node, cmd.hostname, cmd.cpu_count, cmd.memory_mib, cmd.driver_version,
         cmd.agent_version, json.dumps(cmd.labels), now)
@@ -35,6 +39,7 @@ async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime
                    nvlink_peers = EXCLUDED.nvlink_peers, mig_mode = EXCLUDED.mig_mode, health = EXCLUDED.health""",
             g.uuid, cmd.cluster, cmd.node, g.index, g.model, g.name, g.memory_mib, g.numa_node, g.nvlink_peers,
             g.mig_mode, g.health)
+    return previous
 
 
 async def gpu_health(conn: asyncpg.Connection, cluster: str, node: str) -> dict[str, str]:
@@ -47,11 +52,31 @@ async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str, reaso
 
 
 async def touch_node(conn: asyncpg.Connection, cluster: str, node: str, at: datetime, cpu_util: float | None,
-                     mem_used: int | None) -> bool:
-    status = await conn.execute(
+                     mem_used: int | None) -> asyncpg.Record | None:
+    """Record that the node reported; returns its `state, last_seen_at, lost_at` from before this report (read
+    under the row lock, so a concurrent sweep and this report are serialised), or None for an unknown node."""
+    previous = await conn.fetchrow(
+        "SELECT state, last_seen_at, lost_at FROM nodes WHERE cluster = $1 AND node = $2 FOR UPDATE", cluster, node)
+    if previous is None:
+        return None
+    await conn.execute(
         """UPDATE nodes SET last_seen_at = greatest(last_seen_at, $3), cpu_util_pct = $4, memory_used_mib = $5
            WHERE cluster = $1 AND node = $2""", cluster, node, at, cpu_util, mem_used)
-    return status.endswith(" 1")
+    return previous
+
+
+async def mark_lost(conn: asyncpg.Connection, cutoff: datetime, now: datetime) -> list[asyncpg.Record]:
+    """Every ready node silent since before `cutoff` becomes lost; returns them. A concurrent sweep (another
+    replica) re-checks `state = 'ready'` after waiting for the row lock, so each node is declared lost once."""
+    return await conn.fetch(
+        """UPDATE nodes SET state = 'lost', lost_at = $2
+           WHERE state = 'ready' AND last_seen_at < $1
+           RETURNING cluster, node, last_seen_at""", cutoff, now)
+
+
+async def mark_ready(conn: asyncpg.Connection, cluster: str, node: str) -> None:
+    await conn.execute("UPDATE nodes SET state = 'ready', lost_at = NULL WHERE cluster = $1 AND node = $2",
+                       cluster, node)
 
 
 async def upsert_samples(conn: asyncpg.Connection, at: datetime, samples: list[GpuTelemetry]) -> None:

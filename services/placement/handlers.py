@@ -20,6 +20,8 @@ from libs.contracts.events import (
     JobCancelled,
     JobCompleted,
     JobSubmitted,
+    NodeLost,
+    NodeRecovered,
     NodeRegistered,
 )
 from libs.core import Placement, Policy, schedule
@@ -47,6 +49,19 @@ class PlacementHandlers:
         async with self.rt.uow() as uow:
             if await uow.first_time(CONSUMER, event.id):
                 await store.upsert_node(uow.conn, data)
+        self._kick.set()
+
+    async def on_node_lost(self, event: CloudEvent, data: NodeLost) -> None:
+        """Stop placing on a node that stopped reporting. Its allocations stay as they are: releasing them is
+        reclamation's decision, not a side effect of a missed heartbeat."""
+        async with self.rt.uow() as uow:
+            if await uow.first_time(CONSUMER, event.id):
+                await store.set_node_schedulable(uow.conn, data.cluster, data.node, False)
+
+    async def on_node_recovered(self, event: CloudEvent, data: NodeRecovered) -> None:
+        async with self.rt.uow() as uow:
+            if await uow.first_time(CONSUMER, event.id):
+                await store.set_node_schedulable(uow.conn, data.cluster, data.node, True)
         self._kick.set()
 
     async def on_gpu_health_changed(self, event: CloudEvent, data: GpuHealthChanged) -> None:
@@ -165,6 +180,8 @@ def routes(h: PlacementHandlers) -> Routes:
         commands={subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS: (ListAllocations, h.list_allocations)},
         events={
             NodeRegistered: h.on_node_registered,
+            NodeLost: h.on_node_lost,
+            NodeRecovered: h.on_node_recovered,
             GpuHealthChanged: h.on_gpu_health_changed,
             JobSubmitted: h.on_job_submitted,
             JobCompleted: h.on_job_completed,

@@ -27,6 +27,15 @@ async def upsert_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
             g.uuid, data.cluster, data.node, g.index, g.model, g.memory_mib, g.health)
 
 
+async def set_node_schedulable(conn: asyncpg.Connection, cluster: str, node: str, schedulable: bool) -> None:
+    """Upsert, so a node-lost event handled before the node's registration (a redelivery) is not forgotten when
+    the registration arrives (upsert_node leaves `schedulable` alone)."""
+    await conn.execute(
+        """INSERT INTO nodes (cluster, node, schedulable) VALUES ($1, $2, $3)
+           ON CONFLICT (cluster, node) DO UPDATE SET schedulable = EXCLUDED.schedulable, updated_at = now()""",
+        cluster, node, schedulable)
+
+
 async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str) -> None:
     await conn.execute("UPDATE gpus SET health = $2 WHERE uuid = $1", uuid, health)
 
