@@ -36,6 +36,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         with_agent=not args.no_agent,
         log_level=args.log_level,
         database_prefix=os.environ.get("GPUPOOL_DATABASE_PREFIX", "gpupool"),
+        placement_replicas=args.placement_replicas,
     )
     stack = Stack(opts)
     print("starting gpupool …", flush=True)
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8)")
     up.add_argument("--telemetry-interval", type=float, default=2.0, help="seconds between agent samples")
     up.add_argument("--no-agent", action="store_true", help="start no simulated agent fleet")
+    up.add_argument("--placement-replicas", type=int, default=1, choices=range(1, 4), metavar="N",
+                    help="placement replicas (1-3); one leads through a NATS KV lease, the others stand by")
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=cmd_up)
 

@@ -38,6 +38,7 @@ class StackOptions:
     environment: str = "dev"
     log_level: str = "INFO"
     database_prefix: str = "gpupool"  # databases are <prefix>_<service>; tests use their own prefix
+    placement_replicas: int = 1  # >1: standby replicas wait on the leader lease
 
 
 @dataclass
@@ -156,15 +157,19 @@ class Stack:
         opts = self.options
         logs = opts.data_dir / "logs"
         for name in BACKEND_SERVICES:
-            port = free_port()
-            settings = {"NATS_URL": self.nats_url, "DATABASE_URL": self.database_url(name),
-                        "HTTP_PORT": str(port), "ENVIRONMENT": opts.environment, "LOG_LEVEL": opts.log_level}
-            if name == "quota":
-                settings["SEED_TEAMS"] = DEFAULT_TEAMS
-            self.processes.append(ServiceProcess(
-                name, [sys.executable, "-m", f"services.{name}.main"],
-                self._env(f"GPUPOOL_{name.upper()}_", settings, name), f"http://127.0.0.1:{port}",
-                logs / f"{name}.log"))
+            replicas = opts.placement_replicas if name == "placement" else 1
+            for replica in range(1, replicas + 1):
+                process = name if replica == 1 else f"{name}-{replica}"
+                port = free_port()
+                settings = {"NATS_URL": self.nats_url, "DATABASE_URL": self.database_url(name),
+                            "HTTP_PORT": str(port), "ENVIRONMENT": opts.environment, "LOG_LEVEL": opts.log_level,
+                            "INSTANCE": process}
+                if name == "quota":
+                    settings["SEED_TEAMS"] = DEFAULT_TEAMS
+                self.processes.append(ServiceProcess(
+                    process, [sys.executable, "-m", f"services.{name}.main"],
+                    self._env(f"GPUPOOL_{name.upper()}_", settings, name), f"http://127.0.0.1:{port}",
+                    logs / f"{process}.log"))
         gateway_port = opts.gateway_port or free_port()
         self.gateway_url = f"http://127.0.0.1:{gateway_port}"
         self.processes.append(ServiceProcess(

@@ -48,6 +48,7 @@ class ServiceRuntime:
         self.consumers: list[EventConsumer] = []
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task[Any]] = []
+        self._shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
         self._stop = asyncio.Event()
         self.pool: Pool | None = None
         self.relay: OutboxRelay | None = None
@@ -113,6 +114,10 @@ class ServiceRuntime:
             await self.consume(f"{self.name}-telemetry", (subjects.TELEMETRY_ALL,), routes.dispatch_telemetry,
                                stream=TELEMETRY_STREAM.name, max_deliver=3, batch=256)
 
+    def on_shutdown(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run `hook` during shutdown, after consumers stopped and before the NATS connection drains."""
+        self._shutdown_hooks.append(hook)
+
     def background(self, coro: Awaitable[Any], name: str) -> None:
         self._tasks.append(asyncio.ensure_future(coro))
         self._tasks[-1].set_name(name)
@@ -135,6 +140,9 @@ class ServiceRuntime:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        for hook in self._shutdown_hooks:
+            with contextlib.suppress(Exception):
+                await hook()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -35,8 +35,8 @@ async def ensure_database(admin_dsn: str, database: str) -> None:
         if not exists:
             try:
                 await conn.execute(f'CREATE DATABASE "{database}"')
-            except asyncpg.DuplicateDatabaseError:
-                pass
+            except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+                pass  # another replica created it between our check and our CREATE
     finally:
         await conn.close()
 

@@ -1,5 +1,8 @@
-"""Composition root of the placement service: settings → runtime → handlers → routes → scheduling loop."""
+"""Composition root of the placement service: settings → runtime → handlers → routes → leader lease → scheduling
+loop. Any number of replicas may run: all consume events into the shared read model, only the lease holder runs
+scheduling cycles."""
 
+from libs.bus.lease import LeaderLease
 from libs.runtime.service import ServiceRuntime
 from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers, routes
@@ -9,7 +12,11 @@ async def main() -> None:
     settings = PlacementSettings()
     runtime = ServiceRuntime("placement", settings, migrations_package="services.placement")
     await runtime.start()
-    handlers = PlacementHandlers(runtime, settings)
+    lease = LeaderLease(runtime.js, "placement", runtime.instance, ttl_s=settings.lease_ttl_s,
+                        renew_every_s=settings.lease_renew_s)
+    handlers = PlacementHandlers(runtime, settings, lease)
     await runtime.mount(routes(handlers))
+    runtime.background(lease.run(), "leader-lease")
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")
+    runtime.on_shutdown(lease.stop)
     await runtime.run_until_signalled()

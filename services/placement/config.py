@@ -11,3 +11,5 @@ class PlacementSettings(ServiceSettings):
 
     cycle_interval_s: float = Field(default=1.0, description="Longest wait between scheduling cycles")
     policy: str = "default"
+    lease_ttl_s: float = Field(default=3.0, description="Leader lease TTL: a dead leader is replaced within ~this")
+    lease_renew_s: float = Field(default=1.0, description="How often the leader renews (at most TTL / 2)")

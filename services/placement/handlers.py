@@ -9,6 +9,7 @@ import json
 import logging
 import time
 
+from libs.bus.lease import LeaderLease
 from libs.contracts import subjects
 from libs.contracts.commands import ListAllocations, Reply
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
@@ -37,9 +38,10 @@ CONSUMER = "placement"
 
 
 class PlacementHandlers:
-    def __init__(self, runtime: ServiceRuntime, settings: PlacementSettings) -> None:
+    def __init__(self, runtime: ServiceRuntime, settings: PlacementSettings, lease: LeaderLease | None = None) -> None:
         self.rt = runtime
         self.settings = settings
+        self.lease = lease
         self.policy = Policy(name=settings.policy)
         self._kick = asyncio.Event()
         self._tracer = tracer("gpupool.placement")
@@ -107,6 +109,8 @@ class PlacementHandlers:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=self.settings.cycle_interval_s)
             self._kick.clear()
+            if self.lease is not None and not self.lease.is_leader:
+                continue  # a follower keeps its read model current and waits for the lease
             try:
                 await self.run_cycle()
             except asyncio.CancelledError:

@@ -59,7 +59,9 @@ class Platform:
 
 
 @pytest.fixture(scope="module")
-def platform(nats_url: str, pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+def platform(request: pytest.FixtureRequest, nats_url: str, pg_admin_dsn: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """One `gpupool up` per test module; a module may set UP_ARGS (e.g. ["--placement-replicas", "2"])."""
     asyncio.run(_delete_streams(nats_url))
     data_dir = tmp_path_factory.mktemp("gpupool-up")
     env = {**os.environ, "GPUPOOL_NATS_URL": nats_url, "GPUPOOL_DATABASE_URL": pg_admin_dsn,
@@ -67,7 +69,8 @@ def platform(nats_url: str, pg_admin_dsn: str, tmp_path_factory: pytest.TempPath
     out = open(data_dir / "up.out", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "libs.cli.main", "up", "--port", "0", "--data-dir", str(data_dir),
-         "--telemetry-interval", "0.5"], env=env, stdout=out, stderr=subprocess.STDOUT)
+         "--telemetry-interval", "0.5", *getattr(request.module, "UP_ARGS", [])],
+        env=env, stdout=out, stderr=subprocess.STDOUT)
     run_file = data_dir / "run.json"
     deadline = time.monotonic() + 120
     while not run_file.exists():

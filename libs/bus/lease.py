@@ -1,0 +1,99 @@
+"""Leader election through a lease in NATS KV: the holder renews the key before its TTL runs out; when it stops
+(crash, partition), the key expires and a follower's create succeeds.
+
+The lease decides who *works*, not what is *correct*: a paused leader may act for a moment after losing the lease,
+so correctness never depends on it (placement's database constraints make double allocation impossible anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from prometheus_client import Gauge
+
+log = logging.getLogger(__name__)
+
+LEASE_BUCKET = "gpupool_leases"
+LEADER = Gauge("gpupool_leader", "1 while this replica holds its service's leader lease", ["service", "instance"])
+
+
+class LeaderLease:
+    def __init__(self, js: JetStreamContext, service: str, instance: str, *, ttl_s: float = 3.0,
+                 renew_every_s: float = 1.0) -> None:
+        if renew_every_s * 2 > ttl_s:
+            raise ValueError("renew at least twice per TTL, or a slow renewal loses the lease")
+        self.js = js
+        self.service = service
+        self.instance = instance
+        self.ttl_s = ttl_s
+        self.renew_every_s = renew_every_s
+        self._revision: int | None = None
+        self._kv: KeyValue | None = None
+        self._changed = asyncio.Event()
+        LEADER.labels(service, instance).set(0)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._revision is not None
+
+    async def bucket(self) -> KeyValue:
+        if self._kv is None:
+            try:
+                self._kv = await self.js.key_value(LEASE_BUCKET)
+            except BucketNotFoundError:
+                self._kv = await self.js.create_key_value(KeyValueConfig(
+                    bucket=LEASE_BUCKET, ttl=self.ttl_s, history=1, storage=StorageType.MEMORY,
+                    description="leader leases: one key per service, expiring unless renewed"))
+        return self._kv
+
+    async def run(self) -> None:
+        """Acquire or renew forever (cancel to stop; stop() releases the key for a fast hand-over)."""
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS blip: if we cannot renew, we must assume we lost it
+                self._set(None)
+                log.warning("lease_error", extra={"service": self.service, "error": repr(exc)})
+            await asyncio.sleep(self.renew_every_s)
+
+    async def tick(self) -> None:
+        kv = await self.bucket()
+        if self._revision is None:
+            try:
+                self._set(await kv.create(self.service, self.instance.encode()))
+                log.info("lease_acquired", extra={"service": self.service, "instance": self.instance})
+            except KeyWrongLastSequenceError:
+                pass  # someone else holds it
+        else:
+            try:
+                self._set(await kv.update(self.service, self.instance.encode(), last=self._revision))
+            except KeyWrongLastSequenceError:
+                self._set(None)
+                log.warning("lease_lost", extra={"service": self.service, "instance": self.instance})
+
+    async def stop(self) -> None:
+        """Give the lease up on a clean shutdown so a follower takes over now, not after the TTL."""
+        if self._revision is not None and self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.purge(self.service)
+        self._set(None)
+
+    async def wait_changed(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        self._changed.clear()
+
+    def _set(self, revision: int | None) -> None:
+        was = self.is_leader
+        self._revision = revision
+        if was != self.is_leader:
+            LEADER.labels(self.service, self.instance).set(1 if self.is_leader else 0)
+            self._changed.set()

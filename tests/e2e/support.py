@@ -1,0 +1,47 @@
+"""Helpers shared by the end-to-end tests (pytest puts this folder on sys.path: `from support import ...`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+
+from libs.contracts.envelope import parse_envelope
+from libs.contracts.events import decode_data
+
+TERMINAL_WAIT_S = 20
+
+
+class AllocationWatcher:
+    """A plain core-NATS subscriber on gpupool.allocation.>, as any other system would subscribe."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.events: list[tuple[float, object, object]] = []
+
+    async def __aenter__(self) -> AllocationWatcher:
+        self.nc = await nats.connect(self.url)
+
+        async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+            envelope = parse_envelope(msg.data)
+            self.events.append((time.monotonic(), envelope, decode_data(envelope)))
+
+        await self.nc.subscribe("gpupool.allocation.>", cb=on_msg)
+        await self.nc.flush()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.nc.close()
+
+    def of(self, kind: type, job_id: str) -> list:
+        return [(t, env, data) for t, env, data in self.events if isinstance(data, kind) and data.job_id == job_id]
+
+    async def wait_for(self, kind: type, job_id: str, timeout: float = TERMINAL_WAIT_S) -> tuple:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.of(kind, job_id)
+            if found:
+                return found[0]
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no {kind.__name__} for job {job_id} within {timeout}s")
