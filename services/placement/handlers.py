@@ -126,7 +126,11 @@ class PlacementHandlers:
             nodes, gpus, held, pending = await store.load_state(conn)
         if not pending:
             return 0
-        plan = schedule(build_snapshot(nodes, gpus, held), build_requests(pending), self.policy, now=time.time())
+        with self._tracer.start_as_current_span("scheduling cycle", attributes={
+                "gpupool.pending_jobs": len(pending), "gpupool.nodes": len(nodes)}) as span:
+            plan = schedule(build_snapshot(nodes, gpus, held), build_requests(pending), self.policy,
+                            now=time.time())
+            span.set_attribute("gpupool.placements", len(plan.placements))
         models = {g["uuid"]: g["model"] for g in gpus}
         traces = {r["job_id"]: r["traceparent"] for r in pending}
         placed = 0
