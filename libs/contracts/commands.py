@@ -88,6 +88,12 @@ class ListNodes(Command):
     after: str | None = None
 
 
+class GetPool(Command):
+    """The pool as inventory sees it, per cluster and GPU model (health, use from telemetry) and per node."""
+
+    cluster: str | None = Field(default=None, max_length=63)
+
+
 # --- queue ------------------------------------------------------------------------------------------------------
 class SubmitJob(Command):
     name: str = Field(pattern=NAME_PATTERN)

@@ -18,6 +18,7 @@ from libs.contracts.commands import (
     CancelJob,
     Command,
     Empty,
+    GetPool,
     JobKind,
     JobRef,
     JobState,
@@ -38,6 +39,7 @@ from services.gateway.domain import (
     Role,
     mint_token,
 )
+from services.gateway.pool import combine_pool
 
 
 class ApiError(Exception):
@@ -208,6 +210,22 @@ async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None
                      cursor: Annotated[str | None, Query(max_length=300)] = None) -> dict:
     require(caller, Action.POOL_READ)
     return await call(req, subjects.QUERY_INVENTORY_LIST_NODES, ListNodes(cluster=cluster, limit=limit, after=cursor))
+
+
+@router.get("/pool", summary="Per cluster and GPU model: total, allocated, in use, allocated-but-idle, free, "
+            "unhealthy; per node CPU and memory", tags=["pool"])
+async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
+    require(caller, Action.POOL_READ)
+    inventory = await call(req, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=cluster))
+    allocations: list[dict] = []
+    after: str | None = None
+    while True:
+        page = await call(req, subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS,
+                          ListAllocations(active=True, limit=1000, after=after))
+        allocations += page["items"]
+        if not (after := page["next"]):
+            break
+    return combine_pool(inventory, allocations, cluster)
 
 
 @router.get("/allocations", summary="Allocations (GPUs held by jobs)", tags=["pool"])

@@ -8,14 +8,21 @@ import logging
 from datetime import datetime
 
 from libs.contracts import subjects
-from libs.contracts.commands import ListNodes, RegisterNode, Reply
+from libs.contracts.commands import GetPool, ListNodes, RegisterNode, Reply
 from libs.contracts.envelope import CloudEvent, utcnow
 from libs.contracts.events import GpuHealthChanged, NodeLost, NodeRecovered, NodeRegistered, TelemetrySampled
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.inventory import store
 from services.inventory.config import InventorySettings
-from services.inventory.domain import LOST, health_transition, lost_cutoff, node_recovers
+from services.inventory.domain import (
+    IN_USE_UTIL_PCT,
+    LOST,
+    health_transition,
+    lost_cutoff,
+    node_recovers,
+    pool_view,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +121,23 @@ class InventoryHandlers:
         nxt = f"{page[-1]['cluster']}/{page[-1]['node']}" if len(items) > cmd.limit else None
         return Reply.success({"items": page, "next": nxt})
 
+    async def pool(self, cmd: GetPool) -> Reply:
+        """Per cluster and model: total, healthy, unhealthy, in use (a sample fresher than `node_lost_after_s`
+        above IN_USE_UTIL_PCT); per node CPU/memory. Allocations are not inventory's: the gateway adds them."""
+        fresh_since = lost_cutoff(utcnow(), self.settings.node_lost_after_s)
+        async with self.rt.pool.acquire() as conn:
+            models = await store.pool_by_model(conn, cluster=cmd.cluster, fresh_since=fresh_since,
+                                               in_use_above_pct=IN_USE_UTIL_PCT)
+            nodes = await store.pool_nodes(conn, cluster=cmd.cluster)
+        return Reply.success(pool_view(models, nodes, fresh_within_s=self.settings.node_lost_after_s))
+
 
 def routes(h: InventoryHandlers) -> Routes:
     return Routes(
         commands={
             subjects.CMD_INVENTORY_REGISTER_NODE: (RegisterNode, h.register_node),
             subjects.QUERY_INVENTORY_LIST_NODES: (ListNodes, h.list_nodes),
+            subjects.QUERY_INVENTORY_POOL: (GetPool, h.pool),
         },
         telemetry=h.on_telemetry,
     )

@@ -139,3 +139,30 @@ async def list_nodes(conn: asyncpg.Connection, *, cluster: str | None, limit: in
         "cpu_util_pct": n["cpu_util_pct"], "memory_used_mib": n["memory_used_mib"],
         "gpus": by_node.get((n["cluster"], n["node"]), []),
     } for n in nodes]
+
+
+async def pool_by_model(conn: asyncpg.Connection, *, cluster: str | None, fresh_since: datetime,
+                        in_use_above_pct: float) -> list[asyncpg.Record]:
+    """Per (cluster, model): counts, and the uuids in use (a fresh sample above the threshold) and unhealthy (GPU
+    health not `healthy`, or on a lost node) so a caller can intersect them with what it knows (allocations)."""
+    return await conn.fetch(
+        """WITH g AS (
+               SELECT g.cluster, g.model, g.uuid, n.state = 'lost' AS on_lost_node,
+                      g.health = 'healthy' AND n.state = 'ready' AS healthy,
+                      coalesce(t.sampled_at >= $2 AND t.utilization_gpu_pct > $3, false) AS in_use
+               FROM gpus g JOIN nodes n USING (cluster, node) LEFT JOIN gpu_telemetry_latest t USING (uuid)
+               WHERE $1::text IS NULL OR g.cluster = $1)
+           SELECT cluster, model, count(*) AS total, count(*) FILTER (WHERE healthy) AS healthy,
+                  count(*) FILTER (WHERE on_lost_node) AS on_lost_nodes,
+                  coalesce(array_agg(uuid ORDER BY uuid) FILTER (WHERE in_use), '{}') AS in_use_gpus,
+                  coalesce(array_agg(uuid ORDER BY uuid) FILTER (WHERE NOT healthy), '{}') AS unhealthy_gpus
+           FROM g GROUP BY cluster, model ORDER BY cluster, model""", cluster, fresh_since, in_use_above_pct)
+
+
+async def pool_nodes(conn: asyncpg.Connection, *, cluster: str | None) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT n.cluster, n.node, n.hostname, n.state, n.last_seen_at, n.cpu_count, n.cpu_util_pct,
+                  n.memory_mib, n.memory_used_mib, count(g.uuid) AS gpus
+           FROM nodes n LEFT JOIN gpus g USING (cluster, node)
+           WHERE $1::text IS NULL OR n.cluster = $1
+           GROUP BY n.cluster, n.node ORDER BY n.cluster, n.node""", cluster)

@@ -21,7 +21,7 @@ from libs.bus.connection import connect
 from libs.bus.publisher import publish_event
 from libs.bus.rpc import request
 from libs.contracts import subjects
-from libs.contracts.commands import ListNodes, RegisterNode
+from libs.contracts.commands import GetPool, ListNodes, RegisterNode
 from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import (
     EVENT_TYPES,
@@ -114,15 +114,16 @@ async def register(rt: ServiceRuntime, node: str) -> None:
     assert reply.ok, reply
 
 
-def sample(node: str, at: datetime) -> CloudEvent:
+def sample(node: str, at: datetime, util: tuple[float, float] = (0.0, 0.0)) -> CloudEvent:
     return TelemetrySampled(cluster=CLUSTER, node=node, sampled_at=at, cpu_util_pct=12.5, memory_used_mib=4096,
-                            gpus=[GpuTelemetry(uuid=gpu_uuid(node, i), index=i, utilization_gpu_pct=0.0,
+                            gpus=[GpuTelemetry(uuid=gpu_uuid(node, i), index=i, utilization_gpu_pct=util[i],
                                                utilization_memory_pct=0.0, memory_used_mib=0, memory_total_mib=81559)
                                   for i in range(2)]).to_cloudevent("/gpupool/agent")
 
 
-async def send(js: JetStreamContext, node: str, at: datetime | None = None) -> CloudEvent:
-    event = sample(node, at or datetime.now(UTC))
+async def send(js: JetStreamContext, node: str, at: datetime | None = None,
+               util: tuple[float, float] = (0.0, 0.0)) -> CloudEvent:
+    event = sample(node, at or datetime.now(UTC), util)
     await publish_event(js, subjects.telemetry(CLUSTER, node), event)
     return event
 
@@ -248,3 +249,51 @@ async def test_placement_stops_placing_on_a_lost_node_and_resumes_when_it_recove
 
 async def _is(probe: Callable[[], Awaitable[object]], expected: object) -> bool:
     return await probe() == expected
+
+
+async def test_pool_query_counts_use_from_fresh_samples_only_and_takes_lost_nodes_out_of_healthy(
+        inventory: ServiceRuntime, js: JetStreamContext) -> None:
+    await register(inventory, "busy")
+    await register(inventory, "stale")
+    await send(js, "busy", util=(50.0, 2.0))  # GPU 0 in use, GPU 1 under the 5 % threshold
+    old = datetime.now(UTC) - timedelta(seconds=10 * LOST_AFTER_S)
+    await send(js, "stale", at=old, util=(90.0, 90.0))  # busy, but too old to say anything about now
+
+    async def pool() -> dict:
+        reply = await request(inventory.nc, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=CLUSTER), timeout=5)
+        assert reply.ok, reply
+        return reply.result
+
+    async def samples_stored() -> bool:
+        nodes = (await request(inventory.nc, subjects.QUERY_INVENTORY_LIST_NODES, ListNodes(), timeout=5)).result
+        return all(g["telemetry"] for n in nodes["items"] for g in n["gpus"])
+
+    await eventually(samples_stored, what="both samples applied")
+    answer = await pool()
+    (cluster,) = answer["clusters"]
+    (h100,) = cluster["models"]
+    assert h100["model"] == "H100-80GB" and h100["total"] == 4 and h100["healthy"] == 4
+    assert h100["in_use"] == 1 and h100["in_use_gpus"] == [gpu_uuid("busy", 0)]
+    assert h100["unhealthy"] == 0 and h100["on_lost_nodes"] == 0
+    assert answer["all"]["totals"]["total"] == 4 and answer["fresh_within_s"] == LOST_AFTER_S
+    nodes = {n["node"]: n for n in cluster["nodes"]}
+    assert nodes["busy"]["cpu_util_pct"] == 12.5 and nodes["busy"]["memory_mib"] == 512 * 1024
+    assert nodes["busy"]["gpus"] == 2 and nodes["busy"]["cpu_count"] == 64
+
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        while not stop.is_set():
+            await send(js, "busy", util=(50.0, 2.0))
+            await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(heartbeat())
+    try:
+        await eventually(lambda: _count(js, NodeLost, 1), what="the stale node declared lost")
+        (h100,) = (await pool())["clusters"][0]["models"]
+        assert h100["on_lost_nodes"] == 2 and h100["healthy"] == 2 and h100["unhealthy"] == 2
+        assert sorted(h100["unhealthy_gpus"]) == [gpu_uuid("stale", 0), gpu_uuid("stale", 1)]
+        assert h100["in_use_gpus"] == [gpu_uuid("busy", 0)]
+    finally:
+        stop.set()
+        await task

@@ -1,0 +1,106 @@
+"""GET /v1/pool through real processes: inventory's view (health, use from the simulated agent's telemetry, node
+facts) combined by the gateway with placement's live allocations, on `gpupool up`'s 4 × 8-GPU simulated fleet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+FLEET = {"H100-80GB": 8, "A100-80GB": 8, "H200-141GB": 8, "L40S": 8}
+COUNTS = ("total", "healthy", "unhealthy", "on_lost_nodes", "in_use", "allocated", "allocated_idle", "free")
+
+
+def get_pool(api: httpx.Client) -> dict[str, Any]:
+    response = api.get("/v1/pool")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def by_model(pool: dict[str, Any]) -> dict[str, dict[str, int]]:
+    return {m["model"]: m for m in pool["all"]["models"]}
+
+
+def eventually(probe: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def assert_consistent(pool: dict[str, Any]) -> None:
+    """The identities every answer must satisfy, per model row, per cluster and over clusters."""
+    for row in [*pool["all"]["models"], *(m for c in pool["clusters"] for m in c["models"])]:
+        assert row["healthy"] + row["unhealthy"] == row["total"], row
+        assert 0 <= row["allocated_idle"] <= row["allocated"] <= row["total"], row
+        assert 0 <= row["in_use"] <= row["total"], row
+        # the fleet has no faults: nothing allocated is unhealthy, so free is exactly what is left
+        assert row["free"] == row["total"] - row["allocated"] - row["unhealthy"], row
+    for key in COUNTS:
+        assert pool["all"]["totals"][key] == sum(c["totals"][key] for c in pool["clusters"]), key
+        for c in pool["clusters"]:
+            assert c["totals"][key] == sum(m[key] for m in c["models"]), (c["cluster"], key)
+
+
+def test_pool_needs_a_token(platform) -> None:
+    response = httpx.get(f"{platform.gateway}/v1/pool", timeout=10)
+    assert response.status_code == 401
+    assert response.headers["content-type"].startswith("application/problem+json")
+
+
+def test_pool_counts_the_fleet_and_tracks_an_allocation_from_grant_to_release(platform) -> None:
+    with platform.client() as api:
+        before = get_pool(api)
+        assert before["in_use_util_pct"] == 5.0 and before["fresh_within_s"] > 0
+        assert {m: r["total"] for m, r in by_model(before).items()} == FLEET
+        assert before["all"]["totals"]["total"] == 32
+        assert before["all"]["totals"]["unhealthy"] == 0 and before["all"]["totals"]["on_lost_nodes"] == 0
+        (local,) = before["clusters"]
+        assert local["cluster"] == "local" and len(local["nodes"]) == 4
+        for node in local["nodes"]:
+            assert node["state"] == "ready" and node["gpus"] == 8
+            assert node["cpu_count"] > 0 and node["memory_mib"] > 0 and node["last_seen_at"]
+        assert_consistent(before)
+        base = by_model(before)["L40S"]
+
+        response = api.post("/v1/jobs", json={"name": "pool-e2e", "team": "research", "gpus": 3,
+                                              "gpu_models": ["L40S"], "kind": "training"})
+        assert response.status_code == 201, response.text
+        job_id = response.json()["job_id"]
+        eventually(lambda: api.get("/v1/allocations", params={"job_id": job_id, "active": True}).json()["items"],
+                   "the job's allocation")
+
+        # right after the grant the GPUs count as allocated (busy or not yet: the agent's telemetry decides)
+        granted = get_pool(api)
+        l40s = by_model(granted)["L40S"]
+        assert l40s["allocated"] == base["allocated"] + 3
+        assert l40s["free"] == base["free"] - 3 == l40s["total"] - l40s["allocated"] - l40s["unhealthy"]
+        assert by_model(granted)["H100-80GB"]["allocated"] == by_model(before)["H100-80GB"]["allocated"]
+        assert_consistent(granted)
+
+        # the simulated agent runs a training workload on allocated GPUs: they become in use, not idle
+        def busy() -> dict[str, Any] | None:
+            pool = get_pool(api)
+            row = by_model(pool)["L40S"]
+            return pool if row["allocated_idle"] == 0 and row["in_use"] >= 3 else None
+
+        busy_pool = eventually(busy, "the allocated GPUs to show as in use")
+        assert_consistent(busy_pool)
+
+        assert api.post(f"/v1/jobs/{job_id}/complete").status_code == 200
+        def released_pool() -> dict[str, Any] | None:
+            pool = get_pool(api)
+            return pool if by_model(pool)["L40S"]["allocated"] == base["allocated"] else None
+
+        released = eventually(released_pool, "the release to show")
+        assert by_model(released)["L40S"]["free"] == base["free"]
+        assert_consistent(released)

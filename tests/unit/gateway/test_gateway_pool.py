@@ -1,0 +1,62 @@
+"""The gateway's join of inventory's pool view with placement's live allocations (pure)."""
+
+from __future__ import annotations
+
+from services.gateway.pool import combine_pool
+
+
+def model(name: str, total: int, *, in_use: list[str] = (), unhealthy: list[str] = (), lost: int = 0) -> dict:
+    return {"model": name, "total": total, "healthy": total - len(unhealthy), "unhealthy": len(unhealthy),
+            "on_lost_nodes": lost, "in_use": len(in_use), "in_use_gpus": list(in_use),
+            "unhealthy_gpus": list(unhealthy)}
+
+
+def cluster(name: str, *models: dict) -> dict:
+    return {"cluster": name, "models": list(models), "nodes": [{"node": f"{name}-n0", "cpu_count": 8}]}
+
+
+INVENTORY = {
+    "clusters": [
+        cluster("east", model("H100-80GB", 4, in_use=["h1", "h9"], unhealthy=["h4"]), model("L4", 2)),
+        cluster("west", model("H100-80GB", 2, in_use=["w1"])),
+    ],
+    "in_use_util_pct": 5.0,
+    "fresh_within_s": 15.0,
+}
+
+
+def alloc(cluster: str, *gpus: tuple[str, str], released: bool = False) -> dict:
+    return {"cluster": cluster, "released_at": "2025-01-01T00:00:00+00:00" if released else None,
+            "gpus": [{"uuid": u, "model": m, "index": i} for i, (u, m) in enumerate(gpus)]}
+
+
+ALLOCATIONS = [
+    alloc("east", ("h1", "H100-80GB"), ("h2", "H100-80GB")),  # h1 busy, h2 allocated but idle
+    alloc("east", ("h4", "H100-80GB")),  # allocated and then went unhealthy
+    alloc("west", ("w1", "H100-80GB")),
+    alloc("east", ("l1", "L4"), released=True),  # released: not counted
+]
+
+
+def test_allocated_idle_and_free_come_from_joining_allocations_with_use_and_health() -> None:
+    pool = combine_pool(INVENTORY, ALLOCATIONS)
+    east, west = pool["clusters"]
+    h100 = east["models"][0]
+    assert h100 == {"model": "H100-80GB", "total": 4, "healthy": 3, "unhealthy": 1, "on_lost_nodes": 0,
+                    "in_use": 2, "allocated": 3, "allocated_idle": 2, "free": 1}
+    assert east["models"][1]["allocated"] == 0 and east["models"][1]["free"] == 2
+    assert {k: west["models"][0][k] for k in ("allocated", "allocated_idle", "free")} == {
+        "allocated": 1, "allocated_idle": 0, "free": 1}
+    assert east["totals"]["free"] == 3 and east["nodes"] == INVENTORY["clusters"][0]["nodes"]
+    assert "in_use_gpus" not in h100  # uuid lists are inventory's working data, not the API's
+    everything = {m["model"]: m for m in pool["all"]["models"]}
+    assert everything["H100-80GB"]["total"] == 6 and everything["H100-80GB"]["allocated"] == 4
+    assert everything["H100-80GB"]["allocated_idle"] == 2 and everything["H100-80GB"]["free"] == 2
+    assert pool["all"]["totals"]["total"] == 8 and pool["all"]["totals"]["free"] == 4
+
+
+def test_a_cluster_filter_ignores_allocations_elsewhere() -> None:
+    only_west = {**INVENTORY, "clusters": [INVENTORY["clusters"][1]]}
+    pool = combine_pool(only_west, ALLOCATIONS, cluster="west")
+    assert [c["cluster"] for c in pool["clusters"]] == ["west"]
+    assert pool["all"]["totals"]["allocated"] == 1 and pool["all"]["totals"]["total"] == 2
