@@ -101,6 +101,11 @@ def cmd_sim(argv: list[str]) -> int:
 
 
 def cmd_bench(argv: list[str]) -> int:
+    """`gpupool bench platform ...`: the end-to-end platform benchmark; anything else: the core/simulator ones."""
+    if argv and argv[0] == "platform":
+        from libs.devstack.bench_platform import main as platform_main
+
+        return platform_main(argv[1:])
     from libs.sim.bench import main as bench_main
 
     return bench_main(argv)
