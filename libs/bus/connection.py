@@ -48,7 +48,10 @@ async def connect(url: str, name: str, *, user: str | None = None, password: str
     )
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
+    """The stream as the contracts declare it, kept on ``replicas`` servers of a JetStream cluster (1: one node)."""
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
     return StreamConfig(
         name=spec.name,
         subjects=list(spec.subjects),
@@ -59,13 +62,18 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         max_age=spec.max_age_s,
         max_bytes=spec.max_bytes,
         max_msgs_per_subject=spec.max_msgs_per_subject,
+        num_replicas=replicas,
     )
 
 
-async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = STREAMS) -> None:
-    """Create or update each stream so its config matches the contracts (idempotent; every service calls it)."""
+async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = STREAMS, *,
+                         replicas: int = 1) -> None:
+    """Create or update each stream so its config matches the contracts (idempotent; every service calls it).
+
+    ``replicas`` > 1 needs a JetStream cluster of at least that many servers; every caller must pass the same
+    value, as each call sets it (an update to fewer replicas shrinks the stream)."""
     for spec in specs:
-        config = stream_config(spec)
+        config = stream_config(spec, replicas)
         try:
             await js.stream_info(spec.name)
         except NotFoundError:

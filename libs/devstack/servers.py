@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import pwd
 import shutil
@@ -29,7 +30,7 @@ READY_TIMEOUT_S = 20.0
 PG_SYSTEM_USER = "gpupool-pg"  # PostgreSQL refuses to run as root, so root runs it as this user.
 _PORT_RETRIES = 3  # a port picked by free_port() can be taken by someone else before the server binds it
 
-__all__ = ["ManagedServer", "ServerStartError", "free_port", "start_nats", "start_postgres"]
+__all__ = ["ManagedServer", "ServerStartError", "free_port", "start_nats", "start_nats_cluster", "start_postgres"]
 
 
 class ServerStartError(RuntimeError):
@@ -147,6 +148,106 @@ def start_nats(
             server.stop(timeout=5)
             raise
     raise AssertionError("unreachable")
+
+
+def start_nats_cluster(
+    data_dir: Path,
+    size: int = 3,
+    *,
+    host: str = "127.0.0.1",
+    cluster_name: str = "gpupool",
+    config_file: Path | None = None,
+    timeout: float = 30.0,
+) -> list[ManagedServer]:
+    """Start ``size`` nats-server processes routed into one JetStream cluster; return once it has a meta leader.
+
+    Node ``i`` is ``nats-<i>`` (its ``server_name`` too): its own client, cluster and monitoring ports on ``host``,
+    its JetStream store in ``data_dir/nats-<i>``, its log in ``data_dir/nats-<i>.log``, and routes to every other
+    node. Returns when every node reports the same JetStream meta leader for a cluster of ``size`` and answers
+    ``/healthz``. Connect with every node's URL (``nats.connect(servers=[s.url for s in nodes])``); stop a node with
+    its ``stop()`` (the others keep the cluster while a majority is up), and every node when done.
+    """
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    data_dir = Path(data_dir).absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    binary = _nats_binary()
+    hp = _url_host(host)
+    for attempt in range(_PORT_RETRIES):
+        ports = [(free_port(host), free_port(host), free_port(host)) for _ in range(size)]  # client, cluster, http
+        nodes: list[ManagedServer] = []
+        offsets: list[int] = []
+        try:
+            for i, (port, cluster_port, monitor_port) in enumerate(ports):
+                name = f"nats-{i}"
+                store = data_dir / name
+                store.mkdir(parents=True, exist_ok=True)
+                log_file = data_dir / f"{name}.log"
+                routes = ",".join(f"nats://{hp}:{c}" for j, (_, c, _) in enumerate(ports) if j != i)
+                cmd = [binary, "-js", "-sd", str(store), "-a", host, "-p", str(port), "-m", str(monitor_port),
+                       "--server_name", name, "--cluster_name", cluster_name,
+                       "--cluster", f"nats://{hp}:{cluster_port}"]
+                if routes:
+                    cmd += ["--routes", routes]
+                if config_file is not None:
+                    cmd += ["-c", str(config_file)]
+                offsets.append(_size(log_file))
+                with open(log_file, "ab") as log:
+                    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+                nodes.append(ManagedServer(name=name, url=f"nats://{hp}:{port}", pid=proc.pid, data_dir=store,
+                                           log_file=log_file, monitor_url=f"http://{hp}:{monitor_port}",
+                                           _proc=proc))
+            _wait_cluster(nodes, offsets, size, timeout)
+            return nodes
+        except ServerStartError as e:
+            for node in nodes:
+                node.stop(timeout=5)
+            if attempt + 1 < _PORT_RETRIES and "address already in use" in str(e):
+                continue
+            raise
+        except BaseException:
+            for node in nodes:
+                node.stop(timeout=5)
+            raise
+    raise AssertionError("unreachable")
+
+
+def jetstream_meta_leader(server: ManagedServer) -> tuple[str | None, int]:
+    """(meta leader's server name or None, cluster size) as ``server`` sees it, from its ``/jsz``."""
+    try:
+        with urllib.request.urlopen(f"{server.monitor_url}/jsz", timeout=1) as resp:
+            meta = json.load(resp).get("meta_cluster") or {}
+    except (urllib.error.URLError, OSError, ValueError):
+        return None, 0
+    return meta.get("leader") or None, int(meta.get("cluster_size") or 0)
+
+
+def _wait_cluster(nodes: list[ManagedServer], offsets: list[int], size: int, timeout: float) -> None:
+    def ready() -> bool:
+        views = [jetstream_meta_leader(n) for n in nodes]
+        leaders = {leader for leader, _ in views}
+        if len(leaders) != 1 or None in leaders or any(n_size != size for _, n_size in views):
+            return False
+        return all(_http_ok(f"{n.monitor_url}/healthz") for n in nodes)
+
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        for node, offset in zip(nodes, offsets, strict=True):
+            if not node.is_running():
+                code = node._proc.returncode if node._proc else "?"
+                raise ServerStartError(f"{node.name} exited (code {code}) while the cluster formed; "
+                                       f"log {node.log_file}:\n{_tail_file(node.log_file, offset)}")
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            views = {n.name: jetstream_meta_leader(n) for n in nodes}
+            raise ServerStartError(f"NATS cluster of {size} has no agreed JetStream meta leader after {timeout:.0f}s "
+                                   f"(leader, size per node: {views}); log {nodes[0].log_file}:\n"
+                                   f"{_tail_file(nodes[0].log_file, offsets[0])}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
 
 
 def _http_ok(url: str) -> bool:
