@@ -22,7 +22,7 @@ DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
     PriorityClass("high", 100, preemptible=False),
     PriorityClass("normal", 0, preemptible=True),
     PriorityClass("low", -50, preemptible=True),
-    PriorityClass("best-effort", -100, preemptible=True, min_runtime_s=0.0),
+    PriorityClass("best-effort", -100, preemptible=True, min_runtime_s=60.0),
 )
 
 
@@ -109,6 +109,9 @@ class Policy:
     fair_share_half_life_s: float = 7 * 24 * 3600.0
     min_runtime_s: float = 300.0
     max_reservations: int = 4
+    # A reservation whose start is unknown (running work has no max runtime) drains nodes; only do that for a job
+    # that has waited this long.
+    drain_after_s: float = 3600.0
     workload: tuple[WorkloadShape, ...] = ()  # empty: derived from the pending jobs of the cycle
     max_workload_shapes: int = 32
 

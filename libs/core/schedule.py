@@ -451,7 +451,7 @@ class Scheduler:
         reconfigs: dict[tuple[str, str], tuple[list, list]] = {}
         reserved: dict[int, tuple[str, float]] = {}
         nominated: set[int] = set()
-        victims: set[str] = set()
+        victims: set[str] = set()  # chosen victims and jobs placed this cycle: not preemptible again now
         fail_memo: dict = {}
         preempt_fail: set = set()
 
@@ -487,6 +487,7 @@ class Scheduler:
                         reserved[i] = (rid, start_by)
                         st.set_hidden(i, True)
         new_sticky: dict[str, tuple[list[int], float]] = {}
+        draining = False
 
         order = p.setting("order")
         head_of_line = p.setting("head_of_line")
@@ -571,6 +572,7 @@ class Scheduler:
                         ledger.add(paths, model, milli)
                         self._account(job.team, job.project, model, milli)
                 self._register(job, takes, prio, preemptible, _min_rt, now)
+                victims.add(job.job_id)  # placed in this cycle: never a victim in it
                 placed_flag[0] = True
                 continue
 
@@ -604,6 +606,8 @@ class Scheduler:
                         for idx in target_nodes:
                             nominated.add(idx)
                             st.set_hidden(idx, True)
+                        # held for the preemptor into the next cycle, when the victims are gone
+                        new_sticky[job.job_id] = (list(target_nodes), now)
                         names = ", ".join(sorted(st.nodes[i].name for i in target_nodes))
                         reasons.append(PendingReason(job.job_id, PREEMPTING,
                                                      f"waiting for {len(chosen)} preempted job(s) to leave {names}"))
@@ -615,6 +619,10 @@ class Scheduler:
                     and code in (NO_FEASIBLE_NODE, WAITING_FOR_GANG)
                     and len(reservations) < p.max_reservations):
                 res = self._reserve(job, shape, allowed, now)
+                if res is not None and res[1] == INF and (now - job.submitted_at < p.drain_after_s or draining):
+                    res = None  # nobody knows when the nodes free up: drain them only for one starving job
+                if res is not None and res[1] == INF:
+                    draining = True
                 if res is not None:
                     idxs, start_by = res
                     for i in idxs:

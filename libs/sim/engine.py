@@ -88,6 +88,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
     first_start: dict[str, float] = {}
     finished: dict[str, float] = {}
     preempted: Counter = Counter()
+    preempt_reasons: Counter = Counter()
     team_gpu_s: Counter = Counter()
     held_milli: dict[str, int] = {}
     series = Series()
@@ -141,6 +142,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
                     stop(v.job_id, now)
                     gen[v.job_id] += 1
                     preempted[v.job_id] += 1
+                    preempt_reasons[v.reason] += 1
                     pending[v.job_id] = requests[v.job_id]
             if not plan.preemptions:
                 break
@@ -186,6 +188,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
         "jain_fairness": jain([mean(v) for v in per_team_service.values()]),
         "team_gpu_share": {t: team_gpu_s[t] / total_gpu_s for t in sorted(team_gpu_s)},
         "preemptions": sum(preempted.values()),
+        "preemptions_by_reason": dict(sorted(preempt_reasons.items())),
         "makespan_s": span_end - span_start,
         "gpus": capacity,
         "nodes": len(nodes),

@@ -137,6 +137,14 @@ def test_blocked_gang_reserves_nodes_and_long_jobs_may_not_backfill_there():
 
 def test_best_effort_yields_to_everything_in_its_team():
     snap = snapshot(cluster(1, 1), running=[running("be", "node000", [0], priority_class="best-effort",
-                                                    started=99.0)])
+                                                    started=40.0)])
     plan = schedule(snap, [job("n", 1, priority_class="normal")], Policy(), now=100.0)
     assert [p.job_id for p in plan.preemptions] == ["be"]
+
+
+def test_a_job_placed_in_a_cycle_is_never_a_victim_in_the_same_cycle():
+    snap = snapshot(cluster(1, 1))
+    jobs = [job("be", 1, priority_class="best-effort", at=0.0), job("n", 1, priority_class="normal", at=1.0)]
+    plan = schedule(snap, jobs, Policy(order="fifo", head_of_line=False), now=100.0)
+    assert _order(plan) == ["be"]
+    assert plan.preemptions == ()

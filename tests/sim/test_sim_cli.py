@@ -1,0 +1,74 @@
+"""`gpupool sim` command lines: stable options, metrics.json keys, plots, help."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sim_builders import generic_trace, node_list, openb_tasks
+
+from libs.sim import cli
+
+REPLAY_KEYS = ("jct_mean_s", "jct_p99_s", "queue_mean_s", "queue_p99_s", "gpu_allocation_rate", "jain_fairness",
+               "preemptions")
+
+
+def test_fill_writes_unallocated_share_curve_and_plot_for_any_task_file(tmp_path, capsys):
+    nodes = node_list(tmp_path / "nodes.csv")
+    # only the required columns: name,cpu_milli,memory_mib,num_gpu,gpu_milli
+    tasks = tmp_path / "tasks.csv"
+    tasks.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                     + "".join(f"t{i},{2000 + 1000 * (i % 5)},4096,{1 if i % 7 else 2},{(300, 1000)[i % 2]}\n"
+                               for i in range(40)))
+    out = tmp_path / "out"
+    rc = cli.main(["fill", "--nodes", str(nodes), "--tasks", str(tasks), "--policy", "best-fit,default",
+                   "--seed", "3", "--out", str(out)])
+    assert rc == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert 0.0 <= m["unallocated_gpu_share"] <= 1.0
+    assert m["curve"][0] == {"arrived": 0.0, "unallocated_gpu_share": 1.0}
+    assert set(m["policies"]) == {"best-fit", "default"} and "default_vs_best_fit_reduction" in m
+    assert (out / "fill_unallocated.png").stat().st_size > 0
+    assert "unallocated_gpu_share" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["openb", "generic"])
+def test_replay_writes_the_documented_metrics_and_plots(tmp_path, fmt):
+    nodes = node_list(tmp_path / "nodes.csv", shapes=((8, "G2", 96000, 393216, 2),))
+    trace = openb_tasks(tmp_path / "t.csv", n=80) if fmt == "openb" else generic_trace(tmp_path / "g.csv", n=80)
+    out = tmp_path / "out"
+    rc = cli.main(["replay", "--trace", str(trace), "--format", fmt, "--nodes", str(nodes), "--policy",
+                   "default,fifo", "--out", str(out)])
+    assert rc == 0
+    m = json.loads((out / "metrics.json").read_text())
+    for key in REPLAY_KEYS:
+        assert isinstance(m[key], (int, float))
+        assert key in m["policies"]["fifo"]
+    for png in ("allocation_rate.png", "fragmentation.png", "jct_cdf.png", "team_share.png"):
+        assert (out / png).stat().st_size > 0
+
+
+def test_unknown_policy_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fill", "--nodes", "n.csv", "--tasks", "t.csv", "--policy", "nope", "--out", str(tmp_path)])
+    assert e.value.code == 2
+
+
+def test_missing_file_reports_an_error_instead_of_a_traceback(tmp_path, capsys):
+    rc = cli.main(["fill", "--nodes", str(tmp_path / "missing.csv"), "--tasks", str(tmp_path / "x.csv"),
+                   "--out", str(tmp_path / "o")])
+    assert rc == 2 and "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command,options", [
+    ("fill", ["--nodes", "--tasks", "--policy", "--seed", "--out", "--max-arrived", "--sharing"]),
+    ("replay", ["--trace", "--format", "--nodes", "--policy", "--out", "--seed", "--max-nodes", "--limit",
+                "--time-scale", "--cycle-interval", "--sharing"]),
+])
+def test_help_documents_every_option(command, options, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: gpupool sim " + command)
+    for opt in options:
+        assert opt in text
