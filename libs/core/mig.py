@@ -75,6 +75,7 @@ def canonical_model(model: str) -> str:
     return _ALIASES.get(key, key)
 
 
+@lru_cache(maxsize=1024)
 def profiles_for(model: str) -> dict[str, MigProfile]:
     """The MIG profiles a GPU model supports; empty when the model is not MIG-capable (or not catalogued)."""
     return CATALOGUE.get(canonical_model(model), {})

@@ -109,6 +109,9 @@ class Policy:
     fair_share_half_life_s: float = 7 * 24 * 3600.0
     min_runtime_s: float = 300.0
     max_reservations: int = 4
+    # Score at most this many feasible node groups per decision, visited best first (0: all of them; the fill
+    # experiment uses 0). Like Nomad's limit iterator and kube-scheduler's percentageOfNodesToScore.
+    max_candidates: int = 16
     # A reservation whose start is unknown (running work has no max runtime) drains nodes; only do that for a job
     # that has waited this long.
     drain_after_s: float = 3600.0

@@ -115,10 +115,12 @@ class Scheduler:
             if w.gpus > 0 and not w.mig_profile
         )
         self.state = ClusterState(snapshot, host)
+        self._cache_settings()
         self.history = snapshot.usage
         self._frag_memo: dict = {}
         self._choose_memo: dict = {}
         self._class_memo: dict = {}
+        self._elig_memo: dict = {}
         self._shape_ids: dict = {}
         self._sticky: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self._norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
@@ -184,20 +186,22 @@ class Scheduler:
         return sid
 
     def _classes_for(self, shape: Shape, allowed: frozenset) -> list[int]:
-        key = (shape.selector, allowed, shape.kind)
+        key = (shape, allowed)
         out = self._class_memo.get(key)
-        if out is None:
+        if out is None:  # classes with a GPU that could ever serve the shape (model, memory, sharing mode)
             out = [
                 c.id
                 for c in self.state.classes
-                if shape.selector <= c.labels and (shape.kind == CPU_KIND or c.models & allowed)
+                if shape.selector <= c.labels
+                and (shape.kind == CPU_KIND or any(gpu_eligible(st, shape, allowed) for st in c.gpus))
+                and (not c.cpu_cap or c.cpu_cap >= shape.cpu) and (not c.mem_cap or c.mem_cap >= shape.mem)
             ]
             self._class_memo[key] = out
         return out
 
     def _choices(self, cid: int, dyn: tuple, shape: Shape, sid: int, per_node: int, allowed: frozenset,
-                 mode: str) -> tuple:
-        key = (cid, dyn, sid, per_node, allowed, mode)
+                 mode: str, kid: int | None = None) -> tuple:
+        key = (kid, sid, per_node, allowed, mode) if kid is not None else (cid, dyn, sid, per_node, allowed, mode)
         out = self._choose_memo.get(key)
         if out is None:
             if len(self._choose_memo) > 400_000:
@@ -215,6 +219,15 @@ class Scheduler:
             v = fragmentation(self.state.classes[cid], dyn, mask, self.gpu_shapes)
             self._frag_memo[key] = v
         return v
+
+    def _cache_settings(self) -> None:
+        p = self.policy
+        self._w_frag = p.setting("w_frag")
+        self._w_binpack = p.setting("w_binpack")
+        self._w_spread = p.setting("w_spread")
+        self._w_topology = p.setting("w_topology")
+        self._max_candidates = p.max_candidates
+        self._mode_v = self._mode()
 
     def _mode(self) -> str:
         p = self.policy
@@ -248,11 +261,10 @@ class Scheduler:
 
     def _score(self, cid: int, dyn: tuple, mask: int, rep, choice: Choice, shape: Shape,
                domain: str | None) -> float:
-        p = self.policy
         cls = self.state.classes[cid]
         after = apply_choice(cls, dyn, choice, shape)
         s = 0.0
-        w_frag = p.setting("w_frag")
+        w_frag = self._w_frag
         if w_frag:
             if shape.kind == MIG_KIND:
                 s += w_frag * choice.mig_score
@@ -260,7 +272,7 @@ class Scheduler:
                 mask_after = self.state.host_mask(rep, shape.cpu, shape.mem)
                 d = self._frag(cid, after, mask_after) - self._frag(cid, dyn, mask)
                 s -= w_frag * d / WHOLE
-        wb, ws = p.setting("w_binpack"), p.setting("w_spread")
+        wb, ws = self._w_binpack, self._w_spread
         if wb or ws:
             # packing measure: GPUs in use after the choice, averaged with CPU in use where the node tracks CPU,
             # so that ties go to the node whose spare capacity is smallest (big nodes stay free for big jobs)
@@ -269,7 +281,7 @@ class Scheduler:
                 cpu_u = 1.0 - (rep.cpu_free - shape.cpu) / rep.cpu_cap
                 u = cpu_u if shape.kind == CPU_KIND else (u + cpu_u) / 2
             s += wb * u + ws * (1.0 - u)
-        wt = p.setting("w_topology")
+        wt = self._w_topology
         if wt:
             s += wt * choice.topology
             if domain is not None and rep.topology == domain:
@@ -278,17 +290,32 @@ class Scheduler:
 
     def _best(self, shape: Shape, sid: int, per_node: int, allowed: frozenset, exclude: set,
               domain: str | None):
-        """Filter -> score -> select: the best (node, choice) for one node's part of the request."""
-        mode = self._mode()
+        """Filter -> score -> select: the best (node, choice) for one node's part of the request. At most
+        `policy.max_candidates` feasible keys are scored (0: all), visited best first."""
+        mode = self._mode_v
         best = None
         best_key = None
-        groups = self.state.groups
+        limit = self._max_candidates if mode != "first" else 0
+        seen = 0
+        kids = self.state.key_ids
+        memo = self._choose_memo
         for cid in self._classes_for(shape, allowed):
-            for key, bucket in groups.get(cid, {}).items():
-                dyn, mask = key
-                cands = self._choices(cid, dyn, shape, sid, per_node, allowed, mode)
+            groups = self.state.groups.get(cid, {})
+            if shape.kind == WHOLE_KIND:
+                by_free = self.state.by_free.get(cid, {})
+                counts = sorted((c for c in by_free if c >= per_node and by_free[c]), reverse=(mode == "loose"))
+                keys = [k for c in counts for k in by_free[c]]
+            else:
+                keys = groups
+            for key in keys:
+                kid = kids[key]
+                cands = memo.get((kid, sid, per_node, allowed, mode))
+                if cands is None:
+                    cands = self._choices(cid, key[0], shape, sid, per_node, allowed, mode, kid)
                 if not cands:
                     continue
+                bucket = groups[key]
+                dyn, mask = key
                 rep = self._rep(bucket, shape, exclude, domain, mode == "first")
                 if rep is None:
                     continue
@@ -301,6 +328,9 @@ class Scheduler:
                     k = (self._score(cid, dyn, mask, rep, c, shape, domain), -rep.idx)
                     if best_key is None or k > best_key:
                         best_key, best = k, (rep.idx, c)
+                seen += 1
+                if limit and seen >= limit:
+                    return best
         return best
 
     def _whole_count(self, cid: int, dyn: tuple, shape: Shape, allowed: frozenset) -> int:
@@ -350,25 +380,34 @@ class Scheduler:
         while remaining > 0:
             pick = None
             pick_key = None
+            levels: list[tuple[int, int, tuple]] = []  # (free count, class, key), most free first
             for cid in self._classes_for(shape, allowed):
-                for key, bucket in st.groups.get(cid, {}).items():
-                    n = min(self._whole_count(cid, key[0], shape, allowed), remaining)
-                    if n <= 0:
-                        continue
-                    rep = self._rep(bucket, shape, used, domain, False)
-                    if rep is None:
-                        continue
-                    k = (n, domain is not None and rep.topology == domain, -rep.idx)
-                    if pick_key is None or k > pick_key:
-                        pick_key, pick = k, (rep.idx, n)
+                for c, keys in st.by_free.get(cid, {}).items():
+                    if c > 0:
+                        levels.extend((c, cid, key) for key in keys)
+            levels.sort(key=lambda x: -min(x[0], remaining))
+            best_level = None
+            for c, cid, key in levels:
+                if best_level is not None and min(c, remaining) < best_level:
+                    break
+                n = min(self._whole_count(cid, key[0], shape, allowed), remaining)
+                if n <= 0:
+                    continue
+                rep = self._rep(st.groups[cid][key], shape, used, domain, False)
+                if rep is None:
+                    continue
+                k = (n, domain is not None and rep.topology == domain, -rep.idx)
+                if pick_key is None or k > pick_key:
+                    pick_key, pick = k, (rep.idx, n)
+                    best_level = n
             if pick is None:
                 st.rollback(mark)
                 return None
             idx, n = pick
             ns = st.nodes[idx]
             dyn = tuple(g.dyn() for g in ns.gpus)
-            choice = self._choices(ns.cls, dyn, shape, sid, n, allowed, "tight" if self._mode() == "frag"
-                                   else self._mode())
+            choice = self._choices(ns.cls, dyn, shape, sid, n, allowed, "tight" if self._mode_v == "frag"
+                                   else self._mode_v)
             if not choice:
                 st.rollback(mark)
                 return None
@@ -488,6 +527,13 @@ class Scheduler:
                         st.set_hidden(i, True)
         new_sticky: dict[str, tuple[list[int], float]] = {}
         draining = False
+        reserve_tries = 0
+        reserve_memo: set = set()
+        # running work that may be preempted at all this cycle (preemptible and past its minimum runtime)
+        self._eligible_victims = [
+            rj for _, rj in sorted(st.running.items())
+            if rj.preemptible and now - rj.started_at >= rj.min_runtime_s
+        ] if p.setting("preemption") else []
 
         order = p.setting("order")
         head_of_line = p.setting("head_of_line")
@@ -583,7 +629,7 @@ class Scheduler:
                 code, msg = self._why(job, shape, sid, allowed, reserved)
                 fail_memo[memo_key] = (code, msg)
 
-            if p.setting("preemption") and code != RESERVED_FOR_GANG and code != RESERVED_FOR_JOB:
+            if self._eligible_victims and code != RESERVED_FOR_GANG and code != RESERVED_FOR_JOB:
                 reclaim = any(ledger.within_guarantee(paths, m, self._amount(shape, m)) for m in allowed)
                 pkey = (sid, allowed, job.team, prio, reclaim)
                 if pkey not in preempt_fail:
@@ -617,8 +663,12 @@ class Scheduler:
 
             if (p.setting("backfill") and shape.kind == WHOLE_KIND and shape.total >= 2
                     and code in (NO_FEASIBLE_NODE, WAITING_FOR_GANG)
-                    and len(reservations) < p.max_reservations):
+                    and len(reservations) < p.max_reservations
+                    and reserve_tries < 4 * p.max_reservations and (sid, allowed) not in reserve_memo):
+                reserve_tries += 1
                 res = self._reserve(job, shape, allowed, now)
+                if res is None or res[1] == INF:
+                    reserve_memo.add((sid, allowed))  # the same shape will not get a better answer this cycle
                 if res is not None and res[1] == INF and (now - job.submitted_at < p.drain_after_s or draining):
                     res = None  # nobody knows when the nodes free up: drain them only for one starving job
                 if res is not None and res[1] == INF:
@@ -736,8 +786,12 @@ class Scheduler:
                 continue
             if (ns.cpu_cap and ns.cpu_cap < shape.cpu) or (ns.mem_cap and ns.mem_cap < shape.mem):
                 continue  # could never host it, however long we wait
-            cls = st.classes[ns.cls]
-            elig = [i for i, s in enumerate(cls.gpus) if gpu_eligible(s, shape, allowed)]
+            ek = (ns.cls, shape, allowed)
+            elig = self._elig_memo.get(ek)
+            if elig is None:
+                elig = self._elig_memo[ek] = [
+                    i for i, s in enumerate(st.classes[ns.cls].gpus) if gpu_eligible(s, shape, allowed)
+                ]
             if not elig:
                 continue
             want = per if per is not None else len(elig)
@@ -774,10 +828,8 @@ class Scheduler:
         st = self.state
         budget: dict[str, int] = {}
         cands: list[tuple] = []
-        for rj in st.running.values():
-            if rj.job_id in taken or rj.job_id == job.job_id or not rj.preemptible or rj.priority > prio:
-                continue
-            if now - rj.started_at < rj.min_runtime_s:
+        for rj in self._eligible_victims:
+            if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
                 continue
             if shape.kind != CPU_KIND and not (set(rj.milli_by_model) & allowed):
                 continue

@@ -19,6 +19,15 @@ from libs.core.model import FRACTIONAL, MIG, WHOLE, Allocation, Snapshot
 EXTERNAL = "<external>"  # holder of GPUs listed in Snapshot.allocated_gpus
 
 
+def _whole_free(dyn: tuple) -> int:
+    """Wholly free, healthy, non-MIG GPUs in a node's free state."""
+    n = 0
+    for d in dyn:
+        if d == WHOLE or (d.__class__ is tuple and d[0] == WHOLE and len(d) == 2 and d[1].__class__ is int):
+            n += 1
+    return n
+
+
 class GpuState:
     __slots__ = (
         "uuid", "index", "model", "memory_mib", "healthy", "sharing", "nvlink", "numa", "free", "free_mem",
@@ -116,6 +125,9 @@ class ClusterState:
         self.classes: list[NodeClass] = []
         self._class_ids: dict[tuple, int] = {}
         self.groups: dict[int, dict[tuple, dict[int, None]]] = {}  # class id -> key -> nodes (ordered)
+        # class id -> number of wholly free GPUs -> keys: whole-GPU requests look only where they can fit
+        self.by_free: dict[int, dict[int, dict[tuple, None]]] = {}
+        self.key_ids: dict[tuple, int] = {}  # every key ever seen -> a small int, for cheap memo keys
         self.holds: dict[str, list[Take]] = {}
         self.running: dict[str, RunningJob] = {}
         self.journal: list[tuple[str, Take]] = []
@@ -143,7 +155,14 @@ class ClusterState:
         ns.gpus = [GpuState(g) for g in sorted(n.gpus, key=lambda g: g.index)]
         ns.schedulable = n.schedulable
         ns.hidden = False
-        static = tuple((g.model, g.memory_mib, g.sharing, g.nvlink, g.numa, g.healthy) for g in ns.gpus)
+        # NVLink domains are named per node; the class only needs which GPUs share one (first-seen ordinal)
+        doms: dict[str, str] = {}
+        for g in ns.gpus:
+            if g.nvlink and g.nvlink not in doms:
+                doms[g.nvlink] = str(len(doms))
+        static = tuple(
+            (g.model, g.memory_mib, g.sharing, doms.get(g.nvlink, ""), g.numa, g.healthy) for g in ns.gpus
+        )
         ck = (static, ns.labels, ns.cpu_cap, ns.mem_cap)
         cid = self._class_ids.get(ck)
         if cid is None:
@@ -176,17 +195,26 @@ class ClusterState:
 
     def _reindex(self, ns: NodeState) -> None:
         groups = self.groups.setdefault(ns.cls, {})
+        by_free = self.by_free.setdefault(ns.cls, {})
         if ns.key is not None:
             bucket = groups.get(ns.key)
             if bucket is not None:
                 bucket.pop(ns.idx, None)
                 if not bucket:
                     del groups[ns.key]
+                    keys = by_free[_whole_free(ns.key[0])]
+                    del keys[ns.key]
         if not ns.schedulable or ns.hidden:
             ns.key = None
             return
         ns.key = (tuple(g.dyn() for g in ns.gpus), self.host_mask(ns))
-        groups.setdefault(ns.key, {})[ns.idx] = None
+        bucket = groups.get(ns.key)
+        if bucket is None:
+            bucket = groups[ns.key] = {}
+            if ns.key not in self.key_ids:
+                self.key_ids[ns.key] = len(self.key_ids)
+            by_free.setdefault(_whole_free(ns.key[0]), {})[ns.key] = None
+        bucket[ns.idx] = None
 
     def set_hidden(self, idx: int, hidden: bool) -> None:
         ns = self.nodes[idx]

@@ -27,7 +27,7 @@ POLICIES = ("fifo", "best-fit", "default")
 
 
 def make_policy(name: str, teams: list[str] | None = None, capacity_gpus: float = 0.0, *, preemption=None,
-                backfill=None) -> Policy:
+                backfill=None, max_candidates: int | None = None) -> Policy:
     """The simulator's policies. `default` also gets equal guaranteed quotas per team (so borrowing and reclaim
     happen); the baselines run without quotas."""
     if name not in preset_names():
@@ -39,6 +39,8 @@ def make_policy(name: str, teams: list[str] | None = None, capacity_gpus: float 
         kw["preemption"] = preemption
     if backfill is not None:
         kw["backfill"] = backfill
+    if max_candidates is not None:
+        kw["max_candidates"] = max_candidates
     return Policy(name=name, **kw)
 
 
@@ -216,7 +218,8 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
     capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
     if capacity == 0 or not tasks:
         raise ValueError("the fill experiment needs GPUs and tasks")
-    policy = make_policy(policy_name, preemption=False, backfill=False)
+    # every node group is scored (max_candidates=0): the experiment measures placement quality, not speed
+    policy = make_policy(policy_name, preemption=False, backfill=False, max_candidates=0)
     workload = workload_of([t.request(t.name, 0.0, "fill") for t in tasks])
     sched = Scheduler(Snapshot(tuple(nodes)), policy, workload)
     ledger = Ledger(nodes)
