@@ -11,9 +11,12 @@ Server fixtures are synchronous so they do not depend on any event loop's scope.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from functools import cache
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -48,7 +51,7 @@ def _docker_available() -> bool:
 
 
 @pytest.fixture(scope="session")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def nats_url() -> Iterator[str]:
     if url := _env_url("GPUPOOL_TEST_NATS_URL", "GPUPOOL_NATS_URL"):
         yield url
     elif _docker_available():
@@ -59,15 +62,17 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with NatsContainer("nats:2.10", jetstream=True) as container:
             yield container.nats_uri()
     else:
-        server = start_nats(tmp_path_factory.mktemp("nats"))
+        data = _private_dir("nats")
+        server = start_nats(data)
         try:
             yield server.url
         finally:
             server.stop()
+            shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_dsn() -> Iterator[str]:
     """DSN of a superuser connection to a maintenance database; tests use `pg_database` instead."""
     if url := _env_url("GPUPOOL_TEST_DATABASE_URL", "GPUPOOL_DATABASE_URL"):
         yield url
@@ -79,11 +84,19 @@ def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             yield container.get_connection_url()
     else:
-        server = start_postgres(tmp_path_factory.mktemp("postgres"))
+        data = _private_dir("postgres")
+        server = start_postgres(data)
         try:
             yield server.url
         finally:
             server.stop()
+            shutil.rmtree(data, ignore_errors=True)
+
+
+def _private_dir(name: str) -> Path:
+    """A data directory no other pytest session will clean up under us (pytest prunes old basetemp folders,
+    which would delete a server's files while a concurrent session still runs on them)."""
+    return Path(tempfile.mkdtemp(prefix=f"gpupool-test-{name}-"))
 
 
 def _with_database(dsn: str, database: str) -> str:

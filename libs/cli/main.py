@@ -37,6 +37,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         database_prefix=os.environ.get("GPUPOOL_DATABASE_PREFIX", "gpupool"),
         placement_replicas=args.placement_replicas,
+        service_env=parse_service_env(args.env),
     )
     stack = Stack(opts)
     print("starting gpupool …", flush=True)
@@ -63,6 +64,17 @@ Ctrl-C (or `gpupool down`) stops everything.""", flush=True)
         print("stopping …", flush=True)
         stack.stop(say=lambda line: print(line, flush=True))
     return 0
+
+
+def parse_service_env(items: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        service, sep, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        if not sep or not eq or not service or not key:
+            raise SystemExit(f"gpupool up: --env expects SERVICE:SETTING=VALUE, got {item!r}")
+        out.setdefault(service, {})[key.upper()] = value
+    return out
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -136,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8)")
     up.add_argument("--telemetry-interval", type=float, default=2.0, help="seconds between agent samples")
     up.add_argument("--no-agent", action="store_true", help="start no simulated agent fleet")
+    up.add_argument("--env", action="append", default=[], metavar="SERVICE:SETTING=VALUE",
+                    help="override one service setting, e.g. placement:PREEMPTION_GRACE_S=5 (repeatable)")
     up.add_argument("--placement-replicas", type=int, default=1, choices=range(1, 4), metavar="N",
                     help="placement replicas (1-3); one leads through a NATS KV lease, the others stand by")
     up.add_argument("--log-level", default="INFO")

@@ -16,15 +16,7 @@ from libs.contracts.events import GpuSpec
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 
 JobKind = Literal["training", "inference", "dev", "batch"]
-JobState = Literal["pending", "running", "completed", "cancelled", "failed"]
-
-PRIORITY_CLASSES: dict[str, int] = {
-    "production-inference": 1000,
-    "high": 800,
-    "normal": 500,
-    "low": 200,
-    "best-effort": 0,
-}
+JobState = Literal["pending", "running", "preempting", "completed", "cancelled", "failed"]
 
 
 class Command(BaseModel):
@@ -139,11 +131,43 @@ class JobView(BaseModel):
     node: str | None = None
     cluster: str | None = None
     message: str | None = None
+    priority: int = 0
+    attempts: int = Field(default=0, description="times the job was requeued after preemption or reclaim")
 
 
 # --- quota ------------------------------------------------------------------------------------------------------
+QUOTA_PATH_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?(/[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?){0,2}$"
+MODEL_PATTERN = r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$"
+
+
+class CreateTeam(Command):
+    team: str = Field(pattern=NAME_PATTERN)
+    org: str = Field(default="default", pattern=NAME_PATTERN)
+
+
+class SetQuota(Command):
+    """Set (or with `delete`, remove) one quota entry of the org → team → project tree, in GPUs."""
+
+    path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org, org/team or org/team/project")
+    gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
+    guaranteed: float = Field(default=0.0, ge=0, le=1_000_000)
+    borrowing_limit: float | None = Field(default=None, ge=0, le=1_000_000)
+    lending_limit: float | None = Field(default=None, ge=0, le=1_000_000)
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    delete: bool = False
+
+
+class SetPriorityClass(Command):
+    name: str = Field(pattern=NAME_PATTERN)
+    value: int = Field(ge=-1_000_000, le=1_000_000)
+    preemptible: bool
+    min_runtime_s: float | None = Field(default=None, ge=0, le=30 * 24 * 3600)
+    description: str = Field(default="", max_length=500)
+
+
 class AdmitJob(Command):
-    """Asked by the queue at submit: may this team run this request at all?"""
+    """Asked by the queue at submit: may this team run this request at all? The reply also carries the priority
+    class's value and preemptibility, which the quota service owns."""
 
     team: str
     project: str

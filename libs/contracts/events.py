@@ -190,6 +190,27 @@ class AllocationGranted(EventData):
     granted_at: datetime
 
 
+class AllocationPreempting(EventData):
+    """The checkpoint signal: this allocation will be taken back at `deadline` so a higher-priority job (or a team
+    owed its guarantee) can run. The workload should checkpoint now; completing earlier frees the GPUs sooner."""
+
+    event_type: ClassVar[str] = "io.gpupool.allocation.preempting.v1"
+    event_subject: ClassVar[str] = subjects.ALLOCATION_PREEMPTING
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    cluster: str
+    node: str
+    gpus: list[AllocatedGpu]
+    reason: str = Field(description="PreemptedByPriority or ReclaimedForGuarantee")
+    message: str
+    preemptor_job_id: str
+    deadline: datetime
+
+
 class AllocationReleased(EventData):
     event_type: ClassVar[str] = "io.gpupool.allocation.released.v1"
     event_subject: ClassVar[str] = subjects.ALLOCATION_RELEASED
@@ -222,6 +243,50 @@ class UsageRecorded(EventData):
     gpu_seconds: float
     started_at: datetime
     ended_at: datetime
+
+
+# --- quota ------------------------------------------------------------------------------------------------------
+class TeamCreated(EventData):
+    event_type: ClassVar[str] = "io.gpupool.quota.team_created.v1"
+    event_subject: ClassVar[str] = subjects.QUOTA_TEAM_CREATED
+    entity_field: ClassVar[str] = "team"
+
+    team: str
+    org: str
+    revision: int = Field(description="Monotonic per quota database: newer state wins in read models")
+    created_at: datetime
+
+
+class QuotaSet(EventData):
+    """The full new state of one quota entry (or its removal), so a read model can upsert it as is."""
+
+    event_type: ClassVar[str] = "io.gpupool.quota.set.v1"
+    event_subject: ClassVar[str] = subjects.QUOTA_SET
+    entity_field: ClassVar[str] = "path"
+
+    path: str = Field(description="org, org/team or org/team/project")
+    gpu_model: str = Field(description="'*' for any model")
+    guaranteed: float
+    borrowing_limit: float | None = None
+    lending_limit: float | None = None
+    weight: float = 1.0
+    deleted: bool = False
+    revision: int
+    set_at: datetime
+
+
+class PriorityClassSet(EventData):
+    event_type: ClassVar[str] = "io.gpupool.quota.priority_class_set.v1"
+    event_subject: ClassVar[str] = subjects.QUOTA_PRIORITY_CLASS_SET
+    entity_field: ClassVar[str] = "name"
+
+    name: str
+    value: int
+    preemptible: bool
+    min_runtime_s: float | None = None
+    description: str = ""
+    revision: int
+    set_at: datetime
 
 
 # --- telemetry (agent) ------------------------------------------------------------------------------------------
@@ -274,8 +339,12 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         JobCompleted,
         JobCancelled,
         AllocationGranted,
+        AllocationPreempting,
         AllocationReleased,
         UsageRecorded,
+        TeamCreated,
+        QuotaSet,
+        PriorityClassSet,
         TelemetrySampled,
     )
 }

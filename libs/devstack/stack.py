@@ -39,6 +39,7 @@ class StackOptions:
     log_level: str = "INFO"
     database_prefix: str = "gpupool"  # databases are <prefix>_<service>; tests use their own prefix
     placement_replicas: int = 1  # >1: standby replicas wait on the leader lease
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)  # service → {SETTING: value} overrides
 
 
 @dataclass
@@ -166,6 +167,7 @@ class Stack:
                             "INSTANCE": process}
                 if name == "quota":
                     settings["SEED_TEAMS"] = DEFAULT_TEAMS
+                settings.update(opts.service_env.get(name, {}))
                 self.processes.append(ServiceProcess(
                     process, [sys.executable, "-m", f"services.{name}.main"],
                     self._env(f"GPUPOOL_{name.upper()}_", settings, name), f"http://127.0.0.1:{port}",

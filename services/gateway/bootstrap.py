@@ -28,6 +28,7 @@ from services.gateway.config import GatewaySettings
 from services.gateway.domain import problem
 from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
+from services.gateway.policy import router as policy_router
 
 log = logging.getLogger(__name__)
 HTTP_REQUESTS = Counter("gpupool_gateway_requests_total", "HTTP requests", ["method", "route", "status"])
@@ -59,6 +60,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.settings = settings
     app.include_router(router)
     app.include_router(events_router)
+    app.include_router(policy_router)
 
     @app.exception_handler(ApiError)
     async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:

@@ -34,6 +34,7 @@ class Action(StrEnum):
     TEAM_READ = "team.read"
     TOKEN_MANAGE = "token.manage"
     AUDIT_READ = "audit.read"
+    QUOTA_MANAGE = "quota.manage"
 
 
 ANY, TEAM = "any", "team"  # scope: every team, or only the principal's own team
@@ -51,6 +52,7 @@ POLICY: dict[Action, dict[Role, str]] = {
     Action.TEAM_READ: {role: ANY for role in ROLES},
     Action.TOKEN_MANAGE: {"platform-admin": ANY, "team-admin": TEAM},
     Action.AUDIT_READ: {"platform-admin": ANY},
+    Action.QUOTA_MANAGE: {"platform-admin": ANY},
 }
 
 # Roles a team admin may hand out inside their own team (never admin or operator).

@@ -184,6 +184,22 @@ async def get_job(job_id: Annotated[str, Path(max_length=64)], req: Request, cal
     return job
 
 
+@router.get("/jobs/{job_id}/explain", summary="Why a job is pending, running or being preempted", tags=["jobs"])
+async def explain_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
+    """The job's state from the queue and placement's view of it: the reason code and message of the last cycle,
+    its position among pending jobs, and any preemption in progress for it or against it."""
+    require(caller, Action.JOB_READ)
+    job = await job_team(req, job_id)
+    require(caller, Action.JOB_READ, job["team"])
+    try:
+        placement = await call(req, subjects.QUERY_PLACEMENT_EXPLAIN, JobRef(job_id=job_id))
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        placement = {"state": "unknown", "reason": exc.reason, "message": exc.detail}
+    return {"job_id": job_id, "state": job["state"], "message": job.get("message"), "placement": placement}
+
+
 @router.post("/jobs/{job_id}/complete", summary="Mark a running job completed (releases its GPUs)", tags=["jobs"])
 async def complete_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
     require(caller, Action.JOB_COMPLETE)

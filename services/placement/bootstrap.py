@@ -16,6 +16,7 @@ async def main() -> None:
                         renew_every_s=settings.lease_renew_s)
     handlers = PlacementHandlers(runtime, settings, lease)
     await runtime.mount(routes(handlers))
+    runtime.background(handlers.reconcile_policy(), "policy-reconcile")
     runtime.background(lease.run(), "leader-lease")
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")
     runtime.on_shutdown(lease.stop)

@@ -11,5 +11,8 @@ class PlacementSettings(ServiceSettings):
 
     cycle_interval_s: float = Field(default=1.0, description="Longest wait between scheduling cycles")
     policy: str = "default"
+    preemption_grace_s: float = Field(default=30.0, ge=0, description="Checkpoint time a preempted job gets")
+    min_runtime_s: float = Field(default=300.0, ge=0, description="Never preempt work younger than this (unless "
+                                                                  "its priority class says otherwise)")
     lease_ttl_s: float = Field(default=3.0, description="Leader lease TTL: a dead leader is replaced within ~this")
     lease_renew_s: float = Field(default=1.0, description="How often the leader renews (at most TTL / 2)")

@@ -1,4 +1,4 @@
-"""Turning placement's read model into the core's snapshot, and core placements into allocation events."""
+"""Turning placement's read model into the core's snapshot and policy, and core placements into events."""
 
 from __future__ import annotations
 
@@ -7,11 +7,23 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from libs.contracts.events import AllocatedGpu
-from libs.core import Gpu, JobRequest, Node, Snapshot
+from libs.core import (
+    DEFAULT_PRIORITY_CLASSES,
+    Allocation,
+    Gpu,
+    JobRequest,
+    Node,
+    Policy,
+    PriorityClass,
+    QuotaEntry,
+    QuotaTree,
+    Snapshot,
+)
+
+Row = Mapping[str, Any]
 
 
-def build_snapshot(nodes: Iterable[Mapping[str, Any]], gpus: Iterable[Mapping[str, Any]],
-                   held: Iterable[str]) -> Snapshot:
+def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row]) -> Snapshot:
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
         by_node[(g["cluster"], g["node"])].append(
@@ -23,17 +35,42 @@ def build_snapshot(nodes: Iterable[Mapping[str, Any]], gpus: Iterable[Mapping[st
                  schedulable=n["schedulable"])
             for n in nodes
         ),
-        allocated_gpus=frozenset(held),
+        running=tuple(
+            Allocation(job_id=r["job_id"], team=r["team"], node=r["node"], gpu_uuids=tuple(r["gpu_uuids"]),
+                       started_at=r["granted_at"].timestamp(), project=r["project"], priority=r["priority"],
+                       priority_class=r["priority_class"], gpu_model=r["gpu_model"] or "",
+                       # an allocation already being preempted is on its way out: never pick it again
+                       preemptible=False if r["preempt_deadline"] is not None else None)
+            for r in running
+        ),
     )
 
 
-def build_requests(rows: Iterable[Mapping[str, Any]]) -> list[JobRequest]:
+def build_requests(rows: Iterable[Row]) -> list[JobRequest]:
     return [
         JobRequest(job_id=r["job_id"], team=r["team"], project=r["project"], gpus=r["gpus"],
                    gpu_models=tuple(r["gpu_models"]), priority=r["priority"],
+                   priority_class=r.get("priority_class", "") or "", kind=r.get("kind", "batch") or "batch",
                    submitted_at=r["submitted_at"].timestamp())
         for r in rows
     ]
+
+
+def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams: Iterable[Row],
+                 min_runtime_s: float) -> Policy:
+    """The quota service's classes and quota tree (core defaults until it has told us anything)."""
+    priority_classes = tuple(
+        PriorityClass(c["name"], c["value"], preemptible=c["preemptible"], min_runtime_s=c["min_runtime_s"])
+        for c in sorted(classes, key=lambda c: (-c["value"], c["name"]))
+    ) or DEFAULT_PRIORITY_CLASSES
+    entries = tuple(
+        QuotaEntry(path=q["path"], guaranteed=q["guaranteed"], gpu_model=q["gpu_model"],
+                   borrowing_limit=q["borrowing_limit"], lending_limit=q["lending_limit"], weight=q["weight"])
+        for q in sorted(quotas, key=lambda q: (q["path"], q["gpu_model"]))
+    )
+    team_org = tuple(sorted((t["team"], t["org"]) for t in teams))
+    return Policy(name=name, priority_classes=priority_classes, quotas=QuotaTree(entries=entries, team_org=team_org),
+                  min_runtime_s=min_runtime_s)
 
 
 def allocated_gpus(uuids: Iterable[str], models: dict[str, str], indices: Iterable[int]) -> list[AllocatedGpu]:

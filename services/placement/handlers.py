@@ -8,14 +8,17 @@ import contextlib
 import json
 import logging
 import time
+from datetime import timedelta
 
 from libs.bus.lease import LeaderLease
+from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
-from libs.contracts.commands import ListAllocations, Reply
+from libs.contracts.commands import Empty, JobRef, ListAllocations, Reply
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
     AllocatedGpu,
     AllocationGranted,
+    AllocationPreempting,
     AllocationReleased,
     GpuHealthChanged,
     JobCancelled,
@@ -24,14 +27,17 @@ from libs.contracts.events import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    PriorityClassSet,
+    QuotaSet,
+    TeamCreated,
 )
-from libs.core import Placement, Policy, schedule
+from libs.core import Placement, Preemption, schedule
 from libs.observability.tracing import extract_context, tracer
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
-from services.placement.domain import allocated_gpus, build_requests, build_snapshot
+from services.placement.domain import allocated_gpus, build_policy, build_requests, build_snapshot
 
 log = logging.getLogger(__name__)
 CONSUMER = "placement"
@@ -42,7 +48,6 @@ class PlacementHandlers:
         self.rt = runtime
         self.settings = settings
         self.lease = lease
-        self.policy = Policy(name=settings.policy)
         self._kick = asyncio.Event()
         self._tracer = tracer("gpupool.placement")
 
@@ -88,19 +93,68 @@ class PlacementHandlers:
         async with self.rt.uow() as uow:
             if not await uow.first_time(CONSUMER, event.id):
                 return
-            released = await store.release_for_job(uow.conn, job_id, reason, at)
-            if released is None:
-                await store.mark_finished(uow.conn, job_id)
-                return
+            await self._release(uow, job_id, reason, at)
             await store.mark_finished(uow.conn, job_id)
-            alloc, gpus = released
-            await uow.emit(AllocationReleased(
-                allocation_id=alloc["allocation_id"], job_id=job_id, team=alloc["team"], project=alloc["project"],
-                cluster=alloc["cluster"], node=alloc["node"],
-                gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"]) for g in gpus],
-                granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason))
+        self._kick.set()
+
+    async def _release(self, uow, job_id: str, reason: str, at) -> bool:  # type: ignore[no-untyped-def]
+        """Release the job's live allocation with its event, inside the caller's unit of work."""
+        released = await store.release_for_job(uow.conn, job_id, reason, at)
+        if released is None:
+            return False
+        alloc, gpus = released
+        await uow.emit(AllocationReleased(
+            allocation_id=alloc["allocation_id"], job_id=job_id, team=alloc["team"], project=alloc["project"],
+            cluster=alloc["cluster"], node=alloc["node"],
+            gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"]) for g in gpus],
+            granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason))
         log.info("allocation_released", extra={"job_id": job_id, "allocation_id": alloc["allocation_id"],
                                                 "reason": reason})
+        return True
+
+    # --- the policy, learned from the quota service ----------------------------------------------------------
+    async def on_team_created(self, event: CloudEvent, data: TeamCreated) -> None:
+        async with self.rt.uow() as uow:
+            await store.upsert_team(uow.conn, data.team, data.org, data.revision)  # revision-guarded: idempotent
+        self._kick.set()
+
+    async def on_quota_set(self, event: CloudEvent, data: QuotaSet) -> None:
+        async with self.rt.uow() as uow:
+            await store.upsert_quota(uow.conn, data)
+        self._kick.set()
+
+    async def on_priority_class_set(self, event: CloudEvent, data: PriorityClassSet) -> None:
+        async with self.rt.uow() as uow:
+            await store.upsert_priority_class(uow.conn, data)
+        self._kick.set()
+
+    async def reconcile_policy(self) -> None:
+        """At start, catch up with the quota service's whole policy (events keep it current afterwards). Rows
+        carry revisions, so this can never overwrite something newer learned from an event."""
+        delay = 0.5
+        while True:
+            try:
+                reply = await request(self.rt.nc, subjects.QUERY_QUOTA_POLICY, Empty(), timeout=5.0)
+                if reply.ok:
+                    break
+            except ServiceUnavailable:
+                pass
+            log.info("policy_reconcile_retry", extra={"retry_in_s": delay})
+            await asyncio.sleep(delay)
+            delay = min(10.0, delay * 2)
+        doc = reply.result
+        async with self.rt.uow() as uow:
+            for t in doc["teams"]:
+                await store.upsert_team(uow.conn, t["team"], t["org"], t["revision"])
+            for q in doc["quotas"]:
+                await store.upsert_quota(uow.conn, QuotaSet(
+                    path=q["path"], gpu_model=q["gpu_model"], guaranteed=q["guaranteed"],
+                    borrowing_limit=q["borrowing_limit"], lending_limit=q["lending_limit"], weight=q["weight"],
+                    revision=q["revision"], set_at=utcnow()))
+            for c in doc["priority_classes"]:
+                await store.upsert_priority_class(uow.conn, PriorityClassSet(
+                    name=c["name"], value=c["value"], preemptible=c["preemptible"],
+                    min_runtime_s=c["min_runtime_s"], revision=c["revision"], set_at=utcnow()))
         self._kick.set()
 
     # --- the scheduling cycle ----------------------------------------------------------------------------------
@@ -112,6 +166,7 @@ class PlacementHandlers:
             if self.lease is not None and not self.lease.is_leader:
                 continue  # a follower keeps its read model current and waits for the lease
             try:
+                await self.release_due_preemptions()
                 await self.run_cycle()
             except asyncio.CancelledError:
                 raise
@@ -123,14 +178,23 @@ class PlacementHandlers:
         """Snapshot → core.schedule → apply each placement in its own transaction (the database constraints are
         the verifier: a stale placement is refused, never double-allocated)."""
         async with self.rt.pool.acquire() as conn:
-            nodes, gpus, held, pending = await store.load_state(conn)
+            state = await store.load_state(conn)
+        nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
+        # A job whose victims are still checkpointing waits for them instead of choosing more victims.
+        waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
+        pending = [p for p in state["pending"] if p["job_id"] not in waiting]
         if not pending:
             return 0
+        policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
+                              self.settings.min_runtime_s)
         with self._tracer.start_as_current_span("scheduling cycle", attributes={
                 "gpupool.pending_jobs": len(pending), "gpupool.nodes": len(nodes)}) as span:
-            plan = schedule(build_snapshot(nodes, gpus, held), build_requests(pending), self.policy,
+            plan = schedule(build_snapshot(nodes, gpus, running), build_requests(pending), policy,
                             now=time.time())
             span.set_attribute("gpupool.placements", len(plan.placements))
+            span.set_attribute("gpupool.preemptions", len(plan.preemptions))
+        if plan.preemptions:
+            await self.start_preemptions(plan.preemptions, {r["job_id"]: r for r in running}, gpus)
         models = {g["uuid"]: g["model"] for g in gpus}
         traces = {r["job_id"]: r["traceparent"] for r in pending}
         placed = 0
@@ -152,6 +216,37 @@ class PlacementHandlers:
                 await store.record_pending_reasons(conn, [(r.job_id, r.reason, r.message) for r in plan.pending])
         return placed
 
+    async def start_preemptions(self, preemptions: tuple[Preemption, ...], running: dict, gpus: list) -> None:
+        """Decide was the core's job; acting is ours: each victim gets the checkpoint signal now and loses its GPUs
+        at the deadline (or sooner, if it completes)."""
+        deadline = utcnow() + timedelta(seconds=self.settings.preemption_grace_s)
+        for v in preemptions:
+            async with self.rt.uow() as uow:
+                started = await store.start_preemption(uow.conn, v.job_id, deadline=deadline, reason=v.reason,
+                                                       preemptor=v.preemptor)
+                if started is None:
+                    continue
+                alloc, alloc_gpus = started
+                await uow.emit(AllocationPreempting(
+                    allocation_id=alloc["allocation_id"], job_id=v.job_id, team=alloc["team"],
+                    project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"],
+                    gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"])
+                          for g in alloc_gpus],
+                    reason=v.reason, message=v.message, preemptor_job_id=v.preemptor, deadline=deadline))
+            log.info("preemption_started", extra={"job_id": v.job_id, "preemptor": v.preemptor,
+                                                   "reason": v.reason, "deadline": deadline.isoformat()})
+
+    async def release_due_preemptions(self) -> int:
+        now = utcnow()
+        async with self.rt.pool.acquire() as conn:
+            due = await store.due_preemptions(conn, now)
+        for row in due:
+            async with self.rt.uow() as uow:
+                await self._release(uow, row["job_id"], row["preempt_reason"] or "Preempted", now)
+        if due:
+            self._kick.set()
+        return len(due)
+
     async def _apply(self, p: Placement, models: dict[str, str]) -> str | None:
         """Commit one placement with its AllocationGranted event; None if the job is no longer pending."""
         async with self.rt.uow() as uow:
@@ -168,6 +263,14 @@ class PlacementHandlers:
         return allocation_id
 
     # --- queries -----------------------------------------------------------------------------------------------
+    async def explain(self, cmd: JobRef) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            doc = await store.explain(conn, cmd.job_id)
+        if doc is None:
+            return Reply.failure(404, "JobUnknownToPlacement",
+                                 f"placement has not seen job {cmd.job_id} (not submitted, or not yet delivered)")
+        return Reply.success({"job_id": cmd.job_id, **doc})
+
     async def list_allocations(self, cmd: ListAllocations) -> Reply:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_allocations(conn, job_id=cmd.job_id, active=cmd.active, limit=cmd.limit + 1,
@@ -185,7 +288,10 @@ class PlacementHandlers:
 
 def routes(h: PlacementHandlers) -> Routes:
     return Routes(
-        commands={subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS: (ListAllocations, h.list_allocations)},
+        commands={
+            subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS: (ListAllocations, h.list_allocations),
+            subjects.QUERY_PLACEMENT_EXPLAIN: (JobRef, h.explain),
+        },
         events={
             NodeRegistered: h.on_node_registered,
             NodeLost: h.on_node_lost,
@@ -194,5 +300,8 @@ def routes(h: PlacementHandlers) -> Routes:
             JobSubmitted: h.on_job_submitted,
             JobCompleted: h.on_job_completed,
             JobCancelled: h.on_job_cancelled,
+            TeamCreated: h.on_team_created,
+            QuotaSet: h.on_quota_set,
+            PriorityClassSet: h.on_priority_class_set,
         },
     )

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import asyncpg
 
-from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered
+from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered, PriorityClassSet, QuotaSet
 
 
 class AllocationConflict(Exception):
@@ -48,35 +48,82 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
     if finished or live:
         return False
     await conn.execute(
-        """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (job_id) DO NOTHING""",
+        """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
+                                    priority_class, kind)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) ON CONFLICT (job_id) DO NOTHING""",
         data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at,
-        traceparent)
+        traceparent, data.priority_class, data.kind)
     return True
 
 
-async def load_state(conn: asyncpg.Connection) -> tuple[list, list, list[str], list]:
-    nodes = await conn.fetch("SELECT cluster, node, schedulable FROM nodes ORDER BY cluster, node")
-    gpus = await conn.fetch("SELECT uuid, cluster, node, idx, model, memory_mib, health FROM gpus")
-    held = [r["gpu_uuid"] for r in await conn.fetch("SELECT gpu_uuid FROM allocation_gpus WHERE live")]
-    pending = await conn.fetch(
-        "SELECT job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent FROM pending_jobs")
-    return list(nodes), list(gpus), held, list(pending)
+async def load_state(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]]:
+    """Everything one scheduling cycle reads, in one repeatable-read snapshot."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        return {
+            "nodes": await conn.fetch("SELECT cluster, node, schedulable FROM nodes ORDER BY cluster, node"),
+            "gpus": await conn.fetch("SELECT uuid, cluster, node, idx, model, memory_mib, health FROM gpus"),
+            "running": await conn.fetch(
+                """SELECT a.allocation_id, a.job_id, a.team, a.project, a.node, a.granted_at, a.priority,
+                          a.priority_class, a.kind, a.preempt_deadline, array_agg(g.gpu_uuid ORDER BY g.gpu_index)
+                          AS gpu_uuids, min(g.model) AS gpu_model
+                   FROM allocations a JOIN allocation_gpus g USING (allocation_id)
+                   WHERE a.released_at IS NULL GROUP BY a.allocation_id"""),
+            "pending": await conn.fetch(
+                """SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at,
+                          traceparent FROM pending_jobs"""),
+            "teams": await conn.fetch("SELECT team, org FROM policy_teams"),
+            "quotas": await conn.fetch(
+                """SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
+                   WHERE NOT deleted"""),
+            "classes": await conn.fetch("SELECT name, value, preemptible, min_runtime_s FROM policy_priority_classes"),
+        }
+
+
+async def upsert_team(conn: asyncpg.Connection, team: str, org: str, revision: int) -> None:
+    await conn.execute(
+        """INSERT INTO policy_teams (team, org, revision) VALUES ($1,$2,$3)
+           ON CONFLICT (team) DO UPDATE SET org = EXCLUDED.org, revision = EXCLUDED.revision
+           WHERE policy_teams.revision < EXCLUDED.revision""", team, org, revision)
+
+
+async def upsert_quota(conn: asyncpg.Connection, q: QuotaSet) -> None:
+    await conn.execute(
+        """INSERT INTO policy_quotas (path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight, deleted,
+                                      revision)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8)
+           ON CONFLICT (path, gpu_model) DO UPDATE SET guaranteed = EXCLUDED.guaranteed,
+               borrowing_limit = EXCLUDED.borrowing_limit, lending_limit = EXCLUDED.lending_limit,
+               weight = EXCLUDED.weight, deleted = EXCLUDED.deleted, revision = EXCLUDED.revision
+           WHERE policy_quotas.revision < EXCLUDED.revision""",
+        q.path, q.gpu_model, q.guaranteed, q.borrowing_limit, q.lending_limit, q.weight, q.deleted, q.revision)
+
+
+async def upsert_priority_class(conn: asyncpg.Connection, c: PriorityClassSet) -> None:
+    await conn.execute(
+        """INSERT INTO policy_priority_classes (name, value, preemptible, min_runtime_s, revision)
+           VALUES ($1,$2,$3,$4,$5)
+           ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, preemptible = EXCLUDED.preemptible,
+               min_runtime_s = EXCLUDED.min_runtime_s, revision = EXCLUDED.revision
+           WHERE policy_priority_classes.revision < EXCLUDED.revision""",
+        c.name, c.value, c.preemptible, c.min_runtime_s, c.revision)
 
 
 async def take_pending(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
     """Lock and remove the pending row; None if another cycle or a cancellation got there first."""
-    return await conn.fetchrow("DELETE FROM pending_jobs WHERE job_id = $1 RETURNING job_id, team, project",
-                               job_id)
+    return await conn.fetchrow(
+        """DELETE FROM pending_jobs WHERE job_id = $1
+           RETURNING job_id, team, project, priority, priority_class, kind""", job_id)
 
 
 async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: asyncpg.Record, cluster: str,
                             node: str, gpus: list[AllocatedGpu], granted_at: datetime) -> None:
     try:
         await conn.execute(
-            """INSERT INTO allocations (allocation_id, job_id, team, project, cluster, node, granted_at)
-               VALUES ($1,$2,$3,$4,$5,$6,$7)""",
-            allocation_id, job["job_id"], job["team"], job["project"], cluster, node, granted_at)
+            """INSERT INTO allocations (allocation_id, job_id, team, project, cluster, node, granted_at, priority,
+                                       priority_class, kind)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)""",
+            allocation_id, job["job_id"], job["team"], job["project"], cluster, node, granted_at, job["priority"],
+            job["priority_class"], job["kind"])
         await conn.executemany(
             "INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model) VALUES ($1,$2,$3,$4)",
             [(allocation_id, g.uuid, g.index, g.model) for g in gpus])
@@ -124,5 +171,54 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
         job_id, active, after, limit)
 
 
-async def pending_reason(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
-    return await conn.fetchrow("SELECT reason, message FROM pending_jobs WHERE job_id = $1", job_id)
+async def start_preemption(conn: asyncpg.Connection, job_id: str, *, deadline: datetime, reason: str,
+                           preemptor: str) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+    """Mark the job's live allocation as being preempted; None if it has none or one is already under way."""
+    alloc = await conn.fetchrow(
+        """UPDATE allocations SET preempt_deadline = $2, preempt_reason = $3, preempted_by = $4
+           WHERE job_id = $1 AND released_at IS NULL AND preempt_deadline IS NULL
+           RETURNING allocation_id, job_id, team, project, cluster, node""", job_id, deadline, reason, preemptor)
+    if alloc is None:
+        return None
+    gpus = await conn.fetch("SELECT gpu_uuid, gpu_index, model FROM allocation_gpus WHERE allocation_id = $1 "
+                            "ORDER BY gpu_index", alloc["allocation_id"])
+    return alloc, list(gpus)
+
+
+async def due_preemptions(conn: asyncpg.Connection, now: datetime) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT job_id, preempt_reason FROM allocations
+           WHERE released_at IS NULL AND preempt_deadline IS NOT NULL AND preempt_deadline <= $1""", now)
+
+
+async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
+    """What placement knows about a job: pending (reason, position) or holding GPUs (and any preemption)."""
+    pending = await conn.fetchrow(
+        """SELECT job_id, team, gpus, gpu_models, priority, priority_class, submitted_at, reason, message,
+                  (SELECT count(*) FROM pending_jobs p2 WHERE p2.priority > p.priority
+                      OR (p2.priority = p.priority AND (p2.submitted_at, p2.job_id) < (p.submitted_at, p.job_id)))
+                      AS ahead
+           FROM pending_jobs p WHERE job_id = $1""", job_id)
+    if pending is not None:
+        return {"state": "pending", "reason": pending["reason"] or "Queued",
+                "message": pending["message"] or "waiting for the next scheduling cycle",
+                "position": int(pending["ahead"]) + 1, "priority": pending["priority"],
+                "priority_class": pending["priority_class"],
+                "preempting_for_it": [r["job_id"] for r in await conn.fetch(
+                    "SELECT job_id FROM allocations WHERE released_at IS NULL AND preempted_by = $1", job_id)]}
+    alloc = await conn.fetchrow(
+        """SELECT allocation_id, node, granted_at, released_at, release_reason, preempt_deadline, preempt_reason,
+                  preempted_by FROM allocations WHERE job_id = $1 ORDER BY granted_at DESC LIMIT 1""", job_id)
+    if alloc is None:
+        return None
+    if alloc["released_at"] is None:
+        doc = {"state": "allocated", "reason": "Running", "message": f"holding GPUs on {alloc['node']}",
+               "allocation_id": alloc["allocation_id"]}
+        if alloc["preempt_deadline"] is not None:
+            doc.update(reason=alloc["preempt_reason"], preemptor_job_id=alloc["preempted_by"],
+                       message=f"being preempted for job {alloc['preempted_by']}; GPUs taken back at "
+                               f"{alloc['preempt_deadline'].isoformat()}",
+                       deadline=alloc["preempt_deadline"].isoformat())
+        return doc
+    return {"state": "released", "reason": alloc["release_reason"],
+            "message": f"released at {alloc['released_at'].isoformat()}", "allocation_id": alloc["allocation_id"]}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from libs.contracts.commands import PRIORITY_CLASSES, Reply
+from libs.contracts.commands import Reply
 
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "pending": frozenset({"running", "cancelled", "failed"}),
     # back to pending: requeue after preemption or node loss
-    "running": frozenset({"completed", "cancelled", "failed", "pending"}),
+    "running": frozenset({"completed", "cancelled", "failed", "pending", "preempting"}),
+    # preempting: the checkpoint signal went out; the GPUs go back at the deadline, then the job is requeued
+    "preempting": frozenset({"completed", "cancelled", "failed", "pending"}),
     "completed": frozenset(),
     "cancelled": frozenset(),
     "failed": frozenset(),
@@ -27,6 +29,3 @@ def refuse_transition(job_id: str, current: str, target: str) -> Reply:
     return Reply.failure(409, "InvalidJobState", f"job {job_id} is {current}; it cannot become {target}",
                          job_id=job_id, state=current)
 
-
-def priority_of(priority_class: str) -> int | None:
-    return PRIORITY_CLASSES.get(priority_class)

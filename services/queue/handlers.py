@@ -18,6 +18,7 @@ from libs.contracts.commands import (
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
     AllocationGranted,
+    AllocationPreempting,
     AllocationReleased,
     JobCancelled,
     JobCompleted,
@@ -28,7 +29,7 @@ from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
 from services.queue.config import QueueSettings
-from services.queue.domain import TERMINAL, can_transition, priority_of, refuse_transition
+from services.queue.domain import TERMINAL, can_transition, refuse_transition
 
 log = logging.getLogger(__name__)
 CONSUMER = "queue"
@@ -41,9 +42,6 @@ class QueueHandlers:
 
     # --- commands --------------------------------------------------------------------------------------------
     async def submit_job(self, cmd: SubmitJob) -> Reply:
-        priority = priority_of(cmd.priority_class)
-        if priority is None:
-            return Reply.failure(422, "UnknownPriorityClass", f"priority class {cmd.priority_class!r} does not exist")
         request_hash = hashlib.sha256(
             cmd.model_dump_json(exclude={"idempotency_key", "submitted_by"}).encode()).hexdigest()
         if cmd.idempotency_key:
@@ -51,8 +49,9 @@ class QueueHandlers:
             if replay is not None:
                 return replay
         admission = await self._admit(cmd)
-        if admission is not None:
+        if not admission.ok:
             return admission
+        priority = int(admission.result["priority"])  # the quota service owns priority classes
         now = utcnow()
         job = {
             "job_id": uuid7(), "name": cmd.name, "team": cmd.team, "project": cmd.project, "kind": cmd.kind,
@@ -85,15 +84,15 @@ class QueueHandlers:
                                  "this Idempotency-Key was already used for a different request")
         return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": False})
 
-    async def _admit(self, cmd: SubmitJob) -> Reply | None:
-        """Ask the quota service; None means admitted. Quota down → 503, never a silent accept."""
+    async def _admit(self, cmd: SubmitJob) -> Reply:
+        """Ask the quota service. Quota down → 503, never a silent accept."""
         try:
             reply = await request(self.rt.nc, subjects.CMD_QUOTA_ADMIT, AdmitJob(
                 team=cmd.team, project=cmd.project, priority_class=cmd.priority_class, gpus=cmd.gpus,
                 gpu_models=cmd.gpu_models), timeout=self.settings.admission_timeout_s)
         except ServiceUnavailable:
             return Reply.failure(503, "AdmissionUnavailable", "the quota service did not answer; retry later")
-        return None if reply.ok else reply
+        return reply
 
     async def complete_job(self, cmd: JobRef) -> Reply:
         return await self._finish(cmd.job_id, "completed", "CompletedByUser")
@@ -107,7 +106,7 @@ class QueueHandlers:
             row = await store.get_job(uow.conn, job_id, for_update=True)
             if row is None:
                 return Reply.failure(404, "JobNotFound", f"no job {job_id}")
-            if target == "completed" and row["state"] != "running":
+            if target == "completed" and row["state"] not in ("running", "preempting"):
                 return refuse_transition(job_id, row["state"], target)
             if not can_transition(row["state"], target):
                 return refuse_transition(job_id, row["state"], target)
@@ -158,6 +157,17 @@ class QueueHandlers:
             await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
                                       node=data.node, started_at=data.granted_at))
 
+    async def on_allocation_preempting(self, event: CloudEvent, data: AllocationPreempting) -> None:
+        """The checkpoint signal: the job keeps running until the deadline, visibly marked as preempting."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            row = await store.get_job(uow.conn, data.job_id, for_update=True)
+            if row is None or row["state"] != "running" or row["allocation_id"] != data.allocation_id:
+                return
+            await store.set_state(uow.conn, data.job_id, "running", "preempting", data.reason, at=utcnow(),
+                                  message=f"{data.message}; checkpoint before {data.deadline.isoformat()}")
+
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
         """A release the user did not ask for (node lost, reclaimed) sends a running job back to the queue."""
         async with self.rt.uow() as uow:
@@ -171,7 +181,7 @@ class QueueHandlers:
                                   allocation_id=None, node=None, cluster=None)
             await uow.emit(JobSubmitted(
                 job_id=data.job_id, name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
-                priority_class=row["priority_class"], priority=priority_of(row["priority_class"]) or 0,
+                priority_class=row["priority_class"], priority=row["priority"],
                 gpus=row["gpus"], gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"]))
 
 
@@ -186,6 +196,7 @@ def routes(h: QueueHandlers) -> Routes:
         },
         events={
             AllocationGranted: h.on_allocation_granted,
+            AllocationPreempting: h.on_allocation_preempting,
             AllocationReleased: h.on_allocation_released,
         },
     )

@@ -9,7 +9,7 @@ import asyncpg
 
 from libs.contracts.commands import JobView
 
-_COLUMNS = ("job_id, name, team, project, kind, priority_class, gpus, gpu_models, state, submitted_at, "
+_COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gpus, gpu_models, state, submitted_at, "
             "started_at, finished_at, allocation_id, node, cluster, message")
 
 
@@ -58,6 +58,8 @@ async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target:
     if target == "running":
         sets.append(f"started_at = ${len(args) + 1}")
         args.append(at)
+    if target == "pending" and current in ("running", "preempting"):
+        sets.append("attempts = attempts + 1")  # a requeue: the job will start again
     if target in ("completed", "cancelled", "failed"):
         sets.append(f"finished_at = ${len(args) + 1}")
         args.append(at)

@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
-from libs.contracts.commands import PRIORITY_CLASSES, AdmitJob, Reply
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from libs.contracts.commands import AdmitJob, Reply
 
 
-def admit(cmd: AdmitJob, *, team_exists: bool, limits: dict[str, int | None]) -> Reply:
-    """`limits` maps GPU model ('*' for any) to the most GPUs the team could ever hold (guaranteed + borrowing);
-    None means unlimited. No quota rows means the team is not capped yet."""
-    if not team_exists:
+def ceiling(entries: Iterable[Mapping[str, Any]], model: str) -> float | None:
+    """The most GPUs of `model` the team could ever hold: the tightest guaranteed + borrowing limit among its own
+    and its org's entries for that model (or '*'). None: no cap."""
+    caps = [e["guaranteed"] + e["borrowing_limit"] for e in entries
+            if e["gpu_model"] in (model, "*") and e["borrowing_limit"] is not None]
+    return min(caps) if caps else None
+
+
+def admit(cmd: AdmitJob, *, team: Mapping[str, Any] | None, priority_class: Mapping[str, Any] | None,
+          quota_entries: Iterable[Mapping[str, Any]]) -> Reply:
+    if team is None:
         return Reply.failure(422, "UnknownTeam", f"team {cmd.team!r} does not exist", team=cmd.team)
-    if cmd.priority_class not in PRIORITY_CLASSES:
-        return Reply.failure(422, "UnknownPriorityClass", f"priority class {cmd.priority_class!r} does not exist")
-    if limits:
-        models = cmd.gpu_models or ["*"]
-        ceilings = [limits.get(m, limits.get("*", 0)) for m in models]
-        if all(c is not None for c in ceilings) and cmd.gpus > max(c for c in ceilings if c is not None):
+    if priority_class is None:
+        return Reply.failure(422, "UnknownPriorityClass", f"priority class {cmd.priority_class!r} does not exist",
+                             priority_class=cmd.priority_class)
+    entries = list(quota_entries)
+    models = cmd.gpu_models or ["*"]
+    caps = [ceiling(entries, m) for m in models]
+    if all(c is not None for c in caps):
+        best = max(c for c in caps if c is not None)
+        if cmd.gpus > best:
             return Reply.failure(
                 422, "ExceedsTeamCapacity",
                 f"team {cmd.team!r} can never hold {cmd.gpus} GPU(s) of {', '.join(models)}: its quota allows at "
-                f"most {max(c for c in ceilings if c is not None)}",
-                team=cmd.team, requested=cmd.gpus)
-    return Reply.success({"admitted": True})
+                f"most {best:g}", team=cmd.team, requested=cmd.gpus, ceiling=best)
+    return Reply.success({"admitted": True, "priority_class": priority_class["name"],
+                          "priority": priority_class["value"], "preemptible": priority_class["preemptible"]})

@@ -1,13 +1,34 @@
-"""Quota service: owns the org → team → project tree and answers admission at submit."""
+"""Quota service: owns the org → team → project tree, quotas on every level, priority classes, and admission.
+
+Every change is written with its event (outbox) carrying the row's full new state and a revision, so placement's
+read model converges whatever order it sees changes in.
+"""
 
 from __future__ import annotations
 
 from libs.contracts import subjects
-from libs.contracts.commands import AdmitJob, Empty, Reply
+from libs.contracts.commands import AdmitJob, CreateTeam, Empty, Reply, SetPriorityClass, SetQuota
+from libs.contracts.envelope import utcnow
+from libs.contracts.events import PriorityClassSet, QuotaSet, TeamCreated
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.quota import store
 from services.quota.domain import admit
+
+
+def _quota_event(row, *, deleted: bool = False, revision: int | None = None) -> QuotaSet:  # type: ignore[no-untyped-def]
+    return QuotaSet(path=row["path"], gpu_model=row["gpu_model"], guaranteed=row["guaranteed"],
+                    borrowing_limit=row["borrowing_limit"], lending_limit=row["lending_limit"], weight=row["weight"],
+                    deleted=deleted, revision=revision or row["revision"], set_at=utcnow())
+
+
+def _view(row) -> dict:  # type: ignore[no-untyped-def]
+    doc = dict(row)
+    if "updated_at" in doc:
+        doc["updated_at"] = doc["updated_at"].isoformat()
+    if "created_at" in doc:
+        doc["created_at"] = doc["created_at"].isoformat()
+    return doc
 
 
 class QuotaHandlers:
@@ -15,25 +36,70 @@ class QuotaHandlers:
         self.rt = runtime
 
     async def seed(self, teams: list[str]) -> None:
-        async with self.rt.pool.acquire() as conn:
-            for team in teams:
-                await store.ensure_team(conn, team)
+        for team in teams:
+            await self.create_team(CreateTeam(team=team))
+
+    async def create_team(self, cmd: CreateTeam) -> Reply:
+        async with self.rt.uow() as uow:
+            row = await store.ensure_team(uow.conn, cmd.team, cmd.org)
+            if row is None:
+                existing = await store.get_team(uow.conn, cmd.team)
+                if existing["org"] != cmd.org:
+                    return Reply.failure(409, "TeamExists", f"team {cmd.team!r} exists in org {existing['org']!r}")
+                return Reply.success(_view(existing) | {"created": False})
+            await uow.emit(TeamCreated(team=row["team"], org=row["org"], revision=row["revision"],
+                                       created_at=row["created_at"]))
+        return Reply.success(_view(row) | {"created": True})
+
+    async def set_quota(self, cmd: SetQuota) -> Reply:
+        async with self.rt.uow() as uow:
+            before = await store.get_quota(uow.conn, cmd.path, cmd.gpu_model)
+            if cmd.delete:
+                if before is None:
+                    return Reply.failure(404, "QuotaNotFound", f"no quota for {cmd.path} / {cmd.gpu_model}")
+                row, revision = await store.delete_quota(uow.conn, cmd.path, cmd.gpu_model)
+                await uow.emit(_quota_event(row, deleted=True, revision=revision))
+                return Reply.success({"before": _view(before), "after": None})
+            if cmd.lending_limit is not None and cmd.lending_limit > cmd.guaranteed:
+                return Reply.failure(422, "InvalidQuota", "a lending limit cannot exceed what is guaranteed")
+            row = await store.upsert_quota(uow.conn, cmd)
+            await uow.emit(_quota_event(row))
+        return Reply.success({"before": _view(before) if before else None, "after": _view(row)})
+
+    async def set_priority_class(self, cmd: SetPriorityClass) -> Reply:
+        async with self.rt.uow() as uow:
+            before = await store.priority_class(uow.conn, cmd.name)
+            row = await store.upsert_priority_class(uow.conn, cmd)
+            await uow.emit(PriorityClassSet(name=row["name"], value=row["value"], preemptible=row["preemptible"],
+                                            min_runtime_s=row["min_runtime_s"], description=row["description"],
+                                            revision=row["revision"], set_at=row["updated_at"]))
+        return Reply.success({"before": _view(before) if before else None, "after": _view(row)})
 
     async def admit(self, cmd: AdmitJob) -> Reply:
         async with self.rt.pool.acquire() as conn:
-            exists = await store.team_exists(conn, cmd.team)
-            limits = await store.team_limits(conn, cmd.team) if exists else {}
-        return admit(cmd, team_exists=exists, limits=limits)
+            team = await store.get_team(conn, cmd.team)
+            klass = await store.priority_class(conn, cmd.priority_class)
+            entries = await store.team_quota_rows(conn, team["org"], cmd.team) if team else []
+        return admit(cmd, team=team, priority_class=klass, quota_entries=entries)
 
     async def list_teams(self, _: Empty) -> Reply:
         async with self.rt.pool.acquire() as conn:
             return Reply.success({"items": await store.list_teams(conn), "next": None})
+
+    async def policy(self, _: Empty) -> Reply:
+        """Everything placement needs to build its policy; it reconciles with this at start."""
+        async with self.rt.pool.acquire() as conn:
+            return Reply.success(await store.policy(conn))
 
 
 def routes(h: QuotaHandlers) -> Routes:
     return Routes(
         commands={
             subjects.CMD_QUOTA_ADMIT: (AdmitJob, h.admit),
+            subjects.CMD_QUOTA_CREATE_TEAM: (CreateTeam, h.create_team),
+            subjects.CMD_QUOTA_SET_QUOTA: (SetQuota, h.set_quota),
+            subjects.CMD_QUOTA_SET_PRIORITY_CLASS: (SetPriorityClass, h.set_priority_class),
             subjects.QUERY_QUOTA_LIST_TEAMS: (Empty, h.list_teams),
+            subjects.QUERY_QUOTA_POLICY: (Empty, h.policy),
         },
     )

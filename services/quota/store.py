@@ -2,31 +2,89 @@
 
 from __future__ import annotations
 
-import json
-
 import asyncpg
 
+from libs.contracts.commands import SetPriorityClass, SetQuota
 
-async def ensure_team(conn: asyncpg.Connection, team: str, org: str = "default") -> None:
+_QUOTA_COLUMNS = "path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight, revision, updated_at"
+_CLASS_COLUMNS = "name, value, preemptible, min_runtime_s, description, revision, updated_at"
+
+
+async def ensure_team(conn: asyncpg.Connection, team: str, org: str = "default") -> asyncpg.Record | None:
+    """Create the team (and its org); the new row, or None if it existed."""
     await conn.execute("INSERT INTO orgs (org) VALUES ($1) ON CONFLICT DO NOTHING", org)
-    await conn.execute("INSERT INTO teams (team, org) VALUES ($1, $2) ON CONFLICT DO NOTHING", team, org)
+    return await conn.fetchrow(
+        """INSERT INTO teams (team, org) VALUES ($1, $2) ON CONFLICT DO NOTHING
+           RETURNING team, org, revision, created_at""", team, org)
 
 
-async def team_exists(conn: asyncpg.Connection, team: str) -> bool:
-    return await conn.fetchval("SELECT 1 FROM teams WHERE team = $1", team) is not None
+async def get_team(conn: asyncpg.Connection, team: str) -> asyncpg.Record | None:
+    return await conn.fetchrow("SELECT team, org, revision, created_at FROM teams WHERE team = $1", team)
 
 
-async def team_limits(conn: asyncpg.Connection, team: str) -> dict[str, int | None]:
-    rows = await conn.fetch("SELECT gpu_model, guaranteed, borrowing_limit FROM quotas WHERE team = $1", team)
-    return {r["gpu_model"]: (None if r["borrowing_limit"] is None else r["guaranteed"] + r["borrowing_limit"])
-            for r in rows}
+async def priority_class(conn: asyncpg.Connection, name: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(f"SELECT {_CLASS_COLUMNS} FROM priority_classes WHERE name = $1", name)
+
+
+async def team_quota_rows(conn: asyncpg.Connection, org: str, team: str) -> list[asyncpg.Record]:
+    """The team's own entries and its org's (a team can never hold more than either allows)."""
+    return await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries WHERE path = $1 OR path = $2",
+                            f"{org}/{team}", org)
+
+
+async def get_quota(conn: asyncpg.Connection, path: str, gpu_model: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries WHERE path = $1 AND gpu_model = $2",
+                               path, gpu_model)
+
+
+async def upsert_quota(conn: asyncpg.Connection, cmd: SetQuota) -> asyncpg.Record:
+    return await conn.fetchrow(
+        f"""INSERT INTO quota_entries (path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight)
+            VALUES ($1,$2,$3,$4,$5,$6)
+            ON CONFLICT (path, gpu_model) DO UPDATE SET guaranteed = EXCLUDED.guaranteed,
+                borrowing_limit = EXCLUDED.borrowing_limit, lending_limit = EXCLUDED.lending_limit,
+                weight = EXCLUDED.weight, revision = nextval('policy_revision'), updated_at = now()
+            RETURNING {_QUOTA_COLUMNS}""",
+        cmd.path, cmd.gpu_model, cmd.guaranteed, cmd.borrowing_limit, cmd.lending_limit, cmd.weight)
+
+
+async def delete_quota(conn: asyncpg.Connection, path: str, gpu_model: str) -> tuple[asyncpg.Record | None, int]:
+    row = await conn.fetchrow(f"DELETE FROM quota_entries WHERE path = $1 AND gpu_model = $2 RETURNING {_QUOTA_COLUMNS}",
+                              path, gpu_model)
+    return row, await conn.fetchval("SELECT nextval('policy_revision')")
+
+
+async def upsert_priority_class(conn: asyncpg.Connection, cmd: SetPriorityClass) -> asyncpg.Record:
+    return await conn.fetchrow(
+        f"""INSERT INTO priority_classes (name, value, preemptible, min_runtime_s, description)
+            VALUES ($1,$2,$3,$4,$5)
+            ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, preemptible = EXCLUDED.preemptible,
+                min_runtime_s = EXCLUDED.min_runtime_s, description = EXCLUDED.description,
+                revision = nextval('policy_revision'), updated_at = now()
+            RETURNING {_CLASS_COLUMNS}""",
+        cmd.name, cmd.value, cmd.preemptible, cmd.min_runtime_s, cmd.description)
+
+
+async def policy(conn: asyncpg.Connection) -> dict[str, list[dict]]:
+    teams = await conn.fetch("SELECT team, org, revision FROM teams ORDER BY team")
+    quotas = await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries ORDER BY path, gpu_model")
+    classes = await conn.fetch(f"SELECT {_CLASS_COLUMNS} FROM priority_classes ORDER BY value DESC, name")
+    return {
+        "teams": [dict(r) for r in teams],
+        "quotas": [{**dict(r), "updated_at": r["updated_at"].isoformat()} for r in quotas],
+        "priority_classes": [{**dict(r), "updated_at": r["updated_at"].isoformat()} for r in classes],
+    }
 
 
 async def list_teams(conn: asyncpg.Connection) -> list[dict]:
-    rows = await conn.fetch(
-        """SELECT t.team, t.org, coalesce(json_agg(json_build_object(
-                      'gpu_model', q.gpu_model, 'guaranteed', q.guaranteed, 'borrowing_limit', q.borrowing_limit,
-                      'lending_limit', q.lending_limit, 'over_quota_weight', q.over_quota_weight))
-                  FILTER (WHERE q.gpu_model IS NOT NULL), '[]')::text AS quotas
-           FROM teams t LEFT JOIN quotas q USING (team) GROUP BY t.team, t.org ORDER BY t.team""")
-    return [{"team": r["team"], "org": r["org"], "quotas": json.loads(r["quotas"])} for r in rows]
+    teams = await conn.fetch("SELECT team, org FROM teams ORDER BY team")
+    quotas = await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries ORDER BY path, gpu_model")
+    out = []
+    for t in teams:
+        own = f"{t['org']}/{t['team']}"
+        out.append({"team": t["team"], "org": t["org"], "quotas": [
+            {"path": q["path"], "gpu_model": q["gpu_model"], "guaranteed": q["guaranteed"],
+             "borrowing_limit": q["borrowing_limit"], "lending_limit": q["lending_limit"],
+             "over_quota_weight": q["weight"]}
+            for q in quotas if q["path"] == own or q["path"].startswith(own + "/")]})
+    return out

@@ -80,7 +80,7 @@ def platform(request: pytest.FixtureRequest, nats_url: str, pg_admin_dsn: str,
         time.sleep(0.2)
     platform = Platform(proc, data_dir, json.loads(run_file.read_text()))
     try:
-        _wait_for_fleet(platform)
+        _wait_for_fleet(platform, nodes=getattr(request.module, "FLEET_NODES", 4))
         yield platform
     finally:
         proc.send_signal(signal.SIGTERM)

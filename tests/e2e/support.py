@@ -45,3 +45,13 @@ class AllocationWatcher:
                 return found[0]
             await asyncio.sleep(0.01)
         raise AssertionError(f"no {kind.__name__} for job {job_id} within {timeout}s")
+
+    async def wait_for_any(self, kind: type, job_ids: list[str], timeout: float = TERMINAL_WAIT_S) -> tuple:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for job_id in job_ids:
+                found = self.of(kind, job_id)
+                if found:
+                    return found[0]
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no {kind.__name__} for any of {job_ids} within {timeout}s")

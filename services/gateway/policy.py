@@ -1,0 +1,107 @@
+"""Teams, quotas and priority classes: read by everyone, changed only by platform admins, every change audited.
+
+The quota service owns all of it; these routes are request/reply to it plus an audit entry with before/after.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel, Field
+
+from libs.contracts import subjects
+from libs.contracts.commands import (
+    MODEL_PATTERN,
+    NAME_PATTERN,
+    QUOTA_PATH_PATTERN,
+    CreateTeam,
+    Empty,
+    SetPriorityClass,
+    SetQuota,
+)
+from services.gateway.domain import Action
+from services.gateway.handlers import ERRORS, Caller, call, record, require
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+
+
+class TeamBody(BaseModel):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"team": "vision", "org": "research"}]}}
+
+    team: str = Field(pattern=NAME_PATTERN)
+    org: str = Field(default="default", pattern=NAME_PATTERN)
+
+
+class QuotaBody(BaseModel):
+    """One entry of the org → team → project quota tree, in GPUs (fractions allowed)."""
+
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
+        {"path": "default/research", "gpu_model": "H100-80GB", "guaranteed": 16, "borrowing_limit": 8,
+         "lending_limit": 8, "weight": 1.0}]}}
+
+    path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org, org/team or org/team/project")
+    gpu_model: str = Field(default="*", pattern=MODEL_PATTERN, description="'*' for any model")
+    guaranteed: float = Field(default=0.0, ge=0, le=1_000_000)
+    borrowing_limit: float | None = Field(default=None, ge=0, le=1_000_000, description="null: unlimited")
+    lending_limit: float | None = Field(default=None, ge=0, le=1_000_000, description="null: lend all unused")
+    weight: float = Field(default=1.0, gt=0, le=1000, description="over-quota fair-share weight")
+
+
+class PriorityClassBody(BaseModel):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
+        {"value": 500, "preemptible": True, "min_runtime_s": 300, "description": "nightly evaluations"}]}}
+
+    value: int = Field(ge=-1_000_000, le=1_000_000, description="higher runs first")
+    preemptible: bool
+    min_runtime_s: float | None = Field(default=None, ge=0, le=30 * 24 * 3600)
+    description: str = Field(default="", max_length=500)
+
+
+@router.post("/teams", status_code=201, summary="Create a team (and its org)", tags=["quota"])
+async def create_team(body: TeamBody, req: Request, caller: Caller) -> dict:
+    require(caller, Action.QUOTA_MANAGE)
+    result = await call(req, subjects.CMD_QUOTA_CREATE_TEAM, CreateTeam(team=body.team, org=body.org))
+    if result.pop("created", False):
+        await record(req, caller, "team.create", body.team, None, {"team": body.team, "org": body.org})
+    return result
+
+
+@router.get("/quotas", summary="Every quota entry of the org → team → project tree", tags=["quota"])
+async def list_quotas(req: Request, caller: Caller) -> dict:
+    require(caller, Action.TEAM_READ)
+    policy = await call(req, subjects.QUERY_QUOTA_POLICY, Empty())
+    return {"items": policy["quotas"], "next": None}
+
+
+@router.put("/quotas", summary="Set one quota entry (created if missing)", tags=["quota"])
+async def set_quota(body: QuotaBody, req: Request, caller: Caller) -> dict:
+    require(caller, Action.QUOTA_MANAGE)
+    result = await call(req, subjects.CMD_QUOTA_SET_QUOTA, SetQuota(**body.model_dump()))
+    await record(req, caller, "quota.set", f"{body.path}:{body.gpu_model}", result["before"], result["after"])
+    return result["after"]
+
+
+@router.delete("/quotas", status_code=204, summary="Remove one quota entry", tags=["quota"])
+async def delete_quota(req: Request, caller: Caller,
+                       path: Annotated[str, Query(pattern=QUOTA_PATH_PATTERN)],
+                       gpu_model: Annotated[str, Query(pattern=MODEL_PATTERN)] = "*") -> None:
+    require(caller, Action.QUOTA_MANAGE)
+    result = await call(req, subjects.CMD_QUOTA_SET_QUOTA, SetQuota(path=path, gpu_model=gpu_model, delete=True))
+    await record(req, caller, "quota.delete", f"{path}:{gpu_model}", result["before"], None)
+
+
+@router.get("/priority-classes", summary="Priority classes (higher value runs first)", tags=["quota"])
+async def list_priority_classes(req: Request, caller: Caller) -> dict:
+    require(caller, Action.TEAM_READ)
+    policy = await call(req, subjects.QUERY_QUOTA_POLICY, Empty())
+    return {"items": policy["priority_classes"], "next": None}
+
+
+@router.put("/priority-classes/{name}", summary="Create or change a priority class", tags=["quota"])
+async def set_priority_class(name: Annotated[str, Path(pattern=NAME_PATTERN)], body: PriorityClassBody,
+                             req: Request, caller: Caller) -> dict:
+    require(caller, Action.QUOTA_MANAGE)
+    result = await call(req, subjects.CMD_QUOTA_SET_PRIORITY_CLASS, SetPriorityClass(name=name, **body.model_dump()))
+    await record(req, caller, "priority_class.set", name, result["before"], result["after"])
+    return result["after"]
