@@ -142,3 +142,19 @@ def test_snapshot_allocated_gpus_are_never_handed_out():
     plan = schedule(snap, [job("a", 1), job("b", 1, at=1.0)], Policy(), now=0.0)
     assert [p.gpu_indices for p in plan.placements] == [(1,)]
     assert plan.reason_of("b").reason == "NoFeasibleNode"
+
+
+def test_mig_layout_planner_fills_free_slots_and_never_touches_busy_instances():
+    from libs.core import Allocation, plan_mig_layouts
+
+    mig_node = node("m", 2, model="A100-80GB", sharing="mig", mig={0: (("3g.40gb", 0),)})
+    busy = Allocation("r", "team-a", "m", mig=(("m-gpu0", MigInstance("3g.40gb", 0)),))
+    snap = snapshot([mig_node], running=[busy])
+    changes = plan_mig_layouts(snap, {"3g.40gb": 2, "1g.10gb": 2})
+    created = {(c.gpu_uuid, i.profile, i.start) for c in changes for i in c.create}
+    assert all(not c.destroy for c in changes)
+    assert ("m-gpu0", "3g.40gb", 4) in created  # the partly used GPU is filled first
+    assert not any(uuid == "m-gpu0" and start < 4 for uuid, _, start in created)
+    for c in changes:
+        kept = [("3g.40gb", 0)] if c.gpu_uuid == "m-gpu0" else []
+        assert migcat.valid_layout("A100-80GB", kept + [(i.profile, i.start) for i in c.create])
