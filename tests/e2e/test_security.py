@@ -39,6 +39,15 @@ MATRIX: dict[str, tuple[int, ...]] = {
     "revoke a token in own team":     (1, 0, 1, 0, 0, 0),
     "read the audit log":             (1, 0, 0, 0, 0, 0),
     "ask who am I":                   (1, 1, 1, 1, 1, 1),
+    "explain own team's job":         (1, 1, 1, 1, 1, 1),
+    "explain another team's job":     (1, 1, 0, 0, 0, 0),
+    "read the pool summary":          (1, 1, 1, 1, 1, 1),
+    "stream events":                  (1, 1, 1, 1, 1, 1),
+    "create a team":                  (1, 0, 0, 0, 0, 0),
+    "list quotas":                    (1, 1, 1, 1, 1, 1),
+    "set a quota":                    (1, 0, 0, 0, 0, 0),
+    "list priority classes":          (1, 1, 1, 1, 1, 1),
+    "set a priority class":           (1, 0, 0, 0, 0, 0),
 }
 
 
@@ -95,6 +104,16 @@ def calls(admin: httpx.Client) -> dict[str, Callable[[httpx.Client], httpx.Respo
         "revoke a token in own team": lambda c: c.delete(f"/v1/tokens/{member_token_id(admin)}"),
         "read the audit log": lambda c: c.get("/v1/audit"),
         "ask who am I": lambda c: c.get("/v1/whoami"),
+        "explain own team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OWN)}/explain"),
+        "explain another team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OTHER)}/explain"),
+        "read the pool summary": lambda c: c.get("/v1/pool"),
+        "stream events": lambda c: c.get("/v1/events", params={"max_seconds": 1}),
+        "create a team": lambda c: c.post("/v1/teams", json={"team": "matrix-team"}),
+        "list quotas": lambda c: c.get("/v1/quotas"),
+        "set a quota": lambda c: c.put("/v1/quotas", json={"path": "default/platform", "guaranteed": 0}),
+        "list priority classes": lambda c: c.get("/v1/priority-classes"),
+        "set a priority class": lambda c: c.put("/v1/priority-classes/matrix-class",
+                                                json={"value": 1, "preemptible": True}),
     }
 
 
