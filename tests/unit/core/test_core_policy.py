@@ -148,3 +148,22 @@ def test_a_job_placed_in_a_cycle_is_never_a_victim_in_the_same_cycle():
     plan = schedule(snap, jobs, Policy(order="fifo", head_of_line=False), now=100.0)
     assert _order(plan) == ["be"]
     assert plan.preemptions == ()
+
+
+def test_project_quota_inside_a_team_is_enforced_on_its_own_level():
+    quotas = QuotaTree(entries=(
+        QuotaEntry("default/a", 8),
+        QuotaEntry("default/a/small", 1, borrowing_limit=0),
+    ))
+    snap = snapshot(cluster(1, 8))
+    jobs = [job("s1", 1, team="a", project="small"), job("s2", 1, team="a", project="small", at=1.0),
+            job("big", 4, team="a", project="big", at=2.0)]
+    plan = schedule(snap, jobs, Policy(quotas=quotas), now=0.0)
+    assert set(_order(plan)) == {"s1", "big"}
+    assert plan.reason_of("s2").reason == "QuotaExceeded" and "default/a/small" in plan.reason_of("s2").message
+
+
+def test_strict_quota_refuses_teams_without_an_entry():
+    plan = schedule(snapshot(cluster(1, 2)), [job("j", 1, team="nobody")],
+                    Policy(quotas=teams_quota({"a": 1}), strict_quota=True), now=0.0)
+    assert plan.reason_of("j").reason == "QuotaExceeded"

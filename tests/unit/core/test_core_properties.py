@@ -179,3 +179,32 @@ def test_mig_layout_planner_keeps_busy_instances_and_proposes_valid_layouts(mode
     created = migcat.plan_gpu_layout(model, kept, wanted)
     assert migcat.valid_layout(model, kept + created)
     assert all(name in wanted for name, _ in created)
+
+
+def _state_view(state):
+    return {
+        (cid, key): frozenset(bucket)
+        for cid, groups in state.groups.items()
+        for key, bucket in groups.items()
+    }
+
+
+@FAST
+@given(cluster=nodes(), first=jobs("r"), second=jobs("p"), done=st.sets(st.integers(0, 13)))
+def test_incremental_indexes_match_a_fresh_build_after_placements_and_finishes(cluster, first, second, done):
+    from libs.core import Scheduler
+
+    cluster = [n for n in cluster if all(g.sharing != "mig" for g in n.gpus)]  # idle MIG instances differ by design
+    sched = Scheduler(snapshot(cluster), Policy(name="best-fit"))
+    plan1 = sched.cycle(first, now=0.0)
+    running = _as_running(plan1, {j.job_id: j for j in first}, started_at=0.0)
+    finished = {j.job_id for i, j in enumerate(first) if i in done}
+    for job_id in sorted(finished):
+        sched.finish(job_id)
+    left = [a for a in running if a.job_id not in finished]
+    plan2 = sched.cycle(second, now=10.0)
+    running2 = left + _as_running(plan2, {j.job_id: j for j in second}, started_at=10.0)
+    fresh = Scheduler(snapshot(cluster, running=running2), Policy(name="best-fit"))
+    assert _state_view(sched.state) == _state_view(fresh.state)
+    for key in set(sched.team_alloc) | set(fresh.team_alloc):
+        assert sched.team_alloc.get(key, 0) == fresh.team_alloc.get(key, 0), key
