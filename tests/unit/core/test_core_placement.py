@@ -158,3 +158,17 @@ def test_mig_layout_planner_fills_free_slots_and_never_touches_busy_instances():
     for c in changes:
         kept = [("3g.40gb", 0)] if c.gpu_uuid == "m-gpu0" else []
         assert migcat.valid_layout("A100-80GB", kept + [(i.profile, i.start) for i in c.create])
+
+
+def test_mig_slices_pack_onto_a_used_gpu_and_keep_a_whole_gpu_for_a_7g_instance():
+    from libs.core import Allocation
+
+    nodes = [node("m", 2, model="H100-80GB", sharing="mig")]
+    busy = Allocation("r", "team-a", "m", mig=(("m-gpu1", MigInstance("1g.10gb", 0)),))
+    snap = snapshot(nodes, running=[busy])
+    jobs = [job("s1", 1, mig_profile="1g.10gb"), job("s2", 1, mig_profile="2g.20gb", at=1.0),
+            job("big", 1, mig_profile="7g.80gb", at=2.0)]
+    plan = schedule(snap, jobs, Policy(), now=0.0)
+    where = {p.job_id: p.gpu_indices[0] for p in plan.placements}
+    assert where == {"s1": 1, "s2": 1, "big": 0}
+    _apply(snap, plan, jobs)
