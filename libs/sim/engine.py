@@ -65,9 +65,26 @@ class ReplayResult:
     waits: dict[str, float] = field(default_factory=dict)  # job id -> queueing delay before its first start
 
 
+def never_fit(nodes: list[Node], jobs: list[SimJob]) -> set[str]:
+    """Jobs that would not fit even on the empty cluster: admission rejects them up front (else FIFO would block
+    behind them forever)."""
+    probe = Scheduler(Snapshot(tuple(nodes)), Policy(name="best-fit"))
+    out = set()
+    for j in jobs:
+        plan = probe.cycle([j.request], 0.0)
+        if plan.placements:
+            probe.finish(j.job_id)
+        else:
+            out.add(j.job_id)
+    return out
+
+
 def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_interval: float = 30.0,
            frag_samples: int = 100) -> ReplayResult:
     wall0 = time.perf_counter()
+    rejected = never_fit(nodes, jobs)
+    submitted = len(jobs)
+    jobs = [j for j in jobs if j.job_id not in rejected]
     teams = sorted({j.request.team for j in jobs})
     capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
     policy = make_policy(policy_name, teams, float(capacity))
@@ -177,6 +194,8 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
     metrics = {
         "policy": policy_name,
         "jobs": len(jobs),
+        "rejected_never_fit": len(rejected),
+        "submitted": submitted,
         "finished": len(finished),
         "unfinished": len(jobs) - len(finished),
         "jct_mean_s": mean(jct),

@@ -109,3 +109,12 @@ def test_percentile_and_jain():
     assert percentile(list(range(1, 101)), 99) == 99
     assert jain([1, 1, 1]) == pytest.approx(1.0)
     assert jain([1, 0, 0, 0]) == pytest.approx(0.25)
+
+
+def test_a_job_that_can_never_fit_is_rejected_up_front_instead_of_blocking_fifo(tmp_path):
+    nodes = traces.read_nodes(node_list(tmp_path / "nodes.csv", shapes=((8, "G2", 96000, 393216, 1),)))
+    impossible = traces.SimJob(JobRequest("huge", "t", 16, 0.0), 100.0)
+    later = [traces.SimJob(JobRequest(f"j{i}", "t", 1, 1.0 + i), 50.0) for i in range(5)]
+    result = engine.replay(nodes, [impossible] + later, "fifo")
+    assert result.metrics["rejected_never_fit"] == 1
+    assert result.metrics["finished"] == 5
