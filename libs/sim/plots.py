@@ -18,17 +18,23 @@ def _plt():
 
 def fill_curve(results: dict[str, FillResult], out: Path) -> Path:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name, r in results.items():
-        xs = [a * 100 for a, _ in r.curve]
-        ys = [u * 100 for _, u in r.curve]
-        ax.plot(xs, ys, label=f"{name} ({r.metrics['unallocated_gpu_share'] * 100:.1f}% at 100%)")
-    ax.plot([0, 100], [100, 0], color="grey", linestyle=":", linewidth=0.8, label="perfect packing")
-    ax.set_xlabel("arrived workload (% of GPU capacity)")
-    ax.set_ylabel("unallocated GPUs (% of capacity)")
-    ax.set_title("Fill experiment: unallocated GPUs vs arrived workload")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    for ax, lo in zip(axes, (0.0, 80.0), strict=True):
+        top = 0.0
+        for name, r in results.items():
+            pts = [(a * 100, u * 100) for a, u in r.curve if a * 100 >= lo]
+            top = max([top] + [y for _, y in pts])
+            ax.plot([x for x, _ in pts], [y for _, y in pts],
+                    label=f"{name} ({r.metrics['unallocated_gpu_share'] * 100:.1f}% at the end)")
+        ax.plot([lo, 100], [100 - lo, 0], color="grey", linestyle=":", linewidth=0.8, label="perfect packing")
+        ax.set_xlim(lo, 100)
+        ax.set_ylim(0, max(top, 1.0) * 1.05)
+        ax.set_xlabel("arrived workload (% of GPU capacity)")
+        ax.set_ylabel("unallocated GPUs (% of capacity)")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Fill experiment")
+    axes[1].set_title("the last 20%, zoomed")
+    axes[1].legend()
     path = out / "fill_unallocated.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -42,9 +48,9 @@ def replay_plots(results: dict[str, ReplayResult], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name, r in results.items():
-        ax.step([t / 3600 for t in r.series.t], [a * 100 for a in r.series.alloc], where="post", label=name,
+        ax.step([t / 86400 for t in r.series.t], [a * 100 for a in r.series.alloc], where="post", label=name,
                 linewidth=0.8)
-    ax.set_xlabel("time (h)")
+    ax.set_xlabel("time (days)")
     ax.set_ylabel("GPUs allocated (%)")
     ax.set_title("GPU allocation rate")
     ax.grid(alpha=0.3)
@@ -56,8 +62,8 @@ def replay_plots(results: dict[str, ReplayResult], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name, r in results.items():
-        ax.plot([t / 3600 for t in r.series.frag_t], r.series.frag, label=name, linewidth=0.8)
-    ax.set_xlabel("time (h)")
+        ax.step([t / 86400 for t in r.series.frag_t], r.series.frag, where="post", label=name, linewidth=0.8)
+    ax.set_xlabel("time (days; sampled at scheduling cycles)")
     ax.set_ylabel("unallocated but unusable GPUs")
     ax.set_title("Fragmentation (expected, against the trace's request mix)")
     ax.grid(alpha=0.3)
