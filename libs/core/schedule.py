@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from libs.core import mig as migcat
+from libs.core.backfill import plan_reservation
 from libs.core.fit import (
     CPU_KIND,
     FRAC_KIND,
@@ -40,23 +41,21 @@ from libs.core.fit import (
 from libs.core.model import WHOLE, Allocation, JobRequest, MigInstance, Snapshot
 from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
 from libs.core.policy import Policy, PriorityClass, WorkloadShape
+from libs.core.preempt import find_victims
 from libs.core.quota import QuotaLedger
+from libs.core.reasons import (
+    BLOCKED_BY_QUEUE_HEAD,
+    INVALID_REQUEST,
+    NO_FEASIBLE_NODE,
+    PREEMPTED_BY_PRIORITY,
+    PREEMPTING,
+    QUOTA_EXCEEDED,
+    RESERVED_FOR_GANG,
+    WAITING_FOR_GANG,
+)
 from libs.core.state import ClusterState, RunningJob, Take
 
 INF = math.inf
-
-# Reason codes (CamelCase, stable: other services match on them)
-INVALID_REQUEST = "InvalidRequest"
-QUOTA_EXCEEDED = "QuotaExceeded"
-NO_FEASIBLE_NODE = "NoFeasibleNode"
-WAITING_FOR_GANG = "WaitingForGang"
-RESERVED_FOR_GANG = "ReservedForGang"
-RESERVED_FOR_JOB = "ReservedForJob"
-PREEMPTING = "Preempting"
-BLOCKED_BY_QUEUE_HEAD = "BlockedByQueueHead"
-PREEMPTED_BY_PRIORITY = "PreemptedByPriority"
-RECLAIMED_FOR_GUARANTEE = "ReclaimedForGuarantee"
-
 
 def derive_workload(jobs: Iterable[JobRequest], limit: int = 32,
                     demand_weighted: bool = True) -> tuple[WorkloadShape, ...]:
@@ -629,7 +628,7 @@ class Scheduler:
                 code, msg = self._why(job, shape, sid, allowed, reserved)
                 fail_memo[memo_key] = (code, msg)
 
-            if self._eligible_victims and code != RESERVED_FOR_GANG and code != RESERVED_FOR_JOB:
+            if self._eligible_victims and code != RESERVED_FOR_GANG:
                 reclaim = any(ledger.within_guarantee(paths, m, self._amount(shape, m)) for m in allowed)
                 pkey = (sid, allowed, job.team, prio, reclaim)
                 if pkey not in preempt_fail:
@@ -770,177 +769,11 @@ class Scheduler:
                 + (f" with {shape.cpu} mCPU / {shape.mem} MiB" if shape.cpu or shape.mem else ""))
 
     def _reserve(self, job: JobRequest, shape: Shape, allowed: frozenset, now: float):
-        """Nodes to hold for a blocked big job, and when they are expected to be free enough (Slurm-style)."""
-        st = self.state
-        per = shape.per_node if shape.members else None
-        ends: dict[int, list[tuple[float, int]]] = {}
-        for job_id, takes in st.holds.items():
-            rj = st.running.get(job_id)
-            end = rj.end_at if rj is not None else INF
-            for t in takes:
-                if t.mig is None and t.positions:
-                    ends.setdefault(t.node, []).append((end, len(t.positions) if t.milli >= WHOLE else 0))
-        ready: list[tuple[float, int, int, int]] = []  # (time, -gpus, idx, gpus)
-        for ns in st.nodes:
-            if not ns.schedulable or ns.hidden or not shape.selector <= ns.labels:
-                continue
-            if (ns.cpu_cap and ns.cpu_cap < shape.cpu) or (ns.mem_cap and ns.mem_cap < shape.mem):
-                continue  # could never host it, however long we wait
-            ek = (ns.cls, shape, allowed)
-            elig = self._elig_memo.get(ek)
-            if elig is None:
-                elig = self._elig_memo[ek] = [
-                    i for i, s in enumerate(st.classes[ns.cls].gpus) if gpu_eligible(s, shape, allowed)
-                ]
-            if not elig:
-                continue
-            want = per if per is not None else len(elig)
-            if len(elig) < want:
-                continue
-            free = sum(1 for i in elig if ns.gpus[i].free == WHOLE)
-            t_ready = now if free >= want else INF
-            if free < want:
-                for end, n in sorted(ends.get(ns.idx, [])):
-                    free += n
-                    if free >= want:
-                        t_ready = end
-                        break
-                else:
-                    t_ready = INF
-            ready.append((t_ready, -len(elig), ns.idx, want))
-        ready.sort()
-        chosen: list[int] = []
-        got = 0
-        need = shape.members if shape.members else shape.total
-        for _t, _, idx, want in ready:
-            chosen.append(idx)
-            got += 1 if shape.members else want
-            if got >= need:
-                start_by = max(r[0] for r in ready if r[2] in set(chosen))
-                return chosen, start_by
-        return None
+        return plan_reservation(self, job, shape, allowed, now)
 
     def _preempt(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, prio: int, reclaim: bool,
                  ledger: QuotaLedger, taken: set, now: float):
-        """Decide victims (never act): same team and lower priority, or borrowers when the job's team is within
-        its guarantee. Never non-preemptible work, work younger than its minimum runtime, or a victim of higher
-        priority than the preemptor. Returns ([(victim, reason)], target node indices) or None."""
-        st = self.state
-        budget: dict[str, int] = {}
-        cands: list[tuple] = []
-        for rj in self._eligible_victims:
-            if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
-                continue
-            if shape.kind != CPU_KIND and not (set(rj.milli_by_model) & allowed):
-                continue
-            if rj.team == job.team and rj.priority < prio:
-                why = PREEMPTED_BY_PRIORITY
-            elif rj.team != job.team and reclaim:
-                vpaths = ledger.paths(rj.team, rj.project)
-                borrowed = sum(ledger.borrowed(vpaths[1], m) for m in rj.milli_by_model)
-                if borrowed <= 0:
-                    continue
-                budget.setdefault(rj.team, borrowed)
-                why = RECLAIMED_FOR_GUARANTEE
-            else:
-                continue
-            milli = sum(rj.milli_by_model.values())
-            lost = milli * max(0.0, now - rj.started_at)
-            cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team))
-        if not cands:
-            return None
-        cands.sort()
-        by_node: dict[int, list[tuple]] = {}
-        for c in cands:
-            for t in st.holds.get(c[2], []):
-                by_node.setdefault(t.node, []).append(c)
-
-        def release_set(sel: list[tuple]) -> int:
-            mark = st.mark()
-            for c in sel:
-                st.release(c[2])
-            return mark
-
-        def within_budget(sel: list[tuple]) -> bool:
-            spent: dict[str, int] = {}
-            for c in sel:
-                if c[3] == RECLAIMED_FOR_GUARANTEE:
-                    # a victim is fair game while its team still borrows (Kueue's rule): jobs are indivisible,
-                    # so the last one may take the team below its guarantee
-                    if spent.get(c[5], 0) >= budget.get(c[5], 0):
-                        return False
-                    spent[c[5]] = spent.get(c[5], 0) + c[4]
-            return True
-
-        def minimise(sel: list[tuple], fits) -> list[tuple]:
-            for c in sorted(sel, key=lambda c: (-c[0], -c[1], c[2])):
-                trial = [x for x in sel if x is not c]
-                mark = release_set(trial)
-                ok = fits()
-                st.rollback(mark)
-                if ok:
-                    sel = trial
-            return sel
-
-        if shape.members == 1:
-            best = None
-            for idx in sorted(by_node):
-                ns = st.nodes[idx]
-                if ns.hidden or not ns.schedulable:
-                    continue
-                sel: list[tuple] = []
-                mark = st.mark()
-                ok = False
-                for c in by_node[idx]:
-                    if c[2] in {x[2] for x in sel}:
-                        continue
-                    sel.append(c)
-                    if not within_budget(sel):
-                        sel.pop()
-                        continue
-                    st.release(c[2])
-                    if self._fits_node(idx, shape, sid, allowed):
-                        ok = True
-                        break
-                st.rollback(mark)
-                if not ok:
-                    continue
-                sel = minimise(sel, lambda idx=idx: self._fits_node(idx, shape, sid, allowed))
-                key = (max(c[0] for c in sel), sum(c[1] for c in sel), len(sel), idx)
-                if best is None or key < best[0]:
-                    best = (key, sel, idx)
-            if best is None:
-                return None
-            return [(c[2], c[3]) for c in best[1]], [best[2]]
-
-        # gangs: release cheapest victims until the whole gang fits, then drop the ones not needed
-        def gang_fits() -> bool:
-            mark = st.mark()
-            ok = self._place(job, shape, sid, allowed) is not None
-            st.rollback(mark)
-            return ok
-
-        sel = []
-        mark = st.mark()
-        ok = False
-        for c in cands[:256]:
-            sel.append(c)
-            if not within_budget(sel):
-                sel.pop()
-                continue
-            st.release(c[2])
-            if gang_fits():
-                ok = True
-                break
-        st.rollback(mark)
-        if not ok:
-            return None
-        sel = minimise(sel, gang_fits)
-        mark = release_set(sel)
-        takes = self._place(job, shape, sid, allowed) or []
-        nodes = sorted({t.node for t in takes})
-        st.rollback(mark)
-        return [(c[2], c[3]) for c in sel], nodes
+        return find_victims(self, job, shape, sid, allowed, prio, reclaim, ledger, taken, now)
 
 
 def schedule(snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> Plan:

@@ -1,0 +1,71 @@
+"""Reservations for blocked big jobs (Slurm-style backfill): which nodes to hold and from when.
+
+The nodes chosen are those expected to have enough free GPUs soonest, given the running jobs' `max_runtime_s`;
+`start_by` is when the last of them is expected to be ready (inf when some end is unknown). The scheduler lets
+other work use held nodes only if it ends before `start_by`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from libs.core.fit import Shape, gpu_eligible
+from libs.core.model import WHOLE, JobRequest
+
+if TYPE_CHECKING:
+    from libs.core.schedule import Scheduler
+
+INF = math.inf
+
+
+def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: frozenset, now: float):
+    """Nodes to hold for a blocked big job, and when they are expected to be free enough (Slurm-style)."""
+    st = sched.state
+    per = shape.per_node if shape.members else None
+    ends: dict[int, list[tuple[float, int]]] = {}
+    for job_id, takes in st.holds.items():
+        rj = st.running.get(job_id)
+        end = rj.end_at if rj is not None else INF
+        for t in takes:
+            if t.mig is None and t.positions:
+                ends.setdefault(t.node, []).append((end, len(t.positions) if t.milli >= WHOLE else 0))
+    ready: list[tuple[float, int, int, int]] = []  # (time, -gpus, idx, gpus)
+    for ns in st.nodes:
+        if not ns.schedulable or ns.hidden or not shape.selector <= ns.labels:
+            continue
+        if (ns.cpu_cap and ns.cpu_cap < shape.cpu) or (ns.mem_cap and ns.mem_cap < shape.mem):
+            continue  # could never host it, however long we wait
+        ek = (ns.cls, shape, allowed)
+        elig = sched._elig_memo.get(ek)
+        if elig is None:
+            elig = sched._elig_memo[ek] = [
+                i for i, s in enumerate(st.classes[ns.cls].gpus) if gpu_eligible(s, shape, allowed)
+            ]
+        if not elig:
+            continue
+        want = per if per is not None else len(elig)
+        if len(elig) < want:
+            continue
+        free = sum(1 for i in elig if ns.gpus[i].free == WHOLE)
+        t_ready = now if free >= want else INF
+        if free < want:
+            for end, n in sorted(ends.get(ns.idx, [])):
+                free += n
+                if free >= want:
+                    t_ready = end
+                    break
+            else:
+                t_ready = INF
+        ready.append((t_ready, -len(elig), ns.idx, want))
+    ready.sort()
+    chosen: list[int] = []
+    got = 0
+    need = shape.members if shape.members else shape.total
+    for _t, _, idx, want in ready:
+        chosen.append(idx)
+        got += 1 if shape.members else want
+        if got >= need:
+            start_by = max(r[0] for r in ready if r[2] in set(chosen))
+            return chosen, start_by
+    return None

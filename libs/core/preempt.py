@@ -1,0 +1,143 @@
+"""Preemption search: decide victims for a blocked job (never act on them).
+
+Candidates: running, preemptible work past its minimum runtime, of priority no higher than the preemptor; from the
+preemptor's own team only when strictly lower priority (`PreemptedByPriority`), from another team only when the
+preemptor's team is within its guarantee and the victim's team borrows (`ReclaimedForGuarantee`). Candidates are
+tried cheapest first (priority, then GPU-time lost), released tentatively on the state's journal until the job
+fits, the set is minimised, and everything is rolled back: the plan carries the decision only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from libs.core.fit import CPU_KIND, Shape
+from libs.core.model import JobRequest
+from libs.core.quota import QuotaLedger
+from libs.core.reasons import PREEMPTED_BY_PRIORITY, RECLAIMED_FOR_GUARANTEE
+
+if TYPE_CHECKING:
+    from libs.core.schedule import Scheduler
+
+
+def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, prio: int, reclaim: bool,
+             ledger: QuotaLedger, taken: set, now: float):
+    """Decide victims (never act): same team and lower priority, or borrowers when the job's team is within
+    its guarantee. Never non-preemptible work, work younger than its minimum runtime, or a victim of higher
+    priority than the preemptor. Returns ([(victim, reason)], target node indices) or None."""
+    st = sched.state
+    budget: dict[str, int] = {}
+    cands: list[tuple] = []
+    for rj in sched._eligible_victims:
+        if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
+            continue
+        if shape.kind != CPU_KIND and not (set(rj.milli_by_model) & allowed):
+            continue
+        if rj.team == job.team and rj.priority < prio:
+            why = PREEMPTED_BY_PRIORITY
+        elif rj.team != job.team and reclaim:
+            vpaths = ledger.paths(rj.team, rj.project)
+            borrowed = sum(ledger.borrowed(vpaths[1], m) for m in rj.milli_by_model)
+            if borrowed <= 0:
+                continue
+            budget.setdefault(rj.team, borrowed)
+            why = RECLAIMED_FOR_GUARANTEE
+        else:
+            continue
+        milli = sum(rj.milli_by_model.values())
+        lost = milli * max(0.0, now - rj.started_at)
+        cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team))
+    if not cands:
+        return None
+    cands.sort()
+    by_node: dict[int, list[tuple]] = {}
+    for c in cands:
+        for t in st.holds.get(c[2], []):
+            by_node.setdefault(t.node, []).append(c)
+
+    def release_set(sel: list[tuple]) -> int:
+        mark = st.mark()
+        for c in sel:
+            st.release(c[2])
+        return mark
+
+    def within_budget(sel: list[tuple]) -> bool:
+        spent: dict[str, int] = {}
+        for c in sel:
+            if c[3] == RECLAIMED_FOR_GUARANTEE:
+                # a victim is fair game while its team still borrows (Kueue's rule): jobs are indivisible,
+                # so the last one may take the team below its guarantee
+                if spent.get(c[5], 0) >= budget.get(c[5], 0):
+                    return False
+                spent[c[5]] = spent.get(c[5], 0) + c[4]
+        return True
+
+    def minimise(sel: list[tuple], fits) -> list[tuple]:
+        for c in sorted(sel, key=lambda c: (-c[0], -c[1], c[2])):
+            trial = [x for x in sel if x is not c]
+            mark = release_set(trial)
+            ok = fits()
+            st.rollback(mark)
+            if ok:
+                sel = trial
+        return sel
+
+    if shape.members == 1:
+        best = None
+        for idx in sorted(by_node):
+            ns = st.nodes[idx]
+            if ns.hidden or not ns.schedulable:
+                continue
+            sel: list[tuple] = []
+            mark = st.mark()
+            ok = False
+            for c in by_node[idx]:
+                if c[2] in {x[2] for x in sel}:
+                    continue
+                sel.append(c)
+                if not within_budget(sel):
+                    sel.pop()
+                    continue
+                st.release(c[2])
+                if sched._fits_node(idx, shape, sid, allowed):
+                    ok = True
+                    break
+            st.rollback(mark)
+            if not ok:
+                continue
+            sel = minimise(sel, lambda idx=idx: sched._fits_node(idx, shape, sid, allowed))
+            key = (max(c[0] for c in sel), sum(c[1] for c in sel), len(sel), idx)
+            if best is None or key < best[0]:
+                best = (key, sel, idx)
+        if best is None:
+            return None
+        return [(c[2], c[3]) for c in best[1]], [best[2]]
+
+    # gangs: release cheapest victims until the whole gang fits, then drop the ones not needed
+    def gang_fits() -> bool:
+        mark = st.mark()
+        ok = sched._place(job, shape, sid, allowed) is not None
+        st.rollback(mark)
+        return ok
+
+    sel = []
+    mark = st.mark()
+    ok = False
+    for c in cands[:256]:
+        sel.append(c)
+        if not within_budget(sel):
+            sel.pop()
+            continue
+        st.release(c[2])
+        if gang_fits():
+            ok = True
+            break
+    st.rollback(mark)
+    if not ok:
+        return None
+    sel = minimise(sel, gang_fits)
+    mark = release_set(sel)
+    takes = sched._place(job, shape, sid, allowed) or []
+    nodes = sorted({t.node for t in takes})
+    st.rollback(mark)
+    return [(c[2], c[3]) for c in sel], nodes

@@ -1,0 +1,13 @@
+"""Reason codes (CamelCase, stable: other services match on them). Every pending job gets one, with a message."""
+
+INVALID_REQUEST = "InvalidRequest"
+QUOTA_EXCEEDED = "QuotaExceeded"
+NO_FEASIBLE_NODE = "NoFeasibleNode"
+WAITING_FOR_GANG = "WaitingForGang"
+RESERVED_FOR_GANG = "ReservedForGang"
+PREEMPTING = "Preempting"
+BLOCKED_BY_QUEUE_HEAD = "BlockedByQueueHead"
+PREEMPTED_BY_PRIORITY = "PreemptedByPriority"
+RECLAIMED_FOR_GUARANTEE = "ReclaimedForGuarantee"
+
+
