@@ -133,7 +133,7 @@ def gpu_eligible(static: tuple, shape: Shape, allowed: frozenset) -> bool:
 class Choice:
     positions: tuple[int, ...]
     mig: tuple[str, int] | None = None
-    topology: float = 1.0  # 1: one NVLink domain (or a single GPU); 0.5 unknown; 0 split
+    topology: float = 1.0  # 1: one NVLink domain (or a single GPU); 0.75 one NUMA node; 0.5 unknown; 0 split
     mig_score: float = 0.0
     reuse: bool = False
 
@@ -227,7 +227,15 @@ def _pick_nvlink(statics: tuple, pool: list[int], k: int, prefer: bool) -> Choic
             _, _, d = min(fitting)
             return Choice(tuple(sorted(domains[d][:k])), topology=1.0)
     if len(domains) == 1 and "" in domains:
-        return Choice(tuple(sorted(pool[:k])), topology=0.5)
+        # no NVLink information: keep the GPUs on one NUMA node when one has room (PCIe peers, local memory)
+        numa: dict[int, list[int]] = {}
+        for pos in pool:
+            numa.setdefault(statics[pos][4], []).append(pos)
+        fitting = [(len(v), v[0], n) for n, v in numa.items() if len(v) >= k]
+        if prefer and len(numa) > 1 and fitting:
+            _, _, n = min(fitting)
+            return Choice(tuple(sorted(numa[n][:k])), topology=0.75)
+        return Choice(tuple(sorted(pool[:k])), topology=0.75 if len(numa) == 1 else 0.5)
     chosen: list[int] = []
     for _, d in sorted(((-len(v), d) for d, v in domains.items())):
         chosen.extend(domains[d][: k - len(chosen)])

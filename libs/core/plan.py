@@ -76,6 +76,9 @@ class Plan:
     preemptions: tuple[Preemption, ...] = ()
     mig_reconfigs: tuple[MigReconfig, ...] = ()
     reservations: tuple[Reservation, ...] = ()
+    # what the cycle did, as counters (deterministic, for metrics and explain): jobs, placed, pending,
+    # node_groups (distinct node states), groups_scored, preemption_searches, victims, reservations
+    stats: tuple[tuple[str, int], ...] = ()
 
     def reason_of(self, job_id: str) -> PendingReason | None:
         for r in self.pending:

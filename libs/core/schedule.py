@@ -120,6 +120,7 @@ class Scheduler:
         self._choose_memo: dict = {}
         self._class_memo: dict = {}
         self._elig_memo: dict = {}
+        self._n_scored = 0
         self._shape_ids: dict = {}
         self._sticky: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self._norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
@@ -323,6 +324,7 @@ class Scheduler:
                     if best_key is None or k > best_key:
                         best_key, best = k, (rep.idx, cands[0])
                     continue
+                self._n_scored += 1
                 for c in cands:
                     k = (self._score(cid, dyn, mask, rep, c, shape, domain), -rep.idx)
                     if best_key is None or k > best_key:
@@ -466,6 +468,9 @@ class Scheduler:
         p = self.policy
         st = self.state
         st.commit()
+        self._n_scored = 0
+        n_searches = 0
+        n_groups = sum(len(g) for g in st.groups.values())
         jobs: dict[str, JobRequest] = {}
         for j in pending:
             jobs.setdefault(j.job_id, j)
@@ -632,6 +637,7 @@ class Scheduler:
                 reclaim = any(ledger.within_guarantee(paths, m, self._amount(shape, m)) for m in allowed)
                 pkey = (sid, allowed, job.team, prio, reclaim)
                 if pkey not in preempt_fail:
+                    n_searches += 1
                     found = self._preempt(job, shape, sid, allowed, prio, reclaim, ledger, victims, now)
                     if found is None:
                         preempt_fail.add(pkey)
@@ -692,7 +698,17 @@ class Scheduler:
         mig_changes = tuple(
             MigReconfig(node, uuid, tuple(d), tuple(c)) for (node, uuid), (d, c) in sorted(reconfigs.items())
         )
-        return Plan(tuple(placements), tuple(reasons), tuple(preemptions), mig_changes, tuple(reservations))
+        stats = (
+            ("jobs", len(jobs)),
+            ("placed", len({pl.job_id for pl in placements})),
+            ("pending", len(reasons)),
+            ("node_groups", n_groups),
+            ("groups_scored", self._n_scored),
+            ("preemption_searches", n_searches),
+            ("victims", len(preemptions)),
+            ("reservations", len(reservations)),
+        )
+        return Plan(tuple(placements), tuple(reasons), tuple(preemptions), mig_changes, tuple(reservations), stats)
 
     # ---- pieces of the cycle ---------------------------------------------------------------------------------
 

@@ -172,3 +172,20 @@ def test_mig_slices_pack_onto_a_used_gpu_and_keep_a_whole_gpu_for_a_7g_instance(
     where = {p.job_id: p.gpu_indices[0] for p in plan.placements}
     assert where == {"s1": 1, "s2": 1, "big": 0}
     _apply(snap, plan, jobs)
+
+
+def test_without_nvlink_information_gpus_stay_on_one_numa_node():
+    from libs.core import Gpu, Node
+
+    gpus = tuple(Gpu(f"p-gpu{i}", i, "L40S", 46068, numa_node=0 if i in (0, 2, 4) else 1) for i in range(6))
+    snap = snapshot([Node("p", "c1", gpus)], running=[running("r", "p", [0])])
+    plan = schedule(snap, [job("j", 3)], Policy(), now=0.0)
+    assert plan.placements[0].gpu_indices == (1, 3, 5)
+
+
+def test_plan_counts_what_the_cycle_did():
+    plan = schedule(snapshot(cluster(2, 4)), [job("a", 4), job("b", 4, at=1.0), job("c", 4, at=2.0)], Policy(),
+                    now=0.0)
+    stats = dict(plan.stats)
+    assert stats["jobs"] == 3 and stats["placed"] == 2 and stats["pending"] == 1
+    assert stats["node_groups"] >= 1 and stats["groups_scored"] >= 2
