@@ -87,16 +87,43 @@ class GetPool(Command):
 
 
 # --- queue ------------------------------------------------------------------------------------------------------
-class SubmitJob(Command):
+class JobShape(BaseModel):
+    """How a job holds GPUs: `gpus` on one node; a gang of `gang_nodes` × `gpus_per_node` placed all or nothing;
+    or `replicas` independent copies of `gpus` each (inference services; scaled later with ScaleJob)."""
+
+    gpus: int = Field(ge=1, le=4096, description="GPUs per replica (all of a gang's GPUs for a gang)")
+    gang_nodes: int = Field(default=0, ge=0, le=256, description=">0: a gang over this many nodes")
+    gpus_per_node: int = Field(default=0, ge=0, le=64, description="with gang_nodes: GPUs on each node")
+    replicas: int = Field(default=1, ge=1, le=256, description="independent copies (not with a gang)")
+    max_runtime_s: float | None = Field(default=None, ge=1, le=30 * 24 * 3600,
+                                        description="declared limit: lets smaller jobs backfill around reservations")
+
+    @model_validator(mode="after")
+    def _consistent_shape(self) -> JobShape:
+        if self.gang_nodes:
+            if self.gpus_per_node < 1 or self.gang_nodes * self.gpus_per_node != self.gpus:
+                raise ValueError("a gang needs gpus == gang_nodes × gpus_per_node")
+            if self.replicas != 1:
+                raise ValueError("a gang cannot also have replicas")
+        elif self.gpus_per_node:
+            raise ValueError("gpus_per_node needs gang_nodes")
+        return self
+
+
+class SubmitJob(Command, JobShape):
     name: str = Field(pattern=NAME_PATTERN)
     team: str = Field(pattern=NAME_PATTERN)
     project: str = Field(default="default", pattern=NAME_PATTERN)
     kind: JobKind = "batch"
     priority_class: str = "normal"
-    gpus: int = Field(ge=1, le=4096)
     gpu_models: list[str] = Field(default_factory=list, max_length=16)
     idempotency_key: str | None = Field(default=None, max_length=255)
     submitted_by: str = "anonymous"
+
+
+class ScaleJob(Command):
+    job_id: str = Field(min_length=1, max_length=64)
+    replicas: int = Field(ge=1, le=256)
 
 
 class JobRef(Command):
@@ -133,6 +160,10 @@ class JobView(BaseModel):
     message: str | None = None
     priority: int = 0
     attempts: int = Field(default=0, description="times the job was requeued after preemption or reclaim")
+    gang_nodes: int = 0
+    gpus_per_node: int = 0
+    replicas: int = 1
+    max_runtime_s: float | None = None
 
 
 # --- quota ------------------------------------------------------------------------------------------------------

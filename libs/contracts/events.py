@@ -131,6 +131,22 @@ class JobSubmitted(EventData):
     gpus: int
     gpu_models: list[str] = Field(default_factory=list)
     submitted_at: datetime
+    gang_nodes: int = 0
+    gpus_per_node: int = 0
+    replicas: int = 1
+    max_runtime_s: float | None = None
+
+
+class JobScaled(EventData):
+    event_type: ClassVar[str] = "io.gpupool.job.scaled.v1"
+    event_subject: ClassVar[str] = subjects.JOB_SCALED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    team: str
+    replicas: int
+    previous: int
+    scaled_at: datetime
 
 
 class JobStarted(EventData):
@@ -187,6 +203,7 @@ class AllocationGranted(EventData):
     cluster: str
     node: str
     gpus: list[AllocatedGpu]
+    replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
     granted_at: datetime
 
 
@@ -205,6 +222,7 @@ class AllocationPreempting(EventData):
     cluster: str
     node: str
     gpus: list[AllocatedGpu]
+    replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
     reason: str = Field(description="PreemptedByPriority or ReclaimedForGuarantee")
     message: str
     preemptor_job_id: str
@@ -223,6 +241,7 @@ class AllocationReleased(EventData):
     cluster: str
     node: str
     gpus: list[AllocatedGpu]
+    replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
     granted_at: datetime
     released_at: datetime
     reason: str
@@ -338,6 +357,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         JobStarted,
         JobCompleted,
         JobCancelled,
+        JobScaled,
         AllocationGranted,
         AllocationPreempting,
         AllocationReleased,

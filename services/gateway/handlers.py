@@ -21,11 +21,13 @@ from libs.contracts.commands import (
     GetPool,
     JobKind,
     JobRef,
+    JobShape,
     JobState,
     ListAllocations,
     ListJobs,
     ListNodes,
     ListUsage,
+    ScaleJob,
     SubmitJob,
 )
 from services.gateway import store
@@ -48,21 +50,30 @@ class ApiError(Exception):
         self.status, self.reason, self.detail, self.extensions = status, reason, detail, extensions
 
 
-class JobRequestBody(BaseModel):
-    """What a caller sends to submit a job."""
+class JobRequestBody(JobShape):
+    """What a caller sends to submit a job: `gpus` on one node, a gang (`gang_nodes` × `gpus_per_node`, all or
+    nothing), or `replicas` independent copies (an inference service; scale it later with PATCH)."""
 
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
         {"name": "llama-finetune", "team": "research", "gpus": 2, "gpu_models": ["H100-80GB"],
-         "kind": "training", "priority_class": "normal"}]}}
+         "kind": "training", "priority_class": "normal"},
+        {"name": "pretrain", "team": "research", "gpus": 16, "gang_nodes": 2, "gpus_per_node": 8,
+         "kind": "training"},
+        {"name": "chat-api", "team": "inference", "gpus": 1, "replicas": 2, "kind": "inference",
+         "priority_class": "production-inference"}]}}
 
     name: str = Field(pattern=NAME_PATTERN, description="Lowercase name, 1–63 chars")
     team: str = Field(pattern=NAME_PATTERN)
     project: str = Field(default="default", pattern=NAME_PATTERN)
     kind: JobKind = "batch"
     priority_class: str = Field(default="normal", max_length=63)
-    gpus: int = Field(ge=1, le=4096, description="Whole GPUs, all on one node")
     gpu_models: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]] = Field(
         default_factory=list, max_length=16, description="Any of these models; empty means any")
+
+
+class ScaleBody(BaseModel):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"replicas": 4}]}}
+    replicas: int = Field(ge=1, le=256)
 
 
 class CancelBody(BaseModel):
@@ -198,6 +209,15 @@ async def explain_job(job_id: Annotated[str, Path(max_length=64)], req: Request,
             raise
         placement = {"state": "unknown", "reason": exc.reason, "message": exc.detail}
     return {"job_id": job_id, "state": job["state"], "message": job.get("message"), "placement": placement}
+
+
+@router.patch("/jobs/{job_id}", summary="Scale a replicated job (an inference service)", tags=["jobs"])
+async def scale_job(job_id: Annotated[str, Path(max_length=64)], body: ScaleBody, req: Request,
+                    caller: Caller) -> dict:
+    require(caller, Action.JOB_SUBMIT)
+    before = await job_team(req, job_id)
+    require(caller, Action.JOB_SUBMIT, before["team"])
+    return await call(req, subjects.CMD_QUEUE_SCALE_JOB, ScaleJob(job_id=job_id, replicas=body.replicas))
 
 
 @router.post("/jobs/{job_id}/complete", summary="Mark a running job completed (releases its GPUs)", tags=["jobs"])
@@ -349,7 +369,7 @@ async def revoke_token(token_id: Annotated[str, Path(max_length=64)], req: Reque
 @router.get("/audit", summary="Audit log of administrative actions (newest first)", tags=["security"])
 async def list_audit(req: Request, caller: Caller, action: Annotated[str | None, Query(max_length=64)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                     cursor: Annotated[int | None, Query(ge=1)] = None) -> dict:
+                     cursor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None) -> dict:
     require(caller, Action.AUDIT_READ)
     async with req.app.state.pool.acquire() as conn:
         rows = await store.list_audit(conn, action=action, limit=limit + 1, before_id=cursor)

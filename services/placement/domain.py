@@ -23,6 +23,16 @@ from libs.core import (
 Row = Mapping[str, Any]
 
 
+def unit_id(job_id: str, replica: int, replicas: int) -> str:
+    """What the core schedules: a whole job (single or gang), or one replica of a replicated job."""
+    return f"{job_id}#{replica}" if replicas > 1 else job_id
+
+
+def split_unit(unit: str) -> tuple[str, int | None]:
+    job_id, sep, replica = unit.partition("#")
+    return job_id, (int(replica) if sep else None)
+
+
 def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row]) -> Snapshot:
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
@@ -36,9 +46,10 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
             for n in nodes
         ),
         running=tuple(
-            Allocation(job_id=r["job_id"], team=r["team"], node=r["node"], gpu_uuids=tuple(r["gpu_uuids"]),
-                       started_at=r["granted_at"].timestamp(), project=r["project"], priority=r["priority"],
-                       priority_class=r["priority_class"], gpu_model=r["gpu_model"] or "",
+            Allocation(job_id=unit_id(r["job_id"], r["replica"], r["replicas"]), team=r["team"], node=r["node"],
+                       gpu_uuids=tuple(r["gpu_uuids"]), started_at=r["granted_at"].timestamp(),
+                       project=r["project"], priority=r["priority"], priority_class=r["priority_class"],
+                       gpu_model=r["gpu_model"] or "", max_runtime_s=r["max_runtime_s"],
                        # an allocation already being preempted is on its way out: never pick it again
                        preemptible=False if r["preempt_deadline"] is not None else None)
             for r in running
@@ -46,14 +57,25 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     )
 
 
-def build_requests(rows: Iterable[Row]) -> list[JobRequest]:
-    return [
-        JobRequest(job_id=r["job_id"], team=r["team"], project=r["project"], gpus=r["gpus"],
-                   gpu_models=tuple(r["gpu_models"]), priority=r["priority"],
-                   priority_class=r.get("priority_class", "") or "", kind=r.get("kind", "batch") or "batch",
-                   submitted_at=r["submitted_at"].timestamp())
-        for r in rows
-    ]
+def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]]) -> list[JobRequest]:
+    """One request per schedulable unit: the whole job (single or gang), or each missing replica."""
+    out: list[JobRequest] = []
+    for r in rows:
+        common = dict(team=r["team"], project=r["project"], gpus=r["gpus"], gpu_models=tuple(r["gpu_models"]),
+                      priority=r["priority"], priority_class=r["priority_class"] or "",
+                      kind=r["kind"] or "batch", submitted_at=r["submitted_at"].timestamp(),
+                      max_runtime_s=r["max_runtime_s"])
+        held = live.get(r["job_id"], set())
+        if r["gang_nodes"]:
+            if not held:
+                out.append(JobRequest(job_id=r["job_id"], gang_nodes=r["gang_nodes"],
+                                      gpus_per_node=r["gpus_per_node"], **common))
+        elif r["replicas"] > 1:
+            out += [JobRequest(job_id=unit_id(r["job_id"], i, r["replicas"]), **common)
+                    for i in range(r["replicas"]) if i not in held]
+        elif not held:
+            out.append(JobRequest(job_id=r["job_id"], **common))
+    return out
 
 
 def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams: Iterable[Row],

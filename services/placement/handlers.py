@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import defaultdict
 from datetime import timedelta
 
 from libs.bus.lease import LeaderLease
@@ -23,6 +24,7 @@ from libs.contracts.events import (
     GpuHealthChanged,
     JobCancelled,
     JobCompleted,
+    JobScaled,
     JobSubmitted,
     NodeLost,
     NodeRecovered,
@@ -37,7 +39,7 @@ from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
-from services.placement.domain import allocated_gpus, build_policy, build_requests, build_snapshot
+from services.placement.domain import allocated_gpus, build_policy, build_requests, build_snapshot, split_unit
 
 log = logging.getLogger(__name__)
 CONSUMER = "placement"
@@ -97,20 +99,30 @@ class PlacementHandlers:
             await store.mark_finished(uow.conn, job_id)
         self._kick.set()
 
-    async def _release(self, uow, job_id: str, reason: str, at) -> bool:  # type: ignore[no-untyped-def]
-        """Release the job's live allocation with its event, inside the caller's unit of work."""
-        released = await store.release_for_job(uow.conn, job_id, reason, at)
-        if released is None:
-            return False
-        alloc, gpus = released
-        await uow.emit(AllocationReleased(
-            allocation_id=alloc["allocation_id"], job_id=job_id, team=alloc["team"], project=alloc["project"],
-            cluster=alloc["cluster"], node=alloc["node"],
-            gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"]) for g in gpus],
-            granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason))
-        log.info("allocation_released", extra={"job_id": job_id, "allocation_id": alloc["allocation_id"],
-                                                "reason": reason})
-        return True
+    async def on_job_scaled(self, event: CloudEvent, data: JobScaled) -> None:
+        """More replicas: the missing ones become pending units. Fewer: the highest-numbered ones go."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            if not await store.set_replicas(uow.conn, data.job_id, data.replicas):
+                return
+            await self._release(uow, data.job_id, "ScaledDown", utcnow(), min_replica=data.replicas)
+            await store.refresh_satisfied(uow.conn, data.job_id)
+        self._kick.set()
+
+    async def _release(self, uow, job_id: str, reason: str, at, **which) -> int:  # type: ignore[no-untyped-def]
+        """Release the job's live allocations (or `which` of them) with their events, in the caller's unit of
+        work."""
+        released = await store.release(uow.conn, job_id, reason, at, **which)
+        for alloc, gpus in released:
+            await uow.emit(AllocationReleased(
+                allocation_id=alloc["allocation_id"], job_id=job_id, replica=alloc["replica"], team=alloc["team"],
+                project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"],
+                gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"]) for g in gpus],
+                granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason))
+            log.info("allocation_released", extra={"job_id": job_id, "allocation_id": alloc["allocation_id"],
+                                                    "replica": alloc["replica"], "reason": reason})
+        return len(released)
 
     # --- the policy, learned from the quota service ----------------------------------------------------------
     async def on_team_created(self, event: CloudEvent, data: TeamCreated) -> None:
@@ -175,66 +187,74 @@ class PlacementHandlers:
                 await asyncio.sleep(0.5)
 
     async def run_cycle(self) -> int:
-        """Snapshot → core.schedule → apply each placement in its own transaction (the database constraints are
-        the verifier: a stale placement is refused, never double-allocated)."""
+        """Snapshot → core.schedule → apply each unit (a job, a gang, or one replica) in its own transaction. The
+        database constraints are the verifier: a stale placement is refused whole, never double-allocated."""
         async with self.rt.pool.acquire() as conn:
             state = await store.load_state(conn)
         nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
-        # A job whose victims are still checkpointing waits for them instead of choosing more victims.
+        live: dict[str, set[int]] = defaultdict(set)
+        for r in running:
+            live[r["job_id"]].add(r["replica"])
+        # A unit whose victims are still checkpointing waits for them instead of choosing more victims.
         waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
-        pending = [p for p in state["pending"] if p["job_id"] not in waiting]
-        if not pending:
+        requests = [q for q in build_requests(state["pending"], live) if q.job_id not in waiting]
+        if not requests:
             return 0
         policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
                               self.settings.min_runtime_s)
         with self._tracer.start_as_current_span("scheduling cycle", attributes={
-                "gpupool.pending_jobs": len(pending), "gpupool.nodes": len(nodes)}) as span:
-            plan = schedule(build_snapshot(nodes, gpus, running), build_requests(pending), policy,
-                            now=time.time())
+                "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
+            plan = schedule(build_snapshot(nodes, gpus, running), requests, policy, now=time.time())
             span.set_attribute("gpupool.placements", len(plan.placements))
             span.set_attribute("gpupool.preemptions", len(plan.preemptions))
         if plan.preemptions:
-            await self.start_preemptions(plan.preemptions, {r["job_id"]: r for r in running}, gpus)
+            await self.start_preemptions(plan.preemptions)
         models = {g["uuid"]: g["model"] for g in gpus}
-        traces = {r["job_id"]: r["traceparent"] for r in pending}
-        placed = 0
+        traces = {r["job_id"]: r["traceparent"] for r in state["pending"]}
+        units: dict[str, list[Placement]] = defaultdict(list)
         for p in plan.placements:
-            parent = extract_context({"traceparent": traces[p.job_id]} if traces.get(p.job_id) else {})
+            units[p.job_id].append(p)
+        placed = 0
+        for unit, placements in units.items():
+            job_id, replica = split_unit(unit)
+            parent = extract_context({"traceparent": traces[job_id]} if traces.get(job_id) else {})
             try:
                 with self._tracer.start_as_current_span("place job", context=parent,
-                                                        attributes={"gpupool.job_id": p.job_id}):
-                    allocation_id = await self._apply(p, models)
-                if allocation_id is None:
-                    continue
-                placed += 1
-                log.info("job_placed", extra={"job_id": p.job_id, "allocation_id": allocation_id,
-                                              "node": p.node, "gpus": list(p.gpu_indices)})
+                                                        attributes={"gpupool.job_id": job_id}):
+                    allocation_ids = await self._apply(job_id, replica, placements, models)
             except store.AllocationConflict as exc:
-                log.warning("placement_refused_by_store", extra={"job_id": p.job_id, "error": str(exc)})
-        if plan.pending:
+                log.warning("placement_refused_by_store", extra={"job_id": job_id, "error": str(exc)})
+                continue
+            if allocation_ids:
+                placed += 1
+                log.info("job_placed", extra={"job_id": job_id, "allocation_ids": allocation_ids,
+                                              "nodes": sorted({p.node for p in placements})})
+        reasons = {split_unit(r.job_id)[0]: (r.reason, r.message) for r in plan.pending}
+        if reasons:
             async with self.rt.pool.acquire() as conn:
-                await store.record_pending_reasons(conn, [(r.job_id, r.reason, r.message) for r in plan.pending])
+                await store.record_pending_reasons(conn, [(j, r, m) for j, (r, m) in reasons.items()])
         return placed
 
-    async def start_preemptions(self, preemptions: tuple[Preemption, ...], running: dict, gpus: list) -> None:
+    async def start_preemptions(self, preemptions: tuple[Preemption, ...]) -> None:
         """Decide was the core's job; acting is ours: each victim gets the checkpoint signal now and loses its GPUs
-        at the deadline (or sooner, if it completes)."""
+        at the deadline (or sooner, if it completes). A gang is preempted whole."""
         deadline = utcnow() + timedelta(seconds=self.settings.preemption_grace_s)
         for v in preemptions:
+            job_id, replica = split_unit(v.job_id)
             async with self.rt.uow() as uow:
-                started = await store.start_preemption(uow.conn, v.job_id, deadline=deadline, reason=v.reason,
-                                                       preemptor=v.preemptor)
-                if started is None:
-                    continue
-                alloc, alloc_gpus = started
-                await uow.emit(AllocationPreempting(
-                    allocation_id=alloc["allocation_id"], job_id=v.job_id, team=alloc["team"],
-                    project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"],
-                    gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"])
-                          for g in alloc_gpus],
-                    reason=v.reason, message=v.message, preemptor_job_id=v.preemptor, deadline=deadline))
-            log.info("preemption_started", extra={"job_id": v.job_id, "preemptor": v.preemptor,
-                                                   "reason": v.reason, "deadline": deadline.isoformat()})
+                started = await store.start_preemption(uow.conn, job_id, replica, deadline=deadline,
+                                                       reason=v.reason, preemptor=v.preemptor)
+                for alloc, alloc_gpus in started:
+                    await uow.emit(AllocationPreempting(
+                        allocation_id=alloc["allocation_id"], job_id=job_id, replica=alloc["replica"],
+                        team=alloc["team"], project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"],
+                        gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"])
+                              for g in alloc_gpus],
+                        reason=v.reason, message=v.message, preemptor_job_id=split_unit(v.preemptor)[0],
+                        deadline=deadline))
+            if started:
+                log.info("preemption_started", extra={"job_id": job_id, "preemptor": v.preemptor,
+                                                       "reason": v.reason, "deadline": deadline.isoformat()})
 
     async def release_due_preemptions(self) -> int:
         now = utcnow()
@@ -242,25 +262,35 @@ class PlacementHandlers:
             due = await store.due_preemptions(conn, now)
         for row in due:
             async with self.rt.uow() as uow:
-                await self._release(uow, row["job_id"], row["preempt_reason"] or "Preempted", now)
+                await self._release(uow, row["job_id"], row["preempt_reason"] or "Preempted", now,
+                                    allocation_id=row["allocation_id"])
+                # a replicated job wants the replica back (elsewhere); a single job or gang is requeued by the queue
+                await store.refresh_satisfied(uow.conn, row["job_id"])
         if due:
             self._kick.set()
         return len(due)
 
-    async def _apply(self, p: Placement, models: dict[str, str]) -> str | None:
-        """Commit one placement with its AllocationGranted event; None if the job is no longer pending."""
+    async def _apply(self, job_id: str, replica: int | None, placements: list[Placement],
+                     models: dict[str, str]) -> list[str]:
+        """Commit one unit (all of a gang's nodes, or one replica) with its AllocationGranted events."""
         async with self.rt.uow() as uow:
-            job = await store.take_pending(uow.conn, p.job_id)
+            job = await store.claim_job(uow.conn, job_id)
             if job is None:
-                return None
-            allocation_id = uuid7()
+                return []
             now = utcnow()
-            alloc_gpus = allocated_gpus(p.gpu_uuids, models, p.gpu_indices)
-            await store.insert_allocation(uow.conn, allocation_id, job, p.cluster, p.node, alloc_gpus, now)
-            await uow.emit(AllocationGranted(
-                allocation_id=allocation_id, job_id=p.job_id, team=job["team"], project=job["project"],
-                cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now))
-        return allocation_id
+            allocation_ids = []
+            for p in sorted(placements, key=lambda p: p.replica):
+                allocation_id = uuid7()
+                member = replica if replica is not None else p.replica
+                alloc_gpus = allocated_gpus(p.gpu_uuids, models, p.gpu_indices)
+                await store.insert_allocation(uow.conn, allocation_id, job, member, p.cluster, p.node, alloc_gpus,
+                                              now)
+                await uow.emit(AllocationGranted(
+                    allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
+                    project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now))
+                allocation_ids.append(allocation_id)
+            await store.refresh_satisfied(uow.conn, job_id)
+        return allocation_ids
 
     # --- queries -----------------------------------------------------------------------------------------------
     async def explain(self, cmd: JobRef) -> Reply:
@@ -276,8 +306,9 @@ class PlacementHandlers:
             rows = await store.list_allocations(conn, job_id=cmd.job_id, active=cmd.active, limit=cmd.limit + 1,
                                                 after=cmd.after)
         items = [
-            {**{k: r[k] for k in ("allocation_id", "job_id", "team", "project", "cluster", "node",
+            {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
                                   "release_reason")},
+             "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
              "granted_at": r["granted_at"].isoformat(),
              "released_at": r["released_at"].isoformat() if r["released_at"] else None,
              "gpus": json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]}
@@ -300,6 +331,7 @@ def routes(h: PlacementHandlers) -> Routes:
             JobSubmitted: h.on_job_submitted,
             JobCompleted: h.on_job_completed,
             JobCancelled: h.on_job_cancelled,
+            JobScaled: h.on_job_scaled,
             TeamCreated: h.on_team_created,
             QuotaSet: h.on_quota_set,
             PriorityClassSet: h.on_priority_class_set,

@@ -8,11 +8,15 @@ import asyncpg
 
 from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered, PriorityClassSet, QuotaSet
 
+_ALLOCATION = "allocation_id, job_id, replica, team, project, cluster, node, granted_at, released_at"
+
 
 class AllocationConflict(Exception):
-    """The database refused an allocation (a GPU already held, or the job already placed): the plan was stale."""
+    """The database refused an allocation (a GPU already held, or the replica already placed): the plan was
+    stale. The unit of work rolls back; nothing half-applied remains."""
 
 
+# --- the pool ---------------------------------------------------------------------------------------------------
 async def upsert_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
     await conn.execute(
         """INSERT INTO nodes (cluster, node) VALUES ($1, $2)
@@ -40,19 +44,22 @@ async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str) -> No
     await conn.execute("UPDATE gpus SET health = $2 WHERE uuid = $1", uuid, health)
 
 
+# --- wanted jobs ------------------------------------------------------------------------------------------------
 async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent: str | None) -> bool:
-    """False when the job already finished or is already placed: a late or repeated submission is ignored."""
-    finished = await conn.fetchval("SELECT 1 FROM finished_jobs WHERE job_id = $1", data.job_id)
-    live = await conn.fetchval(
-        "SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL", data.job_id)
-    if finished or live:
+    """Want the job (again, after a requeue). False when it already finished, or still holds GPUs (a late or
+    repeated submission is ignored)."""
+    if await conn.fetchval("SELECT 1 FROM finished_jobs WHERE job_id = $1", data.job_id):
+        return False
+    if await conn.fetchval("SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL", data.job_id):
         return False
     await conn.execute(
         """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
-                                    priority_class, kind)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) ON CONFLICT (job_id) DO NOTHING""",
+                                    priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)
+           ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL""",
         data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at,
-        traceparent, data.priority_class, data.kind)
+        traceparent, data.priority_class, data.kind, data.gang_nodes, data.gpus_per_node, data.replicas,
+        data.max_runtime_s)
     return True
 
 
@@ -63,14 +70,17 @@ async def load_state(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]
             "nodes": await conn.fetch("SELECT cluster, node, schedulable FROM nodes ORDER BY cluster, node"),
             "gpus": await conn.fetch("SELECT uuid, cluster, node, idx, model, memory_mib, health FROM gpus"),
             "running": await conn.fetch(
-                """SELECT a.allocation_id, a.job_id, a.team, a.project, a.node, a.granted_at, a.priority,
-                          a.priority_class, a.kind, a.preempt_deadline, array_agg(g.gpu_uuid ORDER BY g.gpu_index)
-                          AS gpu_uuids, min(g.model) AS gpu_model
+                """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
+                          a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s,
+                          coalesce(p.replicas, 1) AS replicas,
+                          array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model
                    FROM allocations a JOIN allocation_gpus g USING (allocation_id)
-                   WHERE a.released_at IS NULL GROUP BY a.allocation_id"""),
+                        LEFT JOIN pending_jobs p USING (job_id)
+                   WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas"""),
             "pending": await conn.fetch(
                 """SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at,
-                          traceparent FROM pending_jobs"""),
+                          traceparent, gang_nodes, gpus_per_node, replicas, max_runtime_s
+                   FROM pending_jobs WHERE NOT satisfied"""),
             "teams": await conn.fetch("SELECT team, org FROM policy_teams"),
             "quotas": await conn.fetch(
                 """SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
@@ -79,6 +89,98 @@ async def load_state(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]
         }
 
 
+async def claim_job(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
+    """Lock the wanted job for placing; None if it is no longer wanted or already satisfied."""
+    return await conn.fetchrow(
+        """SELECT job_id, team, project, priority, priority_class, kind, replicas, max_runtime_s FROM pending_jobs
+           WHERE job_id = $1 AND NOT satisfied FOR UPDATE""", job_id)
+
+
+async def refresh_satisfied(conn: asyncpg.Connection, job_id: str) -> bool:
+    """satisfied = every wanted replica holds a live allocation; returns the new value."""
+    return bool(await conn.fetchval(
+        """UPDATE pending_jobs p SET satisfied = (SELECT count(*) FROM allocations a
+                                                 WHERE a.job_id = p.job_id AND a.released_at IS NULL) >= p.replicas
+           WHERE job_id = $1 RETURNING satisfied""", job_id))
+
+
+async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> bool:
+    return await conn.fetchval("UPDATE pending_jobs SET replicas = $2 WHERE job_id = $1 RETURNING 1",
+                               job_id, replicas) is not None
+
+
+async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: asyncpg.Record, replica: int,
+                            cluster: str, node: str, gpus: list[AllocatedGpu], granted_at: datetime) -> None:
+    try:
+        await conn.execute(
+            """INSERT INTO allocations (allocation_id, job_id, replica, team, project, cluster, node, granted_at,
+                                       priority, priority_class, kind, max_runtime_s)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)""",
+            allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
+            job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"])
+        await conn.executemany(
+            "INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model) VALUES ($1,$2,$3,$4)",
+            [(allocation_id, g.uuid, g.index, g.model) for g in gpus])
+    except asyncpg.UniqueViolationError as exc:
+        raise AllocationConflict(str(exc)) from exc
+
+
+async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[str, str, str]]) -> None:
+    await conn.executemany("UPDATE pending_jobs SET reason = $2, message = $3 WHERE job_id = $1", reasons)
+
+
+async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *,
+                  replica: int | None = None, min_replica: int | None = None,
+                  allocation_id: str | None = None) -> list[tuple[asyncpg.Record, list[asyncpg.Record]]]:
+    """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation)."""
+    allocs = await conn.fetch(
+        f"""UPDATE allocations SET released_at = $2, release_reason = $3
+            WHERE job_id = $1 AND released_at IS NULL AND ($4::int IS NULL OR replica = $4)
+              AND ($5::int IS NULL OR replica >= $5) AND ($6::text IS NULL OR allocation_id = $6)
+            RETURNING {_ALLOCATION}""", job_id, at, reason, replica, min_replica, allocation_id)
+    out = []
+    for alloc in sorted(allocs, key=lambda a: a["replica"]):
+        gpus = await conn.fetch(
+            "UPDATE allocation_gpus SET live = false WHERE allocation_id = $1 RETURNING gpu_uuid, gpu_index, model",
+            alloc["allocation_id"])
+        out.append((alloc, sorted(gpus, key=lambda g: g["gpu_index"])))
+    return out
+
+
+async def mark_finished(conn: asyncpg.Connection, job_id: str) -> None:
+    """The job is over: never want it again (even if a late submission event shows up)."""
+    await conn.execute("INSERT INTO finished_jobs (job_id) VALUES ($1) ON CONFLICT DO NOTHING", job_id)
+    await conn.execute("DELETE FROM pending_jobs WHERE job_id = $1", job_id)
+
+
+async def is_wanted(conn: asyncpg.Connection, job_id: str) -> bool:
+    return await conn.fetchval("SELECT 1 FROM pending_jobs WHERE job_id = $1", job_id) is not None
+
+
+# --- preemption -------------------------------------------------------------------------------------------------
+async def start_preemption(conn: asyncpg.Connection, job_id: str, replica: int | None, *, deadline: datetime,
+                           reason: str, preemptor: str) -> list[tuple[asyncpg.Record, list[asyncpg.Record]]]:
+    """Mark the job's live allocations (one replica's, or all of a gang's) as being preempted."""
+    allocs = await conn.fetch(
+        f"""UPDATE allocations SET preempt_deadline = $3, preempt_reason = $4, preempted_by = $5
+            WHERE job_id = $1 AND released_at IS NULL AND preempt_deadline IS NULL
+              AND ($2::int IS NULL OR replica = $2)
+            RETURNING {_ALLOCATION}""", job_id, replica, deadline, reason, preemptor)
+    out = []
+    for alloc in allocs:
+        gpus = await conn.fetch("SELECT gpu_uuid, gpu_index, model FROM allocation_gpus WHERE allocation_id = $1 "
+                                "ORDER BY gpu_index", alloc["allocation_id"])
+        out.append((alloc, list(gpus)))
+    return out
+
+
+async def due_preemptions(conn: asyncpg.Connection, now: datetime) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT allocation_id, job_id, replica, preempt_reason FROM allocations
+           WHERE released_at IS NULL AND preempt_deadline IS NOT NULL AND preempt_deadline <= $1""", now)
+
+
+# --- the policy, learned from the quota service -----------------------------------------------------------------
 async def upsert_team(conn: asyncpg.Connection, team: str, org: str, revision: int) -> None:
     await conn.execute(
         """INSERT INTO policy_teams (team, org, revision) VALUES ($1,$2,$3)
@@ -108,59 +210,12 @@ async def upsert_priority_class(conn: asyncpg.Connection, c: PriorityClassSet) -
         c.name, c.value, c.preemptible, c.min_runtime_s, c.revision)
 
 
-async def take_pending(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
-    """Lock and remove the pending row; None if another cycle or a cancellation got there first."""
-    return await conn.fetchrow(
-        """DELETE FROM pending_jobs WHERE job_id = $1
-           RETURNING job_id, team, project, priority, priority_class, kind""", job_id)
-
-
-async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: asyncpg.Record, cluster: str,
-                            node: str, gpus: list[AllocatedGpu], granted_at: datetime) -> None:
-    try:
-        await conn.execute(
-            """INSERT INTO allocations (allocation_id, job_id, team, project, cluster, node, granted_at, priority,
-                                       priority_class, kind)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)""",
-            allocation_id, job["job_id"], job["team"], job["project"], cluster, node, granted_at, job["priority"],
-            job["priority_class"], job["kind"])
-        await conn.executemany(
-            "INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model) VALUES ($1,$2,$3,$4)",
-            [(allocation_id, g.uuid, g.index, g.model) for g in gpus])
-    except asyncpg.UniqueViolationError as exc:
-        raise AllocationConflict(str(exc)) from exc
-
-
-async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[str, str, str]]) -> None:
-    await conn.executemany("UPDATE pending_jobs SET reason = $2, message = $3 WHERE job_id = $1", reasons)
-
-
-async def release_for_job(conn: asyncpg.Connection, job_id: str, reason: str,
-                          at: datetime) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
-    alloc = await conn.fetchrow(
-        """UPDATE allocations SET released_at = $2, release_reason = $3
-           WHERE job_id = $1 AND released_at IS NULL
-           RETURNING allocation_id, job_id, team, project, cluster, node, granted_at, released_at""",
-        job_id, at, reason)
-    if alloc is None:
-        return None
-    gpus = await conn.fetch(
-        """UPDATE allocation_gpus SET live = false WHERE allocation_id = $1
-           RETURNING gpu_uuid, gpu_index, model""", alloc["allocation_id"])
-    return alloc, sorted(gpus, key=lambda g: g["gpu_index"])
-
-
-async def mark_finished(conn: asyncpg.Connection, job_id: str) -> bool:
-    """Forget a pending job that finished; True if it was still pending."""
-    await conn.execute("INSERT INTO finished_jobs (job_id) VALUES ($1) ON CONFLICT DO NOTHING", job_id)
-    return await conn.fetchval("DELETE FROM pending_jobs WHERE job_id = $1 RETURNING 1", job_id) is not None
-
-
+# --- reads ------------------------------------------------------------------------------------------------------
 async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, active: bool | None, limit: int,
                            after: str | None) -> list[asyncpg.Record]:
     return await conn.fetch(
-        """SELECT a.allocation_id, a.job_id, a.team, a.project, a.cluster, a.node, a.granted_at, a.released_at,
-                  a.release_reason,
+        """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
+                  a.released_at, a.release_reason, a.preempt_deadline,
                   coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model)
                            ORDER BY g.gpu_index) FILTER (WHERE g.gpu_uuid IS NOT NULL), '[]') AS gpus
            FROM allocations a LEFT JOIN allocation_gpus g USING (allocation_id)
@@ -171,54 +226,41 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
         job_id, active, after, limit)
 
 
-async def start_preemption(conn: asyncpg.Connection, job_id: str, *, deadline: datetime, reason: str,
-                           preemptor: str) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
-    """Mark the job's live allocation as being preempted; None if it has none or one is already under way."""
-    alloc = await conn.fetchrow(
-        """UPDATE allocations SET preempt_deadline = $2, preempt_reason = $3, preempted_by = $4
-           WHERE job_id = $1 AND released_at IS NULL AND preempt_deadline IS NULL
-           RETURNING allocation_id, job_id, team, project, cluster, node""", job_id, deadline, reason, preemptor)
-    if alloc is None:
-        return None
-    gpus = await conn.fetch("SELECT gpu_uuid, gpu_index, model FROM allocation_gpus WHERE allocation_id = $1 "
-                            "ORDER BY gpu_index", alloc["allocation_id"])
-    return alloc, list(gpus)
-
-
-async def due_preemptions(conn: asyncpg.Connection, now: datetime) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        """SELECT job_id, preempt_reason FROM allocations
-           WHERE released_at IS NULL AND preempt_deadline IS NOT NULL AND preempt_deadline <= $1""", now)
-
-
 async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
-    """What placement knows about a job: pending (reason, position) or holding GPUs (and any preemption)."""
-    pending = await conn.fetchrow(
-        """SELECT job_id, team, gpus, gpu_models, priority, priority_class, submitted_at, reason, message,
-                  (SELECT count(*) FROM pending_jobs p2 WHERE p2.priority > p.priority
-                      OR (p2.priority = p.priority AND (p2.submitted_at, p2.job_id) < (p.submitted_at, p.job_id)))
+    """What placement knows about a job: waiting (reason, position) and/or holding GPUs (and any preemption)."""
+    wanted = await conn.fetchrow(
+        """SELECT job_id, replicas, satisfied, priority, priority_class, reason, message,
+                  (SELECT count(*) FROM pending_jobs p2 WHERE NOT p2.satisfied AND (p2.priority > p.priority
+                      OR (p2.priority = p.priority AND (p2.submitted_at, p2.job_id) < (p.submitted_at, p.job_id))))
                       AS ahead
            FROM pending_jobs p WHERE job_id = $1""", job_id)
-    if pending is not None:
-        return {"state": "pending", "reason": pending["reason"] or "Queued",
-                "message": pending["message"] or "waiting for the next scheduling cycle",
-                "position": int(pending["ahead"]) + 1, "priority": pending["priority"],
-                "priority_class": pending["priority_class"],
-                "preempting_for_it": [r["job_id"] for r in await conn.fetch(
-                    "SELECT job_id FROM allocations WHERE released_at IS NULL AND preempted_by = $1", job_id)]}
-    alloc = await conn.fetchrow(
-        """SELECT allocation_id, node, granted_at, released_at, release_reason, preempt_deadline, preempt_reason,
-                  preempted_by FROM allocations WHERE job_id = $1 ORDER BY granted_at DESC LIMIT 1""", job_id)
-    if alloc is None:
+    allocs = await conn.fetch(
+        """SELECT allocation_id, replica, node, released_at, release_reason, preempt_deadline, preempt_reason,
+                  preempted_by FROM allocations WHERE job_id = $1 ORDER BY granted_at DESC""", job_id)
+    if wanted is None and not allocs:
         return None
-    if alloc["released_at"] is None:
-        doc = {"state": "allocated", "reason": "Running", "message": f"holding GPUs on {alloc['node']}",
-               "allocation_id": alloc["allocation_id"]}
-        if alloc["preempt_deadline"] is not None:
-            doc.update(reason=alloc["preempt_reason"], preemptor_job_id=alloc["preempted_by"],
-                       message=f"being preempted for job {alloc['preempted_by']}; GPUs taken back at "
-                               f"{alloc['preempt_deadline'].isoformat()}",
-                       deadline=alloc["preempt_deadline"].isoformat())
+    live = [a for a in allocs if a["released_at"] is None]
+    doc: dict = {"replicas_wanted": wanted["replicas"] if wanted else None, "replicas_running": len(live),
+                 "allocations": [a["allocation_id"] for a in live]}
+    if wanted is not None and not wanted["satisfied"]:
+        doc.update(state="pending", reason=wanted["reason"] or "Queued",
+                   message=wanted["message"] or "waiting for the next scheduling cycle",
+                   position=int(wanted["ahead"]) + 1, priority=wanted["priority"],
+                   priority_class=wanted["priority_class"],
+                   preempting_for_it=[r["job_id"] for r in await conn.fetch(
+                       """SELECT DISTINCT job_id FROM allocations WHERE released_at IS NULL
+                          AND (preempted_by = $1 OR preempted_by LIKE $1 || '#%')""", job_id)])
         return doc
-    return {"state": "released", "reason": alloc["release_reason"],
-            "message": f"released at {alloc['released_at'].isoformat()}", "allocation_id": alloc["allocation_id"]}
+    preempting = [a for a in live if a["preempt_deadline"] is not None]
+    if preempting:
+        a = preempting[0]
+        doc.update(state="allocated", reason=a["preempt_reason"], preemptor_job_id=a["preempted_by"].split("#")[0],
+                   message=f"being preempted for job {a['preempted_by']}; GPUs taken back at "
+                           f"{a['preempt_deadline'].isoformat()}", deadline=a["preempt_deadline"].isoformat())
+    elif live:
+        doc.update(state="allocated", reason="Running",
+                   message=f"holding GPUs on {', '.join(sorted({a['node'] for a in live}))}")
+    else:
+        doc.update(state="released", reason=allocs[0]["release_reason"],
+                   message=f"released at {allocs[0]['released_at'].isoformat()}")
+    return doc

@@ -13,6 +13,7 @@ from libs.contracts.commands import (
     JobRef,
     ListJobs,
     Reply,
+    ScaleJob,
     SubmitJob,
 )
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
@@ -22,6 +23,7 @@ from libs.contracts.events import (
     AllocationReleased,
     JobCancelled,
     JobCompleted,
+    JobScaled,
     JobStarted,
     JobSubmitted,
 )
@@ -57,6 +59,8 @@ class QueueHandlers:
             "job_id": uuid7(), "name": cmd.name, "team": cmd.team, "project": cmd.project, "kind": cmd.kind,
             "priority_class": cmd.priority_class, "priority": priority, "gpus": cmd.gpus,
             "gpu_models": cmd.gpu_models, "submitted_by": cmd.submitted_by, "submitted_at": now,
+            "gang_nodes": cmd.gang_nodes, "gpus_per_node": cmd.gpus_per_node, "replicas": cmd.replicas,
+            "max_runtime_s": cmd.max_runtime_s,
             "idempotency_key": cmd.idempotency_key, "request_hash": request_hash,
         }
         async with self.rt.uow() as uow:
@@ -65,7 +69,8 @@ class QueueHandlers:
                 await uow.emit(JobSubmitted(
                     job_id=job["job_id"], name=cmd.name, team=cmd.team, project=cmd.project, kind=cmd.kind,
                     priority_class=cmd.priority_class, priority=priority, gpus=cmd.gpus,
-                    gpu_models=cmd.gpu_models, submitted_at=now))
+                    gpu_models=cmd.gpu_models, submitted_at=now, gang_nodes=cmd.gang_nodes,
+                    gpus_per_node=cmd.gpus_per_node, replicas=cmd.replicas, max_runtime_s=cmd.max_runtime_s))
         if row is None:  # lost a race with the same idempotency key: answer with the winner
             assert cmd.idempotency_key is not None
             replay = await self._replay(cmd.idempotency_key, request_hash)
@@ -93,6 +98,26 @@ class QueueHandlers:
         except ServiceUnavailable:
             return Reply.failure(503, "AdmissionUnavailable", "the quota service did not answer; retry later")
         return reply
+
+    async def scale_job(self, cmd: ScaleJob) -> Reply:
+        """Change how many replicas a replicated job (an inference service) should run; placement adds or
+        releases allocations to match."""
+        async with self.rt.uow() as uow:
+            row = await store.get_job(uow.conn, cmd.job_id, for_update=True)
+            if row is None:
+                return Reply.failure(404, "JobNotFound", f"no job {cmd.job_id}")
+            if row["state"] in TERMINAL:
+                return refuse_transition(cmd.job_id, row["state"], "scaled")
+            if row["gang_nodes"]:
+                return Reply.failure(409, "NotScalable", "a gang job runs all or nothing; it cannot be scaled")
+            if row["replicas"] != cmd.replicas:
+                await store.set_replicas(uow.conn, cmd.job_id, cmd.replicas)
+                await store.record_history(uow.conn, cmd.job_id, row["state"], row["state"],
+                                           f"Scaled:{row['replicas']}->{cmd.replicas}")
+                await uow.emit(JobScaled(job_id=cmd.job_id, team=row["team"], replicas=cmd.replicas,
+                                         previous=row["replicas"], scaled_at=utcnow()))
+            updated = await store.get_job(uow.conn, cmd.job_id)
+        return Reply.success(store.to_view(updated).model_dump(mode="json"))
 
     async def complete_job(self, cmd: JobRef) -> Reply:
         return await self._finish(cmd.job_id, "completed", "CompletedByUser")
@@ -163,6 +188,10 @@ class QueueHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
+            if row is not None and row["replicas"] > 1 and row["state"] == "running":
+                await store.record_history(uow.conn, data.job_id, "running", "running",
+                                           f"ReplicaPreempting:{data.replica}:{data.reason}")
+                return  # one replica of a service goes; placement brings it back elsewhere
             if row is None or row["state"] != "running" or row["allocation_id"] != data.allocation_id:
                 return
             await store.set_state(uow.conn, data.job_id, "running", "preempting", data.reason, at=utcnow(),
@@ -176,13 +205,17 @@ class QueueHandlers:
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is None or row["state"] in TERMINAL or row["allocation_id"] != data.allocation_id:
                 return
+            if row["replicas"] > 1:
+                return  # one replica of a service lost: placement places it again; the job keeps running
             await store.set_state(uow.conn, data.job_id, row["state"], "pending", f"Requeued:{data.reason}",
                                   at=data.released_at, message=f"requeued after {data.reason}",
                                   allocation_id=None, node=None, cluster=None)
             await uow.emit(JobSubmitted(
                 job_id=data.job_id, name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
                 priority_class=row["priority_class"], priority=row["priority"],
-                gpus=row["gpus"], gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"]))
+                gpus=row["gpus"], gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"],
+                gang_nodes=row["gang_nodes"], gpus_per_node=row["gpus_per_node"], replicas=row["replicas"],
+                max_runtime_s=row["max_runtime_s"]))
 
 
 def routes(h: QueueHandlers) -> Routes:
@@ -191,6 +224,7 @@ def routes(h: QueueHandlers) -> Routes:
             subjects.CMD_QUEUE_SUBMIT_JOB: (SubmitJob, h.submit_job),
             subjects.CMD_QUEUE_COMPLETE_JOB: (JobRef, h.complete_job),
             subjects.CMD_QUEUE_CANCEL_JOB: (CancelJob, h.cancel_job),
+            subjects.CMD_QUEUE_SCALE_JOB: (ScaleJob, h.scale_job),
             subjects.QUERY_QUEUE_GET_JOB: (JobRef, h.get_job),
             subjects.QUERY_QUEUE_LIST_JOBS: (ListJobs, h.list_jobs),
         },

@@ -9,7 +9,8 @@ import asyncpg
 
 from libs.contracts.commands import JobView
 
-_COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gpus, gpu_models, state, submitted_at, "
+_COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gang_nodes, gpus_per_node, "
+            "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
             "started_at, finished_at, allocation_id, node, cluster, message")
 
 
@@ -24,13 +25,15 @@ async def find_by_idempotency_key(conn: asyncpg.Connection, key: str) -> asyncpg
 async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.Record:
     row = await conn.fetchrow(
         f"""INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
-                             submitted_by, submitted_at, idempotency_key, request_hash, message)
-            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,'pending',$10,$11,$12,$13,$14)
+                             submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
+                             gpus_per_node, replicas, max_runtime_s)
+            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,'pending',$10,$11,$12,$13,$14,$15,$16,$17,$18)
             ON CONFLICT (idempotency_key) DO NOTHING
             RETURNING {_COLUMNS}""",
         job["job_id"], job["name"], job["team"], job["project"], job["kind"], job["priority_class"],
         job["priority"], job["gpus"], job["gpu_models"], job["submitted_by"], job["submitted_at"],
-        job["idempotency_key"], job["request_hash"], "waiting for placement")
+        job["idempotency_key"], job["request_hash"], "waiting for placement", job["gang_nodes"],
+        job["gpus_per_node"], job["replicas"], job["max_runtime_s"])
     if row is not None:
         await record_history(conn, job["job_id"], None, "pending", "Submitted")
     return row
@@ -69,6 +72,10 @@ async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target:
             args.append(fields[column])
     await conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = $1", *args)
     await record_history(conn, job_id, current, target, reason)
+
+
+async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> None:
+    await conn.execute("UPDATE jobs SET replicas = $2 WHERE job_id = $1", job_id, replicas)
 
 
 async def record_history(conn: asyncpg.Connection, job_id: str, from_state: str | None, to_state: str,

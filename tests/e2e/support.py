@@ -55,3 +55,29 @@ class AllocationWatcher:
                     return found[0]
             await asyncio.sleep(0.01)
         raise AssertionError(f"no {kind.__name__} for any of {job_ids} within {timeout}s")
+
+
+def submit(api, name: str, team: str, gpus: int, priority_class: str = "normal", kind: str = "training") -> str:  # type: ignore[no-untyped-def]
+    response = api.post("/v1/jobs", json={"name": name, "team": team, "gpus": gpus, "priority_class": priority_class,
+                                          "kind": kind})
+    assert response.status_code == 201, response.text
+    return response.json()["job_id"]
+
+
+def wait_state(api, job_id: str, state: str, timeout: float = 20) -> dict:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api.get(f"/v1/jobs/{job_id}").json()
+        if job["state"] == state:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never became {state}: {job}")
+
+
+def finish_all(api) -> None:  # type: ignore[no-untyped-def]
+    for state in ("running", "preempting", "pending"):
+        for job in api.get("/v1/jobs", params={"state": state, "limit": 1000}).json()["items"]:
+            api.post(f"/v1/jobs/{job['job_id']}/cancel", json={"reason": "test cleanup"})
+    deadline = time.monotonic() + 20
+    while api.get("/v1/allocations", params={"active": "true"}).json()["items"] and time.monotonic() < deadline:
+        time.sleep(0.1)

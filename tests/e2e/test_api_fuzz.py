@@ -2,7 +2,9 @@
 no server error, and every response (status, content type, body) as documented.
 
 `GET /v1/events` is left out: it is a stream that stays open for up to `max_seconds`, which a request-per-example
-fuzzer cannot consume; tests/e2e/test_events_stream.py covers it."""
+fuzzer cannot consume; tests/e2e/test_events_stream.py covers it. One worker: with two threads, Hypothesis' lambda
+introspection inside Schemathesis' coverage phase intermittently trips a CPython AST recursion-depth check (a
+thread-safety bug in the tool, not in the API)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def test_generated_requests_find_no_server_error_and_no_undocumented_response(pl
          "-H", f"Authorization: Bearer {platform.run['admin_token']}",
          "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance,"
                      "content_type_conformance",
-         "--exclude-path", "/v1/events", "--max-examples", "150", "--workers", "2", "--seed", "20261130", "--no-color"],
+         "--exclude-path", "/v1/events", "--max-examples", "150", "--workers", "1", "--seed", "20261130", "--no-color"],
         capture_output=True, text=True, timeout=600)
     report = result.stdout + result.stderr
     generated = re.search(r"(\d+) generated", report)

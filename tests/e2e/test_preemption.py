@@ -4,10 +4,9 @@ grace period, visible on the job (running → preempting → pending, requeued) 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
-from support import AllocationWatcher
+from support import AllocationWatcher, finish_all, submit, wait_state
 
 from libs.contracts.events import AllocationGranted, AllocationPreempting, AllocationReleased
 
@@ -15,32 +14,6 @@ pytestmark = pytest.mark.e2e
 FLEET_NODES = 2
 UP_ARGS = ["--fleet", "H100-80GB*8;H100-80GB*8",
            "--env", "placement:PREEMPTION_GRACE_S=1", "--env", "placement:MIN_RUNTIME_S=0"]
-
-
-def submit(api, name: str, team: str, gpus: int, priority_class: str = "normal", kind: str = "training") -> str:  # type: ignore[no-untyped-def]
-    response = api.post("/v1/jobs", json={"name": name, "team": team, "gpus": gpus, "priority_class": priority_class,
-                                          "kind": kind})
-    assert response.status_code == 201, response.text
-    return response.json()["job_id"]
-
-
-def wait_state(api, job_id: str, state: str, timeout: float = 20) -> dict:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = api.get(f"/v1/jobs/{job_id}").json()
-        if job["state"] == state:
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} never became {state}: {job}")
-
-
-def finish_all(api) -> None:  # type: ignore[no-untyped-def]
-    for state in ("running", "preempting", "pending"):
-        for job in api.get("/v1/jobs", params={"state": state, "limit": 1000}).json()["items"]:
-            api.post(f"/v1/jobs/{job['job_id']}/cancel", json={"reason": "test cleanup"})
-    deadline = time.monotonic() + 20
-    while api.get("/v1/allocations", params={"active": "true"}).json()["items"] and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 async def test_production_inference_preempts_training_of_its_team_and_never_the_reverse(platform) -> None:  # type: ignore[no-untyped-def]

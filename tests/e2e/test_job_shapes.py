@@ -1,0 +1,104 @@
+"""Gangs and replicas through real processes: a 16-GPU gang over two nodes is placed all or nothing while smaller
+jobs backfill around it without delaying it; an inference service scaled 2 → 4 → 1 gains and loses allocations."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support import AllocationWatcher, finish_all
+
+from libs.contracts.events import AllocationGranted, AllocationReleased
+
+pytestmark = pytest.mark.e2e
+FLEET_NODES = 3
+UP_ARGS = ["--fleet", "H100-80GB*8;H100-80GB*8;H100-80GB*8", "--env", "placement:MIN_RUNTIME_S=0"]
+
+
+def post_job(api, **body) -> str:  # type: ignore[no-untyped-def]
+    response = api.post("/v1/jobs", json={"team": "research", **body})
+    assert response.status_code == 201, response.text
+    return response.json()["job_id"]
+
+
+def reason(api, job_id: str) -> str:  # type: ignore[no-untyped-def]
+    return api.get(f"/v1/jobs/{job_id}/explain").json()["placement"].get("reason")
+
+
+async def eventually(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_gang_is_placed_all_or_nothing_while_short_jobs_backfill_without_delaying_it(platform) -> None:  # type: ignore[no-untyped-def]
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            short_holder = post_job(api, name="x", gpus=8, max_runtime_s=60)
+            long_holder = post_job(api, name="y", gpus=8, max_runtime_s=600)
+            for job_id in (short_holder, long_holder):
+                await watcher.wait_for(AllocationGranted, job_id)
+
+            gang = post_job(api, name="gang", kind="training", gpus=16, gang_nodes=2, gpus_per_node=8)
+            await eventually(lambda: reason(api, gang) == "WaitingForGang")
+            backfill = post_job(api, name="short", gpus=2, max_runtime_s=30)
+            _, _, small = await watcher.wait_for(AllocationGranted, backfill)
+            blocker = post_job(api, name="unbounded", gpus=2)
+            await eventually(lambda: reason(api, blocker) == "ReservedForGang")
+            assert watcher.of(AllocationGranted, gang) == [], "no member of the gang may start alone"
+            assert watcher.of(AllocationGranted, blocker) == []
+
+            api.post(f"/v1/jobs/{backfill}/complete")
+            api.post(f"/v1/jobs/{short_holder}/complete")
+            await watcher.wait_for(AllocationGranted, gang)
+            await asyncio.sleep(1.0)
+            members = [d for _, _, d in watcher.of(AllocationGranted, gang)]
+            assert sorted(m.replica for m in members) == [0, 1]
+            assert len({m.node for m in members}) == 2 and all(len(m.gpus) == 8 for m in members)
+            assert len({m.granted_at for m in members}) == 1, "both members were committed together"
+            assert small.node in {m.node for m in members}, "the backfilled job ran where the gang was to start"
+            assert watcher.of(AllocationGranted, blocker) == []
+            assert api.get(f"/v1/jobs/{gang}").json()["state"] == "running"
+
+            api.post(f"/v1/jobs/{gang}/complete")
+            _, _, released = await watcher.wait_for(AllocationReleased, gang)
+            await eventually(lambda: len(watcher.of(AllocationReleased, gang)) == 2)
+            finish_all(api)
+
+
+async def test_an_inference_service_scaled_from_2_to_4_gets_2_more_allocations_and_back_to_1(platform) -> None:  # type: ignore[no-untyped-def]
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            service = post_job(api, name="chat", kind="inference", gpus=1, replicas=2,
+                               priority_class="production-inference")
+            await eventually(lambda: len(watcher.of(AllocationGranted, service)) == 2)
+            scaled = api.patch(f"/v1/jobs/{service}", json={"replicas": 4})
+            assert scaled.status_code == 200 and scaled.json()["replicas"] == 4
+            await eventually(lambda: len(watcher.of(AllocationGranted, service)) == 4)
+            replicas = sorted(d.replica for _, _, d in watcher.of(AllocationGranted, service))
+            assert replicas == [0, 1, 2, 3]
+            live = api.get("/v1/allocations", params={"job_id": service, "active": "true"}).json()["items"]
+            assert len(live) == 4
+
+            api.patch(f"/v1/jobs/{service}", json={"replicas": 1})
+            await eventually(lambda: len(watcher.of(AllocationReleased, service)) == 3)
+            gone = sorted((d.replica, d.reason) for _, _, d in watcher.of(AllocationReleased, service))
+            assert gone == [(1, "ScaledDown"), (2, "ScaledDown"), (3, "ScaledDown")]
+            explained = api.get(f"/v1/jobs/{service}/explain").json()["placement"]
+            assert explained["replicas_running"] == 1 and explained["replicas_wanted"] == 1
+            assert api.get(f"/v1/jobs/{service}").json()["state"] == "running"
+
+            gang = post_job(api, name="not-scalable", gpus=16, gang_nodes=2, gpus_per_node=8)
+            refused = api.patch(f"/v1/jobs/{gang}", json={"replicas": 2})
+            assert refused.status_code == 409 and refused.json()["reason"] == "NotScalable"
+            finish_all(api)
+
+
+def test_inconsistent_gang_shapes_are_refused_at_the_edge(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        bad = api.post("/v1/jobs", json={"name": "bad", "team": "research", "gpus": 10, "gang_nodes": 2,
+                                         "gpus_per_node": 8})
+        assert bad.status_code == 422 and bad.json()["reason"] == "InvalidRequest"
