@@ -16,7 +16,8 @@ from libs.contracts.events import GpuSpec
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 
 JobKind = Literal["training", "inference", "dev", "batch"]
-JobState = Literal["pending", "running", "preempting", "completed", "cancelled", "failed"]
+JobState = Literal["awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed"]
+ApprovalRule = Literal["gpus_over", "runtime_over_s", "priority_class"]
 
 
 class Command(BaseModel):
@@ -205,6 +206,33 @@ class AdmitJob(Command):
     priority_class: str
     gpus: int
     gpu_models: list[str] = Field(default_factory=list)
+    job_id: str | None = Field(default=None, description="the id the job will have, named in an approval request")
+    job_name: str = ""
+    max_runtime_s: float | None = None
+    submitted_by: str = "anonymous"
+
+
+class SetApprovalRule(Command):
+    """`gpus_over`: more GPUs than value; `runtime_over_s`: a declared max runtime above value (or none at all);
+    `priority_class`: this class (value) needs approval."""
+
+    rule: ApprovalRule
+    value: str = Field(min_length=1, max_length=63)
+    enabled: bool = True
+
+
+class DecideApproval(Command):
+    approval_id: str = Field(min_length=1, max_length=64)
+    approve: bool
+    comment: str = Field(default="", max_length=1000)
+    decided_by: str = "anonymous"
+
+
+class ListApprovals(Command):
+    team: str | None = None
+    state: Literal["pending", "approved", "denied"] | None = None
+    approval_id: str | None = Field(default=None, max_length=64)
+    limit: int = Field(default=100, ge=1, le=1000)
 
 
 # --- placement --------------------------------------------------------------------------------------------------

@@ -308,6 +308,20 @@ class PriorityClassSet(EventData):
     set_at: datetime
 
 
+class ApprovalDecided(EventData):
+    event_type: ClassVar[str] = "io.gpupool.quota.approval_decided.v1"
+    event_subject: ClassVar[str] = subjects.QUOTA_APPROVAL_DECIDED
+    entity_field: ClassVar[str] = "approval_id"
+
+    approval_id: str
+    job_id: str
+    team: str
+    approved: bool
+    comment: str = ""
+    decided_by: str
+    decided_at: datetime
+
+
 # --- telemetry (agent) ------------------------------------------------------------------------------------------
 class GpuTelemetry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -365,6 +379,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         TeamCreated,
         QuotaSet,
         PriorityClassSet,
+        ApprovalDecided,
         TelemetrySampled,
     )
 }

@@ -35,6 +35,7 @@ class Action(StrEnum):
     TOKEN_MANAGE = "token.manage"
     AUDIT_READ = "audit.read"
     QUOTA_MANAGE = "quota.manage"
+    APPROVAL_DECIDE = "approval.decide"
 
 
 ANY, TEAM = "any", "team"  # scope: every team, or only the principal's own team
@@ -53,6 +54,7 @@ POLICY: dict[Action, dict[Role, str]] = {
     Action.TOKEN_MANAGE: {"platform-admin": ANY, "team-admin": TEAM},
     Action.AUDIT_READ: {"platform-admin": ANY},
     Action.QUOTA_MANAGE: {"platform-admin": ANY},
+    Action.APPROVAL_DECIDE: {"platform-admin": ANY, "team-admin": TEAM},
 }
 
 # Roles a team admin may hand out inside their own team (never admin or operator).

@@ -15,13 +15,17 @@ from libs.contracts.commands import (
     MODEL_PATTERN,
     NAME_PATTERN,
     QUOTA_PATH_PATTERN,
+    ApprovalRule,
     CreateTeam,
+    DecideApproval,
     Empty,
+    ListApprovals,
+    SetApprovalRule,
     SetPriorityClass,
     SetQuota,
 )
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, Caller, call, record, require
+from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require, team_filter
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -105,3 +109,58 @@ async def set_priority_class(name: Annotated[str, Path(pattern=NAME_PATTERN)], b
     result = await call(req, subjects.CMD_QUOTA_SET_PRIORITY_CLASS, SetPriorityClass(name=name, **body.model_dump()))
     await record(req, caller, "priority_class.set", name, result["before"], result["after"])
     return result["after"]
+
+
+# --- approvals ----------------------------------------------------------------------------------------------------
+class DecisionBody(BaseModel):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"comment": "ok for this sprint"}]}}
+    comment: str = Field(default="", max_length=1000)
+
+
+class RuleBody(BaseModel):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"value": "32", "enabled": True}]}}
+    value: str = Field(min_length=1, max_length=63, description="GPUs, seconds, or a priority class name")
+    enabled: bool = True
+
+
+@router.get("/approvals", summary="Approval requests (team-scoped callers see their team's)", tags=["approvals"])
+async def list_approvals(req: Request, caller: Caller, team: Annotated[str | None, Query(max_length=63)] = None,
+                         state: Annotated[str | None, Query(pattern="^(pending|approved|denied)$")] = None,
+                         limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
+    team = team_filter(caller, Action.JOB_READ, team)
+    return await call(req, subjects.QUERY_QUOTA_APPROVALS, ListApprovals(team=team, state=state, limit=limit))
+
+
+async def _decide(req: Request, caller, approval_id: str, approve: bool, body: DecisionBody | None) -> dict:  # type: ignore[no-untyped-def]
+    require(caller, Action.APPROVAL_DECIDE)
+    found = (await call(req, subjects.QUERY_QUOTA_APPROVALS, ListApprovals(approval_id=approval_id)))["items"]
+    if not found:
+        raise ApiError(404, "ApprovalNotFound", f"no approval request {approval_id}")
+    require(caller, Action.APPROVAL_DECIDE, found[0]["team"])
+    comment = body.comment if body else ""
+    decided = await call(req, subjects.CMD_QUOTA_DECIDE_APPROVAL, DecideApproval(
+        approval_id=approval_id, approve=approve, comment=comment, decided_by=caller.subject))
+    await record(req, caller, "approval.approve" if approve else "approval.deny", approval_id,
+                 {"state": "pending"}, {"state": decided["state"], "job_id": decided["job_id"], "comment": comment})
+    return decided
+
+
+@router.post("/approvals/{approval_id}/approve", summary="Approve: the job joins the queue", tags=["approvals"])
+async def approve(approval_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
+                  body: DecisionBody | None = None) -> dict:
+    return await _decide(req, caller, approval_id, True, body)
+
+
+@router.post("/approvals/{approval_id}/deny", summary="Deny: the job fails with ApprovalDenied", tags=["approvals"])
+async def deny(approval_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
+               body: DecisionBody | None = None) -> dict:
+    return await _decide(req, caller, approval_id, False, body)
+
+
+@router.put("/approval-rules/{rule}", summary="Set an admission rule that requires approval", tags=["approvals"])
+async def set_approval_rule(rule: ApprovalRule, body: RuleBody, req: Request, caller: Caller) -> dict:
+    require(caller, Action.QUOTA_MANAGE)
+    result = await call(req, subjects.CMD_QUOTA_SET_APPROVAL_RULE,
+                        SetApprovalRule(rule=rule, value=body.value, enabled=body.enabled))
+    await record(req, caller, "approval_rule.set", rule, None, result)
+    return result

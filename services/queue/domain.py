@@ -7,6 +7,7 @@ from libs.contracts.commands import Reply
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
+    "awaiting_approval": frozenset({"pending", "cancelled", "failed"}),
     "pending": frozenset({"running", "cancelled", "failed"}),
     # back to pending: requeue after preemption or node loss
     "running": frozenset({"completed", "cancelled", "failed", "pending", "preempting"}),

@@ -21,6 +21,7 @@ from libs.contracts.events import (
     AllocationGranted,
     AllocationPreempting,
     AllocationReleased,
+    ApprovalDecided,
     JobCancelled,
     JobCompleted,
     JobScaled,
@@ -50,13 +51,18 @@ class QueueHandlers:
             replay = await self._replay(cmd.idempotency_key, request_hash)
             if replay is not None:
                 return replay
-        admission = await self._admit(cmd)
+        job_id = uuid7()
+        admission = await self._admit(cmd, job_id)
         if not admission.ok:
             return admission
         priority = int(admission.result["priority"])  # the quota service owns priority classes
+        needs_approval = bool(admission.result.get("approval_required"))
         now = utcnow()
         job = {
-            "job_id": uuid7(), "name": cmd.name, "team": cmd.team, "project": cmd.project, "kind": cmd.kind,
+            "job_id": job_id, "name": cmd.name, "approval_id": admission.result.get("approval_id"),
+            "state": "awaiting_approval" if needs_approval else "pending",
+            "message": ("waiting for approval: " + "; ".join(admission.result.get("approval_reasons", []))
+                        if needs_approval else "waiting for placement"), "team": cmd.team, "project": cmd.project, "kind": cmd.kind,
             "priority_class": cmd.priority_class, "priority": priority, "gpus": cmd.gpus,
             "gpu_models": cmd.gpu_models, "submitted_by": cmd.submitted_by, "submitted_at": now,
             "gang_nodes": cmd.gang_nodes, "gpus_per_node": cmd.gpus_per_node, "replicas": cmd.replicas,
@@ -65,7 +71,7 @@ class QueueHandlers:
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)
-            if row is not None:
+            if row is not None and not needs_approval:
                 await uow.emit(JobSubmitted(
                     job_id=job["job_id"], name=cmd.name, team=cmd.team, project=cmd.project, kind=cmd.kind,
                     priority_class=cmd.priority_class, priority=priority, gpus=cmd.gpus,
@@ -76,8 +82,11 @@ class QueueHandlers:
             replay = await self._replay(cmd.idempotency_key, request_hash)
             assert replay is not None
             return replay
-        log.info("job_submitted", extra={"job_id": job["job_id"], "team": cmd.team, "gpus": cmd.gpus})
-        return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": True})
+        log.info("job_submitted", extra={"job_id": job["job_id"], "team": cmd.team, "gpus": cmd.gpus,
+                                         "awaiting_approval": needs_approval})
+        extra = {"approval_id": job["approval_id"], "approval_reasons": admission.result.get("approval_reasons")}
+        return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": True} |
+                             ({k: v for k, v in extra.items() if v} if needs_approval else {}))
 
     async def _replay(self, key: str, request_hash: str) -> Reply | None:
         async with self.rt.pool.acquire() as conn:
@@ -89,12 +98,13 @@ class QueueHandlers:
                                  "this Idempotency-Key was already used for a different request")
         return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": False})
 
-    async def _admit(self, cmd: SubmitJob) -> Reply:
+    async def _admit(self, cmd: SubmitJob, job_id: str) -> Reply:
         """Ask the quota service. Quota down → 503, never a silent accept."""
         try:
             reply = await request(self.rt.nc, subjects.CMD_QUOTA_ADMIT, AdmitJob(
                 team=cmd.team, project=cmd.project, priority_class=cmd.priority_class, gpus=cmd.gpus,
-                gpu_models=cmd.gpu_models), timeout=self.settings.admission_timeout_s)
+                gpu_models=cmd.gpu_models, job_id=job_id, job_name=cmd.name, max_runtime_s=cmd.max_runtime_s,
+                submitted_by=cmd.submitted_by), timeout=self.settings.admission_timeout_s)
         except ServiceUnavailable:
             return Reply.failure(503, "AdmissionUnavailable", "the quota service did not answer; retry later")
         return reply
@@ -182,6 +192,28 @@ class QueueHandlers:
             await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
                                       node=data.node, started_at=data.granted_at))
 
+    async def on_approval_decided(self, event: CloudEvent, data: ApprovalDecided) -> None:
+        """Approved: the job joins the queue now (placement learns of it only at this point). Denied: it fails."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            row = await store.get_job(uow.conn, data.job_id, for_update=True)
+            if row is None or row["state"] != "awaiting_approval":
+                return
+            verdict = f"{'approved' if data.approved else 'denied'} by {data.decided_by}"
+            message = f"{verdict}: {data.comment}" if data.comment else verdict
+            if not data.approved:
+                await store.set_state(uow.conn, data.job_id, "awaiting_approval", "failed", "ApprovalDenied",
+                                      at=data.decided_at, message=message)
+                return
+            await store.set_state(uow.conn, data.job_id, "awaiting_approval", "pending", "Approved",
+                                  at=data.decided_at, message=message)
+            await uow.emit(JobSubmitted(
+                job_id=data.job_id, name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
+                priority_class=row["priority_class"], priority=row["priority"], gpus=row["gpus"],
+                gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"], gang_nodes=row["gang_nodes"],
+                gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], max_runtime_s=row["max_runtime_s"]))
+
     async def on_allocation_preempting(self, event: CloudEvent, data: AllocationPreempting) -> None:
         """The checkpoint signal: the job keeps running until the deadline, visibly marked as preempting."""
         async with self.rt.uow() as uow:
@@ -231,6 +263,7 @@ def routes(h: QueueHandlers) -> Routes:
         events={
             AllocationGranted: h.on_allocation_granted,
             AllocationPreempting: h.on_allocation_preempting,
+            ApprovalDecided: h.on_approval_decided,
             AllocationReleased: h.on_allocation_released,
         },
     )

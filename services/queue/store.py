@@ -27,15 +27,19 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
         f"""INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
                              submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
                              gpus_per_node, replicas, max_runtime_s)
-            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,'pending',$10,$11,$12,$13,$14,$15,$16,$17,$18)
+            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18)
             ON CONFLICT (idempotency_key) DO NOTHING
             RETURNING {_COLUMNS}""",
         job["job_id"], job["name"], job["team"], job["project"], job["kind"], job["priority_class"],
         job["priority"], job["gpus"], job["gpu_models"], job["submitted_by"], job["submitted_at"],
-        job["idempotency_key"], job["request_hash"], "waiting for placement", job["gang_nodes"],
-        job["gpus_per_node"], job["replicas"], job["max_runtime_s"])
+        job["idempotency_key"], job["request_hash"], job.get("message", "waiting for placement"), job["gang_nodes"],
+        job["gpus_per_node"], job["replicas"], job["max_runtime_s"], job["state"])
     if row is not None:
-        await record_history(conn, job["job_id"], None, "pending", "Submitted")
+        await record_history(conn, job["job_id"], None, job["state"],
+                             "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted")
+        if job.get("approval_id"):
+            await conn.execute("UPDATE jobs SET approval_id = $2 WHERE job_id = $1", job["job_id"],
+                               job["approval_id"])
     return row
 
 

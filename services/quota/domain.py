@@ -35,3 +35,18 @@ def admit(cmd: AdmitJob, *, team: Mapping[str, Any] | None, priority_class: Mapp
                 f"most {best:g}", team=cmd.team, requested=cmd.gpus, ceiling=best)
     return Reply.success({"admitted": True, "priority_class": priority_class["name"],
                           "priority": priority_class["value"], "preemptible": priority_class["preemptible"]})
+
+
+def approval_reasons(cmd: AdmitJob, rules: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Which enabled rules send this submission to a person first (empty: none)."""
+    reasons = []
+    for r in rules:
+        if not r["enabled"]:
+            continue
+        if r["rule"] == "gpus_over" and cmd.gpus > float(r["value"]):
+            reasons.append(f"more than {r['value']} GPUs")
+        elif r["rule"] == "runtime_over_s" and (cmd.max_runtime_s is None or cmd.max_runtime_s > float(r["value"])):
+            reasons.append(f"runtime above {r['value']} s (or undeclared)")
+        elif r["rule"] == "priority_class" and cmd.priority_class == r["value"]:
+            reasons.append(f"priority class {r['value']}")
+    return reasons

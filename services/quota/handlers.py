@@ -7,13 +7,23 @@ read model converges whatever order it sees changes in.
 from __future__ import annotations
 
 from libs.contracts import subjects
-from libs.contracts.commands import AdmitJob, CreateTeam, Empty, Reply, SetPriorityClass, SetQuota
-from libs.contracts.envelope import utcnow
-from libs.contracts.events import PriorityClassSet, QuotaSet, TeamCreated
+from libs.contracts.commands import (
+    AdmitJob,
+    CreateTeam,
+    DecideApproval,
+    Empty,
+    ListApprovals,
+    Reply,
+    SetApprovalRule,
+    SetPriorityClass,
+    SetQuota,
+)
+from libs.contracts.envelope import utcnow, uuid7
+from libs.contracts.events import ApprovalDecided, PriorityClassSet, QuotaSet, TeamCreated
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.quota import store
-from services.quota.domain import admit
+from services.quota.domain import admit, approval_reasons
 
 
 def _quota_event(row, *, deleted: bool = False, revision: int | None = None) -> QuotaSet:  # type: ignore[no-untyped-def]
@@ -76,11 +86,54 @@ class QuotaHandlers:
         return Reply.success({"before": _view(before) if before else None, "after": _view(row)})
 
     async def admit(self, cmd: AdmitJob) -> Reply:
+        """Reject, admit, or admit pending a person's approval (the request is recorded here, keyed by the job id
+        the queue will use, so a retried submission finds the same request)."""
         async with self.rt.pool.acquire() as conn:
             team = await store.get_team(conn, cmd.team)
             klass = await store.priority_class(conn, cmd.priority_class)
             entries = await store.team_quota_rows(conn, team["org"], cmd.team) if team else []
-        return admit(cmd, team=team, priority_class=klass, quota_entries=entries)
+            reply = admit(cmd, team=team, priority_class=klass, quota_entries=entries)
+            if not reply.ok or cmd.job_id is None:
+                return reply
+            reasons = approval_reasons(cmd, await store.approval_rules(conn))
+            if not reasons:
+                return reply
+            row = await store.insert_approval(
+                conn, approval_id=uuid7(), job_id=cmd.job_id, job_name=cmd.job_name, team=cmd.team,
+                project=cmd.project, gpus=cmd.gpus, priority_class=cmd.priority_class, reasons=reasons,
+                requested_by=cmd.submitted_by)
+        return Reply.success({**reply.result, "approval_required": True, "approval_id": row["approval_id"],
+                              "approval_reasons": reasons})
+
+    async def set_approval_rule(self, cmd: SetApprovalRule) -> Reply:
+        if cmd.rule != "priority_class":
+            try:
+                float(cmd.value)
+            except ValueError:
+                return Reply.failure(422, "InvalidRule", f"{cmd.rule} needs a number, got {cmd.value!r}")
+        async with self.rt.pool.acquire() as conn:
+            return Reply.success(dict(await store.set_approval_rule(conn, cmd.rule, cmd.value, cmd.enabled)))
+
+    async def decide_approval(self, cmd: DecideApproval) -> Reply:
+        async with self.rt.uow() as uow:
+            row = await store.decide_approval(uow.conn, cmd.approval_id, cmd.approve, cmd.comment, cmd.decided_by)
+            if row is None:
+                existing = await store.get_approval(uow.conn, cmd.approval_id)
+                if existing is None:
+                    return Reply.failure(404, "ApprovalNotFound", f"no approval request {cmd.approval_id}")
+                return Reply.failure(409, "AlreadyDecided", f"approval {cmd.approval_id} was already "
+                                                            f"{existing['state']}")
+            await uow.emit(ApprovalDecided(approval_id=row["approval_id"], job_id=row["job_id"], team=row["team"],
+                                           approved=cmd.approve, comment=cmd.comment, decided_by=cmd.decided_by,
+                                           decided_at=row["decided_at"]))
+        return Reply.success(_view(row))
+
+    async def approvals(self, cmd: ListApprovals) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            rows = await store.list_approvals(conn, team=cmd.team, state=cmd.state, approval_id=cmd.approval_id,
+                                              limit=cmd.limit)
+            rules = await store.approval_rules(conn)
+        return Reply.success({"items": [_view(r) for r in rows], "rules": [dict(r) for r in rules], "next": None})
 
     async def list_teams(self, _: Empty) -> Reply:
         async with self.rt.pool.acquire() as conn:
@@ -101,5 +154,8 @@ def routes(h: QuotaHandlers) -> Routes:
             subjects.CMD_QUOTA_SET_PRIORITY_CLASS: (SetPriorityClass, h.set_priority_class),
             subjects.QUERY_QUOTA_LIST_TEAMS: (Empty, h.list_teams),
             subjects.QUERY_QUOTA_POLICY: (Empty, h.policy),
+            subjects.CMD_QUOTA_SET_APPROVAL_RULE: (SetApprovalRule, h.set_approval_rule),
+            subjects.CMD_QUOTA_DECIDE_APPROVAL: (DecideApproval, h.decide_approval),
+            subjects.QUERY_QUOTA_APPROVALS: (ListApprovals, h.approvals),
         },
     )

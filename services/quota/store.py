@@ -88,3 +88,53 @@ async def list_teams(conn: asyncpg.Connection) -> list[dict]:
              "over_quota_weight": q["weight"]}
             for q in quotas if q["path"] == own or q["path"].startswith(own + "/")]})
     return out
+
+
+# --- approvals ----------------------------------------------------------------------------------------------------
+_APPROVAL_COLUMNS = ("approval_id, job_id, job_name, team, project, gpus, priority_class, reasons, requested_by, "
+                     "state, comment, decided_by, created_at, decided_at")
+
+
+async def approval_rules(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch("SELECT rule, value, enabled FROM approval_rules ORDER BY rule")
+
+
+async def set_approval_rule(conn: asyncpg.Connection, rule: str, value: str, enabled: bool) -> asyncpg.Record:
+    return await conn.fetchrow(
+        """INSERT INTO approval_rules (rule, value, enabled) VALUES ($1,$2,$3)
+           ON CONFLICT (rule) DO UPDATE SET value = EXCLUDED.value, enabled = EXCLUDED.enabled, updated_at = now()
+           RETURNING rule, value, enabled""", rule, value, enabled)
+
+
+async def insert_approval(conn: asyncpg.Connection, **row: object) -> asyncpg.Record:
+    return await conn.fetchrow(
+        f"""INSERT INTO approval_requests (approval_id, job_id, job_name, team, project, gpus, priority_class,
+                                          reasons, requested_by)
+            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)
+            ON CONFLICT (job_id) DO UPDATE SET job_id = EXCLUDED.job_id
+            RETURNING {_APPROVAL_COLUMNS}""",
+        row["approval_id"], row["job_id"], row["job_name"], row["team"], row["project"], row["gpus"],
+        row["priority_class"], row["reasons"], row["requested_by"])
+
+
+async def decide_approval(conn: asyncpg.Connection, approval_id: str, approved: bool, comment: str,
+                          decided_by: str) -> asyncpg.Record | None:
+    """Decide a pending request; None if it does not exist or was already decided."""
+    return await conn.fetchrow(
+        f"""UPDATE approval_requests SET state = $2, comment = $3, decided_by = $4, decided_at = now()
+            WHERE approval_id = $1 AND state = 'pending' RETURNING {_APPROVAL_COLUMNS}""",
+        approval_id, "approved" if approved else "denied", comment, decided_by)
+
+
+async def get_approval(conn: asyncpg.Connection, approval_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(f"SELECT {_APPROVAL_COLUMNS} FROM approval_requests WHERE approval_id = $1",
+                               approval_id)
+
+
+async def list_approvals(conn: asyncpg.Connection, *, team: str | None, state: str | None, approval_id: str | None,
+                         limit: int) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        f"""SELECT {_APPROVAL_COLUMNS} FROM approval_requests
+            WHERE ($1::text IS NULL OR team = $1) AND ($2::text IS NULL OR state = $2)
+              AND ($3::text IS NULL OR approval_id = $3)
+            ORDER BY created_at DESC LIMIT $4""", team, state, approval_id, limit)

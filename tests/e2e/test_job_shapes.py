@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 from support import AllocationWatcher, finish_all
 
@@ -102,3 +103,48 @@ def test_inconsistent_gang_shapes_are_refused_at_the_edge(platform) -> None:  # 
         bad = api.post("/v1/jobs", json={"name": "bad", "team": "research", "gpus": 10, "gang_nodes": 2,
                                          "gpus_per_node": 8})
         assert bad.status_code == 422 and bad.json()["reason"] == "InvalidRequest"
+
+
+async def test_a_job_that_needs_approval_runs_only_after_a_team_admin_approves_it(platform) -> None:  # type: ignore[no-untyped-def]
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            assert api.put("/v1/approval-rules/gpus_over", json={"value": "4"}).status_code == 200
+            try:
+                team_admin = api.post("/v1/tokens", json={"name": "lead", "role": "team-admin",
+                                                          "team": "research"}).json()["token"]
+                member = api.post("/v1/tokens", json={"name": "dev", "role": "member",
+                                                      "team": "research"}).json()["token"]
+                response = api.post("/v1/jobs", json={"name": "big", "team": "research", "gpus": 6})
+                assert response.status_code == 201, response.text
+                job = response.json()
+                assert job["state"] == "awaiting_approval" and job["approval_reasons"] == ["more than 4 GPUs"]
+                small = post_job(api, name="small", gpus=2)  # under the rule: straight to the queue
+                await watcher.wait_for(AllocationGranted, small)
+                await asyncio.sleep(1.5)
+                assert watcher.of(AllocationGranted, job["job_id"]) == []
+                listed = api.get("/v1/approvals", params={"state": "pending"}).json()["items"]
+                assert [a["job_id"] for a in listed if a["approval_id"] == job["approval_id"]] == [job["job_id"]]
+
+                url = f"{platform.gateway}/v1/approvals/{job['approval_id']}/approve"
+                refused = httpx.post(url, headers={"Authorization": f"Bearer {member}"})
+                assert refused.status_code == 403
+                approved = httpx.post(url, json={"comment": "go"}, headers={"Authorization": f"Bearer {team_admin}"})
+                assert approved.status_code == 200 and approved.json()["state"] == "approved"
+                again = httpx.post(url, headers={"Authorization": f"Bearer {team_admin}"})
+                assert again.status_code == 409 and again.json()["reason"] == "AlreadyDecided"
+                await watcher.wait_for(AllocationGranted, job["job_id"])
+                history = [h["to"] for h in api.get(f"/v1/jobs/{job['job_id']}").json()["history"]]
+                assert history[:3] == ["awaiting_approval", "pending", "running"]
+
+                denied_job = api.post("/v1/jobs", json={"name": "bigger", "team": "research", "gpus": 8}).json()
+                api.post(f"/v1/approvals/{denied_job['approval_id']}/deny", json={"comment": "not now"})
+                deadline = asyncio.get_running_loop().time() + 10
+                while api.get(f"/v1/jobs/{denied_job['job_id']}").json()["state"] != "failed":
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.05)
+                assert "not now" in api.get(f"/v1/jobs/{denied_job['job_id']}").json()["message"]
+                assert watcher.of(AllocationGranted, denied_job["job_id"]) == []
+            finally:
+                api.put("/v1/approval-rules/gpus_over", json={"value": "4", "enabled": False})
+                finish_all(api)

@@ -48,6 +48,10 @@ MATRIX: dict[str, tuple[int, ...]] = {
     "set a quota":                    (1, 0, 0, 0, 0, 0),
     "list priority classes":          (1, 1, 1, 1, 1, 1),
     "set a priority class":           (1, 0, 0, 0, 0, 0),
+    "list approval requests":         (1, 1, 1, 1, 1, 1),
+    "approve own team's request":     (1, 0, 1, 0, 0, 0),
+    "approve another team's request": (1, 0, 0, 0, 0, 0),
+    "set an approval rule":           (1, 0, 0, 0, 0, 0),
 }
 
 
@@ -73,6 +77,14 @@ def pending_job(admin: httpx.Client, team: str) -> str:
     response = admin.post("/v1/jobs", json={"name": "matrix", "team": team, "gpus": 1, "gpu_models": ["T4"]})
     assert response.status_code == 201, response.text
     return response.json()["job_id"]
+
+
+def approval_request(admin: httpx.Client, team: str) -> str:
+    """A submission that needs approval: more GPUs than the (admin-set) rule allows."""
+    admin.put("/v1/approval-rules/gpus_over", json={"value": "100"})
+    response = admin.post("/v1/jobs", json={"name": "needs-ok", "team": team, "gpus": 200, "gpu_models": ["T4"]})
+    assert response.status_code == 201 and response.json()["state"] == "awaiting_approval", response.text
+    return response.json()["approval_id"]
 
 
 def member_token_id(admin: httpx.Client) -> str:
@@ -114,6 +126,12 @@ def calls(admin: httpx.Client) -> dict[str, Callable[[httpx.Client], httpx.Respo
         "list priority classes": lambda c: c.get("/v1/priority-classes"),
         "set a priority class": lambda c: c.put("/v1/priority-classes/matrix-class",
                                                 json={"value": 1, "preemptible": True}),
+        "list approval requests": lambda c: c.get("/v1/approvals"),
+        "approve own team's request": lambda c: c.post(f"/v1/approvals/{approval_request(admin, OWN)}/approve"),
+        "approve another team's request": lambda c: c.post(
+            f"/v1/approvals/{approval_request(admin, OTHER)}/approve"),
+        "set an approval rule": lambda c: c.put("/v1/approval-rules/priority_class",
+                                                json={"value": "matrix-class", "enabled": False}),
     }
 
 
