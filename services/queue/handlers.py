@@ -36,6 +36,8 @@ from services.queue.domain import TERMINAL, can_transition, refuse_transition
 
 log = logging.getLogger(__name__)
 CONSUMER = "queue"
+# Releases that never send a job back to the queue: the user finished it, or it was scaled down.
+NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})
 
 
 class QueueHandlers:
@@ -233,6 +235,8 @@ class QueueHandlers:
         """A release the user did not ask for (node lost, reclaimed) sends a running job back to the queue."""
         async with self.rt.uow() as uow:
             if not await uow.first_time(CONSUMER, event.id):
+                return
+            if data.reason in NOT_REQUEUED:
                 return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is None or row["state"] in TERMINAL or row["allocation_id"] != data.allocation_id:

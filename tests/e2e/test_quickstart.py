@@ -64,11 +64,16 @@ async def test_gpupool_up_on_its_own_servers_places_a_job_and_down_stops_every_p
                     await asyncio.sleep(0.2)
             while not any(a.job_id == job_id for a in seen) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            granted = [a for a in seen if a.job_id == job_id]
+            assert len(granted) == 1 and len(granted[0].gpus) == 4 and granted[0].gpus[0].model == "L40S"
+            # exercise the policy path under per-service credentials too (quota → placement events)
+            assert (await api.put("/v1/quotas", json={"path": "default/research", "guaranteed": 2})).status_code == 200
+            assert (await api.post(f"/v1/jobs/{job_id}/complete")).status_code == 200
+            await asyncio.sleep(1.0)
         await nc.close()
-        granted = [a for a in seen if a.job_id == job_id]
-        assert len(granted) == 1 and len(granted[0].gpus) == 4 and granted[0].gpus[0].model == "L40S"
         log = (tmp_path / "logs" / "nats-server.log").read_text(errors="replace")
-        assert "Permissions Violation" not in log
+        # nats-server logs "Publish Violation" / "Subscription Violation" for anything a service user may not do
+        assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
 
         pids = [s["pid"] for s in run["services"].values()] + [s["pid"] for s in run["servers"].values()]
         down = subprocess.run([*cli, "down", "--data-dir", str(tmp_path)], env=env, capture_output=True, text=True,
