@@ -243,6 +243,25 @@ class ListAllocations(Command):
     after: str | None = None
 
 
+class ReleaseAllocation(Command):
+    """Take an allocation back (reclamation's decision). A gang or single job loses all its allocations; one
+    replica of a replicated job loses just that one."""
+
+    allocation_id: str = Field(min_length=1, max_length=64)
+    reason: str = Field(pattern=r"^[A-Z][A-Za-z]{1,63}$")
+
+
+class SetReclaimPolicy(Command):
+    """Per job kind: idle reclaim (every GPU at or below `idle_util_pct` for `idle_after_s`, then `grace_s` after a
+    warning), and whether a declared max runtime is enforced."""
+
+    kind: JobKind
+    idle_after_s: float | None = Field(default=None, ge=1, le=30 * 24 * 3600, description="null: never idle-reclaim")
+    idle_util_pct: float = Field(default=5.0, ge=0, le=100)
+    grace_s: float = Field(default=300.0, ge=0, le=7 * 24 * 3600)
+    enforce_max_runtime: bool = True
+
+
 # --- accounting -------------------------------------------------------------------------------------------------
 class ListUsage(Command):
     team: str | None = None

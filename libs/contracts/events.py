@@ -205,6 +205,9 @@ class AllocationGranted(EventData):
     gpus: list[AllocatedGpu]
     replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
     granted_at: datetime
+    kind: str = "batch"
+    priority_class: str = ""
+    max_runtime_s: float | None = None
 
 
 class AllocationPreempting(EventData):
@@ -308,6 +311,38 @@ class PriorityClassSet(EventData):
     set_at: datetime
 
 
+class ReclaimWarned(EventData):
+    """An allocation will be taken back at `deadline` unless it becomes busy again (idle) — act now."""
+
+    event_type: ClassVar[str] = "io.gpupool.reclaim.warned.v1"
+    event_subject: ClassVar[str] = subjects.RECLAIM_WARNED
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    reason: str = Field(description="IdleTimeout")
+    message: str
+    idle_s: float
+    deadline: datetime
+
+
+class ReclaimDecided(EventData):
+    """Reclamation decided to take an allocation back (placement, the only writer of allocations, releases it)."""
+
+    event_type: ClassVar[str] = "io.gpupool.reclaim.decided.v1"
+    event_subject: ClassVar[str] = subjects.RECLAIM_DECIDED
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    node: str
+    reason: str = Field(description="IdleReclaimed, MaxRuntimeExceeded or NodeLost")
+    message: str
+    decided_at: datetime
+
+
 class ApprovalDecided(EventData):
     event_type: ClassVar[str] = "io.gpupool.quota.approval_decided.v1"
     event_subject: ClassVar[str] = subjects.QUOTA_APPROVAL_DECIDED
@@ -380,6 +415,8 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         QuotaSet,
         PriorityClassSet,
         ApprovalDecided,
+        ReclaimWarned,
+        ReclaimDecided,
         TelemetrySampled,
     )
 }

@@ -29,6 +29,8 @@ QUOTA_TEAM_CREATED = "gpupool.quota.team_created"
 QUOTA_SET = "gpupool.quota.set"
 QUOTA_PRIORITY_CLASS_SET = "gpupool.quota.priority_class_set"
 QUOTA_APPROVAL_DECIDED = "gpupool.quota.approval_decided"
+RECLAIM_WARNED = "gpupool.reclaim.warned"
+RECLAIM_DECIDED = "gpupool.reclaim.decided"
 ALLOCATION_PREEMPTING = "gpupool.allocation.preempting"
 ALLOCATION_ALL = "gpupool.allocation.>"
 JOB_ALL = "gpupool.job.>"
@@ -71,9 +73,16 @@ QUERY_INVENTORY_LIST_NODES = "gpupool.query.inventory.list_nodes"
 QUERY_INVENTORY_POOL = "gpupool.query.inventory.pool"
 QUERY_PLACEMENT_LIST_ALLOCATIONS = "gpupool.query.placement.list_allocations"
 QUERY_PLACEMENT_EXPLAIN = "gpupool.query.placement.explain"
+CMD_PLACEMENT_RELEASE_ALLOCATION = "gpupool.cmd.placement.release_allocation"
+QUERY_RECLAMATION_POLICIES = "gpupool.query.reclamation.policies"
+CMD_RECLAMATION_SET_POLICY = "gpupool.cmd.reclamation.set_policy"
 QUERY_ACCOUNTING_LIST_USAGE = "gpupool.query.accounting.list_usage"
 QUERY_QUOTA_LIST_TEAMS = "gpupool.query.quota.list_teams"
 QUERY_RECLAMATION_LIST_TRACKED = "gpupool.query.reclamation.list_tracked"
+
+
+# Fault injection for the simulated agent fleet (core NATS, development and tests only).
+SIM_FAULT = "gpupool.sim.fault"
 
 
 def health_ping(service: str) -> str:

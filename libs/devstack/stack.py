@@ -187,6 +187,7 @@ class Stack:
                          "INTERVAL_S": str(opts.agent_interval_s), "LOG_LEVEL": opts.log_level}
             if opts.sim_fleet:
                 agent_env["SIM_FLEET"] = opts.sim_fleet
+            agent_env.update(opts.service_env.get("agent", {}))
             self.processes.append(ServiceProcess(
                 "agent", [sys.executable, "-m", "services.agent.main"], self._env("GPUPOOL_AGENT_", agent_env, "agent"),
                 f"http://127.0.0.1:{port}", logs / "agent.log"))

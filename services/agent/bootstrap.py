@@ -40,7 +40,8 @@ async def main() -> None:
     nc = await connect(settings.nats_url, "gpupool-agent", user=settings.nats_user,
                        password=settings.nats_password)
     await ensure_streams(nc.jetstream())
-    agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s)
+    workloads = dict(p.split("=", 1) for p in settings.sim_workloads.split(",") if "=" in p)
+    agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s, workloads=workloads)
               for node, backend in build_backends(settings)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -25,6 +25,8 @@ class AgentSettings(BaseSettings):
                            description="Simulated nodes separated by ';', each 'MODEL*COUNT[,MODEL*COUNT]'")
     sim_node_prefix: str = "sim-node"
     seed: int = 7
+    sim_workloads: str = Field(default="training=training,inference=inference,dev=dev,batch=training",
+                               description="Simulated load per job kind on allocated GPUs (kind=workload,...)")
     interval_s: float = Field(default=2.0, gt=0, description="Seconds between telemetry samples")
     http_host: str = "127.0.0.1"
     http_port: int = 0

@@ -27,7 +27,9 @@ SOURCE = "/gpupool/agent"
 
 class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
-                 metrics: DcgmMetrics | None = None) -> None:
+                 metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None) -> None:
+        self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
+        self.silent_until = 0.0  # simulated "node goes silent" fault: no samples (no heartbeat) until then
         self.nc = nc
         self.js = nc.jetstream()
         self.backend = backend
@@ -44,8 +46,10 @@ class NodeAgent:
             await self.register(stop)
             if isinstance(self.backend, SimulatedNvml):
                 await self.follow_allocations()
+                await self.nc.subscribe(subjects.SIM_FAULT, cb=self._on_fault)
             while not stop.is_set():
-                await self.sample_once()
+                if time.monotonic() >= self.silent_until:
+                    await self.sample_once()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
         finally:
@@ -99,6 +103,23 @@ class NodeAgent:
                     for gpu in item["gpus"]:
                         sim.set_workload(gpu["uuid"], "training")
 
+    async def _on_fault(self, msg: Message) -> None:
+        """Fault injection for the simulated fleet (development and tests only; never on the real backend):
+        {"node": ..., "fault": "silence", "seconds": N} or {"node": ..., "gpu": i, "fault": "xid79" | ...}."""
+        try:
+            doc = json.loads(msg.data)
+        except ValueError:
+            return
+        if doc.get("node") != self.node:
+            return
+        assert isinstance(self.backend, SimulatedNvml)
+        if doc.get("fault") == "silence":
+            self.silent_until = time.monotonic() + float(doc.get("seconds", 30))
+            log.warning("sim_fault_silence", extra={"node": self.node, "seconds": doc.get("seconds", 30)})
+        elif "gpu" in doc:
+            with contextlib.suppress(KeyError, ValueError, IndexError):
+                self.backend.inject_fault(int(doc["gpu"]), str(doc["fault"]))
+
     async def _on_allocation(self, msg: Message) -> None:
         try:
             data = decode_data(parse_envelope(msg.data))
@@ -109,7 +130,7 @@ class NodeAgent:
         if data.node != self.node or data.cluster != self.cluster:
             return
         assert isinstance(self.backend, SimulatedNvml)
-        kind = "training" if isinstance(data, AllocationGranted) else None
+        kind = self.workloads.get(data.kind, "training") if isinstance(data, AllocationGranted) else None
         for gpu in data.gpus:
             with contextlib.suppress(KeyError, ValueError):
                 self.backend.set_workload(gpu.uuid, kind)

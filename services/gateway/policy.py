@@ -19,10 +19,12 @@ from libs.contracts.commands import (
     CreateTeam,
     DecideApproval,
     Empty,
+    JobKind,
     ListApprovals,
     SetApprovalRule,
     SetPriorityClass,
     SetQuota,
+    SetReclaimPolicy,
 )
 from services.gateway.domain import Action
 from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require, team_filter
@@ -164,3 +166,28 @@ async def set_approval_rule(rule: ApprovalRule, body: RuleBody, req: Request, ca
                         SetApprovalRule(rule=rule, value=body.value, enabled=body.enabled))
     await record(req, caller, "approval_rule.set", rule, None, result)
     return result
+
+
+# --- reclamation policies -----------------------------------------------------------------------------------------
+class ReclaimPolicyBody(BaseModel):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
+        {"idle_after_s": 1800, "idle_util_pct": 5, "grace_s": 300, "enforce_max_runtime": True}]}}
+
+    idle_after_s: float | None = Field(default=None, ge=1, le=30 * 24 * 3600, description="null: never idle-reclaim")
+    idle_util_pct: float = Field(default=5.0, ge=0, le=100)
+    grace_s: float = Field(default=300.0, ge=0, le=7 * 24 * 3600)
+    enforce_max_runtime: bool = True
+
+
+@router.get("/reclaim-policies", summary="What is taken back, per job kind", tags=["reclaim"])
+async def list_reclaim_policies(req: Request, caller: Caller) -> dict:
+    require(caller, Action.TEAM_READ)
+    return await call(req, subjects.QUERY_RECLAMATION_POLICIES, Empty())
+
+
+@router.put("/reclaim-policies/{kind}", summary="Set the reclaim policy of a job kind", tags=["reclaim"])
+async def set_reclaim_policy(kind: JobKind, body: ReclaimPolicyBody, req: Request, caller: Caller) -> dict:
+    require(caller, Action.QUOTA_MANAGE)
+    result = await call(req, subjects.CMD_RECLAMATION_SET_POLICY, SetReclaimPolicy(kind=kind, **body.model_dump()))
+    await record(req, caller, "reclaim_policy.set", kind, result["before"], result["after"])
+    return result["after"]

@@ -14,7 +14,7 @@ from datetime import timedelta
 from libs.bus.lease import LeaderLease
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
-from libs.contracts.commands import Empty, JobRef, ListAllocations, Reply
+from libs.contracts.commands import Empty, JobRef, ListAllocations, ReleaseAllocation, Reply
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
     AllocatedGpu,
@@ -265,7 +265,7 @@ class PlacementHandlers:
                 await self._release(uow, row["job_id"], row["preempt_reason"] or "Preempted", now,
                                     allocation_id=row["allocation_id"])
                 # a replicated job wants the replica back (elsewhere); a single job or gang is requeued by the queue
-                await store.refresh_satisfied(uow.conn, row["job_id"])
+                await store.refresh_satisfied(uow.conn, row["job_id"], after_release=True)
         if due:
             self._kick.set()
         return len(due)
@@ -287,10 +287,27 @@ class PlacementHandlers:
                                               now)
                 await uow.emit(AllocationGranted(
                     allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
-                    project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now))
+                    project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
+                    kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"]))
                 allocation_ids.append(allocation_id)
             await store.refresh_satisfied(uow.conn, job_id)
         return allocation_ids
+
+    async def release_allocation(self, cmd: ReleaseAllocation) -> Reply:
+        """Reclamation's decision, acted on by the only writer of allocations. Idempotent: an allocation already
+        released answers with released=0."""
+        async with self.rt.uow() as uow:
+            row = await store.allocation(uow.conn, cmd.allocation_id)
+            if row is None:
+                return Reply.failure(404, "AllocationNotFound", f"no allocation {cmd.allocation_id}")
+            if row["released_at"] is not None:
+                return Reply.success({"allocation_id": cmd.allocation_id, "released": 0})
+            # one replica of a replicated job goes alone; a single job or a gang goes whole
+            which = {"replica": row["replica"]} if row["replicas"] > 1 else {}
+            released = await self._release(uow, row["job_id"], cmd.reason, utcnow(), **which)
+            await store.refresh_satisfied(uow.conn, row["job_id"], after_release=True)
+        self._kick.set()
+        return Reply.success({"allocation_id": cmd.allocation_id, "released": released})
 
     # --- queries -----------------------------------------------------------------------------------------------
     async def explain(self, cmd: JobRef) -> Reply:
@@ -322,6 +339,7 @@ def routes(h: PlacementHandlers) -> Routes:
         commands={
             subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS: (ListAllocations, h.list_allocations),
             subjects.QUERY_PLACEMENT_EXPLAIN: (JobRef, h.explain),
+            subjects.CMD_PLACEMENT_RELEASE_ALLOCATION: (ReleaseAllocation, h.release_allocation),
         },
         events={
             NodeRegistered: h.on_node_registered,

@@ -96,12 +96,14 @@ async def claim_job(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | N
            WHERE job_id = $1 AND NOT satisfied FOR UPDATE""", job_id)
 
 
-async def refresh_satisfied(conn: asyncpg.Connection, job_id: str) -> bool:
-    """satisfied = every wanted replica holds a live allocation; returns the new value."""
+async def refresh_satisfied(conn: asyncpg.Connection, job_id: str, *, after_release: bool = False) -> bool:
+    """satisfied = every wanted replica holds a live allocation; returns the new value. After a release only a
+    replicated job wants its replica back by itself: a single job or a gang comes back only if the queue requeues
+    it (it may instead end it, e.g. after an idle reclaim)."""
     return bool(await conn.fetchval(
         """UPDATE pending_jobs p SET satisfied = (SELECT count(*) FROM allocations a
                                                  WHERE a.job_id = p.job_id AND a.released_at IS NULL) >= p.replicas
-           WHERE job_id = $1 RETURNING satisfied""", job_id))
+           WHERE job_id = $1 AND (NOT $2 OR p.replicas > 1) RETURNING satisfied""", job_id, after_release))
 
 
 async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> bool:
@@ -172,6 +174,12 @@ async def start_preemption(conn: asyncpg.Connection, job_id: str, replica: int |
                                 "ORDER BY gpu_index", alloc["allocation_id"])
         out.append((alloc, list(gpus)))
     return out
+
+
+async def allocation(conn: asyncpg.Connection, allocation_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        """SELECT a.allocation_id, a.job_id, a.replica, a.released_at, coalesce(p.replicas, 1) AS replicas
+           FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.allocation_id = $1""", allocation_id)
 
 
 async def due_preemptions(conn: asyncpg.Connection, now: datetime) -> list[asyncpg.Record]:

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 CONSUMER = "queue"
 # Releases that never send a job back to the queue: the user finished it, or it was scaled down.
 NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})
+# Reclaims that end the job rather than requeue it: running it again would only hold the GPUs idle again.
+ENDS_THE_JOB = frozenset({"IdleReclaimed", "MaxRuntimeExceeded"})
 
 
 class QueueHandlers:
@@ -243,6 +245,10 @@ class QueueHandlers:
                 return
             if row["replicas"] > 1:
                 return  # one replica of a service lost: placement places it again; the job keeps running
+            if data.reason in ENDS_THE_JOB:
+                await store.set_state(uow.conn, data.job_id, row["state"], "failed", data.reason,
+                                      at=data.released_at, message=f"GPUs reclaimed: {data.reason}")
+                return
             await store.set_state(uow.conn, data.job_id, row["state"], "pending", f"Requeued:{data.reason}",
                                   at=data.released_at, message=f"requeued after {data.reason}",
                                   allocation_id=None, node=None, cluster=None)

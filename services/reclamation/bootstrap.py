@@ -9,5 +9,7 @@ async def main() -> None:
     settings = ReclamationSettings()
     runtime = ServiceRuntime("reclamation", settings, migrations_package="services.reclamation")
     await runtime.start()
-    await runtime.mount(routes(ReclamationHandlers(runtime, settings)))
+    handlers = ReclamationHandlers(runtime, settings)
+    await runtime.mount(routes(handlers))
+    runtime.background(handlers.sweep_loop(), "reclaim-sweep")
     await runtime.run_until_signalled()

@@ -9,4 +9,6 @@ from libs.runtime.settings import ServiceSettings
 class ReclamationSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="GPUPOOL_RECLAMATION_", extra="ignore")
 
-    busy_util_pct: float = Field(default=5.0, description="A GPU above this utilization counts as busy")
+    busy_util_pct: float = Field(default=5.0, description="A GPU above this utilization counts as busy (kinds "
+                                                          "without a policy)")
+    sweep_interval_s: float = Field(default=2.0, gt=0, description="How often trackers are judged")

@@ -1,10 +1,15 @@
-"""Idle detection: an allocation is busy when any of its GPUs is above the busy threshold."""
+"""Reclamation rules, pure: when an allocation is idle, when it must be warned, when it is taken back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 from libs.contracts.events import GpuTelemetry
+
+Row = Mapping[str, Any]
 
 
 def allocation_utilization(samples: Iterable[GpuTelemetry], gpu_uuids: Iterable[str]) -> tuple[float, float] | None:
@@ -18,3 +23,42 @@ def allocation_utilization(samples: Iterable[GpuTelemetry], gpu_uuids: Iterable[
 
 def is_busy(max_util_pct: float, threshold_pct: float) -> bool:
     return max_util_pct > threshold_pct
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    action: str  # "warn" | "reclaim" | "clear" | "none"
+    reason: str = ""
+    message: str = ""
+    deadline: datetime | None = None
+
+
+def judge(tracker: Row, policy: Row | None, now: datetime) -> Verdict:
+    """One tracker against its kind's policy. Max runtime wins over idleness; a warned allocation that became
+    busy again is cleared."""
+    if tracker["reclaim_reason"]:
+        return Verdict("none")  # already decided; placement is releasing it
+    if policy is None:
+        return Verdict("none")
+    if policy["enforce_max_runtime"] and tracker["max_runtime_s"]:
+        ends = tracker["granted_at"] + timedelta(seconds=tracker["max_runtime_s"])
+        if now >= ends:
+            return Verdict("reclaim", "MaxRuntimeExceeded",
+                           f"ran past its declared max runtime of {tracker['max_runtime_s']:g} s")
+    idle_after = policy["idle_after_s"]
+    if idle_after is None:
+        return Verdict("clear") if tracker["warned_at"] else Verdict("none")
+    if tracker["last_sample_at"] is None:
+        return Verdict("none")  # no telemetry yet: never reclaim on missing data
+    idle_s = (tracker["last_sample_at"] - tracker["last_busy_at"]).total_seconds()
+    if idle_s < idle_after:
+        return Verdict("clear") if tracker["warned_at"] else Verdict("none")
+    if tracker["warned_at"] is None:
+        deadline = now + timedelta(seconds=policy["grace_s"])
+        return Verdict("warn", "IdleTimeout",
+                       f"every GPU at or below {policy['idle_util_pct']:g}% for {idle_s:.0f} s; reclaimed at "
+                       f"{deadline.isoformat()} unless it becomes busy", deadline)
+    if now >= tracker["reclaim_deadline"]:
+        return Verdict("reclaim", "IdleReclaimed", f"idle for {idle_s:.0f} s, warned at "
+                                                   f"{tracker['warned_at'].isoformat()}")
+    return Verdict("none")

@@ -1,20 +1,36 @@
-"""Reclamation service: follows live allocations and measures how long each has been idle from telemetry.
+"""Reclamation service: follows every live allocation, measures idleness from real telemetry, and takes GPUs back
+— idle ones after a warning and a grace period, ones past their declared max runtime, and ones on lost nodes.
 
-Taking GPUs back (idle timeouts, TTLs, failed hardware) builds on these trackers in the reclamation issue.
+Deciding is here; acting is placement's (the only writer of allocations): each decision is an event written with
+the tracker's new state (outbox), then a release request to placement, retried every sweep until the release
+event arrives. Conditional updates make two replicas of this service decide each case once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+
+from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
-from libs.contracts.commands import Empty, Reply
-from libs.contracts.envelope import CloudEvent
-from libs.contracts.events import AllocationGranted, AllocationReleased, TelemetrySampled
+from libs.contracts.commands import Empty, ReleaseAllocation, Reply, SetReclaimPolicy
+from libs.contracts.envelope import CloudEvent, utcnow
+from libs.contracts.events import (
+    AllocationGranted,
+    AllocationReleased,
+    NodeLost,
+    ReclaimDecided,
+    ReclaimWarned,
+    TelemetrySampled,
+)
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.reclamation import store
 from services.reclamation.config import ReclamationSettings
-from services.reclamation.domain import allocation_utilization, is_busy
+from services.reclamation.domain import allocation_utilization, is_busy, judge
 
+log = logging.getLogger(__name__)
 CONSUMER = "reclamation"
 
 
@@ -22,7 +38,9 @@ class ReclamationHandlers:
     def __init__(self, runtime: ServiceRuntime, settings: ReclamationSettings) -> None:
         self.rt = runtime
         self.settings = settings
+        self.policies: dict = {}
 
+    # --- following allocations and their telemetry ----------------------------------------------------------------
     async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
         async with self.rt.uow() as uow:
             if await uow.first_time(CONSUMER, event.id):
@@ -41,25 +59,117 @@ class ReclamationHandlers:
                 if util is None:
                     continue
                 mean, peak = util
-                await store.observe(uow.conn, tracker["allocation_id"], data.sampled_at, mean,
-                                    is_busy(peak, self.settings.busy_util_pct))
+                policy = self.policies.get(tracker["kind"])
+                threshold = policy["idle_util_pct"] if policy else self.settings.busy_util_pct
+                await store.observe(uow.conn, tracker["allocation_id"], data.sampled_at, mean, peak,
+                                    is_busy(peak, threshold))
 
+    async def on_node_lost(self, event: CloudEvent, data: NodeLost) -> None:
+        """A node that went silent holds GPUs nobody can use: take its allocations back (the queue requeues
+        restartable jobs, which placement then runs elsewhere)."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
+                await self._decide(uow, tracker, "NodeLost", f"node {data.node} stopped reporting at "
+                                                             f"{data.last_seen_at.isoformat()}")
+        await self.release_decided()
+
+    # --- the sweep ------------------------------------------------------------------------------------------------
+    async def sweep_loop(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reclaim_sweep_failed")
+            await asyncio.sleep(self.settings.sweep_interval_s)
+
+    async def sweep(self) -> None:
+        now = utcnow()
+        async with self.rt.pool.acquire() as conn:
+            self.policies = await store.policies(conn)
+            trackers = await store.all_trackers(conn)
+        for tracker in trackers:
+            verdict = judge(tracker, self.policies.get(tracker["kind"]), now)
+            if verdict.action == "none":
+                continue
+            async with self.rt.uow() as uow:
+                if verdict.action == "clear":
+                    await store.clear_warning(uow.conn, tracker["allocation_id"])
+                elif verdict.action == "warn":
+                    assert verdict.deadline is not None
+                    if await store.mark_warned(uow.conn, tracker["allocation_id"], now, verdict.deadline):
+                        idle_s = (tracker["last_sample_at"] - tracker["last_busy_at"]).total_seconds()
+                        await uow.emit(ReclaimWarned(
+                            allocation_id=tracker["allocation_id"], job_id=tracker["job_id"], team=tracker["team"],
+                            reason=verdict.reason, message=verdict.message, idle_s=idle_s, deadline=verdict.deadline))
+                        log.info("reclaim_warned", extra={"job_id": tracker["job_id"], "idle_s": round(idle_s)})
+                elif verdict.action == "reclaim":
+                    await self._decide(uow, tracker, verdict.reason, verdict.message)
+        await self.release_decided()
+
+    async def _decide(self, uow, tracker, reason: str, message: str) -> None:  # type: ignore[no-untyped-def]
+        if await store.mark_reclaiming(uow.conn, tracker["allocation_id"], reason):
+            await uow.emit(ReclaimDecided(allocation_id=tracker["allocation_id"], job_id=tracker["job_id"],
+                                          team=tracker["team"], node=tracker["node"], reason=reason,
+                                          message=message, decided_at=utcnow()))
+            log.warning("reclaim_decided", extra={"job_id": tracker["job_id"], "reason": reason})
+
+    async def release_decided(self) -> None:
+        """Ask placement to release everything decided and not yet released (retried each sweep)."""
+        async with self.rt.pool.acquire() as conn:
+            pending = await store.reclaiming(conn)
+        for row in pending:
+            with contextlib.suppress(ServiceUnavailable):
+                reply = await request(self.rt.nc, subjects.CMD_PLACEMENT_RELEASE_ALLOCATION, ReleaseAllocation(
+                    allocation_id=row["allocation_id"], reason=row["reclaim_reason"]), timeout=5.0)
+                if not reply.ok and reply.error and reply.error.status == 404:
+                    async with self.rt.pool.acquire() as conn:
+                        await store.untrack(conn, row["allocation_id"])
+
+    # --- requests -------------------------------------------------------------------------------------------------
     async def list_tracked(self, _: Empty) -> Reply:
         async with self.rt.pool.acquire() as conn:
-            rows = await store.list_trackers(conn)
-        return Reply.success({"items": [
-            {**{k: r[k] for k in ("allocation_id", "job_id", "team", "cluster", "node", "mean_util_pct")},
-             "gpu_uuids": list(r["gpu_uuids"]), "granted_at": r["granted_at"].isoformat(),
-             "last_busy_at": r["last_busy_at"].isoformat(),
-             "idle_s": float(r["idle_s"]) if r["idle_s"] is not None else None} for r in rows], "next": None})
+            rows = await store.all_trackers(conn)
+        items = []
+        for r in rows:
+            idle_s = ((r["last_sample_at"] or utcnow()) - r["last_busy_at"]).total_seconds()
+            items.append({
+                **{k: r[k] for k in ("allocation_id", "job_id", "team", "cluster", "node", "kind", "mean_util_pct",
+                                     "max_util_pct", "reclaim_reason")},
+                "gpu_uuids": list(r["gpu_uuids"]), "granted_at": r["granted_at"].isoformat(),
+                "last_busy_at": r["last_busy_at"].isoformat(), "idle_s": idle_s,
+                "warned_at": r["warned_at"].isoformat() if r["warned_at"] else None,
+                "reclaim_deadline": r["reclaim_deadline"].isoformat() if r["reclaim_deadline"] else None})
+        return Reply.success({"items": items, "next": None})
+
+    async def list_policies(self, _: Empty) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            rows = await store.policies(conn)
+        return Reply.success({"items": [{**{k: v for k, v in dict(r).items() if k != "updated_at"},
+                                         "updated_at": r["updated_at"].isoformat()}
+                                        for r in rows.values()], "next": None})
+
+    async def set_policy(self, cmd: SetReclaimPolicy) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            before, after = await store.set_policy(conn, cmd)
+            self.policies = await store.policies(conn)
+        return Reply.success({"before": dict(before) if before else None, "after": dict(after)})
 
 
 def routes(h: ReclamationHandlers) -> Routes:
     return Routes(
-        commands={subjects.QUERY_RECLAMATION_LIST_TRACKED: (Empty, h.list_tracked)},
+        commands={
+            subjects.QUERY_RECLAMATION_LIST_TRACKED: (Empty, h.list_tracked),
+            subjects.QUERY_RECLAMATION_POLICIES: (Empty, h.list_policies),
+            subjects.CMD_RECLAMATION_SET_POLICY: (SetReclaimPolicy, h.set_policy),
+        },
         events={
             AllocationGranted: h.on_allocation_granted,
             AllocationReleased: h.on_allocation_released,
+            NodeLost: h.on_node_lost,
         },
         telemetry=h.on_telemetry,
     )

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 import pytest
-from support import AllocationWatcher, finish_all
+from support import AllocationWatcher, finish_all, wait_state
 
 from libs.contracts.events import AllocationGranted, AllocationReleased
 
@@ -134,6 +134,7 @@ async def test_a_job_that_needs_approval_runs_only_after_a_team_admin_approves_i
                 again = httpx.post(url, headers={"Authorization": f"Bearer {team_admin}"})
                 assert again.status_code == 409 and again.json()["reason"] == "AlreadyDecided"
                 await watcher.wait_for(AllocationGranted, job["job_id"])
+                wait_state(api, job["job_id"], "running")  # the queue learns of the grant from the event
                 history = [h["to"] for h in api.get(f"/v1/jobs/{job['job_id']}").json()["history"]]
                 assert history[:3] == ["awaiting_approval", "pending", "running"]
 
