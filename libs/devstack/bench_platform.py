@@ -15,6 +15,8 @@ import argparse
 import asyncio
 import json
 import os
+import platform as host
+import re
 import signal
 import statistics
 import subprocess
@@ -162,6 +164,93 @@ def run_benchmark(runs: int, burst: int, paced: int, rate: float, clients: int) 
     }
 
 
+SLURM_BENCH = Path(__file__).resolve().parents[2].parent / "shared" / "peers" / "slurm" / "bench.sh"
+BEGIN, END = "<!-- platform-benchmark:begin -->", "<!-- platform-benchmark:end -->"
+
+
+def run_slurm_peer(burst: int, paced: int, rate: float, clients: int) -> dict | None:
+    """The same two phases on the local emulated Slurm cluster (../shared/peers/slurm), parsed from its summary."""
+    if not SLURM_BENCH.exists():
+        return None
+    out = subprocess.run(
+        ["bash", str(SLURM_BENCH), "--", "--runs", "1", "-n", str(burst), "-p", str(clients), "--paced", str(paced),
+         "--rate", str(rate), "--held", "0", "--gang", "0", "--array", "0", "--srun", "0"],
+        capture_output=True, text=True, timeout=1800)
+    text = out.stdout + out.stderr
+    burst_line = next((line for line in text.splitlines() if line.startswith("burst")), "")
+    paced_line = next((line for line in text.splitlines() if line.startswith("paced")), "")
+    num = lambda pattern, line: float(m.group(1)) if (m := re.search(pattern, line)) else float("nan")  # noqa: E731
+    if not burst_line:
+        return None
+    return {
+        "burst_started_per_s": num(r"all started\s+[\d.]+s =\s+([\d.]+) jobs/s", burst_line),
+        "burst_all_started_s": num(r"all started\s+([\d.]+)s", burst_line),
+        "burst_start_p50_s": num(r"submit->start p50\s+([\d.]+)s", burst_line),
+        "burst_start_p99_s": num(r"submit->start p50\s+[\d.]+s p99\s+([\d.]+)s", burst_line),
+        "burst_alloc_p50_s": num(r"submit->alloc p50\s+([\d.]+)s", burst_line),
+        "paced_start_p50_s": num(r"submit->start p50\s+([\d.]+)s", paced_line),
+        "paced_start_p99_s": num(r"submit->start p50\s+[\d.]+s p99\s+([\d.]+)s", paced_line),
+        "paced_alloc_p50_s": num(r"submit->alloc p50\s+([\d.]+)s", paced_line),
+        "paced_alloc_p99_s": num(r"submit->alloc p50\s+[\d.]+s p99\s+([\d.]+)s", paced_line),
+    }
+
+
+def markdown(result: dict, slurm: dict | None, command: str) -> str:
+    m = result["median"]
+    p = result["params"]
+    ms = lambda x: f"{1000 * x:.0f} ms"  # noqa: E731
+    lines = [
+        BEGIN,
+        "## End to end through the platform (gateway → queue → quota → placement → allocation event)",
+        "",
+        f"`{command}` — a real `gpupool up` (own NATS + PostgreSQL, every service its own process) on "
+        f"{p['fleet']}, driven over HTTP; submit → `allocation.granted` observed on NATS. Machine: "
+        f"{os.cpu_count()} logical CPUs, Python {host.python_version()}, {host.system()} {host.release()}. "
+        f"Medians of {p['runs']} run(s).",
+        "",
+        "| measure | gpupool | Slurm peer (same session) | ratio |",
+        "| --- | --- | --- | --- |",
+    ]
+
+    def row(name: str, ours: float, theirs: float | None, fmt, better_low: bool = True) -> None:  # type: ignore[no-untyped-def]
+        if theirs is None or theirs != theirs:
+            lines.append(f"| {name} | {fmt(ours)} | - | - |")
+            return
+        ratio = theirs / ours if better_low else ours / theirs
+        lines.append(f"| {name} | {fmt(ours)} | {fmt(theirs)} | {ratio:.1f}x {'faster' if ratio >= 1 else 'slower'} |")
+
+    s = slurm or {}
+    row(f"paced {p['paced']} jobs at {p['rate']:g}/s: submit → granted p50 (Slurm: → allocated)",
+        m["paced_latency_p50_s"], s.get("paced_alloc_p50_s"), ms)
+    row("paced: p99", m["paced_latency_p99_s"], s.get("paced_alloc_p99_s"), ms)
+    row("paced: p50 against Slurm's submit → job running", m["paced_latency_p50_s"], s.get("paced_start_p50_s"), ms)
+    row(f"burst of {p['burst']} one-GPU jobs, {p['clients']} clients: jobs started per second",
+        m["burst_started_per_s"], s.get("burst_started_per_s"), lambda x: f"{x:.1f}/s", better_low=False)
+    row("burst: time until all started", m["burst_all_started_s"], s.get("burst_all_started_s"),
+        lambda x: f"{x:.1f} s")
+    row("burst: submit → granted p50 (Slurm: → running)", m["burst_latency_p50_s"], s.get("burst_start_p50_s"), ms)
+    row("burst: submit → granted p99 (Slurm: → running)", m["burst_latency_p99_s"], s.get("burst_start_p99_s"), ms)
+    lines += [
+        "",
+        "Slurm is the `../shared/peers/slurm` emulated cluster (8 nodes × 8 GPUs, profile as set up), benched in the "
+        "same command. Its 'running' includes launching the batch script; its 'allocated' is slurmctld's own "
+        "allocation log time, the closer match to gpupool's grant. In gpupool's burst, each job is completed as "
+        "soon as it is granted (instant jobs), so the 64 GPUs turn over like Slurm's short jobs. Throughput here "
+        "is bounded by the 2-core machine running 8 Python processes, NATS and PostgreSQL at once.",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpupool bench platform", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,12 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paced", type=int, default=100, help="jobs in the paced phase")
     parser.add_argument("--rate", type=float, default=10.0, help="paced submissions per second")
     parser.add_argument("--clients", type=int, default=4, help="concurrent submitters in the burst")
-    parser.add_argument("--out", type=Path, default=Path("docs/bench-platform.json"))
+    parser.add_argument("--slurm", action="store_true",
+                        help="also bench the Slurm peer (../shared/peers/slurm, set up by its setup.sh) in the same "
+                             "command and report ratios")
+    parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"),
+                        help="markdown file whose platform section is (re)written")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args(argv)
     result = run_benchmark(args.runs, args.burst, args.paced, args.rate, args.clients)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["median"], indent=2))
+    slurm = run_slurm_peer(args.burst, args.paced, args.rate, args.clients) if args.slurm else None
+    result["slurm"] = slurm
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    command = "gpupool bench platform " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_section(args.doc, markdown(result, slurm, command.strip()))
+    print(json.dumps({"gpupool": result["median"], "slurm": slurm}, indent=2))
     return 0
 
 

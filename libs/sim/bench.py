@@ -130,6 +130,21 @@ def _fmt(x: float, digits: int = 3) -> str:
     return f"{x:,.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
 
 
+PLATFORM_BEGIN = "<!-- platform-benchmark:begin -->"
+PLATFORM_END = "<!-- platform-benchmark:end -->"
+
+
+def write_preserving_sections(path: Path, text: str) -> None:
+    """Rewrite the file but keep the section `gpupool bench platform` owns (it runs separately: it needs real
+    processes and minutes of wall time)."""
+    kept = ""
+    if path.exists():
+        old = path.read_text()
+        if PLATFORM_BEGIN in old and PLATFORM_END in old:
+            kept = old[old.index(PLATFORM_BEGIN):old.index(PLATFORM_END) + len(PLATFORM_END)]
+    path.write_text(text.rstrip() + ("\n\n" + kept + "\n" if kept else "\n"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpupool bench", description=__doc__.split("\n\n")[0]
                                 + " Writes docs/benchmarks.md (or --out).")
@@ -258,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines))
+    write_preserving_sections(Path(args.out), "\n".join(lines))
     print(f"wrote {args.out}")
     return 0
 
