@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 from pydantic import BaseModel, Field
+from waiting import eventually
 
 from libs.bus.connection import connect, ensure_streams, stream_config
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Poison
@@ -37,18 +38,6 @@ SUBJECT = subjects.JOB_SUBMITTED
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 8.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await asyncio.sleep(0.02)
-
 
 def job(job_id: str = "j-1") -> JobSubmitted:
     return JobSubmitted(job_id=job_id, name="train", team="ml", project="default", kind="training",

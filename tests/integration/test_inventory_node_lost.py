@@ -6,17 +6,15 @@ re-registration). Placement, consuming those events, stops placing on the lost n
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 from nats.js import JetStreamContext
+from waiting import eventually
 
-import libs.runtime.service as runtime_module
 from libs.bus.connection import connect
 from libs.bus.publisher import publish_event
 from libs.bus.rpc import request
@@ -42,28 +40,11 @@ from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers
 from services.placement.handlers import routes as placement_routes
 
-pytestmark = pytest.mark.integration
-
 LOST_AFTER_S = 1.5
 CLUSTER = "c1"
 
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing")]
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture(autouse=True)
-def keep_test_logging_and_tracing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    monkeypatch.setattr(runtime_module, "shutdown_tracing", lambda: None)
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.fixture

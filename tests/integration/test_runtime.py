@@ -4,13 +4,11 @@ its routes are served and consumed, the ops endpoint answers, and SIGTERM drains
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,8 +16,8 @@ import asyncpg
 import httpx
 import pytest
 from nats.js import JetStreamContext
+from waiting import eventually
 
-import libs.runtime.service as runtime_module
 from libs.bus.connection import connect
 from libs.bus.rpc import request
 from libs.contracts import subjects
@@ -32,22 +30,9 @@ from libs.runtime.service import ServiceRuntime
 from libs.runtime.settings import ServiceSettings
 from libs.store.database import with_database
 
-pytestmark = pytest.mark.integration
-
 NAME = "rtdemo"
 
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 8.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await asyncio.sleep(0.02)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing")]
 
 
 class Greet(Command):
@@ -77,17 +62,6 @@ async def service_dsn(pg_admin_dsn: str) -> AsyncIterator[str]:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
-
-
-@pytest.fixture(autouse=True)
-def keep_test_logging_and_tracing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The runtime owns the process's logging and tracing; in a shared test process, put them back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    monkeypatch.setattr(runtime_module, "shutdown_tracing", lambda: None)
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry import trace
+from waiting import eventually
 
 from libs.bus.connection import connect, ensure_streams
 from libs.bus.consumer import ConsumerSpec, EventConsumer
@@ -38,18 +38,6 @@ APP_SQL = {
     "0002_effects.sql": "CREATE TABLE effects (n BIGSERIAL PRIMARY KEY, event_id TEXT NOT NULL);",
 }
 
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 8.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await asyncio.sleep(0.02)
 
 
 def write_migrations(folder: Path, files: dict[str, str]) -> list[Migration]:
