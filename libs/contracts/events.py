@@ -191,9 +191,10 @@ class AllocatedGpu(BaseModel):
     model: str
 
 
-class AllocationGranted(EventData):
-    event_type: ClassVar[str] = "io.gpupool.allocation.granted.v1"
-    event_subject: ClassVar[str] = subjects.ALLOCATION_GRANTED
+class AllocationEvent(EventData):
+    """What every allocation event says about the allocation: who holds which GPUs where (the wire contract
+    promises these fields on every allocation event)."""
+
     entity_field: ClassVar[str] = "allocation_id"
 
     allocation_id: str
@@ -204,47 +205,35 @@ class AllocationGranted(EventData):
     node: str
     gpus: list[AllocatedGpu]
     replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
+
+
+class AllocationGranted(AllocationEvent):
+    event_type: ClassVar[str] = "io.gpupool.allocation.granted.v1"
+    event_subject: ClassVar[str] = subjects.ALLOCATION_GRANTED
+
     granted_at: datetime
     kind: str = "batch"
     priority_class: str = ""
     max_runtime_s: float | None = None
 
 
-class AllocationPreempting(EventData):
+class AllocationPreempting(AllocationEvent):
     """The checkpoint signal: this allocation will be taken back at `deadline` so a higher-priority job (or a team
     owed its guarantee) can run. The workload should checkpoint now; completing earlier frees the GPUs sooner."""
 
     event_type: ClassVar[str] = "io.gpupool.allocation.preempting.v1"
     event_subject: ClassVar[str] = subjects.ALLOCATION_PREEMPTING
-    entity_field: ClassVar[str] = "allocation_id"
 
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
-    gpus: list[AllocatedGpu]
-    replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
     reason: str = Field(description="PreemptedByPriority or ReclaimedForGuarantee")
     message: str
     preemptor_job_id: str
     deadline: datetime
 
 
-class AllocationReleased(EventData):
+class AllocationReleased(AllocationEvent):
     event_type: ClassVar[str] = "io.gpupool.allocation.released.v1"
     event_subject: ClassVar[str] = subjects.ALLOCATION_RELEASED
-    entity_field: ClassVar[str] = "allocation_id"
 
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
-    gpus: list[AllocatedGpu]
-    replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
     granted_at: datetime
     released_at: datetime
     reason: str
