@@ -113,3 +113,22 @@ async def test_a_job_on_a_node_that_goes_silent_is_requeued_and_runs_elsewhere(p
             nodes = {n["node"]: n["state"] for n in api.get("/v1/nodes").json()["items"]}
             assert nodes[first.node] == "lost"
             finish_all(api)
+
+
+async def test_an_allocated_but_idle_dev_session_shows_as_such_in_the_pool(platform) -> None:  # type: ignore[no-untyped-def]
+    """In this fleet simulated dev sessions sit idle on their GPUs: the pool view must say so."""
+    async with AllocationWatcher(platform.nats_url) as allocations:
+        with platform.client() as api:
+            finish_all(api)
+            session = api.post("/v1/jobs", json={"name": "idle-notebook", "team": "research", "gpus": 2,
+                                                 "kind": "dev", "gpu_models": ["L40S"]}).json()["job_id"]
+            await allocations.wait_for(AllocationGranted, session)
+            deadline = time.monotonic() + 20
+            while True:
+                row = {m["model"]: m for m in api.get("/v1/pool").json()["all"]["models"]}["L40S"]
+                if row["allocated"] >= 2 and row["allocated_idle"] >= 2:
+                    break
+                assert time.monotonic() < deadline, row
+                await asyncio.sleep(0.2)
+            assert row["free"] == row["healthy"] - row["allocated"]
+            finish_all(api)
