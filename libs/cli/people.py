@@ -1,10 +1,14 @@
 """The people-facing `gpupool` commands, built on the Python client (libs.client).
 
-  gpupool submit      submit a job from flags or a YAML file (-f job.yaml)
+  gpupool submit      submit a job from flags or a YAML file (-f job.yaml): one node, a gang, or replicas
   gpupool jobs        list jobs            gpupool describe JOB_ID   one job, its history and allocations
+  gpupool explain     why a job waits      gpupool scale JOB_ID      change a replicated job's replicas
   gpupool cancel      cancel a job         gpupool complete JOB_ID   mark a running job finished
   gpupool nodes       nodes and GPUs       gpupool pool              per cluster/model: allocated, used, idle
-  gpupool top         live per-GPU view    gpupool teams / usage     teams and quotas / the GPU-seconds ledger
+  gpupool top         live per-GPU view    gpupool usage             the GPU-seconds ledger
+  gpupool teams       list|create          gpupool quota             list|set|delete quota entries
+  gpupool priority-classes  list|set       gpupool reclaim-policies  list|set per job kind
+  gpupool approvals   list|approve|deny|rule (admission rules that hold big jobs for a person's approval)
   gpupool token       create|list|revoke   gpupool audit             the audit log (admins)
   gpupool whoami      the caller's identity, role and allowed actions
   gpupool completion  bash|zsh completion script
@@ -27,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from libs.client import ConfigError, GpupoolClient, GpupoolError
-from libs.client.models import Allocation, ApiModel, Job, Node
+from libs.client.models import Allocation, ApiModel, Job, Node, Pool, QuotaEntry
 
 EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-JOB_STATES = ("pending", "running", "completed", "cancelled", "failed")
+JOB_STATES = ("awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed")
+APPROVAL_STATES = ("pending", "approved", "denied")
+APPROVAL_RULES = ("gpus_over", "runtime_over_s", "priority_class")
 JOB_KINDS = ("training", "inference", "dev", "batch")
 PRIORITY_CLASSES = ("production-inference", "high", "normal", "low", "best-effort")
 ROLES = ("platform-admin", "operator", "team-admin", "member", "viewer", "service")
@@ -113,6 +119,44 @@ def fmt_gib(mib: float | None) -> str:
     return "-" if mib is None else f"{mib / 1024:.1f}"
 
 
+def num(value: float | None) -> int | float | None:
+    """A GPU count or weight as people write it: 8, not 8.0; 0.5 stays 0.5."""
+    if value is None or isinstance(value, bool):
+        return value
+    return int(value) if float(value).is_integer() else value
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from "3600", "90s", "30m", "2h", "1d" or "1h30m"."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    raw = str(text).strip().lower()
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(raw)
+    if not raw or not parts or "".join(n + u for n, u in parts) != raw:
+        raise UsageError(f"{text!r} is not a duration (seconds, or e.g. 90s, 30m, 2h, 1d, 1h30m)")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def fmt_duration(seconds: float | None) -> str | None:
+    """3600 → "1h", 5400 → "1h30m", 90 → "1m30s"; None stays None."""
+    if seconds is None:
+        return None
+    left, out = int(round(seconds)), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not out):
+            out.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(out)
+
+
 def emit(args: argparse.Namespace, raw: Any, render: Callable[[], str]) -> None:
     if args.output == "json":
         print(json.dumps(raw, indent=2, sort_keys=False, default=str))
@@ -128,7 +172,12 @@ def raws(items: Iterable[ApiModel]) -> list[dict[str, Any]]:
 SPEC_KEYS = {"name": "name", "team": "team", "project": "project", "gpus": "gpus", "kind": "kind",
              "priority_class": "priority_class", "priority-class": "priority_class",
              "gpu_models": "gpu_models", "gpu-models": "gpu_models", "models": "gpu_models", "model": "gpu_models",
-             "idempotency_key": "idempotency_key", "idempotency-key": "idempotency_key"}
+             "idempotency_key": "idempotency_key", "idempotency-key": "idempotency_key",
+             "gang_nodes": "gang_nodes", "gang-nodes": "gang_nodes",
+             "gpus_per_node": "gpus_per_node", "gpus-per-node": "gpus_per_node", "replicas": "replicas",
+             "max_runtime_s": "max_runtime_s", "max_runtime": "max_runtime_s", "max-runtime": "max_runtime_s"}
+SPEC_FIELDS = ("name, team, project, gpus, gpu_models, kind, priority_class, gang_nodes, gpus_per_node, replicas, "
+               "max_runtime_s, idempotency_key")
 
 
 def load_spec_file(path: str) -> dict[str, Any]:
@@ -158,8 +207,7 @@ def merge_spec(file_doc: dict[str, Any] | None, flags: dict[str, Any]) -> dict[s
     for key, value in (file_doc or {}).items():
         target = SPEC_KEYS.get(str(key))
         if target is None:
-            allowed = "name, team, project, gpus, gpu_models, kind, priority_class, idempotency_key"
-            raise UsageError(f"unknown job field {key!r} (allowed: {allowed})")
+            raise UsageError(f"unknown job field {key!r} (allowed: {SPEC_FIELDS})")
         spec[target] = value
     for key, value in flags.items():
         if value is not None and value != []:
@@ -171,18 +219,36 @@ def merge_spec(file_doc: dict[str, Any] | None, flags: dict[str, Any]) -> dict[s
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise UsageError("gpu_models must be a model name or a list of model names")
         spec["gpu_models"] = models
-    if "gpus" in spec:
-        gpus = spec["gpus"]
-        if isinstance(gpus, bool) or not isinstance(gpus, int | str) or not str(gpus).strip().isdigit():
-            raise UsageError(f"gpus must be a whole number, not {gpus!r}")
-        spec["gpus"] = int(gpus)
+    for key in ("gpus", "gang_nodes", "gpus_per_node", "replicas"):
+        if key in spec:
+            spec[key] = _whole(key, spec[key])
+    if "max_runtime_s" in spec:
+        spec["max_runtime_s"] = parse_duration(spec["max_runtime_s"])
+        if spec["max_runtime_s"] <= 0:
+            raise UsageError("max runtime must be positive")
     for key in ("name", "team", "project", "kind", "priority_class", "idempotency_key"):
         if key in spec and not isinstance(spec[key], str):
             spec[key] = str(spec[key])
+    if spec.get("gang_nodes"):
+        if not spec.get("gpus_per_node"):
+            raise UsageError("a gang needs --gpus-per-node as well as --gang-nodes")
+        if spec.get("replicas", 1) != 1:
+            raise UsageError("a gang cannot also have replicas")
+        product = spec["gang_nodes"] * spec["gpus_per_node"]
+        if spec.setdefault("gpus", product) != product:  # --gpus may be left out of a gang: it is the product
+            raise UsageError(f"a gang's gpus ({spec['gpus']}) must equal gang_nodes × gpus_per_node ({product})")
+    elif spec.get("gpus_per_node"):
+        raise UsageError("--gpus-per-node needs --gang-nodes")
     missing = [k for k in ("name", "team", "gpus") if k not in spec]
     if missing:
         raise UsageError("missing " + ", ".join(f"--{m}" for m in missing) + " (as flags or in the -f file)")
     return spec
+
+
+def _whole(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
+        raise UsageError(f"{key} must be a whole number, not {value!r}")
+    return int(value)
 
 
 # --- client ---------------------------------------------------------------------------------------------------------
@@ -196,26 +262,52 @@ def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
     file_doc = load_spec_file(args.file) if args.file else None
     spec = merge_spec(file_doc, {"name": args.name, "team": args.team, "project": args.project, "gpus": args.gpus,
                                  "gpu_models": args.models, "kind": args.kind,
-                                 "priority_class": args.priority_class, "idempotency_key": args.idempotency_key})
+                                 "priority_class": args.priority_class, "idempotency_key": args.idempotency_key,
+                                 "gang_nodes": args.gang_nodes, "gpus_per_node": args.gpus_per_node,
+                                 "replicas": args.replicas, "max_runtime_s": args.max_runtime})
     job = gp.submit_job(spec.pop("name"), spec.pop("team"), spec.pop("gpus"), **spec)
 
     def render() -> str:
         models = "/".join(job.gpu_models) or "any model"
         head = (f"submitted job {job.job_id}" if job.created
                 else f"job {job.job_id} was already submitted with idempotency key {job.idempotency_key}")
-        return (f"{head}\n  {job.name} · team {job.team} · {job.gpus} GPU(s) of {models} · state {job.state}\n"
-                f"  watch it: gpupool describe {job.job_id}")
+        limit = f" · max runtime {fmt_duration(job.max_runtime_s)}" if job.max_runtime_s else ""
+        lines = [head, f"  {job.name} · team {job.team} · {job_shape(job)} of {models} · state {job.state}{limit}"]
+        if job.state == "awaiting_approval":
+            why = "; ".join(job.approval_reasons) or job.message or "an approval rule"
+            lines.append(f"  needs approval ({why}): gpupool approvals approve {job.approval_id or '<APPROVAL_ID>'}")
+        lines.append(f"  watch it: gpupool describe {job.job_id}")
+        return "\n".join(lines)
 
     emit(args, job.raw, render)
     return EXIT_OK
 
 
+def job_shape(job: Job) -> str:
+    """How a job holds GPUs, in words: "2 GPU(s)", "gang of 2 nodes × 8 GPUs", "3 replicas × 1 GPU(s)"."""
+    if job.gang_nodes:
+        return f"gang of {job.gang_nodes} nodes × {job.gpus_per_node} GPUs"
+    if job.replicas > 1:
+        return f"{job.replicas} replicas × {job.gpus} GPU(s)"
+    return f"{job.gpus} GPU(s)"
+
+
+def _short_shape(job: Job) -> str | None:
+    if job.gang_nodes:
+        return f"gang {job.gang_nodes}×{job.gpus_per_node}"
+    if job.replicas > 1:
+        return f"{job.replicas} replicas"
+    return None
+
+
 def jobs_table(jobs: Sequence[Job]) -> str:
     if not jobs:
         return "No jobs."
-    return table(["JOB ID", "NAME", "TEAM", "PROJECT", "KIND", "PRIORITY", "GPUS", "MODELS", "STATE", "NODE", "AGE"],
-                 [[j.job_id, j.name, j.team, j.project, j.kind, j.priority_class, j.gpus, j.gpu_models or "any",
-                   j.state, f"{j.cluster}/{j.node}" if j.node else None, fmt_age(j.submitted_at)] for j in jobs])
+    return table(["JOB ID", "NAME", "TEAM", "PROJECT", "KIND", "PRIORITY", "GPUS", "SHAPE", "MODELS", "STATE", "NODE",
+                  "AGE"],
+                 [[j.job_id, j.name, j.team, j.project, j.kind, j.priority_class, j.gpus, _short_shape(j),
+                   j.gpu_models or "any", j.state, f"{j.cluster}/{j.node}" if j.node else None,
+                   fmt_age(j.submitted_at)] for j in jobs])
 
 
 def cmd_jobs(args: argparse.Namespace, gp: GpupoolClient) -> int:
@@ -239,9 +331,10 @@ def describe_text(job: Job, allocs: Sequence[Allocation]) -> str:
     out = [key_values([
         ("Job", job.job_id), ("Name", job.name), ("Team", job.team), ("Project", job.project),
         ("Kind", job.kind), ("Priority", job.priority_class),
-        ("GPUs", f"{job.gpus} × {' or '.join(job.gpu_models) or 'any model'}"), ("State", job.state),
-        ("Node", f"{job.cluster}/{job.node}" if job.node else None), ("Submitted", job.submitted_at),
-        ("Started", job.started_at), ("Finished", job.finished_at), ("Runtime", runtime),
+        ("GPUs", f"{job.gpus} × {' or '.join(job.gpu_models) or 'any model'}"), ("Shape", job_shape(job)),
+        ("State", job.state), ("Node", f"{job.cluster}/{job.node}" if job.node else None),
+        ("Submitted", job.submitted_at), ("Started", job.started_at), ("Finished", job.finished_at),
+        ("Runtime", runtime), ("Max runtime", fmt_duration(job.max_runtime_s)), ("Attempts", job.attempts),
         ("Message", job.message),
     ])]
     out.append("\nHistory:")
@@ -263,6 +356,44 @@ def cmd_describe(args: argparse.Namespace, gp: GpupoolClient) -> int:
     job = gp.get_job(args.job_id)
     allocs = gp.list_allocations(job_id=job.job_id)
     emit(args, {**job.raw, "allocations": raws(allocs)}, lambda: describe_text(job, allocs))
+    return EXIT_OK
+
+
+def explain_text(ex: Any) -> str:
+    p = ex.placement
+    pairs: list[tuple[str, Any]] = [("Job", ex.job_id), ("State", ex.state), ("Message", ex.message),
+                                    ("Placement", p.state), ("Reason", p.reason), ("Detail", p.message)]
+    if p.position is not None:
+        pairs.append(("Position", f"{p.position} (1 = next among pending jobs)"))
+    if p.priority_class is not None:
+        pairs.append(("Priority", f"{p.priority_class} ({p.priority})" if p.priority is not None
+                      else p.priority_class))
+    if p.replicas_wanted is not None or p.replicas_running:
+        wanted = p.replicas_wanted if p.replicas_wanted is not None else "-"
+        pairs.append(("Replicas", f"{p.replicas_running or 0} running of {wanted} wanted"))
+    if p.allocations:
+        pairs.append(("Allocations", p.allocations))
+    if p.preempting_for_it:
+        pairs.append(("Preempting", f"{', '.join(p.preempting_for_it)} (to make room for this job)"))
+    if p.preemptor_job_id:
+        pairs.append(("Preempted for", p.preemptor_job_id))
+    if p.deadline:
+        pairs.append(("GPUs back at", p.deadline))
+    return key_values(pairs)
+
+
+def cmd_explain(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    ex = gp.explain_job(args.job_id)
+    emit(args, ex.raw, lambda: explain_text(ex))
+    return EXIT_OK
+
+
+def cmd_scale(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.replicas < 1:
+        raise UsageError("--replicas must be at least 1")
+    job = gp.scale_job(args.job_id, args.replicas)
+    emit(args, job.raw, lambda: f"job {job.job_id} scaled to {job.replicas} replica(s) of {job.gpus} GPU(s) "
+                                f"(state {job.state}); placement adds or releases allocations to match")
     return EXIT_OK
 
 
@@ -296,29 +427,16 @@ def cmd_nodes(args: argparse.Namespace, gp: GpupoolClient) -> int:
     return EXIT_OK
 
 
-def _gpu_used(gpu: Any) -> bool:
-    t = gpu.telemetry
-    return t is not None and t.utilization_gpu_pct is not None and t.utilization_gpu_pct > USED_UTIL_PCT
-
-
-def pool_summary(nodes: Sequence[Node], allocs: Sequence[Allocation]) -> list[dict[str, Any]]:
-    """Per (cluster, GPU model): total, allocated (held by a live allocation), used (utilization above 5 %),
-    allocated but idle, unhealthy (not "healthy"), free (healthy and not allocated)."""
-    held = {g.uuid for a in allocs if a.active for g in a.gpus}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for n in nodes:
-        for g in n.gpus:
-            r = rows.setdefault((n.cluster, g.model), {"cluster": n.cluster, "model": g.model, "total": 0,
-                                                       "allocated": 0, "used": 0, "allocated_idle": 0,
-                                                       "unhealthy": 0, "free": 0})
-            allocated, used, healthy = g.uuid in held, _gpu_used(g), g.health == "healthy"
-            r["total"] += 1
-            r["allocated"] += allocated
-            r["used"] += used
-            r["allocated_idle"] += allocated and not used
-            r["unhealthy"] += not healthy
-            r["free"] += healthy and not allocated
-    return [rows[k] for k in sorted(rows)]
+def pool_rows(pool: Pool) -> list[dict[str, Any]]:
+    """One row per (cluster, GPU model) from GET /v1/pool, in the CLI's columns (`used` is the gateway's
+    `in_use`: utilization above its threshold in fresh telemetry)."""
+    rows = []
+    for c in sorted(pool.clusters, key=lambda c: c.cluster):
+        for m in sorted(c.models, key=lambda m: m.model or ""):
+            rows.append({"cluster": c.cluster, "model": m.model, "total": m.total, "allocated": m.allocated,
+                         "used": m.in_use, "allocated_idle": m.allocated_idle, "unhealthy": m.unhealthy,
+                         "free": m.free})
+    return rows
 
 
 def pool_table(summary: Sequence[dict[str, Any]]) -> str:
@@ -332,8 +450,8 @@ def pool_table(summary: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_pool(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    summary = pool_summary(gp.list_nodes(cluster=args.cluster), gp.list_allocations(active=True))
-    emit(args, summary, lambda: pool_table(summary))
+    pool = gp.pool(cluster=args.cluster)
+    emit(args, pool.raw, lambda: pool_table(pool_rows(pool)))
     return EXIT_OK
 
 
@@ -424,10 +542,207 @@ def cmd_teams(args: argparse.Namespace, gp: GpupoolClient) -> int:
         if not teams:
             return "No teams."
         return table(["TEAM", "ORG", "QUOTAS (model guaranteed/borrowing limit)"],
-                     [[t.team, t.org, "; ".join(f"{q.gpu_model} {q.guaranteed}/{cell(q.borrowing_limit)}"
+                     [[t.team, t.org, "; ".join(f"{q.gpu_model} {cell(num(q.guaranteed))}/"
+                                                f"{cell(num(q.borrowing_limit)) if q.borrowing_limit is not None else 'unlimited'}"
                                                 for q in t.quotas) or None] for t in teams])
 
     emit(args, raws(teams), render)
+    return EXIT_OK
+
+
+def cmd_teams_create(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    team = gp.create_team(args.name, org=args.org)
+    emit(args, team.raw, lambda: f"team {team.team} (org {team.org}); give it a quota: "
+                                 f"gpupool quota set {team.org}/{team.team} --model MODEL --guaranteed N")
+    return EXIT_OK
+
+
+# --- quotas, priority classes, approvals, reclaim policies ------------------------------------------------------------
+def parse_limit(text: str) -> float | None:
+    """A GPU count, or "unlimited"/"none" (borrowing) / "all" (lending): no limit."""
+    if text.strip().lower() in ("unlimited", "none", "all", "null", "-"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GPUs (or 'unlimited')") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _limit(value: float | None, none: str) -> Any:
+    return none if value is None else num(value)
+
+
+def quotas_table(entries: Sequence[QuotaEntry]) -> str:
+    if not entries:
+        return "No quota entries."
+    return table(["PATH", "MODEL", "GUARANTEED", "BORROWING LIMIT", "LENDING LIMIT", "WEIGHT", "UPDATED"],
+                 [[q.path, q.gpu_model, num(q.guaranteed), _limit(q.borrowing_limit, "unlimited"),
+                   _limit(q.lending_limit, "all unused"), num(q.weight), q.updated_at] for q in entries])
+
+
+def cmd_quota_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    entries = gp.list_quotas()
+    emit(args, raws(entries), lambda: quotas_table(entries))
+    return EXIT_OK
+
+
+_UNSET: Any = object()  # a flag that was not given (None means "no limit" for the limits)
+
+
+def cmd_quota_set(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    """Changes only the fields given; the others keep the entry's current values (or the defaults for a new one)."""
+    current = next((q for q in gp.list_quotas() if q.path == args.path and q.gpu_model == args.model), None)
+    fields = {"guaranteed": current.guaranteed if current else 0.0,
+              "borrowing_limit": current.borrowing_limit if current else None,
+              "lending_limit": current.lending_limit if current else None,
+              "weight": current.weight if current else 1.0}
+    for key in fields:
+        value = getattr(args, key)
+        if value is not _UNSET:
+            fields[key] = value
+    if fields["guaranteed"] < 0 or fields["weight"] <= 0:
+        raise UsageError("--guaranteed must not be negative and --weight must be positive")
+    entry = gp.set_quota(args.path, args.model, **fields)
+    emit(args, entry.raw, lambda: (
+        f"quota {entry.path} {entry.gpu_model}: guaranteed {cell(num(entry.guaranteed))} · borrowing limit "
+        f"{cell(_limit(entry.borrowing_limit, 'unlimited'))} · lending limit "
+        f"{cell(_limit(entry.lending_limit, 'all unused'))} · weight {cell(num(entry.weight))}"))
+    return EXIT_OK
+
+
+def cmd_quota_delete(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    gp.delete_quota(args.path, args.model)
+    emit(args, {"path": args.path, "gpu_model": args.model, "deleted": True},
+         lambda: f"quota {args.path} {args.model} deleted")
+    return EXIT_OK
+
+
+def cmd_priority_classes_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    classes = gp.list_priority_classes()
+    emit(args, raws(classes), lambda: table(
+        ["NAME", "VALUE", "PREEMPTIBLE", "MIN RUNTIME", "DESCRIPTION"],
+        [[c.name, c.value, c.preemptible, fmt_duration(c.min_runtime_s), c.description] for c in classes])
+        if classes else "No priority classes.")
+    return EXIT_OK
+
+
+def cmd_priority_classes_set(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    """Changes only the fields given; a new class needs --value and --preemptible or --no-preemptible."""
+    current = next((c for c in gp.list_priority_classes() if c.name == args.name), None)
+    if current is None and (args.value is None or args.preemptible is None):
+        raise UsageError(f"priority class {args.name!r} is new: give --value and --preemptible or --no-preemptible")
+    value = args.value if args.value is not None else current.value  # type: ignore[union-attr]
+    preemptible = args.preemptible if args.preemptible is not None else current.preemptible  # type: ignore[union-attr]
+    min_runtime = current.min_runtime_s if current else None
+    if args.min_runtime is not None:
+        min_runtime = None if args.min_runtime.strip().lower() in ("none", "0") else parse_duration(args.min_runtime)
+    description = args.description if args.description is not None else (current.description if current else "")
+    pc = gp.set_priority_class(args.name, value, preemptible, min_runtime_s=min_runtime, description=description)
+    emit(args, pc.raw, lambda: (
+        f"priority class {pc.name}: value {pc.value} · {'preemptible' if pc.preemptible else 'not preemptible'}"
+        + (f" · min runtime {fmt_duration(pc.min_runtime_s)}" if pc.min_runtime_s else "")
+        + (f" · {pc.description}" if pc.description else "")))
+    return EXIT_OK
+
+
+def _rule_text(rule: Any) -> str:
+    shown = fmt_duration(float(rule.value)) if rule.rule == "runtime_over_s" and _is_number(rule.value) else rule.value
+    return f"{rule.rule} {shown} ({'enabled' if rule.enabled else 'disabled'})"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def cmd_approvals_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.limit is not None and args.limit <= 0:
+        raise UsageError("--limit must be positive")
+    items = gp.list_approvals(team=args.team, state=args.state, limit=args.limit)
+
+    def render() -> str:
+        rules = gp.approval_rules()
+        foot = "rules: " + ("; ".join(_rule_text(r) for r in rules) if rules else "none (nothing needs approval)")
+        if not items:
+            return f"No approval requests.\n\n{foot}"
+        body = table(["APPROVAL ID", "JOB ID", "NAME", "TEAM", "GPUS", "PRIORITY", "REASONS", "REQUESTED BY",
+                      "STATE", "DECIDED BY", "AGE"],
+                     [[a.approval_id, a.job_id, a.job_name, a.team, a.gpus, a.priority_class, "; ".join(a.reasons),
+                       a.requested_by, a.state, a.decided_by, fmt_age(a.created_at)] for a in items])
+        return f"{body}\n\n{foot}"
+
+    emit(args, raws(items), render)
+    return EXIT_OK
+
+
+def cmd_approvals_decide(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    approve = args.approvals_command == "approve"
+    a = gp.approve(args.approval_id, args.comment) if approve else gp.deny(args.approval_id, args.comment)
+    outcome = "joins the queue" if approve else "fails with ApprovalDenied"
+    emit(args, a.raw, lambda: f"approval {a.approval_id} {a.state}: job {a.job_id} ({a.team}/{a.job_name}) {outcome}")
+    return EXIT_OK
+
+
+def cmd_approvals_rule(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    value = args.value
+    if value is None:
+        if not args.disable:
+            raise UsageError(f"give the rule's VALUE (e.g. gpupool approvals rule {args.rule} 8), or --disable")
+        current = next((r for r in gp.approval_rules() if r.rule == args.rule), None)
+        if current is None:
+            raise UsageError(f"rule {args.rule} was never set; nothing to disable")
+        value = current.value
+    elif args.rule == "runtime_over_s":
+        value = f"{parse_duration(value):g}"  # "8h" → "28800"
+    rule = gp.set_approval_rule(args.rule, value, enabled=not args.disable)
+    emit(args, rule.raw, lambda: f"rule {_rule_text(rule)}")
+    return EXIT_OK
+
+
+def reclaim_table(policies: Sequence[Any]) -> str:
+    if not policies:
+        return "No reclaim policies."
+    return table(["KIND", "IDLE AFTER", "IDLE BELOW %", "GRACE", "ENFORCE MAX RUNTIME", "UPDATED"],
+                 [[p.kind, fmt_duration(p.idle_after_s) or "never", num(p.idle_util_pct), fmt_duration(p.grace_s),
+                   p.enforce_max_runtime, p.updated_at] for p in sorted(policies, key=lambda p: p.kind)])
+
+
+def cmd_reclaim_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    policies = gp.list_reclaim_policies()
+    emit(args, raws(policies), lambda: reclaim_table(policies))
+    return EXIT_OK
+
+
+def cmd_reclaim_set(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    """Changes only the fields given; the others keep the kind's current policy (or the defaults)."""
+    current = next((p for p in gp.list_reclaim_policies() if p.kind == args.kind), None)
+    fields: dict[str, Any] = {"idle_after_s": current.idle_after_s if current else None,
+                              "idle_util_pct": current.idle_util_pct if current else 5.0,
+                              "grace_s": current.grace_s if current else 300.0,
+                              "enforce_max_runtime": current.enforce_max_runtime if current else True}
+    if args.idle_after is not None:
+        never = args.idle_after.strip().lower() in ("never", "none", "off")
+        fields["idle_after_s"] = None if never else parse_duration(args.idle_after)
+    if args.idle_util_pct is not None:
+        if not 0 <= args.idle_util_pct <= 100:
+            raise UsageError("--idle-util-pct must be between 0 and 100")
+        fields["idle_util_pct"] = args.idle_util_pct
+    if args.grace is not None:
+        fields["grace_s"] = parse_duration(args.grace)
+    if args.enforce_max_runtime is not None:
+        fields["enforce_max_runtime"] = args.enforce_max_runtime
+    p = gp.set_reclaim_policy(args.kind, **fields)
+    emit(args, p.raw, lambda: (
+        f"reclaim policy {p.kind}: "
+        + (f"idle below {cell(num(p.idle_util_pct))}% for {fmt_duration(p.idle_after_s)} → warned, reclaimed after "
+           f"{fmt_duration(p.grace_s)} grace" if p.idle_after_s else "never reclaimed for idleness")
+        + f" · max runtime {'enforced' if p.enforce_max_runtime else 'not enforced'}"))
     return EXIT_OK
 
 
@@ -515,17 +830,20 @@ FILE_DESTS = {"file", "data_dir", "out"}
 
 
 def completion_spec(parser: argparse.ArgumentParser) -> dict[str, dict[str, Any]]:
-    """For every command path ("" for the top, "token create" ...): its subcommands/positional choices, its
-    options, which options take a value, the choices of those, and which complete file names."""
+    """For every command path ("" for the top, "token create" ...): the words to offer (subcommands and positional
+    choices), its subcommands alone (they extend the path), its options, which options take a value, the choices
+    of those, and which complete file names."""
     spec: dict[str, dict[str, Any]] = {}
 
     def walk(p: argparse.ArgumentParser, path: str) -> None:
-        entry: dict[str, Any] = {"words": [], "options": [], "takes_value": [], "choices": {}, "files": []}
+        entry: dict[str, Any] = {"words": [], "subs": [], "options": [], "takes_value": [], "choices": {},
+                                 "files": []}
         spec[path] = entry
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, child in action.choices.items():
                     entry["words"].append(name)
+                    entry["subs"].append(name)
                     walk(child, f"{path} {name}".strip())
                 continue
             if not action.option_strings:
@@ -561,6 +879,7 @@ def _helpers(spec: dict[str, dict[str, Any]]) -> str:
 
     fns = [
         _case_fn("words", [([path], words(e["words"])) for path, e in spec.items() if e["words"]]),
+        _case_fn("subs", [([path], words(e["subs"])) for path, e in spec.items() if e["subs"]]),
         _case_fn("opts", [([path], words(e["options"])) for path, e in spec.items() if e["options"]]),
         _case_fn("choices", [([f"{path}|{opt}"], words(ch)) for path, e in spec.items()
                              for opt, ch in e["choices"].items()]),
@@ -581,7 +900,7 @@ _BODY = r"""
             --*=*) continue ;;
             -*) _gpupool_takes_value "$cmdpath|$w" && skip=1; continue ;;
         esac
-        subs=" $(_gpupool_words "$cmdpath") "
+        subs=" $(_gpupool_subs "$cmdpath") "  # a subcommand extends the path; a positional choice does not
         if [[ "$subs" == *" $w "* ]]; then cmdpath="${cmdpath:+$cmdpath }$w"; fi
     done
 """
@@ -725,12 +1044,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="job name (lowercase, 1-63 chars)")
     p.add_argument("--team")
     p.add_argument("--project", help="project within the team (default: default)")
-    p.add_argument("--gpus", type=int, help="whole GPUs, all on one node")
+    p.add_argument("--gpus", type=int, help="whole GPUs on one node (per replica; a gang's total, which may be "
+                                            "left out: gang nodes × GPUs per node)")
     p.add_argument("--model", dest="models", action="append", metavar="MODEL",
                    help="acceptable GPU model (repeatable; none means any), e.g. H100-80GB")
     p.add_argument("--kind", choices=JOB_KINDS)
     p.add_argument("--priority-class", help="e.g. " + ", ".join(PRIORITY_CLASSES) + " (default normal)")
     p.add_argument("--idempotency-key", help="make resubmission safe across runs (default: a fresh key)")
+    p.add_argument("--gang-nodes", type=int, metavar="N", help="a gang over N nodes, placed all or nothing")
+    p.add_argument("--gpus-per-node", type=int, metavar="N", help="with --gang-nodes: GPUs on each node")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="N independent copies of --gpus each (an inference service; change with `gpupool scale`)")
+    p.add_argument("--max-runtime", metavar="DURATION",
+                   help="declared limit, seconds or e.g. 30m, 8h (lets small jobs backfill; may be enforced)")
 
     p = add("jobs", cmd_jobs, "list jobs")
     p.add_argument("--team")
@@ -739,6 +1065,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = add("describe", cmd_describe, "one job: its fields, state history and allocations")
     p.add_argument("job_id", metavar="JOB_ID")
+
+    p = add("explain", cmd_explain, "why a job is pending, running or being preempted: reason, position, preemption")
+    p.add_argument("job_id", metavar="JOB_ID")
+
+    p = add("scale", cmd_scale, "change how many replicas a replicated job runs")
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--replicas", type=int, required=True, metavar="N")
 
     p = add("cancel", cmd_cancel, "cancel a pending or running job")
     p.add_argument("job_id", metavar="JOB_ID")
@@ -758,7 +1091,70 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--cluster")
 
-    add("teams", cmd_teams, "teams and their quotas")
+    def group(name: str, text: str, dest: str, choices: str) -> argparse._SubParsersAction:
+        g = sub.add_parser(name, help=text, description=text)
+        return g.add_subparsers(dest=dest, required=True, metavar="{" + choices + "}")
+
+    teams = add("teams", cmd_teams, "teams and their quotas (`teams create NAME` adds one)")
+    teams_sub = teams.add_subparsers(dest="teams_command", metavar="{list,create}")
+    add("list", cmd_teams, "teams and their quotas", teams_sub)
+    p = add("create", cmd_teams_create, "create a team (and its org) (admins)", teams_sub)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--org", help="the org it belongs to (default: default)")
+
+    quota = group("quota", "quota entries of the org → team → project tree, in GPUs", "quota_command",
+                  "list,set,delete")
+    add("list", cmd_quota_list, "every quota entry", quota)
+    p = add("set", cmd_quota_set, "set one quota entry; fields not given keep their value (admins)", quota)
+    p.add_argument("path", metavar="PATH", help="org, org/team or org/team/project, e.g. default/research")
+    p.add_argument("--model", default="*", help="GPU model, '*' (the default) for any model")
+    p.add_argument("--guaranteed", type=float, default=_UNSET, metavar="GPUS", help="GPUs guaranteed")
+    p.add_argument("--borrowing-limit", type=parse_limit, default=_UNSET, metavar="GPUS",
+                   help="GPUs it may borrow beyond its guarantee, or 'unlimited'")
+    p.add_argument("--lending-limit", type=parse_limit, default=_UNSET, metavar="GPUS",
+                   help="unused guaranteed GPUs it lends to others, or 'all'")
+    p.add_argument("--weight", type=float, default=_UNSET, help="over-quota fair-share weight (default 1)")
+    p = add("delete", cmd_quota_delete, "remove one quota entry (admins)", quota)
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--model", default="*", help="GPU model, '*' (the default) for any model")
+
+    classes = group("priority-classes", "priority classes: higher value runs first", "pc_command", "list,set")
+    add("list", cmd_priority_classes_list, "every priority class", classes)
+    p = add("set", cmd_priority_classes_set, "create or change a priority class; fields not given keep their value "
+                                             "(admins)", classes)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--value", type=int, help="higher runs first")
+    p.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether jobs of this class may be preempted")
+    p.add_argument("--min-runtime", metavar="DURATION", help="run at least this long before preemption, or none")
+    p.add_argument("--description")
+
+    approvals = group("approvals", "approval requests and the rules that send big jobs to them", "approvals_command",
+                      "list,approve,deny,rule")
+    p = add("list", cmd_approvals_list, "approval requests (newest first) and the rules in force", approvals)
+    p.add_argument("--team")
+    p.add_argument("--state", choices=APPROVAL_STATES)
+    p.add_argument("--limit", type=int, help="show at most this many")
+    for verb, text in (("approve", "approve a request: its job joins the queue"),
+                       ("deny", "deny a request: its job fails with ApprovalDenied")):
+        p = add(verb, cmd_approvals_decide, text, approvals)
+        p.add_argument("approval_id", metavar="APPROVAL_ID")
+        p.add_argument("--comment", default="", help="recorded with the decision")
+    p = add("rule", cmd_approvals_rule, "set an admission rule that requires approval (admins)", approvals)
+    p.add_argument("rule", metavar="RULE", choices=APPROVAL_RULES,
+                   help="gpus_over (GPUs), runtime_over_s (declared max runtime; 8h works) or priority_class")
+    p.add_argument("value", metavar="VALUE", nargs="?", help="the threshold or class name")
+    p.add_argument("--disable", action="store_true", help="stop applying the rule (keeps its value)")
+
+    reclaim = group("reclaim-policies", "what is taken back, per job kind", "reclaim_command", "list,set")
+    add("list", cmd_reclaim_list, "the policy of every job kind", reclaim)
+    p = add("set", cmd_reclaim_set, "set a kind's policy; fields not given keep their value (admins)", reclaim)
+    p.add_argument("kind", metavar="KIND", choices=JOB_KINDS)
+    p.add_argument("--idle-after", metavar="DURATION", help="warn after this long idle, e.g. 30m, or 'never'")
+    p.add_argument("--idle-util-pct", type=float, metavar="PCT", help="idle means GPU utilization below this")
+    p.add_argument("--grace", metavar="DURATION", help="time between the warning and the reclaim")
+    p.add_argument("--enforce-max-runtime", action=argparse.BooleanOptionalAction, default=None,
+                   help="end jobs that run past their declared --max-runtime")
 
     p = add("usage", cmd_usage, "the GPU-seconds ledger")
     p.add_argument("--team")

@@ -10,15 +10,24 @@ from libs.client.client import (
 from libs.client.models import (
     Allocation,
     AllocationGpu,
+    Approval,
+    ApprovalRule,
     AuditEntry,
     CreatedToken,
+    Explanation,
     Gpu,
     GpuTelemetry,
     Job,
     JobHistoryEntry,
     Node,
+    PlacementExplanation,
+    Pool,
+    PoolCounts,
+    PriorityClass,
     Quota,
+    QuotaEntry,
     Readiness,
+    ReclaimPolicy,
     SubmitResult,
     Team,
     Token,
@@ -27,7 +36,9 @@ from libs.client.models import (
 )
 
 __all__ = [
-    "Allocation", "AllocationGpu", "AuditEntry", "ConfigError", "CreatedToken", "Gpu", "GpuTelemetry",
-    "GpupoolClient", "GpupoolError", "Job", "JobHistoryEntry", "Node", "Quota", "Readiness", "SubmitResult",
-    "Team", "Token", "UsageRecord", "WhoAmI", "error_from_response", "resolve_connection",
+    "Allocation", "AllocationGpu", "Approval", "ApprovalRule", "AuditEntry", "ConfigError", "CreatedToken",
+    "Explanation", "Gpu", "GpuTelemetry", "GpupoolClient", "GpupoolError", "Job", "JobHistoryEntry", "Node",
+    "PlacementExplanation", "Pool", "PoolCounts", "PriorityClass", "Quota", "QuotaEntry", "Readiness",
+    "ReclaimPolicy", "SubmitResult", "Team", "Token", "UsageRecord", "WhoAmI", "error_from_response",
+    "resolve_connection",
 ]

@@ -8,9 +8,10 @@
             print(j.job_id, j.node)
 
 Every failure is a `GpupoolError(status, reason, detail, problem)`: the gateway's RFC 9457 problem body parsed, or
-status 0 / reason "Unreachable" when the gateway cannot be reached at all. Calls that are safe to repeat (every GET,
-and POST /v1/jobs, which always carries an Idempotency-Key) are retried on 503 and on connection errors, at most
-3 tries with a short back-off; nothing else is retried.
+status 0 / reason "Unreachable" when the gateway cannot be reached at all. Calls that are safe to repeat (every GET;
+POST /v1/jobs, which always carries an Idempotency-Key; and the PUT/PATCH calls that set an absolute value: scale,
+quota, priority class, approval rule, reclaim policy) are retried on 503 and on connection errors, at most 3 tries
+with a short back-off; nothing else (cancel, complete, approve/deny, deletes, team and token creation) is retried.
 """
 
 from __future__ import annotations
@@ -30,11 +31,18 @@ from pydantic import ValidationError
 from libs.client.models import (
     Allocation,
     ApiModel,
+    Approval,
+    ApprovalRule,
     AuditEntry,
     CreatedToken,
+    Explanation,
     Job,
     Node,
+    Pool,
+    PriorityClass,
+    QuotaEntry,
     Readiness,
+    ReclaimPolicy,
     SubmitResult,
     Team,
     Token,
@@ -225,12 +233,21 @@ class GpupoolClient:
     # --- jobs --------------------------------------------------------------------------------------------------
     def submit_job(self, name: str, team: str, gpus: int, *, project: str | None = None,
                    gpu_models: Sequence[str] | None = None, kind: str | None = None,
-                   priority_class: str | None = None, idempotency_key: str | None = None) -> SubmitResult:
-        """Submit a job. Without an idempotency key one is generated, so the client's own retries never create a
-        second job; pass your own key to make retries across processes safe too. `created` on the result is
-        False when the gateway replayed an earlier submission with the same key and body."""
+                   priority_class: str | None = None, idempotency_key: str | None = None,
+                   gang_nodes: int | None = None, gpus_per_node: int | None = None, replicas: int | None = None,
+                   max_runtime_s: float | None = None) -> SubmitResult:
+        """Submit a job: `gpus` on one node; a gang (`gang_nodes` × `gpus_per_node`, with `gpus` their product)
+        placed all or nothing; or `replicas` independent copies of `gpus` each (scale them with `scale_job`).
+        `max_runtime_s` declares a limit that lets smaller jobs backfill around reservations.
+
+        Without an idempotency key one is generated, so the client's own retries never create a second job; pass
+        your own key to make retries across processes safe too. `created` on the result is False when the gateway
+        replayed an earlier submission with the same key and body. A job held back by an approval rule comes back
+        in state `awaiting_approval` with `approval_id` and `approval_reasons`."""
         body: dict[str, Any] = {"name": name, "team": team, "gpus": gpus}
-        for key, value in (("project", project), ("kind", kind), ("priority_class", priority_class)):
+        for key, value in (("project", project), ("kind", kind), ("priority_class", priority_class),
+                           ("gang_nodes", gang_nodes), ("gpus_per_node", gpus_per_node), ("replicas", replicas),
+                           ("max_runtime_s", max_runtime_s)):
             if value is not None:
                 body[key] = value
         if gpu_models:
@@ -257,6 +274,16 @@ class GpupoolClient:
     def complete_job(self, job_id: str) -> Job:
         return _parse(Job, self._json("POST", f"/v1/jobs/{_seg(job_id)}/complete"), "/v1/jobs/{id}/complete")
 
+    def explain_job(self, job_id: str) -> Explanation:
+        """Why a job is where it is: the queue's state and message, and placement's reason code, message,
+        position among pending jobs and any preemption for it or against it."""
+        return _parse(Explanation, self._json("GET", f"/v1/jobs/{_seg(job_id)}/explain"), "/v1/jobs/{id}/explain")
+
+    def scale_job(self, job_id: str, replicas: int) -> Job:
+        """Set how many replicas a replicated job should run; placement adds or releases allocations to match."""
+        return _parse(Job, self._json("PATCH", f"/v1/jobs/{_seg(job_id)}", json_body={"replicas": replicas},
+                                      retry=True), "/v1/jobs/{id}")
+
     # --- pool --------------------------------------------------------------------------------------------------
     def list_nodes(self, cluster: str | None = None) -> list[Node]:
         return self._list(Node, "/v1/nodes", {"cluster": cluster})
@@ -268,8 +295,90 @@ class GpupoolClient:
     def list_usage(self, team: str | None = None, job_id: str | None = None) -> list[UsageRecord]:
         return self._list(UsageRecord, "/v1/usage", {"team": team, "job_id": job_id})
 
+    def pool(self, cluster: str | None = None) -> Pool:
+        """GET /v1/pool: per cluster and GPU model total, healthy, in use, allocated, allocated-but-idle, free."""
+        return _parse(Pool, self._json("GET", "/v1/pool", params={"cluster": cluster}), "/v1/pool")
+
+    # --- teams, quotas, priority classes (changes: platform admins) ---------------------------------------------
     def list_teams(self) -> list[Team]:
         return self._list(Team, "/v1/teams")
+
+    def create_team(self, team: str, org: str | None = None) -> Team:
+        """Create a team (and its org; default "default"). Creating an existing team in the same org is a no-op."""
+        body: dict[str, Any] = {"team": team}
+        if org is not None:
+            body["org"] = org
+        return _parse(Team, self._json("POST", "/v1/teams", json_body=body), "/v1/teams")
+
+    def list_quotas(self) -> list[QuotaEntry]:
+        return self._list(QuotaEntry, "/v1/quotas")
+
+    def set_quota(self, path: str, gpu_model: str = "*", *, guaranteed: float = 0.0,
+                  borrowing_limit: float | None = None, lending_limit: float | None = None,
+                  weight: float = 1.0) -> QuotaEntry:
+        """Set one quota entry (every field; created if missing). `path` is org, org/team or org/team/project;
+        `gpu_model` "*" means any model; `borrowing_limit` None: unlimited; `lending_limit` None: lend all unused."""
+        body = {"path": path, "gpu_model": gpu_model, "guaranteed": guaranteed, "borrowing_limit": borrowing_limit,
+                "lending_limit": lending_limit, "weight": weight}
+        return _parse(QuotaEntry, self._json("PUT", "/v1/quotas", json_body=body, retry=True), "/v1/quotas")
+
+    def delete_quota(self, path: str, gpu_model: str = "*") -> None:
+        self.request("DELETE", "/v1/quotas", params={"path": path, "gpu_model": gpu_model})
+
+    def list_priority_classes(self) -> list[PriorityClass]:
+        return self._list(PriorityClass, "/v1/priority-classes")
+
+    def set_priority_class(self, name: str, value: int, preemptible: bool, *, min_runtime_s: float | None = None,
+                           description: str = "") -> PriorityClass:
+        """Create or change a priority class (higher `value` runs first)."""
+        body = {"value": value, "preemptible": preemptible, "min_runtime_s": min_runtime_s,
+                "description": description}
+        return _parse(PriorityClass, self._json("PUT", f"/v1/priority-classes/{_seg(name)}", json_body=body,
+                                                retry=True), "/v1/priority-classes/{name}")
+
+    # --- approvals ---------------------------------------------------------------------------------------------
+    def list_approvals(self, team: str | None = None, state: str | None = None,
+                       limit: int | None = None) -> list[Approval]:
+        """Approval requests, newest first; `state` is pending, approved or denied. The gateway answers at most
+        1000 in one list (it has no cursor here)."""
+        return self._list(Approval, "/v1/approvals", {"team": team, "state": state}, limit)
+
+    def approval_rules(self) -> list[ApprovalRule]:
+        """The admission rules (gpus_over, runtime_over_s, priority_class) that send a submission to approval."""
+        doc = self._json("GET", "/v1/approvals", params={"limit": 1}) or {}
+        return [_parse(ApprovalRule, r, "/v1/approvals") for r in doc.get("rules", [])]
+
+    def approve(self, approval_id: str, comment: str = "") -> Approval:
+        """Approve a pending request: the job joins the queue."""
+        return self._decide(approval_id, "approve", comment)
+
+    def deny(self, approval_id: str, comment: str = "") -> Approval:
+        """Deny a pending request: the job fails with ApprovalDenied."""
+        return self._decide(approval_id, "deny", comment)
+
+    def _decide(self, approval_id: str, verb: str, comment: str) -> Approval:
+        return _parse(Approval, self._json("POST", f"/v1/approvals/{_seg(approval_id)}/{verb}",
+                                           json_body={"comment": comment}), f"/v1/approvals/{{id}}/{verb}")
+
+    def set_approval_rule(self, rule: str, value: str | float, enabled: bool = True) -> ApprovalRule:
+        """Set an admission rule: `gpus_over` (GPUs), `runtime_over_s` (seconds of declared max runtime) or
+        `priority_class` (a class name); `enabled=False` keeps the value but stops applying it."""
+        text = value if isinstance(value, str) else f"{value:g}"
+        return _parse(ApprovalRule, self._json("PUT", f"/v1/approval-rules/{_seg(rule)}",
+                                               json_body={"value": text, "enabled": enabled}, retry=True),
+                      "/v1/approval-rules/{rule}")
+
+    # --- reclamation -------------------------------------------------------------------------------------------
+    def list_reclaim_policies(self) -> list[ReclaimPolicy]:
+        return self._list(ReclaimPolicy, "/v1/reclaim-policies")
+
+    def set_reclaim_policy(self, kind: str, *, idle_after_s: float | None = None, idle_util_pct: float = 5.0,
+                           grace_s: float = 300.0, enforce_max_runtime: bool = True) -> ReclaimPolicy:
+        """Set (every field of) the reclaim policy of a job kind; `idle_after_s` None: never reclaim for idleness."""
+        body = {"idle_after_s": idle_after_s, "idle_util_pct": idle_util_pct, "grace_s": grace_s,
+                "enforce_max_runtime": enforce_max_runtime}
+        return _parse(ReclaimPolicy, self._json("PUT", f"/v1/reclaim-policies/{_seg(kind)}", json_body=body,
+                                                retry=True), "/v1/reclaim-policies/{kind}")
 
     # --- tokens and audit (admin) --------------------------------------------------------------------------------
     def create_token(self, name: str, role: str, team: str | None = None, expires_in_days: int | None = None,

@@ -55,14 +55,55 @@ class Job(ApiModel):
     node: str | None = None
     cluster: str | None = None
     message: str | None = None
+    priority: int | None = None
+    attempts: int = Field(default=0, description="times the job was requeued after preemption or reclaim")
+    gang_nodes: int = Field(default=0, description=">0: a gang of gang_nodes × gpus_per_node, all or nothing")
+    gpus_per_node: int = 0
+    replicas: int = Field(default=1, description="independent copies of `gpus` GPUs each")
+    max_runtime_s: float | None = None
     history: list[JobHistoryEntry] = Field(default_factory=list, description="only in GET /v1/jobs/{id}")
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs the job holds when fully running: a gang's `gpus` is already its total; replicas multiply."""
+        return self.gpus * max(1, self.replicas) if not self.gang_nodes else self.gpus
 
 
 class SubmitResult(Job):
-    """A submitted job; `created` is False when the gateway replayed an earlier submission with the same key."""
+    """A submitted job; `created` is False when the gateway replayed an earlier submission with the same key.
+    A submission that an approval rule holds back comes with `approval_id` and `approval_reasons`."""
 
     created: bool = True
     idempotency_key: str | None = None
+    approval_id: str | None = None
+    approval_reasons: list[str] = Field(default_factory=list)
+
+
+class PlacementExplanation(ApiModel):
+    """Placement's view of one job (`state`: pending, allocated, released, or unknown when placement has not seen
+    it, e.g. while it awaits approval)."""
+
+    state: str = "unknown"
+    reason: str | None = None
+    message: str | None = None
+    position: int | None = Field(default=None, description="1 = next among pending jobs")
+    priority: int | None = None
+    priority_class: str | None = None
+    replicas_wanted: int | None = None
+    replicas_running: int | None = None
+    allocations: list[str] = Field(default_factory=list)
+    preempting_for_it: list[str] = Field(default_factory=list, description="jobs being preempted to make room")
+    preemptor_job_id: str | None = Field(default=None, description="the job this one is being preempted for")
+    deadline: datetime | None = Field(default=None, description="when a preempted job's GPUs are taken back")
+
+
+class Explanation(ApiModel):
+    """GET /v1/jobs/{id}/explain: the queue's state of the job and placement's reasons."""
+
+    job_id: str
+    state: str = ""
+    message: str | None = None
+    placement: PlacementExplanation = Field(default_factory=PlacementExplanation)
 
 
 # --- nodes ----------------------------------------------------------------------------------------------------------
@@ -119,6 +160,7 @@ class AllocationGpu(ApiModel):
 class Allocation(ApiModel):
     allocation_id: str
     job_id: str
+    replica: int = 0
     team: str = ""
     project: str = ""
     cluster: str = ""
@@ -126,6 +168,7 @@ class Allocation(ApiModel):
     granted_at: datetime | None = None
     released_at: datetime | None = None
     release_reason: str | None = None
+    preempt_deadline: datetime | None = None
     gpus: list[AllocationGpu] = Field(default_factory=list)
 
     @property
@@ -146,12 +189,15 @@ class UsageRecord(ApiModel):
     release_reason: str | None = None
 
 
-# --- teams ----------------------------------------------------------------------------------------------------------
+# --- teams, quotas, priority classes ---------------------------------------------------------------------------------
 class Quota(ApiModel):
+    """A quota entry as listed under a team in GET /v1/teams."""
+
     gpu_model: str
-    guaranteed: int = 0
-    borrowing_limit: int | None = None
-    lending_limit: int | None = None
+    path: str | None = None
+    guaranteed: float = 0
+    borrowing_limit: float | None = None
+    lending_limit: float | None = None
     over_quota_weight: float | None = None
 
 
@@ -159,6 +205,103 @@ class Team(ApiModel):
     team: str
     org: str = ""
     quotas: list[Quota] = Field(default_factory=list)
+
+
+class QuotaEntry(ApiModel):
+    """One entry of the org → team → project quota tree (GET/PUT /v1/quotas), in GPUs. `borrowing_limit` None:
+    unlimited; `lending_limit` None: lends all it does not use."""
+
+    path: str
+    gpu_model: str = "*"
+    guaranteed: float = 0
+    borrowing_limit: float | None = None
+    lending_limit: float | None = None
+    weight: float = 1.0
+    revision: int | None = None
+    updated_at: datetime | None = None
+
+
+class PriorityClass(ApiModel):
+    name: str
+    value: int = 0
+    preemptible: bool = False
+    min_runtime_s: float | None = None
+    description: str = ""
+    revision: int | None = None
+    updated_at: datetime | None = None
+
+
+# --- approvals ------------------------------------------------------------------------------------------------------
+class Approval(ApiModel):
+    approval_id: str
+    job_id: str = ""
+    job_name: str = ""
+    team: str = ""
+    project: str = ""
+    gpus: int = 0
+    priority_class: str = ""
+    reasons: list[str] = Field(default_factory=list)
+    requested_by: str | None = None
+    state: str = "pending"
+    comment: str | None = None
+    decided_by: str | None = None
+    created_at: datetime | None = None
+    decided_at: datetime | None = None
+
+
+class ApprovalRule(ApiModel):
+    rule: str
+    value: str = ""
+    enabled: bool = True
+
+
+# --- reclamation ----------------------------------------------------------------------------------------------------
+class ReclaimPolicy(ApiModel):
+    """What is taken back for one job kind. `idle_after_s` None: never reclaimed for idleness."""
+
+    kind: str
+    idle_after_s: float | None = None
+    idle_util_pct: float = 5.0
+    grace_s: float = 300.0
+    enforce_max_runtime: bool = True
+    updated_at: datetime | None = None
+
+
+# --- pool -----------------------------------------------------------------------------------------------------------
+class PoolCounts(ApiModel):
+    """GPU counts: `in_use` = utilization above the gateway's threshold in fresh telemetry, `allocated` = held by a
+    live allocation, `allocated_idle` = allocated and not in use, `free` = healthy and not allocated."""
+
+    model: str | None = None
+    total: int = 0
+    healthy: int = 0
+    unhealthy: int = 0
+    on_lost_nodes: int = 0
+    in_use: int = 0
+    allocated: int = 0
+    allocated_idle: int = 0
+    free: int = 0
+
+
+class PoolCluster(ApiModel):
+    cluster: str
+    models: list[PoolCounts] = Field(default_factory=list)
+    totals: PoolCounts = Field(default_factory=PoolCounts)
+    nodes: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class PoolAll(ApiModel):
+    models: list[PoolCounts] = Field(default_factory=list)
+    totals: PoolCounts = Field(default_factory=PoolCounts)
+
+
+class Pool(ApiModel):
+    """GET /v1/pool: per cluster and GPU model, and over every cluster (`all`)."""
+
+    clusters: list[PoolCluster] = Field(default_factory=list)
+    all: PoolAll = Field(default_factory=PoolAll)
+    in_use_util_pct: float | None = None
+    fresh_within_s: float | None = None
 
 
 # --- tokens and audit -----------------------------------------------------------------------------------------------

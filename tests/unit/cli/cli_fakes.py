@@ -70,3 +70,40 @@ class FakeGateway:
     @property
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self)
+
+
+def pool_doc() -> dict[str, Any]:
+    """GET /v1/pool as the gateway answers it (services/gateway/pool.py): two clusters, three (cluster, model)s."""
+    def counts(model: str | None, total: int, alloc: int, in_use: int, idle: int, unhealthy: int) -> dict[str, Any]:
+        doc = {"total": total, "healthy": total - unhealthy, "unhealthy": unhealthy, "on_lost_nodes": 0,
+               "in_use": in_use, "allocated": alloc, "allocated_idle": idle, "free": total - unhealthy - alloc}
+        return doc if model is None else {"model": model, **doc}
+
+    return {"clusters": [
+        {"cluster": "sim", "models": [counts("H100-80GB", 8, 4, 3, 1, 1), counts("A100-80GB", 8, 0, 0, 0, 0)],
+         "totals": counts(None, 16, 4, 3, 1, 1), "nodes": [{"node": "n0"}]},
+        {"cluster": "edge", "models": [counts("L4", 2, 1, 1, 0, 0)], "totals": counts(None, 2, 1, 1, 0, 0),
+         "nodes": []}],
+        "all": {"models": [], "totals": counts(None, 18, 5, 4, 1, 1)}, "in_use_util_pct": 5.0, "fresh_within_s": 30}
+
+
+def approval(approval_id: str = "ap1", state: str = "pending", **over: Any) -> dict[str, Any]:
+    doc = {"approval_id": approval_id, "job_id": "j1", "job_name": "big", "team": "research", "project": "default",
+           "gpus": 6, "priority_class": "normal", "reasons": ["more than 4 GPUs"], "requested_by": "alice",
+           "state": state, "comment": "", "decided_by": None, "created_at": NOW, "decided_at": None}
+    doc.update(over)
+    return doc
+
+
+def quota(path: str = "default/research", gpu_model: str = "H100-80GB", **over: Any) -> dict[str, Any]:
+    doc = {"path": path, "gpu_model": gpu_model, "guaranteed": 8.0, "borrowing_limit": 4.0, "lending_limit": None,
+           "weight": 1.0, "revision": 3, "updated_at": NOW}
+    doc.update(over)
+    return doc
+
+
+def reclaim_policy(kind: str = "dev", **over: Any) -> dict[str, Any]:
+    doc = {"kind": kind, "idle_after_s": 1800.0, "idle_util_pct": 5.0, "grace_s": 300.0,
+           "enforce_max_runtime": True, "updated_at": NOW}
+    doc.update(over)
+    return doc

@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from cli_fakes import FakeGateway, allocation, job, problem
+from cli_fakes import FakeGateway, allocation, approval, job, pool_doc, problem, quota, reclaim_policy
 
 from libs.client import ConfigError, GpupoolClient, GpupoolError, error_from_response, resolve_connection
 
@@ -224,3 +224,142 @@ def test_missing_token_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPOOL_URL", "http://env:2")
     with pytest.raises(ConfigError, match="no API token"):
         resolve_connection()
+
+
+# --- jobs: shapes, explain, scale ---------------------------------------------------------------------------------------
+def test_submit_sends_gang_replica_and_runtime_fields_only_when_given():
+    gw = FakeGateway()
+    gw.on("POST", "/v1/jobs", lambda req: httpx.Response(201, json=job("j2", **json.loads(req.content))))
+    gp = client(gw)
+    gp.submit_job("pretrain", "research", 16, gang_nodes=2, gpus_per_node=8, max_runtime_s=7200)
+    assert json.loads(gw.calls[0].content) == {"name": "pretrain", "team": "research", "gpus": 16, "gang_nodes": 2,
+                                               "gpus_per_node": 8, "max_runtime_s": 7200}
+    got = gp.submit_job("chat", "inference", 1, replicas=3)
+    assert json.loads(gw.calls[1].content) == {"name": "chat", "team": "inference", "gpus": 1, "replicas": 3}
+    assert got.replicas == 3 and got.total_gpus == 3 and got.attempts == 0
+
+
+def test_submit_awaiting_approval_carries_the_approval_id():
+    gw = FakeGateway()
+    gw.on("POST", "/v1/jobs", httpx.Response(201, json=job(
+        "j3", state="awaiting_approval", approval_id="ap1", approval_reasons=["more than 4 GPUs"])))
+    got = client(gw).submit_job("big", "research", 6)
+    assert (got.state, got.approval_id, got.approval_reasons) == ("awaiting_approval", "ap1", ["more than 4 GPUs"])
+
+
+def test_explain_parses_placement_view():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/jobs/j1/explain", {"job_id": "j1", "state": "pending", "message": "waiting for placement",
+                                         "placement": {"job_id": "j1", "state": "pending", "reason": "NoCapacity",
+                                                       "message": "no node has 8 free H100-80GB", "position": 2,
+                                                       "priority": 100, "priority_class": "normal",
+                                                       "replicas_wanted": 1, "replicas_running": 0,
+                                                       "allocations": [], "preempting_for_it": ["j0"]}})
+    ex = client(gw).explain_job("j1")
+    assert (ex.state, ex.placement.reason, ex.placement.position) == ("pending", "NoCapacity", 2)
+    assert ex.placement.preempting_for_it == ["j0"] and ex.raw["placement"]["priority"] == 100
+
+
+def test_scale_patches_replicas_and_is_retried_on_503():
+    gw, answers = FakeGateway(), iter([503, 200])
+
+    def scale(req):
+        if next(answers) == 503:
+            return problem(503, "ServiceUnavailable", "retry later")
+        return job("j1", **json.loads(req.content))
+
+    gw.on("PATCH", "/v1/jobs/j1", scale)
+    assert client(gw).scale_job("j1", 3).replicas == 3
+    assert [json.loads(c.content) for c in gw.calls] == [{"replicas": 3}, {"replicas": 3}]
+
+
+def test_pool_reads_the_gateway_view():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/pool", pool_doc())
+    pool = client(gw).pool(cluster="sim")
+    assert gw.calls[0].url.params["cluster"] == "sim"
+    assert pool.clusters[0].models[0].in_use == 3 and pool.all.totals.total == 18
+
+
+# --- teams, quotas, priority classes --------------------------------------------------------------------------------------
+def test_create_team_and_quotas():
+    gw = FakeGateway()
+    gw.on("POST", "/v1/teams", lambda req: httpx.Response(201, json={"org": "default", **json.loads(req.content),
+                                                                      "revision": 1}))
+    gw.on("GET", "/v1/quotas", {"items": [quota()], "next": None})
+    gw.on("PUT", "/v1/quotas", lambda req: quota(**json.loads(req.content)))
+    gw.on("DELETE", "/v1/quotas", httpx.Response(204))
+    gp = client(gw)
+    assert gp.create_team("vision").org == "default"
+    assert json.loads(gw.calls[0].content) == {"team": "vision"}
+    assert gp.create_team("vision", org="research").org == "research"
+    entries = gp.list_quotas()
+    assert entries[0].guaranteed == 8 and entries[0].lending_limit is None
+    got = gp.set_quota("default/research", "H100-80GB", guaranteed=2.5, borrowing_limit=None)
+    assert json.loads(gw.calls[-1].content) == {"path": "default/research", "gpu_model": "H100-80GB",
+                                                "guaranteed": 2.5, "borrowing_limit": None, "lending_limit": None,
+                                                "weight": 1.0}
+    assert got.guaranteed == 2.5 and got.borrowing_limit is None
+    assert gp.delete_quota("default/research") is None
+    assert dict(gw.calls[-1].url.params) == {"path": "default/research", "gpu_model": "*"}
+
+
+def test_delete_and_team_creation_are_not_retried():
+    gw = FakeGateway()
+    gw.on("DELETE", "/v1/quotas", problem(503, "ServiceUnavailable", "retry later"))
+    gw.on("POST", "/v1/teams", problem(503, "ServiceUnavailable", "retry later"))
+    with pytest.raises(GpupoolError):
+        client(gw).delete_quota("default/research")
+    with pytest.raises(GpupoolError):
+        client(gw).create_team("vision")
+    assert len(gw.calls) == 2
+
+
+def test_priority_classes():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/priority-classes", {"items": [{"name": "high", "value": 1000, "preemptible": False,
+                                                     "min_runtime_s": None, "description": "", "revision": 1,
+                                                     "updated_at": "2025-01-01T12:00:00+00:00"}], "next": None})
+    gw.on("PUT", "/v1/priority-classes/nightly", lambda req: {"name": "nightly", **json.loads(req.content)})
+    gp = client(gw)
+    assert [(c.name, c.value, c.preemptible) for c in gp.list_priority_classes()] == [("high", 1000, False)]
+    pc = gp.set_priority_class("nightly", 50, True, min_runtime_s=300, description="evals")
+    assert json.loads(gw.calls[-1].content) == {"value": 50, "preemptible": True, "min_runtime_s": 300,
+                                                "description": "evals"}
+    assert pc.min_runtime_s == 300
+
+
+# --- approvals and reclaim policies ----------------------------------------------------------------------------------------
+def test_approvals_list_rules_and_decisions():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/approvals", {"items": [approval()], "next": None,
+                                   "rules": [{"rule": "gpus_over", "value": "4", "enabled": True}]})
+    gw.on("POST", "/v1/approvals/ap1/approve", lambda req: approval(state="approved", decided_by="admin",
+                                                                   **json.loads(req.content)))
+    gw.on("POST", "/v1/approvals/ap1/deny", problem(409, "AlreadyDecided", "approval ap1 was already approved"))
+    gw.on("PUT", "/v1/approval-rules/gpus_over", lambda req: {"rule": "gpus_over", **json.loads(req.content)})
+    gp = client(gw)
+    items = gp.list_approvals(team="research", state="pending")
+    assert items[0].reasons == ["more than 4 GPUs"]
+    assert gw.calls[0].url.params["team"] == "research" and gw.calls[0].url.params["state"] == "pending"
+    assert [(r.rule, r.value, r.enabled) for r in gp.approval_rules()] == [("gpus_over", "4", True)]
+    decided = gp.approve("ap1", "ok for this sprint")
+    assert decided.state == "approved" and json.loads(gw.calls[-1].content) == {"comment": "ok for this sprint"}
+    with pytest.raises(GpupoolError) as info:
+        gp.deny("ap1")
+    assert info.value.reason == "AlreadyDecided" and len([c for c in gw.calls if c.method == "POST"]) == 2
+    rule = gp.set_approval_rule("gpus_over", 8, enabled=False)
+    assert json.loads(gw.calls[-1].content) == {"value": "8", "enabled": False} and rule.enabled is False
+
+
+def test_reclaim_policies():
+    gw = FakeGateway()
+    gw.on("GET", "/v1/reclaim-policies", {"items": [reclaim_policy(), reclaim_policy("training", idle_after_s=None)],
+                                          "next": None})
+    gw.on("PUT", "/v1/reclaim-policies/dev", lambda req: reclaim_policy(**json.loads(req.content)))
+    gp = client(gw)
+    assert [(p.kind, p.idle_after_s) for p in gp.list_reclaim_policies()] == [("dev", 1800), ("training", None)]
+    got = gp.set_reclaim_policy("dev", idle_after_s=600, grace_s=60)
+    assert json.loads(gw.calls[-1].content) == {"idle_after_s": 600, "idle_util_pct": 5.0, "grace_s": 60,
+                                                "enforce_max_runtime": True}
+    assert got.grace_s == 60

@@ -9,12 +9,23 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from cli_fakes import FakeGateway, allocation, gpu, job, node, problem
+from cli_fakes import (
+    FakeGateway,
+    allocation,
+    approval,
+    gpu,
+    job,
+    node,
+    pool_doc,
+    problem,
+    quota,
+    reclaim_policy,
+)
 
 from libs.cli import people
 from libs.cli.main import build_parser, main
 from libs.client import GpupoolClient
-from libs.client.models import Allocation, Job, Node
+from libs.client.models import Allocation, Job, Node, Pool
 
 
 # --- table formatter --------------------------------------------------------------------------------------------------
@@ -94,18 +105,14 @@ def test_spec_file_must_be_a_yaml_mapping(tmp_path):
 
 
 # --- pool and top ---------------------------------------------------------------------------------------------------
-def test_pool_summary_counts_allocated_used_idle_unhealthy_free():
-    nodes = [Node.from_api(node("n0", [gpu(0, util=90.0), gpu(1, util=0.0), gpu(2, util=50.0),
-                                       gpu(3, util=None, health="failed")])),
-             Node.from_api(node("n1", [gpu(0, model="L4", util=0.0)], cluster="edge"))]
-    allocs = [Allocation.from_api(allocation("a1", "j1", ["GPU-H100-80GB-0", "GPU-H100-80GB-1"])),
-              Allocation.from_api(allocation("a0", "j0", ["GPU-H100-80GB-2"], released=True))]
-    rows = {(r["cluster"], r["model"]): r for r in people.pool_summary(nodes, allocs)}
-    assert rows[("sim", "H100-80GB")] == {"cluster": "sim", "model": "H100-80GB", "total": 4, "allocated": 2,
-                                          "used": 2, "allocated_idle": 1, "unhealthy": 1, "free": 1}
-    assert rows[("edge", "L4")]["free"] == 1
-    text = people.pool_table(list(rows.values()))
-    assert text.splitlines()[-1].split() == ["all", "-", "5", "2", "2", "1", "1", "2"]
+def test_pool_rows_come_from_the_gateway_view_in_the_same_columns():
+    rows = people.pool_rows(Pool.from_api(pool_doc()))
+    assert [(r["cluster"], r["model"]) for r in rows] == [("edge", "L4"), ("sim", "A100-80GB"), ("sim", "H100-80GB")]
+    assert rows[2] == {"cluster": "sim", "model": "H100-80GB", "total": 8, "allocated": 4, "used": 3,
+                       "allocated_idle": 1, "unhealthy": 1, "free": 3}
+    lines = people.pool_table(rows).splitlines()
+    assert lines[0].split() == ["CLUSTER", "MODEL", "TOTAL", "ALLOCATED", "USED", "ALLOC-IDLE", "UNHEALTHY", "FREE"]
+    assert lines[-1].split() == ["all", "-", "18", "5", "4", "1", "1", "12"]
 
 
 def test_top_frame_shows_each_gpu_with_its_holder():
@@ -158,7 +165,7 @@ def test_describe_shows_history_and_allocations(gw, capsys):
     gw.on("GET", "/v1/allocations", {"items": [allocation("a1", "j1", ["u0", "u1"])], "next": None})
     assert main(["describe", "j1"]) == 0
     out = capsys.readouterr().out
-    assert "State:     running" in out and "AllocationGranted" in out and "sim/node-0  0,1" in out
+    assert "State:       running" in out and "AllocationGranted" in out and "sim/node-0  0,1" in out
     assert gw.calls[1].url.params["job_id"] == "j1"
     assert main(["describe", "j1", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -250,6 +257,10 @@ def test_completion_spec_comes_from_the_parser():
     (["gpupool", "token", ""], "create list revoke"),
     (["gpupool", "token", "create", "--ro"], "--role"),
     (["gpupool", "completion", ""], "bash zsh"),
+    (["gpupool", "approvals", ""], "list approve deny rule"),
+    (["gpupool", "approvals", "rule", "gpus"], "gpus_over"),
+    (["gpupool", "jobs", "--state", "aw"], "awaiting_approval"),
+    (["gpupool", "reclaim-policies", "set", "dev", "--no-e"], "--no-enforce-max-runtime"),
 ])
 def test_bash_completion_script_completes(words, expected, tmp_path, capsys):
     assert main(["completion", "bash"]) == 0
@@ -274,3 +285,280 @@ def test_zsh_completion_script_is_generated(capsys):
 def test_existing_commands_are_still_registered():
     sub = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert {"up", "down", "status", "sim", "bench", "schemas"} <= set(sub)
+
+
+# --- job shapes, durations ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, seconds", [("3600", 3600), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400),
+                                           ("1h30m", 5400), (120, 120), ("1.5h", 5400)])
+def test_parse_duration(text, seconds):
+    assert people.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5x", "1h 30m", "m"])
+def test_bad_durations_are_usage_errors(text):
+    with pytest.raises(people.UsageError, match="not a duration"):
+        people.parse_duration(text)
+
+
+def test_fmt_duration():
+    assert [people.fmt_duration(s) for s in (0, 59, 90, 3600, 5400, 86400 + 60, None)] == [
+        "0s", "59s", "1m30s", "1h", "1h30m", "1d1m", None]
+
+
+def test_gang_gpus_default_to_the_product_and_yaml_takes_the_new_keys():
+    spec = people.merge_spec({"name": "pt", "team": "t", "gang-nodes": 2, "gpus_per_node": "8",
+                              "max_runtime": "2h"}, {})
+    assert spec == {"name": "pt", "team": "t", "gang_nodes": 2, "gpus_per_node": 8, "gpus": 16,
+                    "max_runtime_s": 7200.0}
+    spec = people.merge_spec({"name": "chat", "team": "t", "gpus": 1, "replicas": 2}, {"replicas": 3})
+    assert spec["replicas"] == 3
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"name": "a", "team": "t", "gang_nodes": 2}, "needs --gpus-per-node"),
+    ({"name": "a", "team": "t", "gpus": 4, "gpus_per_node": 2}, "--gpus-per-node needs --gang-nodes"),
+    ({"name": "a", "team": "t", "gpus": 10, "gang_nodes": 2, "gpus_per_node": 8}, r"must equal gang_nodes"),
+    ({"name": "a", "team": "t", "gang_nodes": 2, "gpus_per_node": 8, "replicas": 2}, "cannot also have replicas"),
+    ({"name": "a", "team": "t", "gpus": 1, "replicas": "many"}, "replicas must be a whole number"),
+    ({"name": "a", "team": "t", "gpus": 1, "max_runtime_s": "a while"}, "not a duration"),
+    ({"name": "a", "team": "t", "gpus": 1, "max_runtime_s": 0}, "max runtime must be positive"),
+])
+def test_bad_shapes_are_usage_errors(doc, message):
+    with pytest.raises(people.UsageError, match=message):
+        people.merge_spec(doc, {})
+
+
+def test_submit_shape_flags_reach_the_gateway(gw, capsys):
+    gw.on("POST", "/v1/jobs", lambda req: httpx.Response(201, json=job("j8", **json.loads(req.content))))
+    assert main(["submit", "--name", "chat", "--team", "inference", "--gpus", "1", "--replicas", "2",
+                 "--max-runtime", "30m"]) == 0
+    assert json.loads(gw.calls[0].content) == {"name": "chat", "team": "inference", "gpus": 1, "replicas": 2,
+                                               "max_runtime_s": 1800.0}
+    out = capsys.readouterr().out
+    assert "2 replicas × 1 GPU(s) of H100-80GB" in out and "max runtime 30m" in out
+    assert main(["submit", "--name", "pt", "--team", "research", "--gang-nodes", "2", "--gpus-per-node", "8"]) == 0
+    assert json.loads(gw.calls[1].content) == {"name": "pt", "team": "research", "gpus": 16, "gang_nodes": 2,
+                                               "gpus_per_node": 8}
+    assert "gang of 2 nodes × 8 GPUs" in capsys.readouterr().out
+
+
+def test_submit_that_needs_approval_says_how_to_approve(gw, capsys):
+    gw.on("POST", "/v1/jobs", httpx.Response(201, json=job("j9", state="awaiting_approval", approval_id="ap1",
+                                                           approval_reasons=["more than 4 GPUs"])))
+    assert main(["submit", "--name", "big", "--team", "research", "--gpus", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "state awaiting_approval" in out
+    assert "needs approval (more than 4 GPUs): gpupool approvals approve ap1" in out
+
+
+def test_jobs_accepts_the_new_states_and_shows_the_shape(gw, capsys):
+    gw.on("GET", "/v1/jobs", {"items": [job("j1", state="preempting", replicas=3),
+                                        job("j2", state="awaiting_approval", gang_nodes=2, gpus_per_node=8, gpus=16,
+                                            node=None)], "next": None})
+    for state in ("awaiting_approval", "preempting"):
+        assert main(["jobs", "--state", state]) == 0
+        assert gw.calls[-1].url.params["state"] == state
+    out = capsys.readouterr().out.splitlines()
+    assert "SHAPE" in out[0] and "3 replicas" in out[1] and "gang 2×8" in out[2]
+
+
+def test_describe_shows_shape_attempts_and_max_runtime(gw, capsys):
+    gw.on("GET", "/v1/jobs/j1", job("j1", replicas=2, attempts=1, max_runtime_s=3600))
+    gw.on("GET", "/v1/allocations", {"items": [], "next": None})
+    assert main(["describe", "j1"]) == 0
+    out = capsys.readouterr().out
+    assert "Shape:       2 replicas × 2 GPU(s)" in out and "Attempts:    1" in out and "Max runtime: 1h" in out
+
+
+def test_explain_pending_and_preempted(gw, capsys):
+    gw.on("GET", "/v1/jobs/j1/explain", {"job_id": "j1", "state": "pending", "message": "waiting for placement",
+                                         "placement": {"state": "pending", "reason": "NoCapacity",
+                                                       "message": "no node has 8 free GPUs", "position": 3,
+                                                       "priority": 100, "priority_class": "normal",
+                                                       "replicas_wanted": 1, "replicas_running": 0,
+                                                       "allocations": [], "preempting_for_it": ["j0"]}})
+    assert main(["explain", "j1"]) == 0
+    out = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert out[:6] == ["Job: j1", "State: pending", "Message: waiting for placement", "Placement: pending",
+                       "Reason: NoCapacity", "Detail: no node has 8 free GPUs"]
+    assert out[6:] == ["Position: 3 (1 = next among pending jobs)", "Priority: normal (100)",
+                       "Replicas: 0 running of 1 wanted", "Preempting: j0 (to make room for this job)"]
+    gw.on("GET", "/v1/jobs/j2/explain", {"job_id": "j2", "state": "preempting", "message": None, "placement": {
+        "state": "allocated", "reason": "PreemptedByPriority", "message": "being preempted for job j1",
+        "preemptor_job_id": "j1", "deadline": "2025-01-01T12:00:30+00:00", "replicas_wanted": 1,
+        "replicas_running": 1, "allocations": ["a1"]}})
+    assert main(["explain", "j2"]) == 0
+    out = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert "Preempted for: j1" in out and "GPUs back at: 2025-01-01 12:00:30" in out and "Allocations: a1" in out
+    assert main(["explain", "j2", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["placement"]["preemptor_job_id"] == "j1"
+
+
+def test_scale(gw, capsys):
+    gw.on("PATCH", "/v1/jobs/j1", lambda req: job("j1", gpus=1, **json.loads(req.content)))
+    assert main(["scale", "j1", "--replicas", "3"]) == 0
+    assert json.loads(gw.calls[0].content) == {"replicas": 3}
+    assert capsys.readouterr().out.startswith("job j1 scaled to 3 replica(s) of 1 GPU(s) (state running)")
+    assert main(["scale", "j1", "--replicas", "0"]) == 2 and len(gw.calls) == 1
+    assert capsys.readouterr().err == "error: --replicas must be at least 1\n"
+    gw.on("PATCH", "/v1/jobs/g1", problem(409, "NotScalable", "a gang job runs all or nothing; it cannot be scaled"))
+    assert main(["scale", "g1", "--replicas", "2"]) == 1
+    assert capsys.readouterr().err == ("error: NotScalable: a gang job runs all or nothing; it cannot be scaled "
+                                       "(HTTP 409)\n")
+    with pytest.raises(SystemExit) as info:
+        main(["scale", "j1"])
+    assert info.value.code == 2
+
+
+def test_pool_uses_the_gateway_pool(gw, capsys):
+    gw.on("GET", "/v1/pool", pool_doc())
+    assert main(["pool", "--cluster", "sim"]) == 0
+    assert [c.url.path for c in gw.calls] == ["/v1/pool"] and gw.calls[0].url.params["cluster"] == "sim"
+    assert capsys.readouterr().out.splitlines()[-1].split() == ["all", "-", "18", "5", "4", "1", "1", "12"]
+    assert main(["pool", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["all"]["totals"]["total"] == 18
+
+
+# --- teams, quotas, priority classes -------------------------------------------------------------------------------------
+def test_teams_lists_with_or_without_list_and_creates(gw, capsys):
+    gw.on("GET", "/v1/teams", {"items": [{"team": "research", "org": "default", "quotas": [
+        {"path": "default/research", "gpu_model": "H100-80GB", "guaranteed": 8.0, "borrowing_limit": None}]}],
+        "next": None})
+    gw.on("POST", "/v1/teams", lambda req: httpx.Response(201, json={"org": "default", **json.loads(req.content)}))
+    assert main(["teams"]) == 0 and main(["teams", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["research", "default", "H100-80GB", "8/unlimited"] and out[3] == out[1]
+    assert main(["teams", "create", "vision", "--org", "research"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"team": "vision", "org": "research"}
+    assert capsys.readouterr().out.startswith("team vision (org research)")
+
+
+def test_quota_list_set_merges_with_the_current_entry_and_delete(gw, capsys):
+    entries = {("default/research", "H100-80GB"): quota()}
+    gw.on("GET", "/v1/quotas", lambda req: {"items": list(entries.values()), "next": None})
+    gw.on("PUT", "/v1/quotas", lambda req: quota(**json.loads(req.content)))
+    gw.on("DELETE", "/v1/quotas", httpx.Response(204))
+    assert main(["quota", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:6] == ["default/research", "H100-80GB", "8", "4", "all", "unused"]
+    assert main(["quota", "set", "default/research", "--model", "H100-80GB", "--guaranteed", "16"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"path": "default/research", "gpu_model": "H100-80GB",
+                                                "guaranteed": 16.0, "borrowing_limit": 4.0, "lending_limit": None,
+                                                "weight": 1.0}  # borrowing limit kept from the current entry
+    assert capsys.readouterr().out == ("quota default/research H100-80GB: guaranteed 16 · borrowing limit 4 · "
+                                       "lending limit all unused · weight 1\n")
+    assert main(["quota", "set", "default/vision", "--borrowing-limit", "unlimited", "--lending-limit", "2"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"path": "default/vision", "gpu_model": "*", "guaranteed": 0.0,
+                                                "borrowing_limit": None, "lending_limit": 2.0, "weight": 1.0}
+    assert main(["quota", "delete", "default/vision"]) == 0
+    assert dict(gw.calls[-1].url.params) == {"path": "default/vision", "gpu_model": "*"}
+    assert capsys.readouterr().out.endswith("quota default/vision * deleted\n")
+    with pytest.raises(SystemExit):
+        main(["quota", "set", "default/x", "--borrowing-limit", "lots"])
+    assert "not a number of GPUs" in capsys.readouterr().err
+
+
+def test_priority_classes_list_and_set(gw, capsys):
+    gw.on("GET", "/v1/priority-classes", {"items": [{"name": "high", "value": 1000, "preemptible": False,
+                                                     "min_runtime_s": None, "description": "urgent"}], "next": None})
+    gw.on("PUT", "/v1/priority-classes/high", lambda req: {"name": "high", **json.loads(req.content)})
+    gw.on("PUT", "/v1/priority-classes/nightly", lambda req: {"name": "nightly", **json.loads(req.content)})
+    assert main(["priority-classes", "list"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == ["high", "1000", "no", "-", "urgent"]
+    assert main(["priority-classes", "set", "high", "--min-runtime", "5m"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"value": 1000, "preemptible": False, "min_runtime_s": 300.0,
+                                                "description": "urgent"}
+    assert capsys.readouterr().out == "priority class high: value 1000 · not preemptible · min runtime 5m · urgent\n"
+    calls = len(gw.calls)
+    assert main(["priority-classes", "set", "nightly", "--value", "50"]) == 2
+    assert "is new: give --value and --preemptible or --no-preemptible" in capsys.readouterr().err
+    assert len(gw.calls) == calls + 1  # only the lookup
+    assert main(["priority-classes", "set", "nightly", "--value", "50", "--preemptible"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"value": 50, "preemptible": True, "min_runtime_s": None,
+                                                "description": ""}
+
+
+# --- approvals and reclaim policies ------------------------------------------------------------------------------------------
+def test_approvals_list_shows_requests_and_rules(gw, capsys):
+    gw.on("GET", "/v1/approvals", {"items": [approval()], "next": None, "rules": [
+        {"rule": "gpus_over", "value": "4", "enabled": True},
+        {"rule": "runtime_over_s", "value": "28800", "enabled": False}]})
+    assert main(["approvals", "list", "--state", "pending"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["APPROVAL", "ID", "JOB"] and out[1].startswith("ap1 ")
+    assert "more than 4 GPUs" in out[1]
+    assert out[-1] == "rules: gpus_over 4 (enabled); runtime_over_s 8h (disabled)"
+    assert gw.calls[0].url.params["state"] == "pending"
+    assert main(["approvals", "list", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["approval_id"] == "ap1"
+    with pytest.raises(SystemExit):
+        main(["approvals", "list", "--state", "maybe"])
+
+
+def test_approve_and_deny_with_comment(gw, capsys):
+    gw.on("POST", "/v1/approvals/ap1/approve", lambda req: approval(state="approved", **json.loads(req.content)))
+    gw.on("POST", "/v1/approvals/ap2/deny", lambda req: approval("ap2", state="denied", **json.loads(req.content)))
+    assert main(["approvals", "approve", "ap1", "--comment", "ok for this sprint"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"comment": "ok for this sprint"}
+    assert capsys.readouterr().out == "approval ap1 approved: job j1 (research/big) joins the queue\n"
+    assert main(["approvals", "deny", "ap2"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"comment": ""}
+    assert capsys.readouterr().out == "approval ap2 denied: job j1 (research/big) fails with ApprovalDenied\n"
+    gw.on("POST", "/v1/approvals/nope/approve", problem(404, "ApprovalNotFound", "no approval request nope"))
+    assert main(["approvals", "approve", "nope"]) == 1
+    assert capsys.readouterr().err == "error: ApprovalNotFound: no approval request nope (HTTP 404)\n"
+
+
+def test_approval_rules(gw, capsys):
+    gw.on("GET", "/v1/approvals", {"items": [], "next": None, "rules": [
+        {"rule": "gpus_over", "value": "4", "enabled": True}]})
+    gw.on("PUT", "/v1/approval-rules/gpus_over", lambda req: {"rule": "gpus_over", **json.loads(req.content)})
+    gw.on("PUT", "/v1/approval-rules/runtime_over_s", lambda req: {"rule": "runtime_over_s",
+                                                                   **json.loads(req.content)})
+    assert main(["approvals", "rule", "gpus_over", "8"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"value": "8", "enabled": True}
+    assert capsys.readouterr().out == "rule gpus_over 8 (enabled)\n"
+    assert main(["approvals", "rule", "gpus_over", "--disable"]) == 0  # keeps the current value
+    assert json.loads(gw.calls[-1].content) == {"value": "4", "enabled": False}
+    assert capsys.readouterr().out == "rule gpus_over 4 (disabled)\n"
+    assert main(["approvals", "rule", "runtime_over_s", "8h"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"value": "28800", "enabled": True}
+    assert main(["approvals", "rule", "runtime_over_s", "--disable"]) == 2
+    assert "never set" in capsys.readouterr().err
+    assert main(["approvals", "rule", "gpus_over"]) == 2
+    with pytest.raises(SystemExit):
+        main(["approvals", "rule", "too_big", "1"])
+
+
+def test_reclaim_policies_list_and_set_merge(gw, capsys):
+    gw.on("GET", "/v1/reclaim-policies", {"items": [reclaim_policy("training", idle_after_s=None),
+                                                    reclaim_policy("dev")], "next": None})
+    gw.on("PUT", "/v1/reclaim-policies/dev", lambda req: reclaim_policy("dev", **json.loads(req.content)))
+    assert main(["reclaim-policies", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:5] == ["dev", "30m", "5", "5m", "yes"]
+    assert lines[2].split()[:5] == ["training", "never", "5", "5m", "yes"]
+    assert main(["reclaim-policies", "set", "dev", "--grace", "1m", "--no-enforce-max-runtime"]) == 0
+    assert json.loads(gw.calls[-1].content) == {"idle_after_s": 1800.0, "idle_util_pct": 5.0, "grace_s": 60.0,
+                                                "enforce_max_runtime": False}
+    assert capsys.readouterr().out == ("reclaim policy dev: idle below 5% for 30m → warned, reclaimed after 1m grace"
+                                       " · max runtime not enforced\n")
+    assert main(["reclaim-policies", "set", "dev", "--idle-after", "never"]) == 0
+    assert json.loads(gw.calls[-1].content)["idle_after_s"] is None
+    assert main(["reclaim-policies", "set", "dev", "--idle-util-pct", "150"]) == 2
+    with pytest.raises(SystemExit):
+        main(["reclaim-policies", "set", "gpu-hog"])
+
+
+def test_completion_picks_up_the_new_commands():
+    spec = people.completion_spec(build_parser())
+    assert {"explain", "scale", "quota", "priority-classes", "approvals", "reclaim-policies"} <= set(spec[""]["words"])
+    assert spec["teams"]["words"] == ["list", "create"]
+    assert spec["quota"]["words"] == ["list", "set", "delete"]
+    assert spec["approvals"]["words"] == ["list", "approve", "deny", "rule"]
+    assert spec["approvals rule"]["words"] == list(people.APPROVAL_RULES)
+    assert spec["reclaim-policies set"]["words"] == list(people.JOB_KINDS)
+    assert "--replicas" in spec["scale"]["takes_value"]
+    assert {"--gang-nodes", "--gpus-per-node", "--replicas", "--max-runtime"} <= set(spec["submit"]["takes_value"])
+    assert {"--preemptible", "--no-preemptible"} <= set(spec["priority-classes set"]["options"])
+    assert "awaiting_approval" in spec["jobs"]["choices"]["--state"]
