@@ -7,8 +7,9 @@
   gpupool bench    benchmarks; writes docs/benchmarks.md
   gpupool schemas  write the JSON Schema of every event type to a folder
 
-People-facing commands on the gateway's API (libs/cli/people.py): submit, jobs, describe, cancel, complete, nodes,
-pool, top, teams, usage, token, audit, whoami, completion. `gpupool <command> --help` for each.
+People-facing commands on the gateway's API (libs/cli/people.py): submit, jobs, describe, explain, scale, cancel,
+complete, nodes, pool, top, teams, quota, priority-classes, approvals, reclaim-policies, usage, token, audit, whoami,
+completion. `gpupool <command> --help` for each.
 """
 
 from __future__ import annotations
