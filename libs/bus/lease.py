@@ -67,11 +67,10 @@ class LeaderLease:
     async def tick(self) -> None:
         kv = await self.bucket()
         if self._revision is None:
-            try:
+            # KeyWrongLastSequenceError here means someone else holds the lease: stay a follower this tick
+            with contextlib.suppress(KeyWrongLastSequenceError):
                 self._set(await kv.create(self.service, self.instance.encode()))
                 log.info("lease_acquired", extra={"service": self.service, "instance": self.instance})
-            except KeyWrongLastSequenceError:
-                pass  # someone else holds it
         else:
             try:
                 self._set(await kv.update(self.service, self.instance.encode(), last=self._revision))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,10 +34,9 @@ async def ensure_database(admin_dsn: str, database: str) -> None:
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
         if not exists:
-            try:
+            # a duplicate means another replica created it between our check and our CREATE: fine
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
                 await conn.execute(f'CREATE DATABASE "{database}"')
-            except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
-                pass  # another replica created it between our check and our CREATE
     finally:
         await conn.close()
 
