@@ -6,16 +6,13 @@ re-registration). Placement, consuming those events, stops placing on the lost n
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 from nats.js import JetStreamContext
 from waiting import eventually
 
-from libs.bus.connection import connect
 from libs.bus.publisher import publish_event
 from libs.bus.rpc import request
 from libs.contracts import subjects
@@ -32,7 +29,6 @@ from libs.contracts.events import (
 )
 from libs.contracts.subjects import EVENTS_STREAM
 from libs.runtime.service import ServiceRuntime
-from libs.store.database import with_database
 from services.inventory.config import InventorySettings
 from services.inventory.handlers import InventoryHandlers
 from services.inventory.handlers import routes as inventory_routes
@@ -44,27 +40,6 @@ LOST_AFTER_S = 1.5
 CLUSTER = "c1"
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing")]
-
-
-
-@pytest.fixture
-async def placement_dsn(pg_admin_dsn: str) -> AsyncIterator[str]:
-    name = f"test_pl_{uuid.uuid4().hex[:12]}"
-    yield with_database(pg_admin_dsn, name)
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
-@pytest.fixture
-async def js(nats_url: str, clean_jetstream: None) -> AsyncIterator[JetStreamContext]:
-    nc = await connect(nats_url, "test-node-lost-agent")
-    try:
-        yield nc.jetstream()
-    finally:
-        await nc.close()
 
 
 @pytest.fixture
@@ -190,8 +165,8 @@ async def _count(js: JetStreamContext, kind: type, n: int) -> bool:
 
 
 async def test_placement_stops_placing_on_a_lost_node_and_resumes_when_it_recovers(
-        inventory: ServiceRuntime, js: JetStreamContext, nats_url: str, placement_dsn: str) -> None:
-    settings = PlacementSettings(nats_url=nats_url, database_url=placement_dsn, http_port=0, log_level="WARNING",
+        inventory: ServiceRuntime, js: JetStreamContext, nats_url: str, fresh_database_dsn: str) -> None:
+    settings = PlacementSettings(nats_url=nats_url, database_url=fresh_database_dsn, http_port=0, log_level="WARNING",
                                  instance="pl-test", cycle_interval_s=3600)
     placement = ServiceRuntime("placement", settings, migrations_package="services.placement")
     await placement.start()

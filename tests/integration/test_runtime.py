@@ -8,17 +8,15 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
 from nats.js import JetStreamContext
 from waiting import eventually
 
-from libs.bus.connection import connect
 from libs.bus.rpc import request
 from libs.contracts import subjects
 from libs.contracts.commands import Command, Empty, Reply
@@ -28,7 +26,6 @@ from libs.contracts.subjects import EVENTS_STREAM
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from libs.runtime.settings import ServiceSettings
-from libs.store.database import with_database
 
 NAME = "rtdemo"
 
@@ -52,27 +49,6 @@ def migrations_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
     sys.modules.pop(package, None)
 
 
-@pytest.fixture
-async def service_dsn(pg_admin_dsn: str) -> AsyncIterator[str]:
-    """DSN of a database that does not exist yet: the runtime must create it."""
-    name = f"rt_{uuid.uuid4().hex[:12]}"
-    yield with_database(pg_admin_dsn, name)
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
-@pytest.fixture
-async def js(nats_url: str, clean_jetstream: None) -> AsyncIterator[JetStreamContext]:
-    nc = await connect(nats_url, "test-runtime-observer")
-    try:
-        yield nc.jetstream()
-    finally:
-        await nc.close()
-
-
 def runtime(nats_url: str, dsn: str, package: str) -> ServiceRuntime:
     settings = ServiceSettings(nats_url=nats_url, database_url=dsn, http_port=0, log_level="WARNING",
                                instance="rt-test-1")
@@ -85,8 +61,8 @@ def job(job_id: str) -> JobSubmitted:
 
 
 async def test_runtime_creates_and_migrates_its_database_and_answers_on_the_bus_and_http(
-        nats_url: str, service_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
-    rt = runtime(nats_url, service_dsn, migrations_package)
+        nats_url: str, fresh_database_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
+    rt = runtime(nats_url, fresh_database_dsn, migrations_package)
     await rt.start()
     try:
         assert rt.pool is not None
@@ -117,8 +93,8 @@ async def test_runtime_creates_and_migrates_its_database_and_answers_on_the_bus_
 
 
 async def test_mounted_routes_serve_commands_and_consume_events_through_the_outbox(
-        nats_url: str, service_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
-    rt = runtime(nats_url, service_dsn, migrations_package)
+        nats_url: str, fresh_database_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
+    rt = runtime(nats_url, fresh_database_dsn, migrations_package)
     consumed: list[CloudEvent] = []
 
     async def greet(cmd: Greet) -> dict[str, str]:
@@ -147,8 +123,8 @@ async def test_mounted_routes_serve_commands_and_consume_events_through_the_outb
 
 
 async def test_event_without_a_route_is_dead_lettered_as_unsupported(
-        nats_url: str, service_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
-    rt = runtime(nats_url, service_dsn, migrations_package)
+        nats_url: str, fresh_database_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
+    rt = runtime(nats_url, fresh_database_dsn, migrations_package)
 
     async def on_submitted(event: CloudEvent, data: JobSubmitted) -> None:
         return None
@@ -173,8 +149,8 @@ async def _dlq_count(js: JetStreamContext, n: int) -> bool:
 
 
 async def test_sigterm_finishes_the_message_in_hand_flushes_its_outbox_and_closes_cleanly(
-        nats_url: str, service_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
-    rt = runtime(nats_url, service_dsn, migrations_package)
+        nats_url: str, fresh_database_dsn: str, migrations_package: str, js: JetStreamContext) -> None:
+    rt = runtime(nats_url, fresh_database_dsn, migrations_package)
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def on_submitted(event: CloudEvent, data: JobSubmitted) -> None:
