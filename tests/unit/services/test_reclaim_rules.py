@@ -1,0 +1,57 @@
+"""Reclamation's pure rules: when an allocation is warned, reclaimed, or left alone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from services.reclamation.domain import judge
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+DEV = {"kind": "dev", "idle_after_s": 600.0, "idle_util_pct": 5.0, "grace_s": 120.0, "enforce_max_runtime": True}
+
+
+def tracker(**over):  # type: ignore[no-untyped-def]
+    base = {"reclaim_reason": None, "max_runtime_s": None, "granted_at": NOW - timedelta(hours=1),
+            "last_sample_at": NOW, "last_busy_at": NOW, "warned_at": None, "reclaim_deadline": None}
+    return {**base, **over}
+
+
+def test_a_busy_allocation_is_left_alone() -> None:
+    assert judge(tracker(), DEV, NOW).action == "none"
+
+
+def test_an_allocation_idle_past_the_window_is_warned_with_a_deadline_after_the_grace_period() -> None:
+    verdict = judge(tracker(last_busy_at=NOW - timedelta(seconds=601)), DEV, NOW)
+    assert (verdict.action, verdict.reason) == ("warn", "IdleTimeout")
+    assert verdict.deadline == NOW + timedelta(seconds=120)
+
+
+def test_a_warned_allocation_is_reclaimed_only_once_its_deadline_has_passed() -> None:
+    warned = tracker(last_busy_at=NOW - timedelta(seconds=900), warned_at=NOW - timedelta(seconds=100),
+                     reclaim_deadline=NOW + timedelta(seconds=20))
+    assert judge(warned, DEV, NOW).action == "none"
+    verdict = judge(warned, DEV, NOW + timedelta(seconds=21))
+    assert (verdict.action, verdict.reason) == ("reclaim", "IdleReclaimed")
+
+
+def test_a_warned_allocation_that_became_busy_again_is_cleared() -> None:
+    verdict = judge(tracker(warned_at=NOW - timedelta(seconds=10), reclaim_deadline=NOW + timedelta(seconds=60)),
+                    DEV, NOW)
+    assert verdict.action == "clear"
+
+
+def test_max_runtime_wins_over_idleness_and_is_reclaimed_without_a_warning() -> None:
+    over = tracker(max_runtime_s=1800.0, granted_at=NOW - timedelta(seconds=1801),
+                   last_busy_at=NOW - timedelta(seconds=700))
+    verdict = judge(over, DEV, NOW)
+    assert (verdict.action, verdict.reason) == ("reclaim", "MaxRuntimeExceeded")
+
+
+def test_nothing_is_reclaimed_without_telemetry_or_without_an_idle_policy() -> None:
+    assert judge(tracker(last_sample_at=None, last_busy_at=NOW - timedelta(days=1)), DEV, NOW).action == "none"
+    never = {**DEV, "idle_after_s": None}
+    assert judge(tracker(last_busy_at=NOW - timedelta(days=1)), never, NOW).action == "none"
+
+
+def test_an_allocation_already_being_reclaimed_is_not_judged_again() -> None:
+    assert judge(tracker(reclaim_reason="NodeLost", last_busy_at=NOW - timedelta(days=1)), DEV, NOW).action == "none"
