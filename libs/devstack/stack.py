@@ -57,7 +57,8 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         log.close()
         self.started_at = time.monotonic()
 
@@ -267,6 +268,15 @@ class Stack:
         if self.run_file.exists():
             self.run_file.unlink()
         say("stopped")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, get SIGTERM if the supervisor dies (even by SIGKILL), so no service
+    outlives the `gpupool up` that started it. Elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def read_run_file(data_dir: Path) -> dict | None:

@@ -148,16 +148,23 @@ class ServiceRuntime:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        # Each step is bounded: with NATS or PostgreSQL gone, a graceful stop must still end.
         if self.relay is not None:
-            await self.relay.stop()
-        with contextlib.suppress(Exception):
-            await self.nc.drain()
+            await _bounded(self.relay.stop(), 15)
+        await _bounded(self.nc.drain(), 10)
         if self.pool is not None:
-            await self.pool.close()
+            await _bounded(self.pool.close(), 10)
         if self.http is not None:
             await self.http.stop()
         shutdown_tracing()
         log.info("service_stopped", extra={"instance": self.instance})
+
+
+async def _bounded(step: Awaitable[Any], seconds: float) -> None:
+    try:
+        await asyncio.wait_for(step, timeout=seconds)
+    except (TimeoutError, Exception) as exc:
+        log.warning("shutdown_step_abandoned", extra={"error": repr(exc), "after_s": seconds})
 
 
 def run_service(main: Callable[[], Awaitable[None]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,5 +87,9 @@ async def test_gpupool_up_on_its_own_servers_places_a_job_and_down_stops_every_p
         assert [p for p in pids if alive(p)] == []
         assert not (tmp_path / "run.json").exists()
     finally:
-        if up.poll() is None:
-            up.kill()
+        if up.poll() is None:  # a failed assertion: stop the stack the way a user would, not by SIGKILL
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                up.kill()
