@@ -88,8 +88,12 @@ def test_one_submission_is_one_trace_across_gateway_quota_queue_and_placement(ot
     wanted = {"gpupool-gateway", "gpupool-quota", "gpupool-queue", "gpupool-placement"}
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
+        # spans arrive in per-process batches, a parent often after its children: wait for a closed tree
         spans = _receiver.trace(trace_id)
-        if wanted <= {s["service"] for s in spans} and any(s["name"] == "place job" for s in spans):
+        ids = {s["span_id"] for s in spans}
+        dangling = [s for s in spans if s["parent"] is not None and s["parent"] not in ids]
+        if wanted <= {s["service"] for s in spans} and any(s["name"] == "place job" for s in spans) \
+                and not dangling:
             break
         time.sleep(0.2)
     spans = _receiver.trace(trace_id)
