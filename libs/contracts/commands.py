@@ -6,6 +6,7 @@ reason and a human message, which the gateway turns into an RFC 9457 problem bod
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -18,6 +19,14 @@ NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 JobKind = Literal["training", "inference", "dev", "batch"]
 JobState = Literal["awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed"]
 ApprovalRule = Literal["gpus_over", "runtime_over_s", "priority_class"]
+
+
+def page(rows: Sequence[Any], limit: int, view: Callable[[Any], dict[str, Any]],
+         cursor: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """One page of a keyset-paginated list. Rows are fetched with `limit + 1`: an extra row means there is a next
+    page, whose cursor is the key of the last item shown."""
+    items = [view(r) for r in rows[:limit]]
+    return {"items": items, "next": cursor(items[-1]) if len(rows) > limit else None}
 
 
 class Command(BaseModel):

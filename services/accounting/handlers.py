@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from libs.contracts import subjects
-from libs.contracts.commands import ListUsage, Reply
+from libs.contracts.commands import ListUsage, Reply, page
 from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import AllocationGranted, AllocationReleased, UsageRecorded
 from libs.runtime.routes import Routes
@@ -46,9 +46,10 @@ class AccountingHandlers:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_usage(conn, team=cmd.team, job_id=cmd.job_id, limit=cmd.limit + 1,
                                           after=cmd.after)
-        items = [{**dict(r), "started_at": r["started_at"].isoformat(), "ended_at": r["ended_at"].isoformat()}
-                 for r in rows[: cmd.limit]]
-        return Reply.success({"items": items, "next": items[-1]["allocation_id"] if len(rows) > cmd.limit else None})
+        return Reply.success(page(
+            rows, cmd.limit,
+            lambda r: {**dict(r), "started_at": r["started_at"].isoformat(), "ended_at": r["ended_at"].isoformat()},
+            lambda item: item["allocation_id"]))
 
 
 def routes(h: AccountingHandlers) -> Routes:

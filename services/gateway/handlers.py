@@ -29,6 +29,7 @@ from libs.contracts.commands import (
     ListUsage,
     ScaleJob,
     SubmitJob,
+    page,
 )
 from services.gateway import store
 from services.gateway.auth import AuthError
@@ -349,8 +350,7 @@ async def list_tokens(req: Request, caller: Caller, limit: Annotated[int, Query(
     team = None if caller.scope(Action.TOKEN_MANAGE) == ANY else caller.team
     async with req.app.state.pool.acquire() as conn:
         rows = await store.list_tokens(conn, team=team, limit=limit + 1, after=cursor)
-    items = [TokenView(**dict(r)).model_dump(mode="json") for r in rows[:limit]]
-    return {"items": items, "next": items[-1]["token_id"] if len(rows) > limit else None}
+    return page(rows, limit, lambda r: TokenView(**dict(r)).model_dump(mode="json"), lambda t: t["token_id"])
 
 
 @router.delete("/tokens/{token_id}", status_code=204, summary="Revoke an API token", tags=["security"])
@@ -373,12 +373,10 @@ async def list_audit(req: Request, caller: Caller, action: Annotated[str | None,
     require(caller, Action.AUDIT_READ)
     async with req.app.state.pool.acquire() as conn:
         rows = await store.list_audit(conn, action=action, limit=limit + 1, before_id=cursor)
-    items = [{"id": r["id"], "at": r["at"].isoformat(), "actor": r["actor"], "actor_role": r["actor_role"],
-              "action": r["action"], "target": r["target"],
-              "before": json.loads(r["before"]) if r["before"] else None,
-              "after": json.loads(r["after"]) if r["after"] else None, "trace_id": r["trace_id"]}
-             for r in rows[:limit]]
-    return {"items": items, "next": items[-1]["id"] if len(rows) > limit else None}
+    return page(rows, limit, lambda r: {
+        "id": r["id"], "at": r["at"].isoformat(), "actor": r["actor"], "actor_role": r["actor_role"],
+        "action": r["action"], "target": r["target"], "before": json.loads(r["before"]) if r["before"] else None,
+        "after": json.loads(r["after"]) if r["after"] else None, "trace_id": r["trace_id"]}, lambda e: e["id"])
 
 
 @router.get("/whoami", summary="The authenticated caller: subject, role, team", tags=["security"])

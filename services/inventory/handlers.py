@@ -8,7 +8,7 @@ import logging
 from datetime import datetime
 
 from libs.contracts import subjects
-from libs.contracts.commands import GetPool, ListNodes, RegisterNode, Reply
+from libs.contracts.commands import GetPool, ListNodes, RegisterNode, Reply, page
 from libs.contracts.envelope import CloudEvent, utcnow
 from libs.contracts.events import GpuHealthChanged, NodeLost, NodeRecovered, NodeRegistered, TelemetrySampled
 from libs.runtime.routes import Routes
@@ -117,9 +117,7 @@ class InventoryHandlers:
     async def list_nodes(self, cmd: ListNodes) -> Reply:
         async with self.rt.pool.acquire() as conn:
             items = await store.list_nodes(conn, cluster=cmd.cluster, limit=cmd.limit + 1, after=cmd.after)
-        page = items[: cmd.limit]
-        nxt = f"{page[-1]['cluster']}/{page[-1]['node']}" if len(items) > cmd.limit else None
-        return Reply.success({"items": page, "next": nxt})
+        return Reply.success(page(items, cmd.limit, lambda n: n, lambda n: f"{n['cluster']}/{n['node']}"))
 
     async def pool(self, cmd: GetPool) -> Reply:
         """Per cluster and model: total, healthy, unhealthy, in use (a sample fresher than `node_lost_after_s`

@@ -14,7 +14,7 @@ from datetime import timedelta
 from libs.bus.lease import LeaderLease
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
-from libs.contracts.commands import Empty, JobRef, ListAllocations, ReleaseAllocation, Reply
+from libs.contracts.commands import Empty, JobRef, ListAllocations, ReleaseAllocation, Reply, page
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
     AllocatedGpu,
@@ -322,16 +322,15 @@ class PlacementHandlers:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_allocations(conn, job_id=cmd.job_id, active=cmd.active, limit=cmd.limit + 1,
                                                 after=cmd.after)
-        items = [
-            {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
-                                  "release_reason")},
-             "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
-             "granted_at": r["granted_at"].isoformat(),
-             "released_at": r["released_at"].isoformat() if r["released_at"] else None,
-             "gpus": json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]}
-            for r in rows[: cmd.limit]
-        ]
-        return Reply.success({"items": items, "next": items[-1]["allocation_id"] if len(rows) > cmd.limit else None})
+        def view(r) -> dict:  # type: ignore[no-untyped-def]
+            return {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
+                                         "release_reason")},
+                    "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
+                    "granted_at": r["granted_at"].isoformat(),
+                    "released_at": r["released_at"].isoformat() if r["released_at"] else None,
+                    "gpus": json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]}
+
+        return Reply.success(page(rows, cmd.limit, view, lambda item: item["allocation_id"]))
 
 
 def routes(h: PlacementHandlers) -> Routes:

@@ -15,6 +15,7 @@ from libs.contracts.commands import (
     Reply,
     ScaleJob,
     SubmitJob,
+    page,
 )
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
@@ -175,9 +176,8 @@ class QueueHandlers:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_jobs(conn, team=cmd.team, state=cmd.state, limit=cmd.limit + 1,
                                          after=cmd.after)
-        items = [store.to_view(r).model_dump(mode="json") for r in rows[: cmd.limit]]
-        next_after = items[-1]["job_id"] if len(rows) > cmd.limit else None
-        return Reply.success({"items": items, "next": next_after})
+        return Reply.success(page(rows, cmd.limit, lambda r: store.to_view(r).model_dump(mode="json"),
+                                  lambda item: item["job_id"]))
 
     # --- events ----------------------------------------------------------------------------------------------
     async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
