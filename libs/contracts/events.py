@@ -135,6 +135,10 @@ class JobSubmitted(EventData):
     gpus_per_node: int = 0
     replicas: int = 1
     max_runtime_s: float | None = None
+    gpu_fraction_milli: int = Field(default=0, ge=0, le=1000,
+                                    description="A fraction of one GPU (1..999 milli-GPU of compute); 0: whole GPUs")
+    gpu_memory_mib: int = Field(default=0, ge=0, description="GPU memory of a fraction, MiB")
+    mig_profile: str = Field(default="", max_length=32, description="A MIG slice, e.g. 1g.10gb; empty: none")
 
 
 class JobScaled(EventData):
@@ -189,6 +193,12 @@ class AllocatedGpu(BaseModel):
     uuid: str
     index: int
     model: str
+    share_milli: int = Field(default=1000, ge=1, le=1000,
+                             description="Share of this GPU held: 1000 whole; a fraction's milli; a MIG slice's "
+                                         "compute slices / 7")
+    mig_profile: str | None = Field(default=None, description="MIG slice held on this GPU, e.g. 3g.40gb")
+    mig_start: int | None = Field(default=None, description="First memory slot of that MIG instance")
+    memory_mib: int | None = Field(default=None, description="GPU memory limit of a fraction (MPS pinned memory)")
 
 
 class AllocationEvent(EventData):
@@ -346,6 +356,73 @@ class ApprovalDecided(EventData):
     decided_at: datetime
 
 
+class GpuSharingSet(EventData):
+    """An operator set how one GPU is shared. Placement only places whole GPUs on `exclusive`, fractions on
+    `fractional` and MIG slices on `mig` GPUs; a change applies to new placements (held work is never moved)."""
+
+    event_type: ClassVar[str] = "io.gpupool.gpu.sharing_set.v1"
+    event_subject: ClassVar[str] = subjects.GPU_SHARING_SET
+    entity_field: ClassVar[str] = "gpu_uuid"
+
+    cluster: str
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    mode: Literal["exclusive", "fractional", "mig"]
+    set_by: str = ""
+    set_at: datetime
+
+
+class GpuRollup(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uuid: str
+    index: int
+    samples: int = Field(ge=0)
+    utilization_avg_pct: float = Field(ge=0, le=100)
+    utilization_max_pct: float = Field(ge=0, le=100)
+    memory_used_avg_mib: float = Field(ge=0)
+    memory_used_max_mib: int = Field(ge=0)
+    power_avg_w: float | None = None
+    temperature_max_c: float | None = None
+    process_count_max: int = 0
+
+
+class TelemetryRolledUp(EventData):
+    """Inventory's one-minute rollup of one node's telemetry: what accounting and reports read instead of raw
+    samples. Sent on `gpupool.rollup.<cluster>.<node>` (stream GPUPOOL_ROLLUPS)."""
+
+    event_type: ClassVar[str] = "io.gpupool.telemetry.rolled_up.v1"
+    event_subject: ClassVar[str] = subjects.ROLLUP_ALL  # concrete subject: subjects.rollup(cluster, node)
+    entity_field: ClassVar[str] = "node"
+
+    cluster: str
+    node: str
+    window_start: datetime
+    window_end: datetime
+    gpus: list[GpuRollup]
+
+
+class OrphanDetected(EventData):
+    """Waste inventory saw: a process on a GPU that no allocation holds, or an allocation whose GPUs have shown
+    no process for a long time."""
+
+    event_type: ClassVar[str] = "io.gpupool.gpu.orphan_detected.v1"
+    event_subject: ClassVar[str] = subjects.GPU_ORPHAN_DETECTED
+    entity_field: ClassVar[str] = "gpu_uuid"
+
+    cluster: str
+    node: str
+    gpu_uuid: str
+    orphan: Literal["process_without_allocation", "allocation_without_process"]
+    allocation_id: str | None = None
+    job_id: str | None = None
+    team: str | None = None
+    pids: list[int] = Field(default_factory=list)
+    since: datetime
+    detected_at: datetime
+
+
 # --- telemetry (agent) ------------------------------------------------------------------------------------------
 class GpuTelemetry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -407,6 +484,9 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         ReclaimWarned,
         ReclaimDecided,
         TelemetrySampled,
+        GpuSharingSet,
+        TelemetryRolledUp,
+        OrphanDetected,
     )
 }
 
@@ -414,6 +494,8 @@ EVENT_TYPES: dict[str, type[EventData]] = {
 def subject_for(data: EventData) -> str:
     if isinstance(data, TelemetrySampled):
         return subjects.telemetry(data.cluster, data.node)
+    if isinstance(data, TelemetryRolledUp):
+        return subjects.rollup(data.cluster, data.node)
     return data.event_subject
 
 

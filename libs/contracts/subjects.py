@@ -17,6 +17,8 @@ NODE_REGISTERED = "gpupool.node.registered"
 NODE_LOST = "gpupool.node.lost"
 NODE_RECOVERED = "gpupool.node.recovered"
 GPU_HEALTH_CHANGED = "gpupool.gpu.health_changed"
+GPU_SHARING_SET = "gpupool.gpu.sharing_set"
+GPU_ORPHAN_DETECTED = "gpupool.gpu.orphan_detected"
 JOB_SUBMITTED = "gpupool.job.submitted"
 JOB_STARTED = "gpupool.job.started"
 JOB_COMPLETED = "gpupool.job.completed"
@@ -43,6 +45,14 @@ TELEMETRY_ALL = "gpupool.telemetry.>"
 
 def telemetry(cluster: str, node: str) -> str:
     return f"gpupool.telemetry.{token(cluster)}.{token(node)}"
+
+
+# --- one-minute telemetry rollups (JetStream stream ROLLUPS) -------------------------------------------------
+ROLLUP_ALL = "gpupool.rollup.>"
+
+
+def rollup(cluster: str, node: str) -> str:
+    return f"gpupool.rollup.{token(cluster)}.{token(node)}"
 
 
 # --- dead letters (JetStream stream DLQ) ----------------------------------------------------------------------
@@ -132,4 +142,10 @@ DLQ_STREAM = StreamSpec(
     duplicate_window_s=2 * 60,
     max_age_s=30 * 24 * 3600,
 )
-STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, TELEMETRY_STREAM, DLQ_STREAM)
+ROLLUPS_STREAM = StreamSpec(
+    name="GPUPOOL_ROLLUPS",
+    subjects=(ROLLUP_ALL,),
+    duplicate_window_s=5 * 60,
+    max_age_s=8 * 24 * 3600,
+)
+STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, TELEMETRY_STREAM, DLQ_STREAM, ROLLUPS_STREAM)
