@@ -96,6 +96,46 @@ class GetPool(Command):
     cluster: str | None = Field(default=None, max_length=63)
 
 
+class NodeRef(Command):
+    """One node by name; `cluster` may be left out when the name is unique across clusters."""
+
+    cluster: str | None = Field(default=None, max_length=63)
+    node: str = Field(min_length=1, max_length=253)
+
+
+class CordonNode(NodeRef):
+    """Cordon (no new work), drain (cordon and take its allocations back) or uncordon a node."""
+
+    action: Literal["cordon", "drain", "uncordon"]
+    reason: str = Field(default="", max_length=500)
+    by: str = Field(default="", max_length=253)
+
+
+class SetGpuSharing(NodeRef):
+    index: int = Field(ge=0, le=255)
+    mode: Literal["exclusive", "fractional", "mig"]
+    by: str = Field(default="", max_length=253)
+
+
+class SetGpuHealth(NodeRef):
+    """An operator's word on one GPU: `clear` a quarantined GPU (it enters probation) or a suspect one (healthy
+    again), or `quarantine` it now."""
+
+    index: int = Field(ge=0, le=255)
+    action: Literal["clear", "quarantine"]
+    reason: str = Field(default="", max_length=500)
+    by: str = Field(default="", max_length=253)
+
+
+class ListOrphans(Command):
+    """Orphans inventory has reported; `open_only` leaves out those that have since resolved."""
+
+    cluster: str | None = Field(default=None, max_length=63)
+    open_only: bool = True
+    limit: int = Field(default=100, ge=1, le=1000)
+    after: str | None = Field(default=None, max_length=300)
+
+
 # --- queue ------------------------------------------------------------------------------------------------------
 class JobShape(BaseModel):
     """How a job holds GPUs: `gpus` on one node; a gang of `gang_nodes` × `gpus_per_node` placed all or nothing;
@@ -107,9 +147,32 @@ class JobShape(BaseModel):
     replicas: int = Field(default=1, ge=1, le=256, description="independent copies (not with a gang)")
     max_runtime_s: float | None = Field(default=None, ge=1, le=30 * 24 * 3600,
                                         description="declared limit: lets smaller jobs backfill around reservations")
+    gpu_fraction_milli: int = Field(default=0, ge=0, le=999,
+                                    description="1..999: a fraction of one GPU's compute (milli-GPU) on a GPU whose "
+                                                "sharing mode is `fractional`; with `gpus: 1`")
+    gpu_memory_mib: int = Field(default=0, ge=0, le=1_048_576,
+                                description="GPU memory of that fraction, MiB (enforced through CUDA MPS)")
+    mig_profile: str = Field(default="", max_length=32, pattern=r"^(|[1-7]g\.[0-9]{1,3}gb(\+me)?)$",
+                             description="one MIG slice of this profile (e.g. 1g.10gb) on a GPU in `mig` mode; "
+                                         "with `gpus: 1`")
+    exclusive: bool = Field(default=False,
+                            description="dev jobs only: a whole GPU even where shared GPUs exist (dev jobs without "
+                                        "an explicit shape take a fraction or a MIG slice where the pool offers one)")
 
     @model_validator(mode="after")
     def _consistent_shape(self) -> JobShape:
+        if self.gpu_fraction_milli or self.mig_profile:
+            what = "a MIG slice" if self.mig_profile else "a GPU fraction"
+            if self.gpu_fraction_milli and self.mig_profile:
+                raise ValueError("ask for a MIG profile or a GPU fraction, not both")
+            if self.gpus != 1 or self.gang_nodes:
+                raise ValueError(f"{what} is one share of one GPU: gpus must be 1 and no gang")
+            if self.exclusive:
+                raise ValueError(f"exclusive contradicts {what}")
+            if self.gpu_fraction_milli and not self.gpu_memory_mib:
+                raise ValueError("a GPU fraction needs gpu_memory_mib (its memory is reserved and enforced)")
+        elif self.gpu_memory_mib:
+            raise ValueError("gpu_memory_mib goes with gpu_fraction_milli")
         if self.gang_nodes:
             if self.gpus_per_node < 1 or self.gang_nodes * self.gpus_per_node != self.gpus:
                 raise ValueError("a gang needs gpus == gang_nodes × gpus_per_node")
@@ -174,6 +237,10 @@ class JobView(BaseModel):
     gpus_per_node: int = 0
     replicas: int = 1
     max_runtime_s: float | None = None
+    gpu_fraction_milli: int = 0
+    gpu_memory_mib: int = 0
+    mig_profile: str = ""
+    exclusive: bool = False
 
 
 # --- quota ------------------------------------------------------------------------------------------------------

@@ -15,6 +15,11 @@ from libs.contracts import subjects
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, utcnow, uuid7
 
 Health = Literal["healthy", "degraded", "failed"]
+# Inventory's health state machine per GPU (healthy → suspect → quarantined → probation → healthy). `Health` above
+# is the coarse view every consumer already reads: healthy ↔ healthy, suspect/probation ↔ degraded, quarantined ↔
+# failed; only a `healthy` GPU gets new work.
+GpuState = Literal["healthy", "suspect", "quarantined", "probation"]
+SharingMode = Literal["exclusive", "fractional", "mig"]
 
 
 class EventData(BaseModel):
@@ -55,6 +60,8 @@ class GpuSpec(BaseModel):
     nvlink_peers: list[int] = Field(default_factory=list)
     mig_mode: bool = False
     health: Health = "healthy"
+    state: GpuState | None = Field(default=None, description="Inventory's health state of this GPU (in "
+                                                             "NodeRegistered); agents leave it unset")
 
 
 class NodeRegistered(EventData):
@@ -98,6 +105,37 @@ class NodeRecovered(EventData):
     lost_at: datetime | None = Field(default=None, description="When inventory had declared it lost")
     last_seen_at: datetime = Field(description="The report that brought it back")
     recovered_at: datetime
+    cordoned: bool = Field(default=False, description="The node is back but cordoned: still take no new work")
+
+
+class NodeCordoned(EventData):
+    """An operator cordoned a node: no new work is placed on it. With `drain`, its allocations are also taken
+    back (reclamation releases them with reason `Drained`; restartable jobs are requeued elsewhere)."""
+
+    event_type: ClassVar[str] = "io.gpupool.node.cordoned.v1"
+    event_subject: ClassVar[str] = subjects.NODE_CORDONED
+    entity_field: ClassVar[str] = "node"
+
+    cluster: str
+    node: str
+    drain: bool = False
+    reason: str = ""
+    by: str = ""
+    cordoned_at: datetime
+
+
+class NodeUncordoned(EventData):
+    """An operator uncordoned a node: it takes new work again once it is also `ready` (`node_state`)."""
+
+    event_type: ClassVar[str] = "io.gpupool.node.uncordoned.v1"
+    event_subject: ClassVar[str] = subjects.NODE_UNCORDONED
+    entity_field: ClassVar[str] = "node"
+
+    cluster: str
+    node: str
+    node_state: Literal["ready", "lost"] = "ready"
+    by: str = ""
+    uncordoned_at: datetime
 
 
 class GpuHealthChanged(EventData):
@@ -113,6 +151,13 @@ class GpuHealthChanged(EventData):
     current: Health
     reasons: list[str] = Field(default_factory=list)
     observed_at: datetime
+    state: GpuState | None = Field(default=None, description="The new state of inventory's health state machine")
+    previous_state: GpuState | None = None
+    reason: str = Field(default="", description="Why, as a machine code: FatalXid, UncorrectableEcc, GpuLost, "
+                                                "NonFatalXid, EccBurst, RepeatedSuspect, SuspectCleared, "
+                                                "RecheckPassed, ClearedByOperator, QuarantinedByOperator, "
+                                                "FailedProbation, ProbationPassed")
+    by: str = Field(default="", description="The operator, for a manual clear or quarantine")
 
 
 # --- queue ------------------------------------------------------------------------------------------------------
@@ -337,9 +382,13 @@ class ReclaimDecided(EventData):
     job_id: str
     team: str
     node: str
-    reason: str = Field(description="IdleReclaimed, MaxRuntimeExceeded or NodeLost")
+    reason: str = Field(description="IdleReclaimed, MaxRuntimeExceeded, NodeLost, GpuQuarantined, Drained or "
+                                    "RestartLimitReached")
     message: str
     decided_at: datetime
+    attempt: int | None = Field(default=None, description="For an abnormal reclaim (node lost, GPU quarantined, "
+                                                          "drain): how many times this job has now lost its GPUs "
+                                                          "that way")
 
 
 class ApprovalDecided(EventData):
@@ -467,6 +516,8 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         NodeRegistered,
         NodeLost,
         NodeRecovered,
+        NodeCordoned,
+        NodeUncordoned,
         GpuHealthChanged,
         JobSubmitted,
         JobStarted,
