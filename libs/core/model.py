@@ -127,12 +127,16 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class UsageRecord:
-    """Historical consumption of a team, for fair share: GPU-seconds of one model, decayed up to `as_of`."""
+    """Historical consumption of a team, for fair share, accumulated up to `as_of` (the core decays it from there
+    with the policy's half-life): GPU-seconds of one model and, optionally, host CPU core-seconds and memory
+    MiB-seconds (`gpu_model` may be "" for a record of CPU/memory only)."""
 
     team: str
     gpu_model: str
     gpu_seconds: float
     as_of: float
+    cpu_seconds: float = 0.0  # core-seconds
+    memory_mib_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ from libs.core.reasons import (
 from libs.core.state import ClusterState, RunningJob, Take
 
 INF = math.inf
+_CPU, _MEM = "<cpu>", "<memory>"  # fair-share history keys next to GPU model names
 
 def derive_workload(jobs: Iterable[JobRequest], limit: int = 32,
                     demand_weighted: bool = True) -> tuple[WorkloadShape, ...]:
@@ -131,6 +132,11 @@ class Scheduler:
                 self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
         self.team_alloc: dict[tuple[str, str], int] = {}  # (team, model) -> milli held
         self.usage_tp: dict[tuple[str, str, str], int] = {}  # (team, project, model) -> milli held
+        self.team_host: dict[str, tuple[int, int]] = {}  # team -> (CPU milli-cores, memory MiB) held
+        self._weights = {}  # team -> over-quota weight (from the team's quota entry; 1 without one)
+        for e in policy.quotas.entries:
+            if e.path.count("/") == 1:
+                self._weights.setdefault(e.path.split("/", 1)[1], e.weight or 1.0)
         by_job: dict[str, list[Allocation]] = {}
         for a in snapshot.running:
             by_job.setdefault(a.job_id, []).append(a)
@@ -155,13 +161,18 @@ class Scheduler:
         prio, pre, min_rt = resolved
         end = a.started_at + a.max_runtime_s if a.max_runtime_s is not None else INF
         meta = RunningJob(a.job_id, a.team, a.project, prio, pre, min_rt, a.started_at, end)
-        before = dict(self.state.running[a.job_id].milli_by_model) if a.job_id in self.state.running else {}
+        prev = self.state.running.get(a.job_id)
+        before = dict(prev.milli_by_model) if prev is not None else {}
+        host_before = (prev.cpu_milli, prev.memory_mib) if prev is not None else (0, 0)
         self.state.add_running(a, meta)
-        after = self.state.running[a.job_id].milli_by_model if a.job_id in self.state.running else {}
-        for model, milli in after.items():
+        rj = self.state.running.get(a.job_id)
+        if rj is None:
+            return
+        for model, milli in rj.milli_by_model.items():
             d = milli - before.get(model, 0)
             if d:
                 self._account(a.team, a.project, model, d)
+        self._account_host(a.team, rj.cpu_milli - host_before[0], rj.memory_mib - host_before[1])
 
     def finish(self, job_id: str) -> None:
         """A job ended or was evicted: free what it held."""
@@ -169,6 +180,7 @@ class Scheduler:
         if rj is not None:
             for model, milli in rj.milli_by_model.items():
                 self._account(rj.team, rj.project, model, -milli)
+            self._account_host(rj.team, -rj.cpu_milli, -rj.memory_mib)
         self.state.remove_running(job_id)
 
     def _account(self, team: str, project: str, model: str, delta: int) -> None:
@@ -176,6 +188,11 @@ class Scheduler:
         self.team_alloc[key] = self.team_alloc.get(key, 0) + delta
         k3 = (team, project, model)
         self.usage_tp[k3] = self.usage_tp.get(k3, 0) + delta
+
+    def _account_host(self, team: str, cpu: int, mem: int) -> None:
+        if cpu or mem:
+            held = self.team_host.get(team, (0, 0))
+            self.team_host[team] = (held[0] + cpu, held[1] + mem)
 
     # ---- helpers ---------------------------------------------------------------------------------------------
 
@@ -447,20 +464,23 @@ class Scheduler:
         return out
 
     def _share(self, team: str, now: float) -> float:
+        """Dominant-resource share (DRF): the largest, over GPU models, host CPU and host memory, of (held +
+        half-life-decayed history) / capacity, divided by the team's over-quota weight."""
         best = 0.0
-        cap = self.state.capacity
-        weight = 1.0
-        for e in self.policy.quotas.entries:
-            if e.path.endswith("/" + team) and e.path.count("/") == 1:
-                weight = e.weight or 1.0
-                break
-        for model, c in cap.items():
-            if c <= 0:
-                continue
-            use = self.team_alloc.get((team, model), 0) + self._hist.get((team, model), 0.0)
-            best = max(best, use / c)
+        hist = self._hist
+        for model, c in self.state.capacity.items():
+            if c > 0:
+                use = self.team_alloc.get((team, model), 0) + hist.get((team, model), 0.0)
+                if use > best * c:
+                    best = use / c
+        cpu, mem = self.team_host.get(team, (0, 0))
+        st = self.state
+        if st.cpu_capacity:
+            best = max(best, (cpu + hist.get((team, _CPU), 0.0)) / st.cpu_capacity)
+        if st.mem_capacity:
+            best = max(best, (mem + hist.get((team, _MEM), 0.0)) / st.mem_capacity)
         # quantised so that negligible differences (long-decayed history) leave the order to submit time
-        return round(best / weight, 4)
+        return round(best / self._weights.get(team, 1.0), 4)
 
     # ---- the cycle -------------------------------------------------------------------------------------------
 
@@ -475,12 +495,17 @@ class Scheduler:
         for j in pending:
             jobs.setdefault(j.job_id, j)
         hl = p.fair_share_half_life_s
+        # history as an average amount held over the half-life window (so it adds to what is held now): the
+        # decayed integral divided by the window's length hl / ln 2; GPUs in milli, CPU in milli-cores, MiB
         self._hist: dict[tuple[str, str], float] = {}
-        for u in self.history:
-            decayed = u.gpu_seconds * 0.5 ** (max(0.0, now - u.as_of) / hl) if hl > 0 else 0.0
-            avg = decayed / (hl / math.log(2)) * WHOLE if hl > 0 else 0.0
-            key = (u.team, u.gpu_model)
-            self._hist[key] = self._hist.get(key, 0.0) + avg
+        if hl > 0:
+            window = hl / math.log(2)
+            for u in self.history:
+                f = 0.5 ** (max(0.0, now - u.as_of) / hl) / window
+                for key, amount in (((u.team, u.gpu_model), u.gpu_seconds * WHOLE), ((u.team, _CPU), u.cpu_seconds
+                                    * 1000), ((u.team, _MEM), u.memory_mib_seconds)):
+                    if amount:
+                        self._hist[key] = self._hist.get(key, 0.0) + amount * f
 
         ledger = QuotaLedger(p.quotas, st.capacity, p.strict_quota)
         if ledger.has_entries:
@@ -621,6 +646,7 @@ class Scheduler:
                     for model, milli in self._take_milli(t).items():
                         ledger.add(paths, model, milli)
                         self._account(job.team, job.project, model, milli)
+                    self._account_host(job.team, t.cpu, t.mem)
                 self._register(job, takes, prio, preemptible, _min_rt, now)
                 victims.add(job.job_id)  # placed in this cycle: never a victim in it
                 placed_flag[0] = True
@@ -727,6 +753,8 @@ class Scheduler:
         for t in takes:
             for model, milli in self._take_milli(t).items():
                 rj.milli_by_model[model] = rj.milli_by_model.get(model, 0) + milli
+            rj.cpu_milli += t.cpu
+            rj.memory_mib += t.mem
         self.state.running[job.job_id] = rj
 
     def _placement(self, job: JobRequest, t: Take, replica: int, shape: Shape, reconfigs: dict) -> Placement:

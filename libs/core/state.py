@@ -114,6 +114,8 @@ class RunningJob:
     started_at: float
     end_at: float  # inf when unknown
     milli_by_model: dict = field(default_factory=dict)
+    cpu_milli: int = 0  # host CPU held, all nodes together
+    memory_mib: int = 0
 
 
 class ClusterState:
@@ -132,6 +134,8 @@ class ClusterState:
         self.running: dict[str, RunningJob] = {}
         self.journal: list[tuple[str, Take]] = []
         self.capacity: dict[str, int] = {}  # model -> milli-GPUs (healthy, schedulable)
+        self.cpu_capacity = 0  # milli-cores of schedulable nodes that track CPU
+        self.mem_capacity = 0  # MiB of schedulable nodes that track memory
         for n in sorted(snapshot.nodes, key=lambda n: (n.cluster, n.name)):
             self._add_node(n)
         for uuid in snapshot.allocated_gpus:
@@ -178,6 +182,9 @@ class ClusterState:
             self.gpu_at[g.uuid] = (ns.idx, pos)
             if g.healthy and ns.schedulable:
                 self.capacity[g.model] = self.capacity.get(g.model, 0) + WHOLE
+        if ns.schedulable:
+            self.cpu_capacity += ns.cpu_cap
+            self.mem_capacity += ns.mem_cap
         self._reindex(ns)
 
     def host_mask(self, ns: NodeState, cpu_used: int = 0, mem_used: int = 0) -> int:
@@ -346,6 +353,8 @@ class ClusterState:
             self.take(Take(alloc.job_id, idx, positions, milli, gmem, alloc.cpu_milli, alloc.memory_mib))
         elif alloc.mig and (alloc.cpu_milli or alloc.memory_mib):
             self.take(Take(alloc.job_id, idx, (), 0, 0, alloc.cpu_milli, alloc.memory_mib))
+        job.cpu_milli += alloc.cpu_milli
+        job.memory_mib += alloc.memory_mib
         self.journal.clear()
 
     def remove_running(self, job_id: str) -> None:

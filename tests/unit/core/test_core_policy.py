@@ -35,6 +35,46 @@ def test_decayed_usage_history_counts_towards_fair_share():
     assert _order(schedule(snap, jobs, Policy(), now=long_after)) == ["p"]
 
 
+def _one_free_gpu(cpu: int = 0, mem: int = 0, usage=()):
+    """4 GPUs, 3 held: "host-heavy" holds 1 GPU with most of the host's CPU and memory, "gpu-heavy" holds 2 GPUs
+    with little of either. One GPU is left for the two teams' next jobs."""
+    return snapshot([node("n", 4, cpu=cpu, mem=mem)], usage=usage, running=[
+        running("h", "n", [0], team="host-heavy", cpu_milli=56000 if cpu else 0, memory_mib=200_000 if mem else 0),
+        running("g", "n", [1, 2], team="gpu-heavy", cpu_milli=2000 if cpu else 0, memory_mib=8192 if mem else 0),
+    ])
+
+
+def test_fair_share_is_dominant_resource_share_cpu_can_dominate():
+    jobs = [job("host-heavy-next", 1, team="host-heavy", at=0.0, cpu_milli=1000),
+            job("gpu-heavy-next", 1, team="gpu-heavy", at=1.0, cpu_milli=1000)]
+    # counting GPUs only (host not tracked): host-heavy holds 1/4 < 2/4, so it goes first
+    assert _order(schedule(_one_free_gpu(), jobs, Policy(), now=10.0)) == ["host-heavy-next"]
+    # with CPU tracked its dominant share is CPU, 56/64 > 2/4: the GPU-heavy team goes first
+    assert _order(schedule(_one_free_gpu(cpu=64000), jobs, Policy(), now=10.0)) == ["gpu-heavy-next"]
+
+
+def test_fair_share_memory_can_dominate():
+    jobs = [job("host-heavy-next", 1, team="host-heavy", at=0.0), job("gpu-heavy-next", 1, team="gpu-heavy", at=1.0)]
+    assert _order(schedule(_one_free_gpu(mem=262144), jobs, Policy(), now=10.0)) == ["gpu-heavy-next"]
+
+
+def test_decayed_cpu_history_counts_towards_the_dominant_share_and_fades():
+    # host-heavy holds nothing now but used a lot of CPU recently; gpu-heavy holds 2 of 4 GPUs
+    past = UsageRecord("host-heavy", "", 0.0, as_of=0.0, cpu_seconds=64 * 7 * 24 * 3600.0)
+    snap = snapshot([node("n", 4, cpu=64000)], usage=[past], running=[running("g", "n", [1, 2], team="gpu-heavy")])
+    jobs = [job("host-heavy-next", 2, team="host-heavy", at=0.0), job("gpu-heavy-next", 2, team="gpu-heavy", at=1.0)]
+    assert _order(schedule(snap, jobs, Policy(), now=0.0)) == ["gpu-heavy-next"]
+    assert _order(schedule(snap, jobs, Policy(), now=20 * Policy().fair_share_half_life_s)) == ["host-heavy-next"]
+
+
+def test_over_quota_weight_divides_the_share():
+    snap = snapshot([node("n", 5)], running=[running("a", "n", [0, 1], team="a"), running("b", "n", [2], team="b")])
+    jobs = [job("a-next", 1, team="a", at=0.0), job("b-next", 1, team="b", at=1.0)]
+    assert _order(schedule(snap, jobs, Policy(), now=10.0)) == ["b-next", "a-next"]
+    heavy = QuotaTree(entries=(QuotaEntry("default/a", 0, weight=4.0), QuotaEntry("default/b", 0)))
+    assert _order(schedule(snap, jobs, Policy(quotas=heavy), now=10.0)) == ["a-next", "b-next"]
+
+
 def test_fifo_blocks_everything_behind_a_head_that_does_not_fit():
     snap = snapshot(cluster(1, 4))
     plan = schedule(snap, [job("big", 8, at=0.0), job("small", 1, at=1.0)], Policy(name="fifo"), now=0.0)
