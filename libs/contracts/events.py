@@ -7,6 +7,7 @@ Wire contract: other systems build on these. Change a payload only by adding opt
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -180,10 +181,13 @@ class JobSubmitted(EventData):
     gpus_per_node: int = 0
     replicas: int = 1
     max_runtime_s: float | None = None
+    submitted_by: str | None = Field(default=None, max_length=256,
+                                     description="Who submitted it (the caller's token or identity name)")
     gpu_fraction_milli: int = Field(default=0, ge=0, le=1000,
                                     description="A fraction of one GPU (1..999 milli-GPU of compute); 0: whole GPUs")
     gpu_memory_mib: int = Field(default=0, ge=0, description="GPU memory of a fraction, MiB")
     mig_profile: str = Field(default="", max_length=32, description="A MIG slice, e.g. 1g.10gb; empty: none")
+    exclusive: bool = Field(default=False, description="A dev job that insists on a whole GPU")
 
 
 class JobScaled(EventData):
@@ -309,6 +313,31 @@ class UsageRecorded(EventData):
     gpu_seconds: float
     started_at: datetime
     ended_at: datetime
+    gpu_share: float | None = Field(default=None, description="GPUs held counting each by its share (a MIG slice or "
+                                                              "fraction < 1); gpu_seconds = held seconds x gpu_share")
+    user: str | None = Field(default=None, description="Who submitted the job, when known")
+    kind: str | None = None
+    sharing: str | None = Field(default=None, description="whole, fraction or mig")
+    release_reason: str | None = None
+
+
+class CostRateSet(EventData):
+    """A price in force from `effective_from` (until the next one of the same model and profile): per GPU-hour of
+    a model (a fraction pays its share), or per instance-hour of one MIG profile. `deleted` withdraws a price."""
+
+    event_type: ClassVar[str] = "io.gpupool.usage.rate_set.v1"
+    event_subject: ClassVar[str] = subjects.USAGE_RATE_SET
+    entity_field: ClassVar[str] = "rate_key"
+
+    rate_key: str = Field(description="gpu_model[/mig_profile]@effective_from")
+    gpu_model: str
+    mig_profile: str = Field(default="", description="empty: the price of a whole GPU of the model")
+    effective_from: datetime
+    price_per_hour: Decimal | None = Field(default=None, description="null when deleted")
+    currency: str
+    deleted: bool = False
+    set_by: str = ""
+    set_at: datetime
 
 
 # --- quota ------------------------------------------------------------------------------------------------------
@@ -528,6 +557,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         AllocationPreempting,
         AllocationReleased,
         UsageRecorded,
+        CostRateSet,
         TeamCreated,
         QuotaSet,
         PriorityClassSet,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from libs.bus.rpc import request
 from libs.contracts import subjects
@@ -31,6 +31,7 @@ from libs.contracts.commands import (
     SubmitJob,
     page,
 )
+from libs.core import mig as migcat
 from services.gateway import store
 from services.gateway.auth import AuthError
 from services.gateway.domain import (
@@ -61,7 +62,11 @@ class JobRequestBody(JobShape):
         {"name": "pretrain", "team": "research", "gpus": 16, "gang_nodes": 2, "gpus_per_node": 8,
          "kind": "training"},
         {"name": "chat-api", "team": "inference", "gpus": 1, "replicas": 2, "kind": "inference",
-         "priority_class": "production-inference"}]}}
+         "priority_class": "production-inference"},
+        {"name": "notebook", "team": "research", "gpus": 1, "kind": "dev", "gpu_fraction_milli": 250,
+         "gpu_memory_mib": 12288},
+        {"name": "embeddings", "team": "inference", "gpus": 1, "kind": "inference", "mig_profile": "3g.40gb",
+         "gpu_models": ["A100-80GB"]}]}}
 
     name: str = Field(pattern=NAME_PATTERN, description="Lowercase name, 1–63 chars")
     team: str = Field(pattern=NAME_PATTERN)
@@ -70,6 +75,17 @@ class JobRequestBody(JobShape):
     priority_class: str = Field(default="normal", max_length=63)
     gpu_models: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]] = Field(
         default_factory=list, max_length=16, description="Any of these models; empty means any")
+
+    @model_validator(mode="after")
+    def _known_mig_profile(self) -> JobRequestBody:
+        """A profile no (allowed) model has would wait forever: refuse it now, naming the ones that exist."""
+        if self.mig_profile:
+            models = self.gpu_models or list(migcat.CATALOGUE)
+            known = sorted({p for m in models for p in migcat.profiles_for(m)})
+            if self.mig_profile not in known:
+                raise ValueError(f"no {'allowed ' if self.gpu_models else ''}GPU model has MIG profile "
+                                 f"{self.mig_profile!r}; known: {', '.join(known) or 'none (no MIG-capable model)'}")
+        return self
 
 
 class ScaleBody(BaseModel):

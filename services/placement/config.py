@@ -16,3 +16,8 @@ class PlacementSettings(ServiceSettings):
                                                                   "its priority class says otherwise)")
     lease_ttl_s: float = Field(default=3.0, description="Leader lease TTL: a dead leader is replaced within ~this")
     lease_renew_s: float = Field(default=1.0, description="How often the leader renews (at most TTL / 2)")
+    dev_fraction_milli: int = Field(default=500, ge=1, le=999,
+                                    description="Share of a GPU a dev job gets by default on a fractional GPU")
+    dev_gpu_memory_mib: int = Field(default=16384, ge=1,
+                                    description="GPU memory of that default share (and the smallest MIG slice "
+                                                "a dev job gets by default on a MIG GPU)")

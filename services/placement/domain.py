@@ -12,13 +12,16 @@ from libs.core import (
     Allocation,
     Gpu,
     JobRequest,
+    MigInstance,
     Node,
+    Placement,
     Policy,
     PriorityClass,
     QuotaEntry,
     QuotaTree,
     Snapshot,
 )
+from libs.core import mig as migcat
 
 Row = Mapping[str, Any]
 
@@ -34,11 +37,14 @@ def split_unit(unit: str) -> tuple[str, int | None]:
 
 
 def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row]) -> Snapshot:
+    """MIG is dynamic here: a GPU in MIG mode has exactly the instances live allocations hold (the agent creates
+    an instance with its grant and destroys it with its release), so every other slot is free to plan."""
+    running = list(running)
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
         by_node[(g["cluster"], g["node"])].append(
             Gpu(uuid=g["uuid"], index=g["idx"], model=g["model"], memory_mib=g["memory_mib"],
-                healthy=g["health"] == "healthy"))
+                healthy=g["health"] == "healthy", sharing=g["sharing"]))
     return Snapshot(
         nodes=tuple(
             Node(name=n["node"], cluster=n["cluster"], gpus=tuple(by_node[(n["cluster"], n["node"])]),
@@ -51,20 +57,67 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
                        project=r["project"], priority=r["priority"], priority_class=r["priority_class"],
                        gpu_model=r["gpu_model"] or "", max_runtime_s=r["max_runtime_s"],
                        # an allocation already being preempted is on its way out: never pick it again
-                       preemptible=False if r["preempt_deadline"] is not None else None)
+                       preemptible=False if r["preempt_deadline"] is not None else None,
+                       **_held_share(r))
             for r in running
         ),
     )
 
 
-def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]]) -> list[JobRequest]:
+def _held_share(r: Row) -> dict[str, Any]:
+    """What a running allocation holds of its GPUs, in the core's terms."""
+    mig = tuple((u, MigInstance(p, s)) for u, p, s in zip(r["gpu_uuids"], r["mig_profiles"], r["mig_starts"],
+                                                          strict=True) if p is not None)
+    if mig:
+        return {"mig": mig}
+    if r["share_milli"] < 1000:
+        return {"gpu_fraction_milli": r["share_milli"], "gpu_memory_mib": r["gpu_memory_mib"] or 0}
+    return {}
+
+
+def offered_models(gpus: Iterable[Row]) -> dict[str, set[str]]:
+    """Sharing mode → GPU models that healthy GPUs in that mode have (what a dev job's default can use)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for g in gpus:
+        if g["health"] == "healthy":
+            out[g["sharing"]].add(g["model"])
+    return out
+
+
+def dev_share(row: Row, offered: Mapping[str, set[str]], fraction_milli: int,
+              memory_mib: int) -> dict[str, Any]:
+    """A dev job that asks for one GPU and names no share gets one where the pool offers it: a fraction on a
+    fractional GPU of an allowed model, else the smallest MIG slice with `memory_mib` on a MIG GPU, else (or when
+    the job says `exclusive`) a whole GPU. Interactive sessions rarely use a whole card; this is where the pool's
+    idle capacity goes back."""
+    if (row["kind"] != "dev" or row["gpus"] != 1 or row["gang_nodes"] or row["exclusive"]
+            or row["gpu_fraction_milli"] or row["mig_profile"]):
+        return {}
+    allowed = set(row["gpu_models"])
+    fractional = sorted(m for m in offered.get("fractional", ()) if not allowed or m in allowed)
+    if fractional:
+        return {"gpu_fraction_milli": fraction_milli, "gpu_memory_mib": memory_mib}
+    for model in sorted(m for m in offered.get("mig", ()) if not allowed or m in allowed):
+        fits = sorted((p.memory_mib, p.compute, p.name) for p in migcat.profiles_for(model).values()
+                      if p.memory_mib >= memory_mib)
+        if fits:
+            return {"mig_profile": fits[0][2], "gpu_models": (model,)}
+    return {}
+
+
+def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]],
+                   offered: Mapping[str, set[str]] | None = None, dev_fraction_milli: int = 500,
+                   dev_memory_mib: int = 16384) -> list[JobRequest]:
     """One request per schedulable unit: the whole job (single or gang), or each missing replica."""
     out: list[JobRequest] = []
     for r in rows:
-        common = dict(team=r["team"], project=r["project"], gpus=r["gpus"], gpu_models=tuple(r["gpu_models"]),
-                      priority=r["priority"], priority_class=r["priority_class"] or "",
-                      kind=r["kind"] or "batch", submitted_at=r["submitted_at"].timestamp(),
-                      max_runtime_s=r["max_runtime_s"])
+        common: dict[str, Any] = dict(
+            team=r["team"], project=r["project"], gpus=r["gpus"], gpu_models=tuple(r["gpu_models"]),
+            priority=r["priority"], priority_class=r["priority_class"] or "", kind=r["kind"] or "batch",
+            submitted_at=r["submitted_at"].timestamp(), max_runtime_s=r["max_runtime_s"],
+            gpu_fraction_milli=r["gpu_fraction_milli"], gpu_memory_mib=r["gpu_memory_mib"],
+            mig_profile=r["mig_profile"])
+        common.update(dev_share(r, offered or {}, dev_fraction_milli, dev_memory_mib))
         held = live.get(r["job_id"], set())
         if r["gang_nodes"]:
             if not held:
@@ -95,5 +148,22 @@ def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams
                   min_runtime_s=min_runtime_s)
 
 
-def allocated_gpus(uuids: Iterable[str], models: dict[str, str], indices: Iterable[int]) -> list[AllocatedGpu]:
-    return [AllocatedGpu(uuid=u, index=i, model=models[u]) for u, i in zip(uuids, indices, strict=True)]
+def allocated_gpus(p: Placement, models: Mapping[str, str]) -> tuple[list[AllocatedGpu], dict[str, int]]:
+    """What one placement holds of each GPU, and the memory slots each MIG instance occupies (for the store's
+    overlap check)."""
+    out: list[AllocatedGpu] = []
+    slots: dict[str, int] = {}
+    for uuid, index in zip(p.gpu_uuids, p.gpu_indices, strict=True):
+        model = models[uuid]
+        if p.mig is not None:
+            prof = migcat.profile(model, p.mig.profile)
+            assert prof is not None, f"{p.mig.profile} is not a MIG profile of {model}"
+            out.append(AllocatedGpu(uuid=uuid, index=index, model=model, share_milli=prof.milli,
+                                    mig_profile=prof.name, mig_start=p.mig.start))
+            slots[uuid] = prof.slots
+        elif p.gpu_fraction_milli:
+            out.append(AllocatedGpu(uuid=uuid, index=index, model=model, share_milli=p.gpu_fraction_milli,
+                                    memory_mib=p.gpu_memory_mib or None))
+        else:
+            out.append(AllocatedGpu(uuid=uuid, index=index, model=model))
+    return out, slots

@@ -17,11 +17,11 @@ from libs.contracts import subjects
 from libs.contracts.commands import Empty, JobRef, ListAllocations, ReleaseAllocation, Reply, page
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
-    AllocatedGpu,
     AllocationGranted,
     AllocationPreempting,
     AllocationReleased,
     GpuHealthChanged,
+    GpuSharingSet,
     JobCancelled,
     JobCompleted,
     JobScaled,
@@ -39,7 +39,14 @@ from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
-from services.placement.domain import allocated_gpus, build_policy, build_requests, build_snapshot, split_unit
+from services.placement.domain import (
+    allocated_gpus,
+    build_policy,
+    build_requests,
+    build_snapshot,
+    offered_models,
+    split_unit,
+)
 
 log = logging.getLogger(__name__)
 CONSUMER = "placement"
@@ -77,6 +84,14 @@ class PlacementHandlers:
         async with self.rt.uow() as uow:
             if await uow.first_time(CONSUMER, event.id):
                 await store.set_gpu_health(uow.conn, data.gpu_uuid, data.current)
+        self._kick.set()
+
+    async def on_gpu_sharing_set(self, event: CloudEvent, data: GpuSharingSet) -> None:
+        """New placements follow the new mode; what is held stays where it is (never moved)."""
+        async with self.rt.uow() as uow:
+            if await uow.first_time(CONSUMER, event.id) and not await store.set_gpu_sharing(
+                    uow.conn, data.gpu_uuid, data.mode):
+                log.warning("sharing_for_unknown_gpu", extra={"gpu_uuid": data.gpu_uuid, "node": data.node})
         self._kick.set()
 
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
@@ -118,8 +133,7 @@ class PlacementHandlers:
             await uow.emit(AllocationReleased(
                 allocation_id=alloc["allocation_id"], job_id=job_id, replica=alloc["replica"], team=alloc["team"],
                 project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"],
-                gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"]) for g in gpus],
-                granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason))
+                gpus=gpus, granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason))
             log.info("allocation_released", extra={"job_id": job_id, "allocation_id": alloc["allocation_id"],
                                                     "replica": alloc["replica"], "reason": reason})
         return len(released)
@@ -197,7 +211,9 @@ class PlacementHandlers:
             live[r["job_id"]].add(r["replica"])
         # A unit whose victims are still checkpointing waits for them instead of choosing more victims.
         waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
-        requests = [q for q in build_requests(state["pending"], live) if q.job_id not in waiting]
+        requests = [q for q in build_requests(state["pending"], live, offered_models(gpus),
+                                              self.settings.dev_fraction_milli, self.settings.dev_gpu_memory_mib)
+                    if q.job_id not in waiting]
         if not requests:
             return 0
         policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
@@ -248,8 +264,7 @@ class PlacementHandlers:
                     await uow.emit(AllocationPreempting(
                         allocation_id=alloc["allocation_id"], job_id=job_id, replica=alloc["replica"],
                         team=alloc["team"], project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"],
-                        gpus=[AllocatedGpu(uuid=g["gpu_uuid"], index=g["gpu_index"], model=g["model"])
-                              for g in alloc_gpus],
+                        gpus=alloc_gpus,
                         reason=v.reason, message=v.message, preemptor_job_id=split_unit(v.preemptor)[0],
                         deadline=deadline))
             if started:
@@ -282,9 +297,9 @@ class PlacementHandlers:
             for p in sorted(placements, key=lambda p: p.replica):
                 allocation_id = uuid7()
                 member = replica if replica is not None else p.replica
-                alloc_gpus = allocated_gpus(p.gpu_uuids, models, p.gpu_indices)
+                alloc_gpus, mig_slots = allocated_gpus(p, models)
                 await store.insert_allocation(uow.conn, allocation_id, job, member, p.cluster, p.node, alloc_gpus,
-                                              now)
+                                              now, mig_slots)
                 await uow.emit(AllocationGranted(
                     allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
                     project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
@@ -345,6 +360,7 @@ def routes(h: PlacementHandlers) -> Routes:
             NodeLost: h.on_node_lost,
             NodeRecovered: h.on_node_recovered,
             GpuHealthChanged: h.on_gpu_health_changed,
+            GpuSharingSet: h.on_gpu_sharing_set,
             JobSubmitted: h.on_job_submitted,
             JobCompleted: h.on_job_completed,
             JobCancelled: h.on_job_cancelled,

@@ -9,6 +9,12 @@ import asyncpg
 from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered, PriorityClassSet, QuotaSet
 
 _ALLOCATION = "allocation_id, job_id, replica, team, project, cluster, node, granted_at, released_at"
+# what an allocation holds of one GPU, as AllocatedGpu's fields
+_HELD = ("gpu_uuid AS uuid, gpu_index AS index, model, share_milli, memory_mib, mig_profile, mig_start")
+
+
+def held_gpu(row: asyncpg.Record) -> AllocatedGpu:
+    return AllocatedGpu(**dict(row))
 
 
 class AllocationConflict(Exception):
@@ -23,12 +29,14 @@ async def upsert_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
            ON CONFLICT (cluster, node) DO UPDATE SET updated_at = now()""", data.cluster, data.node)
     for g in data.gpus:
         await conn.execute(
-            """INSERT INTO gpus (uuid, cluster, node, idx, model, memory_mib, health)
-               VALUES ($1,$2,$3,$4,$5,$6,$7)
+            """INSERT INTO gpus (uuid, cluster, node, idx, model, memory_mib, health, sharing)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8)
                ON CONFLICT (uuid) DO UPDATE SET cluster = EXCLUDED.cluster, node = EXCLUDED.node,
                    idx = EXCLUDED.idx, model = EXCLUDED.model, memory_mib = EXCLUDED.memory_mib,
-                   health = EXCLUDED.health""",
-            g.uuid, data.cluster, data.node, g.index, g.model, g.memory_mib, g.health)
+                   health = EXCLUDED.health,
+                   sharing = CASE WHEN gpus.sharing_set_by_operator THEN gpus.sharing ELSE EXCLUDED.sharing END""",
+            g.uuid, data.cluster, data.node, g.index, g.model, g.memory_mib, g.health,
+            "mig" if g.mig_mode else "exclusive")
 
 
 async def set_node_schedulable(conn: asyncpg.Connection, cluster: str, node: str, schedulable: bool) -> None:
@@ -38,6 +46,13 @@ async def set_node_schedulable(conn: asyncpg.Connection, cluster: str, node: str
         """INSERT INTO nodes (cluster, node, schedulable) VALUES ($1, $2, $3)
            ON CONFLICT (cluster, node) DO UPDATE SET schedulable = EXCLUDED.schedulable, updated_at = now()""",
         cluster, node, schedulable)
+
+
+async def set_gpu_sharing(conn: asyncpg.Connection, uuid: str, mode: str) -> bool:
+    """An operator's choice; it outlives re-registrations. False when the GPU is not known (yet)."""
+    return await conn.fetchval(
+        "UPDATE gpus SET sharing = $2, sharing_set_by_operator = true WHERE uuid = $1 RETURNING true",
+        uuid, mode) is not None
 
 
 async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str) -> None:
@@ -54,12 +69,13 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
         return False
     await conn.execute(
         """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
-                                    priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)
+                                    priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s,
+                                    gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)
            ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL""",
         data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at,
         traceparent, data.priority_class, data.kind, data.gang_nodes, data.gpus_per_node, data.replicas,
-        data.max_runtime_s)
+        data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive)
     return True
 
 
@@ -68,18 +84,22 @@ async def load_state(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         return {
             "nodes": await conn.fetch("SELECT cluster, node, schedulable FROM nodes ORDER BY cluster, node"),
-            "gpus": await conn.fetch("SELECT uuid, cluster, node, idx, model, memory_mib, health FROM gpus"),
+            "gpus": await conn.fetch("SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing FROM gpus"),
             "running": await conn.fetch(
                 """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
                           a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s,
                           coalesce(p.replicas, 1) AS replicas,
-                          array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model
+                          array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
+                          min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
+                          array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
+                          array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
                    FROM allocations a JOIN allocation_gpus g USING (allocation_id)
                         LEFT JOIN pending_jobs p USING (job_id)
                    WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas"""),
             "pending": await conn.fetch(
                 """SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at,
-                          traceparent, gang_nodes, gpus_per_node, replicas, max_runtime_s
+                          traceparent, gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli,
+                          gpu_memory_mib, mig_profile, exclusive
                    FROM pending_jobs WHERE NOT satisfied"""),
             "teams": await conn.fetch("SELECT team, org FROM policy_teams"),
             "quotas": await conn.fetch(
@@ -112,7 +132,8 @@ async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> 
 
 
 async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: asyncpg.Record, replica: int,
-                            cluster: str, node: str, gpus: list[AllocatedGpu], granted_at: datetime) -> None:
+                            cluster: str, node: str, gpus: list[AllocatedGpu], granted_at: datetime,
+                            mig_slots: dict[str, int]) -> None:
     try:
         await conn.execute(
             """INSERT INTO allocations (allocation_id, job_id, replica, team, project, cluster, node, granted_at,
@@ -121,8 +142,11 @@ async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: a
             allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
             job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"])
         await conn.executemany(
-            "INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model) VALUES ($1,$2,$3,$4)",
-            [(allocation_id, g.uuid, g.index, g.model) for g in gpus])
+            """INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model, share_milli, memory_mib,
+                                           mig_profile, mig_start, mig_slots)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)""",
+            [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start,
+              mig_slots.get(g.uuid)) for g in gpus])
     except asyncpg.UniqueViolationError as exc:
         raise AllocationConflict(str(exc)) from exc
 
@@ -143,9 +167,9 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
     out = []
     for alloc in sorted(allocs, key=lambda a: a["replica"]):
         gpus = await conn.fetch(
-            "UPDATE allocation_gpus SET live = false WHERE allocation_id = $1 RETURNING gpu_uuid, gpu_index, model",
+            f"UPDATE allocation_gpus SET live = false WHERE allocation_id = $1 RETURNING {_HELD}",
             alloc["allocation_id"])
-        out.append((alloc, sorted(gpus, key=lambda g: g["gpu_index"])))
+        out.append((alloc, [held_gpu(g) for g in sorted(gpus, key=lambda g: g["index"])]))
     return out
 
 
@@ -170,9 +194,9 @@ async def start_preemption(conn: asyncpg.Connection, job_id: str, replica: int |
             RETURNING {_ALLOCATION}""", job_id, replica, deadline, reason, preemptor)
     out = []
     for alloc in allocs:
-        gpus = await conn.fetch("SELECT gpu_uuid, gpu_index, model FROM allocation_gpus WHERE allocation_id = $1 "
-                                "ORDER BY gpu_index", alloc["allocation_id"])
-        out.append((alloc, list(gpus)))
+        gpus = await conn.fetch(f"SELECT {_HELD} FROM allocation_gpus WHERE allocation_id = $1 ORDER BY gpu_index",
+                                alloc["allocation_id"])
+        out.append((alloc, [held_gpu(g) for g in gpus]))
     return out
 
 
@@ -224,7 +248,9 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
     return await conn.fetch(
         """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
                   a.released_at, a.release_reason, a.preempt_deadline,
-                  coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model)
+                  coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model,
+                                             'share_milli', g.share_milli, 'memory_mib', g.memory_mib,
+                                             'mig_profile', g.mig_profile, 'mig_start', g.mig_start)
                            ORDER BY g.gpu_index) FILTER (WHERE g.gpu_uuid IS NOT NULL), '[]') AS gpus
            FROM allocations a LEFT JOIN allocation_gpus g USING (allocation_id)
            WHERE ($1::text IS NULL OR a.job_id = $1)

@@ -43,6 +43,17 @@ NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})
 ENDS_THE_JOB = frozenset({"IdleReclaimed", "MaxRuntimeExceeded"})
 
 
+def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]
+    """The job as placement must want it: at submission, after an approval, and again after each requeue."""
+    return JobSubmitted(
+        job_id=row["job_id"], name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
+        priority_class=row["priority_class"], priority=row["priority"], gpus=row["gpus"],
+        gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"], gang_nodes=row["gang_nodes"],
+        gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], max_runtime_s=row["max_runtime_s"],
+        gpu_fraction_milli=row["gpu_fraction_milli"], gpu_memory_mib=row["gpu_memory_mib"],
+        mig_profile=row["mig_profile"], exclusive=row["exclusive"])
+
+
 class QueueHandlers:
     def __init__(self, runtime: ServiceRuntime, settings: QueueSettings) -> None:
         self.rt = runtime
@@ -71,17 +82,14 @@ class QueueHandlers:
             "priority_class": cmd.priority_class, "priority": priority, "gpus": cmd.gpus,
             "gpu_models": cmd.gpu_models, "submitted_by": cmd.submitted_by, "submitted_at": now,
             "gang_nodes": cmd.gang_nodes, "gpus_per_node": cmd.gpus_per_node, "replicas": cmd.replicas,
-            "max_runtime_s": cmd.max_runtime_s,
+            "max_runtime_s": cmd.max_runtime_s, "gpu_fraction_milli": cmd.gpu_fraction_milli,
+            "gpu_memory_mib": cmd.gpu_memory_mib, "mig_profile": cmd.mig_profile, "exclusive": cmd.exclusive,
             "idempotency_key": cmd.idempotency_key, "request_hash": request_hash,
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)
             if row is not None and not needs_approval:
-                await uow.emit(JobSubmitted(
-                    job_id=job["job_id"], name=cmd.name, team=cmd.team, project=cmd.project, kind=cmd.kind,
-                    priority_class=cmd.priority_class, priority=priority, gpus=cmd.gpus,
-                    gpu_models=cmd.gpu_models, submitted_at=now, gang_nodes=cmd.gang_nodes,
-                    gpus_per_node=cmd.gpus_per_node, replicas=cmd.replicas, max_runtime_s=cmd.max_runtime_s))
+                await uow.emit(submitted_event(row))
         if row is None:  # lost a race with the same idempotency key: answer with the winner
             assert cmd.idempotency_key is not None
             replay = await self._replay(cmd.idempotency_key, request_hash)
@@ -212,11 +220,7 @@ class QueueHandlers:
                 return
             await store.set_state(uow.conn, data.job_id, "awaiting_approval", "pending", "Approved",
                                   at=data.decided_at, message=message)
-            await uow.emit(JobSubmitted(
-                job_id=data.job_id, name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
-                priority_class=row["priority_class"], priority=row["priority"], gpus=row["gpus"],
-                gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"], gang_nodes=row["gang_nodes"],
-                gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], max_runtime_s=row["max_runtime_s"]))
+            await uow.emit(submitted_event(row))
 
     async def on_allocation_preempting(self, event: CloudEvent, data: AllocationPreempting) -> None:
         """The checkpoint signal: the job keeps running until the deadline, visibly marked as preempting."""
@@ -252,12 +256,7 @@ class QueueHandlers:
             await store.set_state(uow.conn, data.job_id, row["state"], "pending", f"Requeued:{data.reason}",
                                   at=data.released_at, message=f"requeued after {data.reason}",
                                   allocation_id=None, node=None, cluster=None)
-            await uow.emit(JobSubmitted(
-                job_id=data.job_id, name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
-                priority_class=row["priority_class"], priority=row["priority"],
-                gpus=row["gpus"], gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"],
-                gang_nodes=row["gang_nodes"], gpus_per_node=row["gpus_per_node"], replicas=row["replicas"],
-                max_runtime_s=row["max_runtime_s"]))
+            await uow.emit(submitted_event(row))
 
 
 def routes(h: QueueHandlers) -> Routes:

@@ -11,7 +11,8 @@ from libs.contracts.commands import JobView
 
 _COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gang_nodes, gpus_per_node, "
             "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
-            "started_at, finished_at, allocation_id, node, cluster, message")
+            "started_at, finished_at, allocation_id, node, cluster, message, gpu_fraction_milli, gpu_memory_mib, "
+            "mig_profile, exclusive")
 
 
 def to_view(row: asyncpg.Record) -> JobView:
@@ -26,14 +27,16 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
     row = await conn.fetchrow(
         f"""INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
                              submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
-                             gpus_per_node, replicas, max_runtime_s)
-            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18)
+                             gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
+                             mig_profile, exclusive)
+            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23)
             ON CONFLICT (idempotency_key) DO NOTHING
             RETURNING {_COLUMNS}""",
         job["job_id"], job["name"], job["team"], job["project"], job["kind"], job["priority_class"],
         job["priority"], job["gpus"], job["gpu_models"], job["submitted_by"], job["submitted_at"],
         job["idempotency_key"], job["request_hash"], job.get("message", "waiting for placement"), job["gang_nodes"],
-        job["gpus_per_node"], job["replicas"], job["max_runtime_s"], job["state"])
+        job["gpus_per_node"], job["replicas"], job["max_runtime_s"], job["state"], job["gpu_fraction_milli"],
+        job["gpu_memory_mib"], job["mig_profile"], job["exclusive"])
     if row is not None:
         await record_history(conn, job["job_id"], None, job["state"],
                              "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from services.placement.domain import build_requests, split_unit, unit_id
+from libs.core import MigInstance, Placement
+from services.placement.domain import allocated_gpus, build_requests, split_unit, unit_id
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -12,7 +13,8 @@ T0 = datetime(2026, 11, 30, tzinfo=UTC)
 def wanted(job_id: str, **over):  # type: ignore[no-untyped-def]
     base = {"job_id": job_id, "team": "research", "project": "default", "gpus": 1, "gpu_models": [], "priority": 0,
             "priority_class": "normal", "kind": "batch", "submitted_at": T0, "gang_nodes": 0, "gpus_per_node": 0,
-            "replicas": 1, "max_runtime_s": None}
+            "replicas": 1, "max_runtime_s": None, "gpu_fraction_milli": 0, "gpu_memory_mib": 0, "mig_profile": "",
+            "exclusive": False}
     return {**base, **over}
 
 
@@ -40,3 +42,43 @@ def test_unit_ids_round_trip() -> None:
 def test_declared_max_runtime_reaches_the_core() -> None:
     [req] = build_requests([wanted("b", max_runtime_s=600.0)], {})
     assert req.max_runtime_s == 600.0
+
+
+def test_explicit_fractions_and_mig_slices_reach_the_core() -> None:
+    [frac] = build_requests([wanted("f", gpu_fraction_milli=250, gpu_memory_mib=8192)], {})
+    assert (frac.gpu_fraction_milli, frac.gpu_memory_mib, frac.mig_profile) == (250, 8192, "")
+    [mig] = build_requests([wanted("m", mig_profile="3g.40gb")], {})
+    assert (mig.gpu_fraction_milli, mig.mig_profile) == (0, "3g.40gb")
+
+
+OFFERED = {"exclusive": {"H100-80GB"}, "fractional": {"L40S"}, "mig": {"A100-80GB", "H200-141GB"}}
+
+
+def test_a_dev_job_without_a_share_gets_a_fraction_where_the_pool_offers_one() -> None:
+    [req] = build_requests([wanted("d", kind="dev")], {}, OFFERED, dev_fraction_milli=300, dev_memory_mib=9000)
+    assert (req.gpu_fraction_milli, req.gpu_memory_mib, req.mig_profile) == (300, 9000, "")
+
+
+def test_a_dev_job_gets_the_smallest_mig_slice_with_enough_memory_when_no_fractional_gpu_fits() -> None:
+    [req] = build_requests([wanted("d", kind="dev", gpu_models=["A100-80GB", "H100-80GB"])], {}, OFFERED,
+                           dev_memory_mib=16384)
+    # 1g.10gb has too little memory; 1g.20gb and 2g.20gb have enough, and the one with less compute wins
+    assert (req.mig_profile, req.gpu_models, req.gpu_fraction_milli) == ("1g.20gb", ("A100-80GB",), 0)
+
+
+def test_a_dev_job_stays_whole_when_it_says_exclusive_or_nothing_shared_is_offered() -> None:
+    [excl] = build_requests([wanted("d", kind="dev", exclusive=True)], {}, OFFERED)
+    [whole] = build_requests([wanted("d", kind="dev", gpu_models=["H100-80GB"])], {}, OFFERED)
+    [batch] = build_requests([wanted("b", kind="batch")], {}, OFFERED)
+    assert all((r.gpu_fraction_milli, r.mig_profile) == (0, "") for r in (excl, whole, batch))
+
+
+def test_allocated_gpus_say_what_share_each_placement_holds() -> None:
+    models = {"G0": "A100-80GB", "G1": "L40S", "G2": "H100-80GB"}
+    mig, slots = allocated_gpus(Placement("j", "c", "n", ("G0",), (0,), mig=MigInstance("3g.40gb", 4)), models)
+    assert (mig[0].mig_profile, mig[0].mig_start, mig[0].share_milli, slots) == ("3g.40gb", 4, 428, {"G0": 4})
+    frac, slots = allocated_gpus(Placement("j", "c", "n", ("G1",), (1,), gpu_fraction_milli=250,
+                                           gpu_memory_mib=4096), models)
+    assert (frac[0].share_milli, frac[0].memory_mib, frac[0].mig_profile, slots) == (250, 4096, None, {})
+    whole, _ = allocated_gpus(Placement("j", "c", "n", ("G2",), (2,)), models)
+    assert (whole[0].share_milli, whole[0].memory_mib) == (1000, None)
