@@ -21,7 +21,9 @@ from libs.core.model import (
 )
 from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
 from libs.core.policy import (
+    DEFAULT_KINDS,
     DEFAULT_PRIORITY_CLASSES,
+    KindPolicy,
     Policy,
     PriorityClass,
     QuotaEntry,
@@ -32,6 +34,7 @@ from libs.core.quota import teams_quota
 from libs.core.schedule import Scheduler, derive_workload, schedule
 
 __all__ = [
+    "DEFAULT_KINDS",
     "DEFAULT_PRIORITY_CLASSES",
     "EXCLUSIVE",
     "FRACTIONAL",
@@ -40,6 +43,7 @@ __all__ = [
     "Allocation",
     "Gpu",
     "JobRequest",
+    "KindPolicy",
     "MigInstance",
     "MigProfile",
     "MigReconfig",

@@ -37,6 +37,8 @@ class Shape:
     mem: int = 0
     prefer_nvlink: bool = True
     prefer_topology: bool = True
+    pack: float = 0.0  # the job kind's extra bin-packing weight
+    prefer_shared: bool = False  # the job kind prefers shareable GPUs for whole-GPU requests
 
     @property
     def is_gang(self) -> bool:
@@ -159,7 +161,9 @@ def choose(cls: NodeClass, dyn: tuple, shape: Shape, per_node: int, allowed: fro
             pool = by_model[model]
             if len(pool) < per_node:
                 continue
-            if mode == "frag":  # keep shareable GPUs for fractional work: exclusive ones first
+            if shape.prefer_shared:  # the kind asks for the shared pool first
+                pool = sorted(pool, key=lambda p: (statics[p][2] == EXCLUSIVE, p))
+            elif mode == "frag":  # keep shareable GPUs for fractional work: exclusive ones first
                 pool = sorted(pool, key=lambda p: (statics[p][2] != EXCLUSIVE, p))
             return (_pick_nvlink(statics, pool, per_node, shape.prefer_nvlink),)
         return ()

@@ -98,6 +98,7 @@ class JobRequest:
     memory_mib: int = 0  # per node
     max_runtime_s: float | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
+    replica_group: str = ""  # replicas of one service (e.g. its job id): spread when the kind says so
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,8 @@ class Allocation:
     memory_mib: int = 0
     max_runtime_s: float | None = None
     gpu_model: str = ""
+    kind: str = ""  # "": unknown (its priority class alone decides preemptibility)
+    replica_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,40 @@ DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
 
 
 @dataclass(frozen=True, slots=True)
+class KindPolicy:
+    """What a job kind changes (the tiers of a GPU platform), as data a `Policy` may replace.
+
+    * `preemptible=False` protects the kind: its jobs are not preemptible unless the job itself says so (a priority
+      class that is not preemptible protects too; None: the class decides).
+    * `reserve`: a blocked job of this kind may hold nodes (a backfill reservation); without it the job only runs
+      where it delays nobody.
+    * `spread_replicas`: jobs naming a `replica_group` go to nodes, then topology domains, without another member
+      of the group (soft: packed together only when nothing else fits).
+    * `pack`: extra bin-packing weight in the score (fill partly used nodes, keep whole nodes free).
+    * `prefer_shared`: whole-GPU requests prefer shareable (fractional) GPUs, keeping exclusive nodes for training.
+    """
+
+    kind: str
+    preemptible: bool | None = None
+    reserve: bool = True
+    spread_replicas: bool = False
+    pack: float = 0.0
+    prefer_shared: bool = False
+
+
+DEFAULT_KINDS: tuple[KindPolicy, ...] = (
+    # gangs, preemptible by default (the default class is), NVLink/rack-local, packed so whole nodes stay whole
+    KindPolicy("training", pack=0.3),
+    # serving: not preemptible by default; replicas of one service spread over nodes and racks for availability
+    KindPolicy("inference", preemptible=False, spread_replicas=True),
+    # interactive sessions: the shared pool first, packed tightly
+    KindPolicy("dev", pack=1.0, prefer_shared=True),
+    # best effort: never holds nodes for itself, runs only where it delays nobody (backfill)
+    KindPolicy("batch", reserve=False),
+)
+
+
+@dataclass(frozen=True, slots=True)
 class QuotaEntry:
     """Quota of one node of the org -> team -> project tree for one GPU model (``"*"``: any model), in GPUs.
 
@@ -117,6 +151,16 @@ class Policy:
     drain_after_s: float = 3600.0
     workload: tuple[WorkloadShape, ...] = ()  # empty: derived from the pending jobs of the cycle
     max_workload_shapes: int = 32
+    kinds: tuple[KindPolicy, ...] = DEFAULT_KINDS  # a kind not listed gets KindPolicy(kind)'s neutral defaults
+    # Non-preemptible work may use only its team's guarantee (when the policy has quotas): borrowed capacity must
+    # stay reclaimable, so an idle team can always get its guarantee back (KAI's rule).
+    nonpreemptible_within_guarantee: bool = True
+
+    def kind(self, name: str) -> KindPolicy:
+        for k in self.kinds:
+            if k.kind == name:
+                return k
+        return KindPolicy(name)
 
     def setting(self, key: str):
         value = getattr(self, key)

@@ -67,6 +67,10 @@ class QuotaLedger:
             return self.used(path, "*")  # no guarantee: everything it uses is borrowed
         return max(0, self.used(path, e.gpu_model) - int(e.guaranteed * 1000))
 
+    def team_used(self, path: str, model: str) -> int:
+        e = self.entry(path, model)
+        return self.used(path, e.gpu_model if e else "*")
+
     def within_guarantee(self, paths: tuple[str, ...], model: str, milli: int) -> bool:
         """True when the team level (paths[1]) would stay within its guarantee after taking `milli`."""
         e = self.entry(paths[1], model)

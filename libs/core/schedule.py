@@ -18,7 +18,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from libs.core import mig as migcat
 from libs.core.backfill import plan_reservation
@@ -38,9 +39,9 @@ from libs.core.fit import (
     normalize,
     used_share,
 )
-from libs.core.model import WHOLE, Allocation, JobRequest, MigInstance, Snapshot
+from libs.core.model import EXCLUSIVE, WHOLE, Allocation, JobRequest, MigInstance, Snapshot
 from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
-from libs.core.policy import Policy, PriorityClass, WorkloadShape
+from libs.core.policy import KindPolicy, Policy, PriorityClass, WorkloadShape
 from libs.core.preempt import find_victims
 from libs.core.quota import QuotaLedger
 from libs.core.reasons import (
@@ -97,10 +98,40 @@ def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, valu
     return best
 
 
-class Scheduler:
-    """Scheduling state that outlives one cycle. `schedule()` is the one-shot form."""
+# Phases of a cycle timed in Plan.stats as "<phase>_us" when the caller injects a clock: normalise and resolve
+# classes (plus fair-share history), order (fair-share queue), quota admission, filter/score/select, diagnosing a
+# blocked job's reason, the preemption search, reservations for backfill, and finishing the plan.
+PHASES = ("normalize", "order", "quota", "place", "reasons", "preemption", "backfill", "finish")
 
-    def __init__(self, snapshot: Snapshot, policy: Policy, workload: tuple[WorkloadShape, ...] = ()):
+
+class _Laps:
+    """Time spent per phase: `to(phase)` charges the time since the last switch to the phase being left."""
+
+    __slots__ = ("clock", "t", "cur", "acc")
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self.t = clock()
+        self.cur = "normalize"
+        self.acc: dict[str, float] = {}
+
+    def to(self, phase: str) -> None:
+        t = self.clock()
+        self.acc[self.cur] = self.acc.get(self.cur, 0.0) + (t - self.t)
+        self.t = t
+        self.cur = phase
+
+
+class Scheduler:
+    """Scheduling state that outlives one cycle. `schedule()` is the one-shot form.
+
+    `clock` (optional, e.g. `time.perf_counter`): when given, each cycle reports the time spent per phase in
+    `Plan.stats` (`<phase>_us`); the core never reads a clock of its own.
+    """
+
+    def __init__(self, snapshot: Snapshot, policy: Policy, workload: tuple[WorkloadShape, ...] = (),
+                 clock: Callable[[], float] | None = None):
+        self.clock = clock
         self.policy = policy
         self.classes_by_name = {c.name: c for c in policy.priority_classes}
         workload = workload or policy.workload
@@ -133,6 +164,13 @@ class Scheduler:
         self.team_alloc: dict[tuple[str, str], int] = {}  # (team, model) -> milli held
         self.usage_tp: dict[tuple[str, str, str], int] = {}  # (team, project, model) -> milli held
         self.team_host: dict[str, tuple[int, int]] = {}  # team -> (CPU milli-cores, memory MiB) held
+        self._kinds: dict[str, KindPolicy] = {k.kind: k for k in policy.kinds}
+        self.group_nodes: dict[str, dict[int, int]] = {}  # replica group -> node index -> members there
+        self._job_group: dict[str, tuple[str, list[int]]] = {}
+        self._by_topology: dict[str, list[int]] = {}
+        for ns in self.state.nodes:
+            if ns.topology:
+                self._by_topology.setdefault(ns.topology, []).append(ns.idx)
         self._weights = {}  # team -> over-quota weight (from the team's quota entry; 1 without one)
         for e in policy.quotas.entries:
             if e.path.count("/") == 1:
@@ -146,18 +184,23 @@ class Scheduler:
 
     # ---- feeding changes (incremental) ---------------------------------------------------------------------
 
-    def _resolve(self, name: str, value: int, preemptible: bool | None) -> tuple[int, bool, float] | None:
+    def _resolve(self, name: str, value: int, preemptible: bool | None, kind: str = "") -> tuple[int, bool, float] | None:
+        """(priority, preemptible, minimum runtime). A job's own flag wins; else it is preemptible only when
+        neither its class nor its kind protects it."""
         c = _class_of(self.policy.priority_classes, self.classes_by_name, name, value)
         if name and c is None:
             return None
         prio = c.value if name else value
-        pre = preemptible if preemptible is not None else (c.preemptible if c else True)
+        if preemptible is not None:
+            pre = preemptible
+        else:
+            pre = (c.preemptible if c else True) and not (kind and self._kind(kind).preemptible is False)
         min_rt = c.min_runtime_s if c is not None and c.min_runtime_s is not None else self.policy.min_runtime_s
         return prio, pre, min_rt
 
     def bind_allocation(self, a: Allocation) -> None:
         """Account an allocation granted outside this scheduler (or from the snapshot)."""
-        resolved = self._resolve(a.priority_class, a.priority, a.preemptible) or (a.priority, True, 0.0)
+        resolved = self._resolve(a.priority_class, a.priority, a.preemptible, a.kind) or (a.priority, True, 0.0)
         prio, pre, min_rt = resolved
         end = a.started_at + a.max_runtime_s if a.max_runtime_s is not None else INF
         meta = RunningJob(a.job_id, a.team, a.project, prio, pre, min_rt, a.started_at, end)
@@ -168,6 +211,8 @@ class Scheduler:
         rj = self.state.running.get(a.job_id)
         if rj is None:
             return
+        if a.replica_group:
+            self._join_group(a.job_id, a.replica_group, [self.state.by_name[a.node]])
         for model, milli in rj.milli_by_model.items():
             d = milli - before.get(model, 0)
             if d:
@@ -181,7 +226,44 @@ class Scheduler:
             for model, milli in rj.milli_by_model.items():
                 self._account(rj.team, rj.project, model, -milli)
             self._account_host(rj.team, -rj.cpu_milli, -rj.memory_mib)
+        self._leave_group(job_id)
         self.state.remove_running(job_id)
+
+    def _join_group(self, job_id: str, group: str, idxs: list[int]) -> None:
+        members = self.group_nodes.setdefault(group, {})
+        for i in idxs:
+            members[i] = members.get(i, 0) + 1
+        g, held = self._job_group.get(job_id, (group, []))
+        self._job_group[job_id] = (group, held + list(idxs))
+
+    def _leave_group(self, job_id: str) -> None:
+        got = self._job_group.pop(job_id, None)
+        if got is None:
+            return
+        group, idxs = got
+        members = self.group_nodes.get(group, {})
+        for i in idxs:
+            members[i] -= 1
+            if members[i] <= 0:
+                del members[i]
+        if not members:
+            self.group_nodes.pop(group, None)
+
+    def _spread_tiers(self, group: str) -> list[set[int]]:
+        """Nodes to avoid for another replica of `group`, strictest first: its racks, then its nodes."""
+        members = self.group_nodes.get(group)
+        if not members:
+            return []
+        nodes = set(members)
+        domains = {self.state.nodes[i].topology for i in nodes} - {""}
+        racks = nodes.union(*(self._by_topology[d] for d in domains)) if domains else nodes
+        return [racks, nodes] if racks != nodes else [nodes]
+
+    def _kind(self, name: str) -> KindPolicy:
+        k = self._kinds.get(name)
+        if k is None:
+            k = self._kinds[name] = self.policy.kind(name)
+        return k
 
     def _account(self, team: str, project: str, model: str, delta: int) -> None:
         key = (team, model)
@@ -289,7 +371,10 @@ class Scheduler:
                 mask_after = self.state.host_mask(rep, shape.cpu, shape.mem)
                 d = self._frag(cid, after, mask_after) - self._frag(cid, dyn, mask)
                 s -= w_frag * d / WHOLE
-        wb, ws = self._w_binpack, self._w_spread
+        wb, ws = self._w_binpack + shape.pack, self._w_spread
+        if shape.prefer_shared and choice.positions:
+            statics = cls.gpus
+            s += sum(statics[p][2] != EXCLUSIVE for p in choice.positions) / len(choice.positions)
         if wb or ws:
             # packing measure: GPUs in use after the choice, averaged with CPU in use where the node tracks CPU,
             # so that ties go to the node whose spare capacity is smallest (big nodes stay free for big jobs)
@@ -375,12 +460,14 @@ class Scheduler:
         self.state.take(t)
         return t
 
-    def _place(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset) -> list[Take] | None:
-        """All-or-nothing placement of every part of the job; None (and nothing changed) when it does not fit."""
+    def _place(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
+               avoid: set[int] | None = None) -> list[Take] | None:
+        """All-or-nothing placement of every part of the job, never on the nodes in `avoid`; None (and nothing
+        changed) when it does not fit."""
         st = self.state
         mark = st.mark()
         takes: list[Take] = []
-        used: set[int] = set()
+        used: set[int] = set(avoid) if avoid else set()
         domain = None
         if shape.members >= 1:
             for _ in range(shape.members):
@@ -487,6 +574,7 @@ class Scheduler:
     def cycle(self, pending: Iterable[JobRequest], now: float) -> Plan:
         p = self.policy
         st = self.state
+        laps = _Laps(self.clock) if self.clock is not None else None
         st.commit()
         self._n_scored = 0
         n_searches = 0
@@ -531,12 +619,16 @@ class Scheduler:
         for j in jobs.values():
             hit = cache.get(j.job_id)
             if hit is None or hit[0] is not j:
-                r = self._resolve(j.priority_class, j.priority, j.preemptible)
+                r = self._resolve(j.priority_class, j.priority, j.preemptible, j.kind)
                 if r is None:
                     hit = (j, (INVALID_REQUEST, f"unknown priority class {j.priority_class!r}"))
                 else:
                     try:
-                        hit = (j, (normalize(j), *r))
+                        shape = normalize(j)
+                        kp = self._kind(j.kind)
+                        if kp.pack or kp.prefer_shared:
+                            shape = replace(shape, pack=kp.pack, prefer_shared=kp.prefer_shared)
+                        hit = (j, (shape, *r))
                     except Invalid as e:
                         hit = (j, (INVALID_REQUEST, str(e)))
                 cache[j.job_id] = hit
@@ -594,7 +686,15 @@ class Scheduler:
                         s = self._share(team, now) if placed_flag[0] else share
                         heapq.heappush(heap, (s, q[0].submitted_at, q[0].job_id, team))
 
-        for job in sequence():
+        jobs_in_order = sequence()
+        while True:
+            if laps:
+                laps.to("order")
+            job = next(jobs_in_order, None)
+            if job is None:
+                break
+            if laps:
+                laps.to("quota")
             shape, prio, preemptible, _min_rt = meta[job.job_id]
             if blocked_by is not None:
                 reasons.append(PendingReason(job.job_id, BLOCKED_BY_QUEUE_HEAD,
@@ -608,8 +708,15 @@ class Scheduler:
                 continue
             allowed_l = []
             quota_msg = None
+            # non-preemptible work may not borrow: what is borrowed must stay reclaimable
+            in_guarantee = not preemptible and p.nonpreemptible_within_guarantee and ledger.has_entries
             for m in models:
-                msg = ledger.check(paths, m, self._amount(shape, m))
+                amount = self._amount(shape, m)
+                msg = ledger.check(paths, m, amount)
+                if msg is None and in_guarantee and amount and not ledger.within_guarantee(paths, m, amount):
+                    msg = (f"{job.job_id} is not preemptible, so it may use only {paths[1]}'s guarantee "
+                           f"({ledger.guaranteed(paths[1], m) / WHOLE:g} {m} GPU(s), "
+                           f"{ledger.team_used(paths[1], m) / WHOLE:g} in use); submit it preemptible to borrow")
                 if msg is None:
                     allowed_l.append(m)
                 elif quota_msg is None:
@@ -618,6 +725,8 @@ class Scheduler:
                 reasons.append(PendingReason(job.job_id, QUOTA_EXCEEDED, quota_msg or "over quota"))
                 continue
             allowed = frozenset(allowed_l)
+            if laps:
+                laps.to("place")
             sid = self._sid(shape)
             own = [i for i, (rid, _) in reserved.items() if rid == job.job_id]
             for i in own:  # a job may always use what is reserved for it
@@ -632,7 +741,13 @@ class Scheduler:
             memo_key = (sid, allowed, qualifying)
             takes = None
             if memo_key not in fail_memo:
-                takes = self._place(job, shape, sid, allowed)
+                if job.replica_group and self._kind(job.kind).spread_replicas:
+                    for avoid in self._spread_tiers(job.replica_group):
+                        takes = self._place(job, shape, sid, allowed, avoid)
+                        if takes:
+                            break
+                if not takes:
+                    takes = self._place(job, shape, sid, allowed)
                 if takes is None and qualifying:
                     opened = [i for i, (rid, _) in reserved.items() if rid in qualifying]
                     for i in opened:
@@ -648,11 +763,15 @@ class Scheduler:
                         self._account(job.team, job.project, model, milli)
                     self._account_host(job.team, t.cpu, t.mem)
                 self._register(job, takes, prio, preemptible, _min_rt, now)
+                if job.replica_group:
+                    self._join_group(job.job_id, job.replica_group, [t.node for t in takes])
                 victims.add(job.job_id)  # placed in this cycle: never a victim in it
                 placed_flag[0] = True
                 continue
 
             # blocked: why?
+            if laps:
+                laps.to("reasons")
             if memo_key in fail_memo:
                 code, msg = fail_memo[memo_key]
             else:
@@ -660,6 +779,8 @@ class Scheduler:
                 fail_memo[memo_key] = (code, msg)
 
             if self._eligible_victims and code != RESERVED_FOR_GANG:
+                if laps:
+                    laps.to("preemption")
                 reclaim = any(ledger.within_guarantee(paths, m, self._amount(shape, m)) for m in allowed)
                 pkey = (sid, allowed, job.team, prio, reclaim)
                 if pkey not in preempt_fail:
@@ -692,8 +813,10 @@ class Scheduler:
                             blocked_by = job.job_id
                         continue
 
+            if laps:
+                laps.to("backfill")
             if (p.setting("backfill") and shape.kind == WHOLE_KIND and shape.total >= 2
-                    and code in (NO_FEASIBLE_NODE, WAITING_FOR_GANG)
+                    and self._kind(job.kind).reserve and code in (NO_FEASIBLE_NODE, WAITING_FOR_GANG)
                     and len(reservations) < p.max_reservations
                     and reserve_tries < 4 * p.max_reservations and (sid, allowed) not in reserve_memo):
                 reserve_tries += 1
@@ -717,6 +840,8 @@ class Scheduler:
             if head_of_line:
                 blocked_by = job.job_id
 
+        if laps:
+            laps.to("finish")
         for i in list(reserved) + list(nominated):
             st.set_hidden(i, False)
         self._sticky = new_sticky
@@ -734,6 +859,9 @@ class Scheduler:
             ("victims", len(preemptions)),
             ("reservations", len(reservations)),
         )
+        if laps:
+            laps.to("")
+            stats += tuple((f"{phase}_us", round(laps.acc.get(phase, 0.0) * 1e6)) for phase in PHASES)
         return Plan(tuple(placements), tuple(reasons), tuple(preemptions), mig_changes, tuple(reservations), stats)
 
     # ---- pieces of the cycle ---------------------------------------------------------------------------------
@@ -820,10 +948,22 @@ class Scheduler:
         return find_victims(self, job, shape, sid, allowed, prio, reclaim, ledger, taken, now)
 
 
-def schedule(snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> Plan:
-    """One scheduling cycle from a snapshot (pure: the same inputs give the same plan)."""
+def schedule(snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float,
+             clock: Callable[[], float] | None = None) -> Plan:
+    """One scheduling cycle from a snapshot (pure: the same inputs give the same plan; with a `clock`, the stats
+    also carry the time per phase, the build of the indexes counted under "normalize")."""
+    laps = _Laps(clock) if clock is not None else None
     pending = list(pending)
     workload = policy.workload or (
         derive_workload(pending, policy.max_workload_shapes) if policy.setting("w_frag") else ()
     )
-    return Scheduler(snapshot, policy, workload).cycle(pending, now)
+    sched = Scheduler(snapshot, policy, workload, clock)
+    build = 0.0
+    if laps:
+        laps.to("")
+        build = laps.acc["normalize"]
+    plan = sched.cycle(pending, now)
+    if not build:
+        return plan
+    stats = tuple((k, v + round(build * 1e6)) if k == "normalize_us" else (k, v) for k, v in plan.stats)
+    return replace(plan, stats=stats + (("build_us", round(build * 1e6)),))

@@ -35,6 +35,9 @@ def make_policy(name: str, teams: list[str] | None = None, capacity_gpus: float 
     kw: dict = {}
     if name == "default" and teams:
         kw["quotas"] = teams_quota({t: capacity_gpus / len(teams) for t in teams})
+        # the synthetic equal quotas are not sized to the trace's non-preemptible jobs: a job bigger than its
+        # team's share could never run under the rule that keeps non-preemptible work within guarantees
+        kw["nonpreemptible_within_guarantee"] = False
     if preemption is not None:
         kw["preemption"] = preemption
     if backfill is not None:

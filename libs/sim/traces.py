@@ -4,7 +4,9 @@ Tenants. The openb trace has no user or team column. We assign each task a synth
 the seed: ``u = int(sha256(f"{seed}:{name}"))[:8] / 2**32``, and team ``team-k`` is the first k whose cumulative
 weight exceeds u, with weights 0.4 / 0.3 / 0.2 / 0.1 for ``team-0..team-3`` (a skewed, Zipf-like mix, as real
 clusters have a few large tenants). The same seed always gives the same teams. QoS maps to priority classes:
-Guaranteed -> production-inference, LS -> high, Burstable -> normal, BE -> best-effort.
+Guaranteed -> production-inference, LS -> high, Burstable -> normal, BE -> best-effort; and to job kinds (an
+assumption: the trace names none): Guaranteed and LS (latency-sensitive) -> inference, Burstable -> training,
+BE -> batch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from libs.core.model import EXCLUSIVE, FRACTIONAL, WHOLE, Gpu, JobRequest, Node
 TEAMS = ("team-0", "team-1", "team-2", "team-3")
 TEAM_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
 QOS_CLASS = {"Guaranteed": "production-inference", "LS": "high", "Burstable": "normal", "BE": "best-effort"}
+QOS_KIND = {"Guaranteed": "inference", "LS": "inference", "Burstable": "training", "BE": "batch"}
 
 # GPU memory by model where known (openb's G1/G2/G3 codes are undisclosed; 16 GiB is assumed for them).
 GPU_MEMORY_MIB = {
@@ -103,7 +106,7 @@ class Task:
 
     def request(self, job_id: str, submitted_at: float, team: str, **kw) -> JobRequest:
         common = dict(cpu_milli=self.cpu_milli, memory_mib=self.memory_mib, gpu_models=self.gpu_spec,
-                      priority_class=QOS_CLASS.get(self.qos, "normal"))
+                      priority_class=QOS_CLASS.get(self.qos, "normal"), kind=QOS_KIND.get(self.qos, "batch"))
         common.update(kw)
         if self.num_gpu == 1 and 0 < self.gpu_milli < WHOLE:
             return JobRequest(job_id, team, 1, submitted_at, gpu_fraction_milli=self.gpu_milli, **common)

@@ -163,7 +163,7 @@ def test_blocked_gang_reserves_nodes_and_long_jobs_may_not_backfill_there():
         running("r1", "node001", range(4), max_runtime_s=200.0),
     ])
     jobs = [
-        job("gang", 16, gang_nodes=2, gpus_per_node=8, at=0.0),
+        job("gang", 16, gang_nodes=2, gpus_per_node=8, at=0.0, kind="training"),
         job("long", 4, at=1.0),
         job("short", 4, at=2.0, max_runtime_s=50.0),
     ]

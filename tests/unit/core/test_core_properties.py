@@ -70,7 +70,7 @@ def _as_running(plan, jobs_by_id, started_at):
         j = jobs_by_id[p.job_id]
         allocs.append(Allocation(
             job_id=p.job_id, team=j.team, node=p.node, gpu_uuids=() if p.mig else p.gpu_uuids,
-            started_at=started_at, priority_class=j.priority_class, preemptible=j.preemptible,
+            started_at=started_at, priority_class=j.priority_class, preemptible=j.preemptible, kind=j.kind,
             gpu_fraction_milli=p.gpu_fraction_milli, gpu_memory_mib=p.gpu_memory_mib,
             mig=((p.gpu_uuids[0], p.mig),) if p.mig else (), cpu_milli=p.cpu_milli, memory_mib=p.memory_mib,
         ))
@@ -130,29 +130,39 @@ def test_no_victim_outranks_its_preemptor_and_only_eligible_work_is_preempted(cl
 @given(
     n_nodes=st.integers(1, 4),
     per_node=st.sampled_from((2, 4, 8)),
-    sizes=st.lists(st.integers(1, 2), min_size=1, max_size=40),
+    sizes=st.lists(st.tuples(st.integers(1, 2), st.sampled_from(("batch", "training", "inference", "dev")),
+                             st.sampled_from(CLASSES), st.sampled_from((None, True, False))),
+                   min_size=1, max_size=40),
     share_a=st.floats(0.1, 0.6),
     ask=st.integers(1, 8),
+    a_class=st.sampled_from(CLASSES),
 )
-def test_guaranteed_quota_of_an_idle_team_is_always_reclaimable(n_nodes, per_node, sizes, share_a, ask):
+def test_guaranteed_quota_of_an_idle_team_is_always_reclaimable(n_nodes, per_node, sizes, share_a, ask, a_class):
     nodes_ = [node(f"n{i}", per_node) for i in range(n_nodes)]
     capacity = n_nodes * per_node
     g_a = max(1, int(capacity * share_a))
-    ask = min(ask, g_a, per_node)
+    ask = min(ask, g_a)
     quotas = teams_quota({"a": g_a, "b": capacity - g_a})
-    # team b borrows everything: fill the cluster with its preemptible jobs, started long ago
+    policy = Policy(quotas=quotas)
+    # team b takes all it can with jobs of every kind and preemptibility, started long ago (its non-preemptible
+    # work is admitted only within its own guarantee, so what it borrows stays reclaimable), in classes that do
+    # not outrank a's job (no victim may outrank its preemptor)
+    value = {c.name: c.value for c in policy.priority_classes}
     fill = []
     i = 0
-    for size in sizes * capacity:
-        fill.append(JobRequest(f"b{i}", "b", size, 0.0))
+    for size, kind, cls, pre in sizes * capacity:
+        if value[cls] > value[a_class]:
+            cls = a_class
+        fill.append(JobRequest(f"b{i}", "b", size, 0.0, kind=kind, priority_class=cls, preemptible=pre))
         i += 1
         if i > 2 * capacity:
             break
-    policy = Policy(quotas=quotas)
-    plan0 = schedule(snapshot(nodes_), fill, Policy(name="best-fit"), now=0.0)
+    plan0 = schedule(snapshot(nodes_), fill, policy, now=0.0)
     allocs = _as_running(plan0, {j.job_id: j for j in fill}, started_at=0.0)
     free = capacity - sum(len(a.gpu_uuids) for a in allocs)
-    want = JobRequest("a-job", "a", ask, 10_000.0)
+    # the guarantee is capacity, not a shape: a asks for GPUs on any nodes (a flexible gang), so the property is
+    # not confused with fragmentation by b's non-preemptible work
+    want = JobRequest("a-job", "a", ask, 10_000.0, priority_class=a_class, gang=ask > 1)
     plan1 = schedule(snapshot(nodes_, running=allocs), [want], policy, now=10_000.0)
     if plan1.placements_of("a-job"):
         return
