@@ -16,6 +16,7 @@ from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import EventData, TelemetrySampled
 
 EventHandler = Callable[[CloudEvent, Any], Awaitable[None]]
+BatchHandler = Callable[[list[tuple[CloudEvent, Any]]], Awaitable[None]]
 
 
 @dataclass
@@ -23,6 +24,9 @@ class Routes:
     commands: dict[str, tuple[type[Command], Callable[[Any], Awaitable[Any]]]] = field(default_factory=dict)
     events: dict[type[EventData], EventHandler] = field(default_factory=dict)
     telemetry: EventHandler | None = None
+    # optional: a whole fetched batch of telemetry in one call (idempotent, high-volume consumers); `telemetry`
+    # still handles one message at a time when a batch fails, so poison is isolated
+    telemetry_batch: BatchHandler | None = None
 
     def event_subjects(self) -> tuple[str, ...]:
         return tuple(sorted({cls.event_subject for cls in self.events}))
@@ -32,6 +36,11 @@ class Routes:
         if handler is None:
             raise Poison("UnsupportedEventType", f"no handler for {event.type}")
         await handler(event, data)
+
+    async def dispatch_telemetry_batch(self, batch: list[tuple[CloudEvent, EventData]]) -> None:
+        if self.telemetry_batch is None or not all(isinstance(d, TelemetrySampled) for _, d in batch):
+            raise Poison("UnsupportedEventType", "a message in the batch is not a telemetry sample")
+        await self.telemetry_batch(batch)
 
     async def dispatch_telemetry(self, event: CloudEvent, data: EventData) -> None:
         if not isinstance(data, TelemetrySampled) or self.telemetry is None:

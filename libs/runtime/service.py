@@ -18,6 +18,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from libs.bus.batch import BatchConsumer
 from libs.bus.connection import connect, ensure_streams
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
 from libs.bus.publisher import publish_raw
@@ -110,7 +111,13 @@ class ServiceRuntime:
             await self.serve(subject, command, handler)
         if routes.events:
             await self.consume(self.name, routes.event_subjects(), routes.dispatch)
-        if routes.telemetry is not None:
+        if routes.telemetry is not None and routes.telemetry_batch is not None:
+            consumer = BatchConsumer(self.js, ConsumerSpec(
+                stream=TELEMETRY_STREAM.name, durable=f"{self.name}-telemetry", filter_subjects=(subjects.TELEMETRY_ALL,),
+                max_deliver=3, batch=256), routes.dispatch_telemetry_batch, routes.dispatch_telemetry)
+            await consumer.start()
+            self.consumers.append(consumer)
+        elif routes.telemetry is not None:
             await self.consume(f"{self.name}-telemetry", (subjects.TELEMETRY_ALL,), routes.dispatch_telemetry,
                                stream=TELEMETRY_STREAM.name, max_deliver=3, batch=256)
 

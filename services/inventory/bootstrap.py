@@ -12,4 +12,5 @@ async def main() -> None:
     handlers = InventoryHandlers(runtime, settings)
     await runtime.mount(routes(handlers))
     runtime.background(handlers.node_sweeper(), "node-sweeper")
+    runtime.background(handlers.maintenance(), "rollups-and-orphans")
     await runtime.run_until_signalled()

@@ -1,21 +1,162 @@
-"""Inventory rules: when a sample means a GPU's health changed, when a node is lost and when it is back."""
+"""Inventory rules, pure: what a sample says about a GPU's health and how the per-GPU health state machine moves,
+when a node is lost and when it is back, one-minute rollups, orphans, and the pool view."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
-from libs.contracts.events import GpuTelemetry
+from libs.contracts.events import GpuRollup, GpuTelemetry
 
 READY = "ready"
 LOST = "lost"
 
+# --- the GPU health state machine ---------------------------------------------------------------------------------
+#
+#   healthy ──warn──▶ suspect ──warn × N (strike_gap_s apart)──▶ quarantined ◀──fatal── healthy | suspect
+#      ▲                 │ clean for suspect_clear_s                  │ clean for recheck_after_s, or an operator
+#      │◀────────────────┘                                            ▼ clears it
+#      └──────────── clean for probation_s ─────────────────────── probation ──warn | fatal──▶ quarantined
+#
+# Only `healthy` GPUs get new work (placement reads the coarse `health`: suspect/probation are `degraded`,
+# quarantined is `failed`). Quarantining a GPU that holds an allocation makes reclamation take it back.
+HEALTHY, SUSPECT, QUARANTINED, PROBATION = "healthy", "suspect", "quarantined", "probation"
+GPU_STATES = (HEALTHY, SUSPECT, QUARANTINED, PROBATION)
+LEGACY_HEALTH = {HEALTHY: "healthy", SUSPECT: "degraded", PROBATION: "degraded", QUARANTINED: "failed"}
+Level = Literal["clean", "warn", "fatal"]
 
-def health_transition(previous: str, sample: GpuTelemetry) -> str | None:
-    """The new health state if the sample changes it, else None. The agent derives health from NVML signals
-    (Xid, ECC, thermal); inventory records the change once and tells everyone."""
-    return sample.health if sample.health != previous else None
+# Xids after which a GPU must not run work until it is reset and rechecked (NVIDIA's Xid catalogue: double-bit /
+# uncontained ECC, row-remap or page-retirement failure, fallen off the bus, GSP errors, ...). Every other Xid is
+# a warning: one makes a GPU suspect, repeated ones quarantine it.
+FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 94, 95, 119, 120})
+# Agent health reasons (services/agent/nvml_types.derive_health) that are fatal while they last, and those that are
+# warnings. Thermal reasons are neither: throttling is an operating condition (visible in telemetry), not a fault.
+_FATAL_REASONS = {"gpu_lost": "GpuLost", "ecc_dbe": "UncorrectableEcc", "row_remap_failed": "RemapFailure"}
+_WARN_REASONS = {"sbe_storm": "EccBurst", "retired_pages_pending": "RetiredPagesPending"}
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRules:
+    fatal_xids: frozenset[int] = FATAL_XIDS
+    sbe_burst: int = 10            # new correctable ECC errors between two samples that count as a burst
+    suspect_strikes: int = 3       # warnings that quarantine a suspect GPU ("repeated suspect")
+    strike_gap_s: float = 10.0     # warnings closer together than this are one strike (a sustained storm counts
+                                   # once per gap, not once per sample, whatever the agent's interval)
+    suspect_clear_s: float = 300.0  # a suspect GPU with no warning for this long is healthy again
+    recheck_after_s: float | None = 900.0  # a quarantined GPU clean this long enters probation (None: operator only)
+    probation_s: float = 600.0     # probation must stay clean this long to be healthy again
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    level: Level
+    reason: str = ""
+    details: tuple[str, ...] = ()
+
+
+CLEAN = Signal("clean")
+
+
+def assess(sample: GpuTelemetry, prev_sbe: int | None, prev_dbe: int | None, rules: HealthRules) -> Signal:
+    """What one sample says about its GPU, the worst first. Xids count from `xid_events` (new since the previous
+    sample), not from the agent's latched reasons, so one Xid is one warning; fatal conditions the agent keeps
+    reporting (a GPU off the bus, a latched fatal Xid, uncorrectable ECC) stay fatal for as long as they last."""
+    fatal: list[tuple[str, str]] = []
+    warn: list[tuple[str, str]] = []
+    for xid in sorted(set(sample.xid_events)):
+        (fatal if xid in rules.fatal_xids else warn).append(("FatalXid" if xid in rules.fatal_xids else "NonFatalXid",
+                                                             f"xid{xid}"))
+    if sample.ecc_volatile_dbe > (prev_dbe or 0):
+        fatal.append(("UncorrectableEcc", f"ecc_dbe+{sample.ecc_volatile_dbe - (prev_dbe or 0)}"))
+    if prev_sbe is not None and sample.ecc_volatile_sbe - prev_sbe >= rules.sbe_burst:
+        warn.append(("EccBurst", f"ecc_sbe+{sample.ecc_volatile_sbe - prev_sbe}"))
+    for reason in sample.health_reasons:
+        key = reason.split(":", 1)[0]
+        if key in _FATAL_REASONS:
+            fatal.append((_FATAL_REASONS[key], reason))
+        elif key.startswith("xid") and key[3:].isdigit() and int(key[3:]) in rules.fatal_xids:
+            fatal.append(("FatalXid", reason))
+        elif key in _WARN_REASONS:
+            warn.append((_WARN_REASONS[key], reason))
+    for level, found in (("fatal", fatal), ("warn", warn)):
+        if found:
+            return Signal(level, found[0][0], tuple(dict.fromkeys(d for _, d in found)))  # type: ignore[arg-type]
+    return CLEAN
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """One GPU's place in the state machine, as stored."""
+
+    state: str = HEALTHY
+    since: datetime | None = None          # when it entered `state`
+    reason: str = ""
+    last_signal_at: datetime | None = None  # the newest warning or fatal sample
+    strikes: int = 0
+    last_strike_at: datetime | None = None
+    details: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class HealthStep:
+    health: GpuHealth
+    changed: bool   # the state changed (an event is due)
+    dirty: bool     # something to store (state or counters)
+
+
+def _enter(h: GpuHealth, state: str, reason: str, at: datetime, details: tuple[str, ...] = ()) -> HealthStep:
+    return HealthStep(replace(h, state=state, since=at, reason=reason, details=details,
+                              strikes=0 if state != SUSPECT else h.strikes), True, True)
+
+
+def _later(a: datetime | None, b: datetime) -> datetime:
+    return b if a is None or b > a else a
+
+
+def step(h: GpuHealth, signal: Signal, at: datetime, rules: HealthRules) -> HealthStep:
+    """Move one GPU through the state machine for one sample taken `at`."""
+    if signal.level == "clean":
+        quiet_since = h.last_signal_at or h.since
+        quiet_s = (at - quiet_since).total_seconds() if quiet_since is not None else float("inf")
+        if h.state == SUSPECT and quiet_s >= rules.suspect_clear_s:
+            return _enter(h, HEALTHY, "SuspectCleared", at)
+        if (h.state == QUARANTINED and rules.recheck_after_s is not None and quiet_s >= rules.recheck_after_s
+                and h.reason != "QuarantinedByOperator"):  # what an operator took out, an operator puts back
+            return _enter(h, PROBATION, "RecheckPassed", at)
+        if h.state == PROBATION and h.since is not None and (at - h.since).total_seconds() >= rules.probation_s:
+            return _enter(h, HEALTHY, "ProbationPassed", at)
+        return HealthStep(h, False, False)
+    seen = replace(h, last_signal_at=_later(h.last_signal_at, at))
+    if h.state == QUARANTINED:
+        return HealthStep(seen, False, seen != h)
+    if h.state == PROBATION:
+        return _enter(seen, QUARANTINED, "FailedProbation", at, (signal.reason, *signal.details))
+    if signal.level == "fatal":
+        return _enter(seen, QUARANTINED, signal.reason, at, signal.details)
+    if h.state == HEALTHY:
+        return _enter(replace(seen, strikes=1, last_strike_at=at), SUSPECT, signal.reason, at, signal.details)
+    # suspect, another warning: a strike if it is not part of the last one
+    if h.last_strike_at is not None and (at - h.last_strike_at).total_seconds() < rules.strike_gap_s:
+        return HealthStep(seen, False, True)
+    struck = replace(seen, strikes=h.strikes + 1, last_strike_at=at)
+    if struck.strikes >= rules.suspect_strikes:
+        return _enter(struck, QUARANTINED, "RepeatedSuspect", at, (signal.reason, *signal.details))
+    return HealthStep(struck, False, True)
+
+
+def operator_step(h: GpuHealth, action: str, at: datetime) -> HealthStep:
+    """An operator's word: `clear` sends a quarantined GPU to probation (it must still prove itself) and a suspect
+    or probation GPU straight to healthy; `quarantine` takes any GPU out of service now."""
+    if action == "quarantine":
+        return HealthStep(h, False, False) if h.state == QUARANTINED else \
+            _enter(h, QUARANTINED, "QuarantinedByOperator", at)
+    if h.state == QUARANTINED:
+        return _enter(replace(h, last_signal_at=None), PROBATION, "ClearedByOperator", at)
+    if h.state in (SUSPECT, PROBATION):
+        return _enter(replace(h, last_signal_at=None), HEALTHY, "ClearedByOperator", at)
+    return HealthStep(h, False, False)
 
 
 def lost_cutoff(now: datetime, node_lost_after_s: float) -> datetime:
@@ -32,9 +173,94 @@ def node_recovers(state: str, last_seen_before: datetime, sampled_at: datetime, 
             and sampled_at >= lost_cutoff(now, node_lost_after_s))
 
 
+# --- one-minute rollups -------------------------------------------------------------------------------------------
+ROLLUP_WINDOW_S = 60
+
+
+def window_start(at: datetime) -> datetime:
+    return at.replace(second=0, microsecond=0)
+
+
+@dataclass(slots=True)
+class RollupPartial:
+    """Sums over some samples of one GPU in one minute; added to the stored row, turned into a GpuRollup when the
+    minute is closed."""
+
+    cluster: str
+    node: str
+    index: int
+    samples: int = 0
+    util_sum: float = 0.0
+    util_max: float = 0.0
+    mem_sum: float = 0.0
+    mem_max: int = 0
+    power_sum: float = 0.0
+    power_n: int = 0
+    temp_max: float | None = None
+    procs_max: int = 0
+
+    def add(self, s: GpuTelemetry) -> None:
+        self.samples += 1
+        self.util_sum += s.utilization_gpu_pct
+        self.util_max = max(self.util_max, s.utilization_gpu_pct)
+        self.mem_sum += s.memory_used_mib
+        self.mem_max = max(self.mem_max, s.memory_used_mib)
+        if s.power_w is not None:
+            self.power_sum += s.power_w
+            self.power_n += 1
+        if s.temperature_c is not None:
+            self.temp_max = s.temperature_c if self.temp_max is None else max(self.temp_max, s.temperature_c)
+        self.procs_max = max(self.procs_max, s.process_count)
+
+
+def rollup_partials(samples: Iterable[tuple[str, str, datetime, GpuTelemetry]]) -> dict[tuple[str, datetime],
+                                                                                          RollupPartial]:
+    """(cluster, node, sampled_at, GPU sample) → partial sums per (GPU uuid, minute)."""
+    out: dict[tuple[str, datetime], RollupPartial] = {}
+    for cluster, node, at, s in samples:
+        key = (s.uuid, window_start(at))
+        part = out.get(key)
+        if part is None:
+            part = out[key] = RollupPartial(cluster, node, s.index)
+        part.add(s)
+    return out
+
+
+def gpu_rollup(row: Mapping[str, Any]) -> GpuRollup:
+    n = max(1, row["samples"])
+    return GpuRollup(
+        uuid=row["uuid"], index=row["idx"], samples=row["samples"],
+        utilization_avg_pct=min(100.0, round(row["util_sum"] / n, 3)),
+        utilization_max_pct=min(100.0, row["util_max"]), memory_used_avg_mib=round(row["mem_sum"] / n, 3),
+        memory_used_max_mib=row["mem_max"],
+        power_avg_w=round(row["power_sum"] / row["power_n"], 3) if row["power_n"] else None,
+        temperature_max_c=row["temp_max"], process_count_max=row["procs_max"])
+
+
+# --- orphans ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class OrphanRules:
+    process_after_s: float = 60.0     # a process on a GPU no allocation holds, for this long, is an orphan
+    no_process_after_s: float = 1800.0  # an allocation whose GPUs showed no process for this long is one too
+
+
+def process_without_allocation(procs_since: datetime | None, held: bool, now: datetime, rules: OrphanRules) -> bool:
+    """Due when a GPU nobody holds has run processes continuously for `process_after_s` (a grant that is still on
+    its way to inventory is covered by that delay)."""
+    return not held and procs_since is not None and (now - procs_since).total_seconds() >= rules.process_after_s
+
+
+def allocation_without_process(granted_at: datetime, last_process_at: datetime | None, now: datetime,
+                               rules: OrphanRules) -> datetime | None:
+    """Since when an allocation's GPUs have shown no process, if that is long enough to report; else None."""
+    since = granted_at if last_process_at is None or last_process_at < granted_at else last_process_at
+    return since if (now - since).total_seconds() >= rules.no_process_after_s else None
+
+
 # --- the pool view ------------------------------------------------------------------------------------------------
 IN_USE_UTIL_PCT = 5.0  # a GPU is "in use" when its latest fresh sample shows more utilisation than this
-COUNTS = ("total", "healthy", "unhealthy", "on_lost_nodes", "in_use")
+COUNTS = ("total", "healthy", "unhealthy", "on_lost_nodes", "in_use", "cordoned", "suspect", "quarantined",
+          "probation")
 
 
 def pool_view(models: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]], *,
@@ -50,15 +276,17 @@ def pool_view(models: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, 
     for m in models:
         in_use, unhealthy = list(m["in_use_gpus"]), list(m["unhealthy_gpus"])
         row = {"model": m["model"], "total": m["total"], "healthy": m["healthy"], "unhealthy": len(unhealthy),
-               "on_lost_nodes": m["on_lost_nodes"], "in_use": len(in_use), "in_use_gpus": in_use,
-               "unhealthy_gpus": unhealthy}
+               "on_lost_nodes": m["on_lost_nodes"], "in_use": len(in_use), "cordoned": m["cordoned"],
+               "suspect": m["suspect"], "quarantined": m["quarantined"], "probation": m["probation"],
+               "in_use_gpus": in_use, "unhealthy_gpus": unhealthy}
         cluster_entry(m["cluster"])["models"].append(row)
         total = overall.setdefault(m["model"], {"model": m["model"], **dict.fromkeys(COUNTS, 0)})
         for key in COUNTS:
             total[key] += row[key]
     for n in nodes:
         cluster_entry(n["cluster"])["nodes"].append({
-            "node": n["node"], "hostname": n["hostname"], "state": n["state"],
+            "node": n["node"], "hostname": n["hostname"], "state": n["state"], "cordoned": n["cordoned"],
+            "gpu_states": {k: n[k] for k in GPU_STATES if n[k]},
             "last_seen_at": n["last_seen_at"].isoformat(), "gpus": n["gpus"], "cpu_count": n["cpu_count"],
             "cpu_util_pct": n["cpu_util_pct"], "memory_mib": n["memory_mib"],
             "memory_used_mib": n["memory_used_mib"]})
