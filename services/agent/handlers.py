@@ -105,7 +105,8 @@ class NodeAgent:
 
     async def _on_fault(self, msg: Message) -> None:
         """Fault injection for the simulated fleet (development and tests only; never on the real backend):
-        {"node": ..., "fault": "silence", "seconds": N} or {"node": ..., "gpu": i, "fault": "xid79" | ...}."""
+        {"node": ..., "fault": "silence", "seconds": N} or {"node": ..., "gpu": i, "fault": "xid79" | ...} with the
+        GPU fault's optional `seconds`, `xid` or `count` (services/agent/nvml_sim.py lists the faults)."""
         try:
             doc = json.loads(msg.data)
         except ValueError:
@@ -117,8 +118,11 @@ class NodeAgent:
             self.silent_until = time.monotonic() + float(doc.get("seconds", 30))
             log.warning("sim_fault_silence", extra={"node": self.node, "seconds": doc.get("seconds", 30)})
         elif "gpu" in doc:
-            with contextlib.suppress(KeyError, ValueError, IndexError):
-                self.backend.inject_fault(int(doc["gpu"]), str(doc["fault"]))
+            options = {k: doc[k] for k in ("seconds", "xid", "count") if isinstance(doc.get(k), int | float)}
+            with contextlib.suppress(KeyError, ValueError, IndexError, TypeError):
+                self.backend.inject_fault(int(doc["gpu"]), str(doc["fault"]), **options)
+                log.warning("sim_fault_injected", extra={"node": self.node, "gpu": doc["gpu"], "fault": doc["fault"],
+                                                         **options})
 
     async def _on_allocation(self, msg: Message) -> None:
         try:

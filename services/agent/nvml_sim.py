@@ -35,7 +35,19 @@ from services.agent.nvml_types import (
 )
 
 WORKLOAD_KINDS = ("idle", "training", "inference", "dev")
-FAULT_KINDS = ("xid79", "xid48", "dbe", "sbe_storm", "thermal", "xid13")
+FAULT_KINDS = ("xid79", "off_bus", "xid48", "dbe", "sbe_storm", "ecc_storm", "ecc_burst", "xid_storm", "thermal",
+               "xid13", "reset", "rogue_process", "no_process")
+# What each fault means on the simulated GPU:
+#   xid79 / off_bus     the GPU falls off the bus: Xid 79, then nothing readable, latched until a reset
+#   xid48 / dbe         an uncorrectable (double-bit) ECC error with Xid 48; pages pending retirement
+#   sbe_storm/ecc_storm correctable ECC errors climb at 30-90/min (Xid 92 once) until a reset
+#   ecc_burst           one burst of `count` (default 50) correctable ECC errors, nothing after
+#   xid_storm           a non-fatal Xid (`xid`, default 31) on every sample for `seconds` (default 30)
+#   thermal / xid13     cooling failure / one application-level Xid 13
+#   reset               a GPU reset: faults, latched Xids and volatile ECC counters cleared
+#   rogue_process       a process starts on the GPU though no allocation holds it (an orphan)
+#   no_process          the GPU's processes exit though its allocation stays (an allocation without process)
+
 
 TAU_S = 40.0  # thermal time constant
 AMBIENT_C = 28.0
@@ -133,6 +145,8 @@ class _GpuState:
     lost: bool = False
     mig: tuple[MigInstance, ...] | None = None
     sbe_tracker: SbeRateTracker = field(default_factory=SbeRateTracker)
+    xid_storm_until: float = 0.0
+    xid_storm_xid: int = 31
 
 
 class SimulatedNvml:
@@ -220,11 +234,27 @@ class SimulatedNvml:
             generation=gen,
         )
 
-    def inject_fault(self, index: int, kind: str) -> None:
+    def inject_fault(self, index: int, kind: str, *, seconds: float = 30.0, xid: int = 31, count: int = 50) -> None:
         gpu = self._gpu(index)
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
-        if kind == "xid79":
+        kind = {"off_bus": "xid79", "ecc_storm": "sbe_storm"}.get(kind, kind)
+        if kind == "reset":
+            self.clear_faults(index)
+            return
+        if kind == "rogue_process":
+            self.set_workload(gpu.uuid, "training")
+            return
+        if kind == "no_process":
+            gpu.workload = None
+            return
+        if kind == "ecc_burst":
+            gpu.sbe += max(1, count)
+            return
+        if kind == "xid_storm":
+            gpu.xid_storm_until = self._clock() + seconds
+            gpu.xid_storm_xid = xid
+        elif kind == "xid79":
             gpu.lost = True
             gpu.memory_used_mib = 0.0  # nothing is readable once the GPU is off the bus
             self._raise_xid(gpu, 79)
@@ -250,6 +280,7 @@ class SimulatedNvml:
         gpu.dbe = 0
         gpu.retired_pages_pending = False
         gpu.lost = False
+        gpu.xid_storm_until = 0.0
         gpu.sbe_tracker.reset()
 
     def set_mig_layout(self, index: int, profiles: Sequence[str]) -> None:
@@ -366,6 +397,8 @@ class SimulatedNvml:
 
     def _step(self, gpu: _GpuState, now: float, dt: float) -> GpuSample:
         spec = gpu.spec
+        if now < gpu.xid_storm_until:
+            gpu.pending_xids.append(gpu.xid_storm_xid)
         xids = tuple(gpu.pending_xids)
         gpu.pending_xids.clear()
 

@@ -26,9 +26,11 @@ from libs.contracts.events import (
     JobCompleted,
     JobScaled,
     JobSubmitted,
+    NodeCordoned,
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    NodeUncordoned,
     PriorityClassSet,
     QuotaSet,
     TeamCreated,
@@ -75,9 +77,23 @@ class PlacementHandlers:
                 await store.set_node_schedulable(uow.conn, data.cluster, data.node, False)
 
     async def on_node_recovered(self, event: CloudEvent, data: NodeRecovered) -> None:
+        """Back, and schedulable again unless an operator cordoned it meanwhile (inventory says which)."""
         async with self.rt.uow() as uow:
             if await uow.first_time(CONSUMER, event.id):
-                await store.set_node_schedulable(uow.conn, data.cluster, data.node, True)
+                await store.set_node_schedulable(uow.conn, data.cluster, data.node, not data.cordoned)
+        self._kick.set()
+
+    async def on_node_cordoned(self, event: CloudEvent, data: NodeCordoned) -> None:
+        """No new work on a cordoned (or draining) node; taking its allocations back is reclamation's part."""
+        async with self.rt.uow() as uow:
+            if await uow.first_time(CONSUMER, event.id):
+                await store.set_node_schedulable(uow.conn, data.cluster, data.node, False)
+
+    async def on_node_uncordoned(self, event: CloudEvent, data: NodeUncordoned) -> None:
+        """Schedulable again only if the node is also reporting (an uncordoned lost node waits to recover)."""
+        async with self.rt.uow() as uow:
+            if await uow.first_time(CONSUMER, event.id):
+                await store.set_node_schedulable(uow.conn, data.cluster, data.node, data.node_state == "ready")
         self._kick.set()
 
     async def on_gpu_health_changed(self, event: CloudEvent, data: GpuHealthChanged) -> None:
@@ -359,6 +375,8 @@ def routes(h: PlacementHandlers) -> Routes:
             NodeRegistered: h.on_node_registered,
             NodeLost: h.on_node_lost,
             NodeRecovered: h.on_node_recovered,
+            NodeCordoned: h.on_node_cordoned,
+            NodeUncordoned: h.on_node_uncordoned,
             GpuHealthChanged: h.on_gpu_health_changed,
             GpuSharingSet: h.on_gpu_sharing_set,
             JobSubmitted: h.on_job_submitted,

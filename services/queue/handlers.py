@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 CONSUMER = "queue"
 # Releases that never send a job back to the queue: the user finished it, or it was scaled down.
 NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})
-# Reclaims that end the job rather than requeue it: running it again would only hold the GPUs idle again.
-ENDS_THE_JOB = frozenset({"IdleReclaimed", "MaxRuntimeExceeded"})
+# Reclaims that end the job rather than requeue it: running it again would only hold the GPUs idle again, or it
+# already lost its GPUs abnormally (node lost, GPU quarantined, drain) more often than reclamation allows.
+ENDS_THE_JOB = frozenset({"IdleReclaimed", "MaxRuntimeExceeded", "RestartLimitReached"})
 
 
 def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]

@@ -62,3 +62,14 @@ def judge(tracker: Row, policy: Row | None, now: datetime) -> Verdict:
         return Verdict("reclaim", "IdleReclaimed", f"idle for {idle_s:.0f} s, warned at "
                                                    f"{tracker['warned_at'].isoformat()}")
     return Verdict("none")
+
+
+# --- abnormal reclaims: the GPUs are gone or must not be used, whatever the workload is doing ------------------------
+ABNORMAL = frozenset({"NodeLost", "GpuQuarantined", "Drained"})
+RESTART_LIMIT = "RestartLimitReached"
+
+
+def abnormal_reason(cause: str, attempt: int, max_restarts: int) -> str:
+    """The release reason for the `attempt`-th abnormal loss of a job's GPUs: the cause itself (the queue requeues
+    the job), or RestartLimitReached once it has been restarted `max_restarts` times (the queue fails it)."""
+    return cause if attempt <= max_restarts else RESTART_LIMIT

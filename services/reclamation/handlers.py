@@ -1,5 +1,6 @@
 """Reclamation service: follows every live allocation, measures idleness from real telemetry, and takes GPUs back
-— idle ones after a warning and a grace period, ones past their declared max runtime, and ones on lost nodes.
+— idle ones after a warning and a grace period, ones past their declared max runtime, and abnormally: ones on lost
+or drained nodes and ones holding a quarantined GPU (requeued by the queue, failed after too many restarts).
 
 Deciding is here; acting is placement's (the only writer of allocations): each decision is an event written with
 the tracker's new state (outbox), then a release request to placement, retried every sweep until the release
@@ -19,6 +20,8 @@ from libs.contracts.envelope import CloudEvent, utcnow
 from libs.contracts.events import (
     AllocationGranted,
     AllocationReleased,
+    GpuHealthChanged,
+    NodeCordoned,
     NodeLost,
     ReclaimDecided,
     ReclaimWarned,
@@ -28,7 +31,7 @@ from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.reclamation import store
 from services.reclamation.config import ReclamationSettings
-from services.reclamation.domain import allocation_utilization, is_busy, judge
+from services.reclamation.domain import abnormal_reason, allocation_utilization, is_busy, judge
 
 log = logging.getLogger(__name__)
 CONSUMER = "reclamation"
@@ -71,9 +74,48 @@ class ReclamationHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
-                await self._decide(uow, tracker, "NodeLost", f"node {data.node} stopped reporting at "
-                                                             f"{data.last_seen_at.isoformat()}")
+                await self._abnormal(uow, tracker, "NodeLost", f"node {data.node} stopped reporting at "
+                                                               f"{data.last_seen_at.isoformat()}")
         await self.release_decided()
+
+    async def on_gpu_health_changed(self, event: CloudEvent, data: GpuHealthChanged) -> None:
+        """A quarantined GPU must not keep running work: release every allocation holding it."""
+        quarantined = data.state == "quarantined" if data.state is not None else data.current == "failed"
+        if not quarantined:
+            return
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            for tracker in await store.trackers_holding(uow.conn, data.gpu_uuid):
+                await self._abnormal(uow, tracker, "GpuQuarantined",
+                                     f"GPU {data.gpu_index} on {data.node} was quarantined ({data.reason or 'failed'}"
+                                     f"{': ' + ', '.join(data.reasons) if data.reasons else ''})")
+        await self.release_decided()
+
+    async def on_node_cordoned(self, event: CloudEvent, data: NodeCordoned) -> None:
+        """A drain takes the node's allocations back; a plain cordon leaves running work alone."""
+        if not data.drain:
+            return
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
+                await self._abnormal(uow, tracker, "Drained", f"node {data.node} is being drained"
+                                                              f"{' (' + data.reason + ')' if data.reason else ''}")
+        await self.release_decided()
+
+    async def _abnormal(self, uow, tracker, cause: str, message: str) -> None:  # type: ignore[no-untyped-def]
+        """Decide an abnormal reclaim, counting the job's attempts: requeued with the cause as reason, or failed
+        with RestartLimitReached once it has been restarted `max_abnormal_restarts` times."""
+        if tracker["reclaim_reason"]:
+            return  # already being taken back
+        attempt = await store.abnormal_count(uow.conn, tracker["job_id"]) + 1
+        reason = abnormal_reason(cause, attempt, self.settings.max_abnormal_restarts)
+        if reason != cause:
+            message = f"{message}; {cause} #{attempt}, more than the {self.settings.max_abnormal_restarts} " \
+                      "restarts allowed"
+        if await self._decide(uow, tracker, reason, message, attempt=attempt):
+            await store.count_abnormal(uow.conn, tracker["job_id"], utcnow())
 
     # --- the sweep ------------------------------------------------------------------------------------------------
     async def sweep_loop(self) -> None:
@@ -110,12 +152,16 @@ class ReclamationHandlers:
                     await self._decide(uow, tracker, verdict.reason, verdict.message)
         await self.release_decided()
 
-    async def _decide(self, uow, tracker, reason: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    async def _decide(self, uow, tracker, reason: str, message: str,  # type: ignore[no-untyped-def]
+                      attempt: int | None = None) -> bool:
         if await store.mark_reclaiming(uow.conn, tracker["allocation_id"], reason):
             await uow.emit(ReclaimDecided(allocation_id=tracker["allocation_id"], job_id=tracker["job_id"],
                                           team=tracker["team"], node=tracker["node"], reason=reason,
-                                          message=message, decided_at=utcnow()))
-            log.warning("reclaim_decided", extra={"job_id": tracker["job_id"], "reason": reason})
+                                          message=message, decided_at=utcnow(), attempt=attempt))
+            log.warning("reclaim_decided", extra={"job_id": tracker["job_id"], "reason": reason,
+                                                  "attempt": attempt})
+            return True
+        return False
 
     async def release_decided(self) -> None:
         """Ask placement to release everything decided and not yet released (retried each sweep)."""
@@ -170,6 +216,8 @@ def routes(h: ReclamationHandlers) -> Routes:
             AllocationGranted: h.on_allocation_granted,
             AllocationReleased: h.on_allocation_released,
             NodeLost: h.on_node_lost,
+            GpuHealthChanged: h.on_gpu_health_changed,
+            NodeCordoned: h.on_node_cordoned,
         },
         telemetry=h.on_telemetry,
     )

@@ -31,6 +31,22 @@ async def trackers_on_node(conn: asyncpg.Connection, cluster: str, node: str) ->
     return await conn.fetch(f"SELECT {_TRACKER} FROM trackers WHERE cluster = $1 AND node = $2", cluster, node)
 
 
+async def trackers_holding(conn: asyncpg.Connection, gpu_uuid: str) -> list[asyncpg.Record]:
+    return await conn.fetch(f"SELECT {_TRACKER} FROM trackers WHERE $1 = ANY(gpu_uuids)", gpu_uuid)
+
+
+async def abnormal_count(conn: asyncpg.Connection, job_id: str) -> int:
+    return await conn.fetchval("SELECT coalesce(max(abnormal), 0) FROM job_restarts WHERE job_id = $1", job_id)
+
+
+async def count_abnormal(conn: asyncpg.Connection, job_id: str, at: datetime) -> int:
+    """One more abnormal loss of GPUs for this job; returns how many it has had."""
+    return await conn.fetchval(
+        """INSERT INTO job_restarts (job_id, abnormal, last_at) VALUES ($1, 1, $2)
+           ON CONFLICT (job_id) DO UPDATE SET abnormal = job_restarts.abnormal + 1, last_at = EXCLUDED.last_at
+           RETURNING abnormal""", job_id, at)
+
+
 async def observe(conn: asyncpg.Connection, allocation_id: str, at: datetime, mean_util: float, max_util: float,
                   busy: bool) -> None:
     await conn.execute(

@@ -248,3 +248,53 @@ def test_sampling_before_open_is_an_error(clock):
     sim = SimulatedNvml("h", ["T4"], seed=1, clock=clock)
     with pytest.raises(RuntimeError, match="not open"):
         sim.sample()
+
+
+def test_an_xid_storm_reports_the_xid_on_every_sample_for_its_duration_then_stops(clock):
+    sim = make(clock)
+    sim.inject_fault(2, "xid_storm", seconds=20, xid=43)
+    rounds = run(sim, clock, 40)  # samples at +5 .. +40 s
+    assert [r[2].xid_events for r in rounds] == [(43,)] * 3 + [()] * 5
+    assert all(r[2].health == "healthy" for r in rounds)  # an application-level Xid is not latched
+    assert all(r[1].xid_events == () for r in rounds)
+
+
+def test_an_ecc_burst_raises_the_correctable_count_once(clock):
+    sim = make(clock)
+    before = sim.sample()[4].ecc_volatile_sbe
+    sim.inject_fault(4, "ecc_burst", count=25)
+    counts = [r[4].ecc_volatile_sbe for r in run(sim, clock, 30)]
+    assert counts == [before + 25] * 6
+
+
+def test_off_bus_and_ecc_storm_are_the_same_faults_as_xid79_and_sbe_storm(clock):
+    sim = make(clock)
+    sim.inject_fault(0, "off_bus")
+    sim.inject_fault(1, "ecc_storm")
+    last = run(sim, clock, 120)[-1]
+    assert last[0].health == "failed" and "gpu_lost" in last[0].health_reasons
+    assert any(r.startswith("sbe_storm:") for r in last[1].health_reasons)
+
+
+def test_a_reset_fault_clears_a_gpu_that_fell_off_the_bus(clock):
+    sim = make(clock)
+    sim.inject_fault(3, "xid79")
+    assert run(sim, clock, 10)[-1][3].health == "failed"
+    sim.inject_fault(3, "reset")
+    assert run(sim, clock, 10)[-1][3].health == "healthy"
+
+
+def test_a_rogue_process_runs_on_a_free_gpu_and_no_process_empties_a_busy_one(clock):
+    sim = make(clock)
+    sim.set_workload(uuid_of(sim, 1), "training")
+    sim.inject_fault(0, "rogue_process")
+    busy = run(sim, clock, 30)[-1]
+    assert busy[0].process_count >= 1 and busy[0].utilization_gpu_pct > 0
+    assert busy[1].process_count >= 1
+    sim.inject_fault(1, "no_process")
+    assert run(sim, clock, 10)[-1][1].process_count == 0
+
+
+def test_an_unknown_fault_is_refused(clock):
+    with pytest.raises(ValueError):
+        make(clock).inject_fault(0, "meltdown")

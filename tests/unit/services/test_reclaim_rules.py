@@ -55,3 +55,11 @@ def test_nothing_is_reclaimed_without_telemetry_or_without_an_idle_policy() -> N
 
 def test_an_allocation_already_being_reclaimed_is_not_judged_again() -> None:
     assert judge(tracker(reclaim_reason="NodeLost", last_busy_at=NOW - timedelta(days=1)), DEV, NOW).action == "none"
+
+
+def test_abnormal_reclaims_requeue_until_the_restart_limit_then_fail() -> None:
+    from services.reclamation.domain import abnormal_reason
+
+    assert [abnormal_reason("GpuQuarantined", n, max_restarts=2) for n in (1, 2, 3, 4)] == [
+        "GpuQuarantined", "GpuQuarantined", "RestartLimitReached", "RestartLimitReached"]
+    assert abnormal_reason("NodeLost", 1, max_restarts=0) == "RestartLimitReached"
