@@ -1,18 +1,252 @@
-"""Accounting rules: how an allocation becomes GPU-seconds."""
+"""Accounting rules, pure: how an allocation becomes GPU-seconds, how prices apply, how demand is trended.
+
+Time is counted in whole microseconds (what the allocation events and PostgreSQL both carry) and shares in milli-GPU,
+so every ledger sum is an integer sum and exact; only the final presentation divides.
+"""
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
 
-from libs.contracts.events import AllocationReleased
+from libs.contracts.events import AllocatedGpu, AllocationEvent, AllocationReleased, JobSubmitted
+
+US_PER_S = 1_000_000
+MILLI = 1000
+US_PER_HOUR = 3600 * US_PER_S
+_ONE_US = timedelta(microseconds=1)
+_MIG_SLICES = re.compile(r"^([1-7])g\.")
+
+
+def held_us(start: datetime, end: datetime) -> int:
+    """Whole microseconds from start to end; a clock skew that would make it negative counts as zero."""
+    return max(0, (end - start) // _ONE_US)
+
+
+def sharing_of(gpu: AllocatedGpu) -> str:
+    if gpu.mig_profile:
+        return "mig"
+    return "whole" if gpu.share_milli >= MILLI else "fraction"
+
+
+def share_milli(data: AllocationEvent) -> int:
+    """GPUs held, each counted by its share, in milli-GPU (a whole GPU is 1000)."""
+    return sum(g.share_milli for g in data.gpus)
+
+
+def gpu_milli_us(data: AllocationReleased) -> int:
+    """(release − grant) × Σ share, in milli-GPU-microseconds: the exact size of one ledger row."""
+    return held_us(data.granted_at, data.released_at) * share_milli(data)
 
 
 def gpu_seconds(data: AllocationReleased) -> float:
-    """Held GPUs × wall seconds held. A clock skew that would make it negative counts as zero."""
-    held = (data.released_at - data.granted_at).total_seconds()
-    return max(0.0, held) * len(data.gpus)
+    return gpu_milli_us(data) / (MILLI * US_PER_S)
 
 
-def dominant_model(data: AllocationReleased) -> str:
+def dominant_model(data: AllocationEvent) -> str:
     """The model an allocation is charged as (allocations are single-model today; the most common wins)."""
     return Counter(g.model for g in data.gpus).most_common(1)[0][0] if data.gpus else "unknown"
+
+
+def allocation_sharing(data: AllocationEvent) -> str:
+    kinds = {sharing_of(g) for g in data.gpus}
+    return kinds.pop() if len(kinds) == 1 else ("whole" if not kinds else "mixed")
+
+
+def mig_share_milli(profile: str) -> int:
+    """A MIG slice's share of its GPU: compute slices / 7 (the same rule placement applies)."""
+    match = _MIG_SLICES.match(profile)
+    return round(int(match.group(1)) * MILLI / 7) if match else MILLI
+
+
+def demand_milli(data: JobSubmitted) -> int:
+    """GPUs a queued job asks for, by share: a gang's total, each replica's GPUs, a fraction or a MIG slice."""
+    copies = 1 if data.gang_nodes else max(1, data.replicas)
+    if data.mig_profile:
+        return mig_share_milli(data.mig_profile) * copies
+    if data.gpu_fraction_milli:
+        return data.gpu_fraction_milli * copies
+    return data.gpus * MILLI * copies
+
+
+def requested_model(data: JobSubmitted) -> str:
+    """The model a waiting job's demand counts against: the one it asks for, or `any`."""
+    return data.gpu_models[0] if len(data.gpu_models) == 1 else "any"
+
+
+# --- utilization from rollups -------------------------------------------------------------------------------------
+def utilization(covered_us: float, util_us: float, idle_us: float) -> tuple[float | None, float | None]:
+    """(average utilization %, idle fraction) over the covered part of an interval; None without coverage."""
+    if covered_us <= 0:
+        return None, None
+    return util_us / covered_us, idle_us / covered_us
+
+
+# --- cost ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Rate:
+    gpu_model: str
+    mig_profile: str
+    effective_from: datetime
+    price_per_hour: Decimal
+
+
+def segment_bounds(start: datetime, end: datetime, rates: Iterable[Rate]) -> list[tuple[datetime, datetime]]:
+    """[start, end) cut wherever a price takes effect, so every price is constant within one segment."""
+    cuts = sorted({r.effective_from for r in rates if start < r.effective_from < end})
+    points = [start, *cuts, end]
+    return list(zip(points[:-1], points[1:], strict=True))
+
+
+def rate_in_force(rates: Sequence[Rate], gpu_model: str, mig_profile: str, at: datetime) -> Rate | None:
+    best: Rate | None = None
+    for r in rates:
+        if r.gpu_model == gpu_model and r.mig_profile == mig_profile and r.effective_from <= at:
+            if best is None or r.effective_from > best.effective_from:
+                best = r
+    return best
+
+
+def piece_cost(rates: Sequence[Rate], gpu_model: str, mig_profile: str, at: datetime, inst_us: int,
+               milli_us: int) -> Decimal | None:
+    """Cost of GPU time of one model (and MIG profile) within one price segment starting at `at`.
+
+    A MIG slice pays its profile's instance-hour price when one is in force, else its share of the model's GPU-hour
+    price; a fraction pays its share of the GPU-hour price. None: no price in force (the time stays unpriced)."""
+    if mig_profile:
+        rate = rate_in_force(rates, gpu_model, mig_profile, at)
+        if rate is not None:
+            return Decimal(inst_us) * rate.price_per_hour / US_PER_HOUR
+    rate = rate_in_force(rates, gpu_model, "", at)
+    if rate is None:
+        return None
+    return Decimal(milli_us) * rate.price_per_hour / (US_PER_HOUR * MILLI)
+
+
+def money(value: Decimal) -> float:
+    return float(value.quantize(Decimal("0.000001")))
+
+
+def gpu_seconds_of(milli_us: int | Decimal) -> float:
+    """milli-GPU-µs as GPU-seconds, exact to the microsecond."""
+    return float((Decimal(milli_us) / (MILLI * US_PER_S)).quantize(Decimal("0.000001")))
+
+
+# --- capacity ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class BucketLevels:
+    """Within one trend bucket, from the running level of held (or demanded) GPUs: the highest level reached after
+    an event in the bucket, the level after its last event, and the time of its first event."""
+
+    bucket: int
+    max_level: float
+    last_level: float
+    first_event_at: datetime
+
+
+def bucket_peaks(levels: Sequence[BucketLevels], n_buckets: int, bucket_starts: Sequence[datetime]) -> list[float]:
+    """Peak level per bucket, carrying the level across buckets without events. A bucket whose first event is
+    after its start also sees the level carried in (held since before it began)."""
+    by_bucket = {b.bucket: b for b in levels}
+    peaks, carry = [], 0.0
+    for i in range(n_buckets):
+        b = by_bucket.get(i)
+        if b is None:
+            peaks.append(carry)
+            continue
+        peak = b.max_level
+        if b.first_event_at > bucket_starts[i]:
+            peak = max(peak, carry)
+        peaks.append(peak)
+        carry = b.last_level
+    return peaks
+
+
+def linear_forecast(points: Sequence[tuple[float, float]], supply: float, now_s: float) -> dict:
+    """Least-squares line through (time s, peak demand) points and when it reaches `supply`.
+
+    status: `exceeds` (the latest peak is already above supply), `will_exceed` (rising; `exceeds_at_s` when the
+    line crosses supply), `ok` (flat or falling, below supply), `insufficient_data` (fewer than two points)."""
+    if len(points) < 2 or len({x for x, _ in points}) < 2:
+        latest = points[-1][1] if points else 0.0
+        return {"status": "exceeds" if latest > supply else "insufficient_data", "slope_per_day": None,
+                "exceeds_at_s": None}
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    intercept = my - slope * mx
+    latest = points[-1][1]
+    out = {"slope_per_day": slope * 86400, "intercept": intercept, "exceeds_at_s": None}
+    if latest > supply:
+        return {**out, "status": "exceeds"}
+    if slope <= 0 or math.isclose(slope, 0.0, abs_tol=1e-12):
+        return {**out, "status": "ok"}
+    crossing = (supply - intercept) / slope
+    return {**out, "status": "will_exceed", "exceeds_at_s": max(crossing, now_s)}
+
+
+# --- folding report pieces ------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Totals:
+    """GPU time of one report group. `milli_us` is exact; the utilization-weighted parts are estimates (each
+    interval's average over its measured time applied to its part inside the range)."""
+
+    milli_us: int = 0
+    measured_milli_us: float = 0.0
+    used_milli_us: float = 0.0
+    idle_milli_us: float = 0.0
+    cost: Decimal = Decimal(0)
+    unpriced_milli_us: int = 0
+
+    def add(self, other: Totals) -> None:
+        self.milli_us += other.milli_us
+        self.measured_milli_us += other.measured_milli_us
+        self.used_milli_us += other.used_milli_us
+        self.idle_milli_us += other.idle_milli_us
+        self.cost += other.cost
+        self.unpriced_milli_us += other.unpriced_milli_us
+
+
+def fold_pieces(pieces: Iterable[dict], group_by: Sequence[str], bounds: Sequence[tuple[datetime, datetime]],
+                rates: Sequence[Rate]) -> dict[tuple, Totals]:
+    """Sum pieces (group × model × MIG profile × price segment) into groups, pricing each piece with the price in
+    force in its segment."""
+    out: dict[tuple, Totals] = {}
+    for p in pieces:
+        key = tuple(p[d] for d in group_by)
+        milli_us, inst_us = int(p["milli_us"]), int(p["inst_us"])
+        cost = piece_cost(rates, p["_model"], p["_profile"], bounds[p["_seg"]][0], inst_us, milli_us)
+        t = Totals(milli_us=milli_us, measured_milli_us=float(p["measured_milli_us"]),
+                   used_milli_us=float(p["used_milli_us"]), idle_milli_us=float(p["idle_milli_us"]),
+                   cost=cost if cost is not None else Decimal(0), unpriced_milli_us=0 if cost is not None else milli_us)
+        out.setdefault(key, Totals()).add(t)
+    return out
+
+
+def _hours(milli_us: float) -> float:
+    return round(milli_us / (MILLI * US_PER_HOUR), 6)
+
+
+def _pct(part: float, whole: float) -> float | None:
+    return round(100.0 * part / whole, 3) if whole > 0 else None
+
+
+def usage_row(t: Totals) -> dict:
+    return {"gpu_seconds": gpu_seconds_of(t.milli_us), "gpu_hours": _hours(t.milli_us), "cost": money(t.cost),
+            "unpriced_gpu_seconds": gpu_seconds_of(t.unpriced_milli_us),
+            "avg_utilization_pct": _pct(t.used_milli_us, t.measured_milli_us)}
+
+
+def efficiency_row(t: Totals) -> dict:
+    return {"allocated_gpu_hours": _hours(t.milli_us), "measured_gpu_hours": _hours(t.measured_milli_us),
+            "used_gpu_hours": _hours(t.used_milli_us), "idle_gpu_hours": _hours(t.idle_milli_us),
+            "efficiency_pct": _pct(t.used_milli_us, t.measured_milli_us),
+            "idle_pct": _pct(t.idle_milli_us, t.measured_milli_us),
+            "telemetry_coverage_pct": _pct(t.measured_milli_us, t.milli_us)}

@@ -2,26 +2,134 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
 import asyncpg
 
-from libs.contracts.events import AllocationGranted, AllocationReleased
+from libs.contracts.events import AllocationEvent, AllocationReleased, GpuRollup, JobSubmitted, NodeRegistered
+from services.accounting.domain import sharing_of
+
+# Report dimension → gpu_intervals column (a whitelist: only these names ever reach SQL text).
+COLUMNS: dict[str, str] = {"team": "team", "project": "project", "user": "user_name", "kind": "kind",
+                           "gpu_model": "gpu_model", "sharing": "sharing", "mig_profile": "mig_profile"}
 
 
-async def open_allocation(conn: asyncpg.Connection, data: AllocationGranted, model: str) -> None:
+# --- jobs and queue waits ------------------------------------------------------------------------------------------
+async def upsert_job(conn: asyncpg.Connection, data: JobSubmitted, user: str) -> None:
     await conn.execute(
-        """INSERT INTO open_allocations (allocation_id, job_id, team, project, gpu_model, gpu_count, granted_at)
-           VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT DO NOTHING""",
-        data.allocation_id, data.job_id, data.team, data.project, model, len(data.gpus), data.granted_at)
+        """INSERT INTO jobs (job_id, team, project, user_name, kind, submitted_at) VALUES ($1,$2,$3,$4,$5,$6)
+           ON CONFLICT (job_id) DO UPDATE SET user_name = CASE WHEN EXCLUDED.user_name = 'unknown'
+                                                               THEN jobs.user_name ELSE EXCLUDED.user_name END""",
+        data.job_id, data.team, data.project, user, data.kind, data.submitted_at)
 
 
-async def record_usage(conn: asyncpg.Connection, data: AllocationReleased, model: str, seconds: float) -> bool:
+async def job_user(conn: asyncpg.Connection, job_id: str) -> str:
+    return await conn.fetchval("SELECT user_name FROM jobs WHERE job_id = $1", job_id) or "unknown"
+
+
+async def open_wait(conn: asyncpg.Connection, *, job_id: str, entered_at: datetime, team: str, demand_milli: int,
+                    gpu_model: str) -> bool:
+    """Start a wait unless the job is already waiting (a repeated submission event changes nothing)."""
+    waiting = await conn.fetchval("SELECT 1 FROM queue_waits WHERE job_id = $1 AND ended_at IS NULL", job_id)
+    if waiting:
+        return False
+    inserted = await conn.fetchval(
+        """INSERT INTO queue_waits (job_id, entered_at, team, demand_milli, gpu_model) VALUES ($1,$2,$3,$4,$5)
+           ON CONFLICT DO NOTHING RETURNING 1""", job_id, entered_at, team, demand_milli, gpu_model)
+    return inserted is not None
+
+
+async def close_wait(conn: asyncpg.Connection, job_id: str, at: datetime, outcome: str,
+                     gpu_model: str | None = None) -> None:
+    await conn.execute(
+        """UPDATE queue_waits SET ended_at = GREATEST($2, entered_at), outcome = $3,
+                                  gpu_model = COALESCE($4, gpu_model)
+           WHERE job_id = $1 AND ended_at IS NULL""", job_id, at, outcome, gpu_model)
+
+
+# --- the ledger --------------------------------------------------------------------------------------------------
+def _lock_keys(gpu_uuids: Iterable[str]) -> list[int]:
+    """One advisory lock per GPU, taken in one global order (so two transactions never deadlock): the rollup
+    consumer and the allocation consumer both change a GPU's utilization accumulators under it."""
+    keys = {int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "big", signed=True)
+            for u in gpu_uuids}
+    return sorted(keys)
+
+
+async def lock_gpus(conn: asyncpg.Connection, gpu_uuids: Iterable[str]) -> None:
+    for key in _lock_keys(gpu_uuids):
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+
+
+async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
+                           granted_at: datetime, released_at: datetime | None, reason: str | None,
+                           idle_util_pct: float) -> bool:
+    """The allocation's per-GPU rows, with utilization from rollups already stored. False: they existed."""
+    rows = [(data.allocation_id, slot, g.uuid, g.index, data.job_id, data.team, data.project, user, kind,
+             data.cluster, data.node, g.model, g.share_milli, g.mig_profile or "", sharing_of(g), granted_at,
+             released_at, reason) for slot, g in enumerate(data.gpus)]
+    exists = await conn.fetchval("SELECT 1 FROM gpu_intervals WHERE allocation_id = $1 LIMIT 1", data.allocation_id)
+    if exists or not rows:
+        return False
+    await conn.executemany(
+        """INSERT INTO gpu_intervals (allocation_id, slot, gpu_uuid, gpu_index, job_id, team, project, user_name,
+                                      kind, cluster, node, gpu_model, share_milli, mig_profile, sharing, granted_at,
+                                      released_at, release_reason)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)""", rows)
+    await conn.execute(
+        """UPDATE gpu_intervals g SET covered_us = x.cov, util_us = x.util, idle_us = x.idle
+           FROM (SELECT i.slot, SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
+                        SUM(CASE WHEN r.util_avg_pct <= $2 THEN x.ov ELSE 0 END) AS idle
+                 FROM gpu_intervals i
+                 JOIN gpu_rollups r ON r.gpu_uuid = i.gpu_uuid AND r.window_end > i.granted_at
+                                   AND (i.released_at IS NULL OR r.window_start < i.released_at)
+                 CROSS JOIN LATERAL (SELECT acct_us(GREATEST(i.granted_at, r.window_start),
+                                                    LEAST(COALESCE(i.released_at, r.window_end), r.window_end))
+                                            ::double precision AS ov) x
+                 WHERE i.allocation_id = $1 GROUP BY i.slot) x
+           WHERE g.allocation_id = $1 AND g.slot = x.slot""", data.allocation_id, idle_util_pct)
+    return True
+
+
+async def close_intervals(conn: asyncpg.Connection, allocation_id: str, released_at: datetime, reason: str,
+                          idle_util_pct: float) -> int:
+    """Mark the allocation's open GPU rows released. Rollups stored while they were open were counted up to their
+    window's end; take back the part after the release. Returns how many rows were closed."""
+    slots = await conn.fetch(
+        """UPDATE gpu_intervals SET released_at = GREATEST($2, granted_at), release_reason = $3
+           WHERE allocation_id = $1 AND released_at IS NULL RETURNING slot""", allocation_id, released_at, reason)
+    if not slots:
+        return 0
+    await conn.execute(
+        """UPDATE gpu_intervals g SET covered_us = GREATEST(0, g.covered_us - x.cov),
+                                      util_us = GREATEST(0, g.util_us - x.util),
+                                      idle_us = GREATEST(0, g.idle_us - x.idle)
+           FROM (SELECT i.slot, SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
+                        SUM(CASE WHEN r.util_avg_pct <= $3 THEN x.ov ELSE 0 END) AS idle
+                 FROM gpu_intervals i
+                 JOIN gpu_rollups r ON r.gpu_uuid = i.gpu_uuid AND r.window_end > i.released_at
+                                   AND r.window_end > i.granted_at
+                 CROSS JOIN LATERAL (SELECT acct_us(GREATEST(r.window_start, i.granted_at, i.released_at),
+                                                    r.window_end)::double precision AS ov) x
+                 WHERE i.allocation_id = $1 AND i.slot = ANY($2::int[]) GROUP BY i.slot) x
+           WHERE g.allocation_id = $1 AND g.slot = x.slot""",
+        allocation_id, [r["slot"] for r in slots], idle_util_pct)
+    return len(slots)
+
+
+async def record_usage(conn: asyncpg.Connection, data: AllocationReleased, *, model: str, user: str, kind: str,
+                       share_milli: int, milli_us: int) -> bool:
     inserted = await conn.fetchval(
         """INSERT INTO usage_ledger (allocation_id, job_id, team, project, gpu_model, gpu_count, gpu_seconds,
-                                     started_at, ended_at, release_reason)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) ON CONFLICT (allocation_id) DO NOTHING RETURNING 1""",
-        data.allocation_id, data.job_id, data.team, data.project, model, len(data.gpus), seconds,
-        data.granted_at, data.released_at, data.reason)
-    await conn.execute("DELETE FROM open_allocations WHERE allocation_id = $1", data.allocation_id)
+                                     started_at, ended_at, release_reason, user_name, kind, share_milli, gpu_milli_us)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)
+           ON CONFLICT (allocation_id) DO NOTHING RETURNING 1""",
+        data.allocation_id, data.job_id, data.team, data.project, model, len(data.gpus),
+        milli_us / 1e9, data.granted_at, data.released_at, data.reason, user, kind, share_milli, milli_us)
     return inserted is not None
 
 
@@ -29,8 +137,291 @@ async def list_usage(conn: asyncpg.Connection, *, team: str | None, job_id: str 
                      after: str | None) -> list[asyncpg.Record]:
     return await conn.fetch(
         """SELECT allocation_id, job_id, team, project, gpu_model, gpu_count, gpu_seconds, started_at, ended_at,
-                  release_reason
+                  release_reason, user_name AS "user", kind, share_milli / 1000.0 AS gpu_share
            FROM usage_ledger
            WHERE ($1::text IS NULL OR team = $1) AND ($2::text IS NULL OR job_id = $2)
              AND ($3::text IS NULL OR allocation_id > $3)
            ORDER BY allocation_id LIMIT $4""", team, job_id, after, limit)
+
+
+# --- rollups ------------------------------------------------------------------------------------------------------
+async def apply_rollup(conn: asyncpg.Connection, *, cluster: str, node: str, window_start: datetime,
+                       window_end: datetime, gpu: GpuRollup, idle_util_pct: float) -> bool:
+    """Store one GPU's rollup once and add it to the intervals holding that GPU during the window. A rollup seen
+    again (redelivery) changes nothing."""
+    inserted = await conn.fetchval(
+        """INSERT INTO gpu_rollups (gpu_uuid, window_start, window_end, cluster, node, samples, util_avg_pct,
+                                    mem_avg_mib)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT DO NOTHING RETURNING 1""",
+        gpu.uuid, window_start, window_end, cluster, node, gpu.samples, gpu.utilization_avg_pct,
+        gpu.memory_used_avg_mib)
+    if inserted is None:
+        return False
+    await conn.execute(
+        """UPDATE gpu_intervals g SET covered_us = g.covered_us + x.ov, util_us = g.util_us + x.ov * $4,
+                                      idle_us = g.idle_us + CASE WHEN $4 <= $5 THEN x.ov ELSE 0 END
+           FROM (SELECT allocation_id, slot,
+                        acct_us(GREATEST(granted_at, $2), LEAST(COALESCE(released_at, $3), $3))::double precision AS ov
+                 FROM gpu_intervals
+                 WHERE gpu_uuid = $1 AND granted_at < $3 AND (released_at IS NULL OR released_at > $2)) x
+           WHERE g.allocation_id = x.allocation_id AND g.slot = x.slot AND x.ov > 0""",
+        gpu.uuid, window_start, window_end, gpu.utilization_avg_pct, idle_util_pct)
+    return True
+
+
+async def prune_rollups(conn: asyncpg.Connection, before: datetime) -> int:
+    status = await conn.execute("DELETE FROM gpu_rollups WHERE window_end < $1", before)
+    return int(status.split()[-1])
+
+
+# --- supply -----------------------------------------------------------------------------------------------------
+async def register_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
+    await conn.execute(
+        """INSERT INTO supply_nodes (cluster, node, lost) VALUES ($1, $2, FALSE)
+           ON CONFLICT (cluster, node) DO UPDATE SET lost = FALSE""", data.cluster, data.node)
+    await conn.execute("DELETE FROM supply_gpus WHERE cluster = $1 AND node = $2", data.cluster, data.node)
+    await conn.executemany(
+        """INSERT INTO supply_gpus (gpu_uuid, cluster, node, gpu_model, health) VALUES ($1,$2,$3,$4,$5)
+           ON CONFLICT (gpu_uuid) DO UPDATE SET cluster = EXCLUDED.cluster, node = EXCLUDED.node,
+                                                gpu_model = EXCLUDED.gpu_model, health = EXCLUDED.health""",
+        [(g.uuid, data.cluster, data.node, g.model, g.health) for g in data.gpus])
+
+
+async def set_node_lost(conn: asyncpg.Connection, cluster: str, node: str, lost: bool) -> None:
+    await conn.execute(
+        """INSERT INTO supply_nodes (cluster, node, lost) VALUES ($1, $2, $3)
+           ON CONFLICT (cluster, node) DO UPDATE SET lost = EXCLUDED.lost""", cluster, node, lost)
+
+
+async def set_gpu_health(conn: asyncpg.Connection, gpu_uuid: str, health: str) -> None:
+    await conn.execute("UPDATE supply_gpus SET health = $2 WHERE gpu_uuid = $1", gpu_uuid, health)
+
+
+SUPPLY_NOW = """SELECT g.gpu_model, count(*)::int AS gpus FROM supply_gpus g
+                JOIN supply_nodes n ON n.cluster = g.cluster AND n.node = g.node
+                WHERE NOT n.lost AND g.health <> 'failed' GROUP BY g.gpu_model"""
+
+
+async def supply_now(conn: asyncpg.Connection) -> dict[str, int]:
+    return {r["gpu_model"]: r["gpus"] for r in await conn.fetch(SUPPLY_NOW)}
+
+
+async def note_supply(conn: asyncpg.Connection, at: datetime) -> None:
+    """Append a supply change for every model whose count differs from its last recorded one."""
+    await conn.execute(
+        f"""WITH now AS ({SUPPLY_NOW}),
+                 last AS (SELECT DISTINCT ON (gpu_model) gpu_model, gpus FROM supply_changes
+                          ORDER BY gpu_model, at DESC, id DESC),
+                 merged AS (SELECT COALESCE(n.gpu_model, l.gpu_model) AS gpu_model, COALESCE(n.gpus, 0) AS gpus,
+                                   l.gpus AS before
+                            FROM now n FULL JOIN last l ON l.gpu_model = n.gpu_model)
+            INSERT INTO supply_changes (at, gpu_model, gpus)
+            SELECT $1, gpu_model, gpus FROM merged WHERE before IS DISTINCT FROM gpus""", at)
+
+
+async def supply_history(conn: asyncpg.Connection, end: datetime) -> list[asyncpg.Record]:
+    return await conn.fetch("SELECT at, gpu_model, gpus FROM supply_changes WHERE at < $1 ORDER BY at, id", end)
+
+
+# --- cost rates -------------------------------------------------------------------------------------------------
+async def list_rates(conn: asyncpg.Connection, gpu_model: str | None = None) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT gpu_model, mig_profile, effective_from, price_per_hour, set_by, set_at FROM cost_rates
+           WHERE ($1::text IS NULL OR gpu_model = $1) ORDER BY gpu_model, mig_profile, effective_from""", gpu_model)
+
+
+async def get_rate(conn: asyncpg.Connection, gpu_model: str, mig_profile: str,
+                   effective_from: datetime) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        """SELECT gpu_model, mig_profile, effective_from, price_per_hour, set_by, set_at FROM cost_rates
+           WHERE gpu_model = $1 AND mig_profile = $2 AND effective_from = $3 FOR UPDATE""",
+        gpu_model, mig_profile, effective_from)
+
+
+async def put_rate(conn: asyncpg.Connection, gpu_model: str, mig_profile: str, effective_from: datetime,
+                   price: Decimal, set_by: str, set_at: datetime) -> asyncpg.Record:
+    return await conn.fetchrow(
+        """INSERT INTO cost_rates (gpu_model, mig_profile, effective_from, price_per_hour, set_by, set_at)
+           VALUES ($1,$2,$3,$4,$5,$6)
+           ON CONFLICT (gpu_model, mig_profile, effective_from)
+           DO UPDATE SET price_per_hour = EXCLUDED.price_per_hour, set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at
+           RETURNING gpu_model, mig_profile, effective_from, price_per_hour, set_by, set_at""",
+        gpu_model, mig_profile, effective_from, price, set_by, set_at)
+
+
+async def delete_rate(conn: asyncpg.Connection, gpu_model: str, mig_profile: str, effective_from: datetime) -> None:
+    await conn.execute("DELETE FROM cost_rates WHERE gpu_model = $1 AND mig_profile = $2 AND effective_from = $3",
+                       gpu_model, mig_profile, effective_from)
+
+
+# --- orphans --------------------------------------------------------------------------------------------------------
+async def note_orphan(conn: asyncpg.Connection, *, gpu_uuid: str, orphan: str, allocation_id: str | None,
+                      job_id: str | None, team: str | None, cluster: str, node: str, pids: list[int],
+                      since: datetime, detected_at: datetime) -> None:
+    await conn.execute(
+        """INSERT INTO orphans (gpu_uuid, orphan, allocation_id, job_id, team, cluster, node, pids, since,
+                                first_detected_at, last_detected_at)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$10)
+           ON CONFLICT (gpu_uuid, orphan, allocation_id) DO UPDATE SET
+               pids = EXCLUDED.pids, since = LEAST(orphans.since, EXCLUDED.since),
+               first_detected_at = LEAST(orphans.first_detected_at, EXCLUDED.first_detected_at),
+               last_detected_at = GREATEST(orphans.last_detected_at, EXCLUDED.last_detected_at),
+               reports = orphans.reports + 1,
+               job_id = COALESCE(EXCLUDED.job_id, orphans.job_id), team = COALESCE(EXCLUDED.team, orphans.team)""",
+        gpu_uuid, orphan, allocation_id or "", job_id, team, cluster, node, pids, since, detected_at)
+
+
+async def orphans_between(conn: asyncpg.Connection, start: datetime, end: datetime, teams: Sequence[str] | None,
+                          limit: int) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT gpu_uuid, orphan, NULLIF(allocation_id, '') AS allocation_id, job_id, team, cluster, node, pids,
+                  since, first_detected_at, last_detected_at, reports
+           FROM orphans WHERE last_detected_at >= $1 AND first_detected_at < $2
+             AND ($3::text[] IS NULL OR team = ANY($3))
+           ORDER BY last_detected_at DESC LIMIT $4""", start, end, list(teams) if teams is not None else None, limit)
+
+
+# --- reports ------------------------------------------------------------------------------------------------------
+def _filters(filters: dict[str, list[str]], args: list[Any], alias: str = "g") -> str:
+    sql = []
+    for dim, values in sorted(filters.items()):
+        args.append(list(values))
+        sql.append(f" AND {alias}.{COLUMNS[dim]} = ANY(${len(args)}::text[])")
+    return "".join(sql)
+
+
+def _group_cols(group_by: Sequence[str], alias: str = "g") -> str:
+    return "".join(f'{alias}.{COLUMNS[d]} AS "{d}", ' for d in group_by)
+
+
+async def usage_pieces(conn: asyncpg.Connection, *, bounds: Sequence[tuple[datetime, datetime]], as_of: datetime,
+                       group_by: Sequence[str], filters: dict[str, list[str]]) -> list[asyncpg.Record]:
+    """GPU time per group × model × MIG profile × price segment: instance-µs, milli-GPU-µs (exact), and the
+    utilization-weighted parts (each interval's own average applied to the piece inside the range)."""
+    args: list[Any] = [[s for s, _ in bounds], [e for _, e in bounds], as_of]
+    where = _filters(filters, args)
+    groups = _group_cols(group_by)
+    keys = ", ".join(str(i + 1) for i in range(len(group_by) + 3))
+    return await conn.fetch(
+        f"""WITH seg AS (SELECT s, e, (i - 1)::int AS i
+                         FROM unnest($1::timestamptz[], $2::timestamptz[]) WITH ORDINALITY AS t(s, e, i)),
+                 p AS (SELECT {groups} g.gpu_model AS _model, g.mig_profile AS _profile, seg.i AS _seg,
+                              g.share_milli, g.covered_us, g.util_us, g.idle_us,
+                              acct_us(GREATEST(g.granted_at, seg.s), LEAST(COALESCE(g.released_at, $3), seg.e)) AS us
+                       FROM gpu_intervals g
+                       JOIN seg ON g.granted_at < seg.e AND COALESCE(g.released_at, $3) > seg.s
+                       WHERE g.granted_at < $3{where})
+            SELECT {", ".join(f'"{d}"' for d in group_by)}{", " if group_by else ""}_model, _profile, _seg,
+                   SUM(us)::bigint AS inst_us, SUM(us * share_milli) AS milli_us,
+                   COALESCE(SUM(us * share_milli) FILTER (WHERE covered_us > 0), 0) AS measured_milli_us,
+                   COALESCE(SUM(us * share_milli * util_us / covered_us / 100) FILTER (WHERE covered_us > 0), 0)
+                       AS used_milli_us,
+                   COALESCE(SUM(us * share_milli * idle_us / covered_us) FILTER (WHERE covered_us > 0), 0)
+                       AS idle_milli_us
+            FROM p GROUP BY {keys}""", *args)
+
+
+async def allocation_counts(conn: asyncpg.Connection, *, start: datetime, as_of: datetime, group_by: Sequence[str],
+                            filters: dict[str, list[str]]) -> list[asyncpg.Record]:
+    args: list[Any] = [start, as_of]
+    where = _filters(filters, args)
+    groups = ", ".join(f'g.{COLUMNS[d]} AS "{d}"' for d in group_by)
+    keys = ", ".join(str(i + 1) for i in range(len(group_by)))
+    return await conn.fetch(
+        f"""SELECT {groups}{", " if group_by else ""}count(DISTINCT g.allocation_id)::int AS allocations,
+                   count(DISTINCT g.job_id)::int AS jobs
+            FROM gpu_intervals g
+            WHERE g.granted_at < $2 AND COALESCE(g.released_at, $2) > $1{where}
+            {"GROUP BY " + keys if group_by else ""}""", *args)
+
+
+async def idle_allocations(conn: asyncpg.Connection, *, start: datetime, as_of: datetime,
+                           filters: dict[str, list[str]], min_idle_fraction: float,
+                           limit: int) -> list[asyncpg.Record]:
+    args: list[Any] = [start, as_of, min_idle_fraction, limit]
+    where = _filters(filters, args)
+    return await conn.fetch(
+        f"""WITH p AS (SELECT g.*, acct_us(GREATEST(g.granted_at, $1), LEAST(COALESCE(g.released_at, $2), $2)) AS us
+                       FROM gpu_intervals g
+                       WHERE g.granted_at < $2 AND COALESCE(g.released_at, $2) > $1{where})
+            SELECT allocation_id, min(job_id) AS job_id, min(team) AS team, min(project) AS project,
+                   min(user_name) AS "user", min(kind) AS kind, min(cluster) AS cluster, min(node) AS node,
+                   min(gpu_model) AS gpu_model, count(*)::int AS gpus, SUM(share_milli)::int AS share_milli,
+                   min(granted_at) AS granted_at, max(released_at) AS released_at,
+                   bool_or(released_at IS NULL) AS running, max(release_reason) AS release_reason,
+                   SUM(us * share_milli) AS milli_us,
+                   COALESCE(SUM(us * share_milli) FILTER (WHERE covered_us > 0), 0) AS measured_milli_us,
+                   COALESCE(SUM(us * share_milli * idle_us / covered_us) FILTER (WHERE covered_us > 0), 0)
+                       AS idle_milli_us,
+                   SUM(util_us) / NULLIF(SUM(covered_us), 0) AS avg_utilization_pct
+            FROM p GROUP BY allocation_id
+            HAVING SUM(covered_us) > 0
+               AND COALESCE(SUM(us * share_milli * idle_us / covered_us) FILTER (WHERE covered_us > 0), 0)
+                   >= $3 * SUM(us * share_milli) FILTER (WHERE covered_us > 0)
+               AND COALESCE(SUM(us * share_milli * idle_us / covered_us) FILTER (WHERE covered_us > 0), 0) > 0
+            ORDER BY idle_milli_us DESC, allocation_id LIMIT $4""", *args)
+
+
+async def demand_levels(conn: asyncpg.Connection, *, start: datetime, end: datetime, as_of: datetime,
+                        bucket_s: int, n_buckets: int, team: str | None,
+                        gpu_model: str | None) -> list[asyncpg.Record]:
+    """Per model, source (`held`: allocated GPUs; `demand`: allocated + waiting) and trend bucket: the running level
+    of GPUs (milli) — its highest value after an event in the bucket, its value after the bucket's last event, and
+    the first event's time. The level at an instant counts every event at that instant (intervals are half-open, so
+    a release and a grant at the same instant never overlap)."""
+    return await conn.fetch(
+        """WITH held AS (SELECT gpu_model AS model, GREATEST(granted_at, $1) AS t0,
+                                LEAST(COALESCE(released_at, $3), $2) AS t1, share_milli::bigint AS d
+                         FROM gpu_intervals
+                         WHERE granted_at < LEAST($2, $3) AND COALESCE(released_at, $3) > $1
+                           AND ($6::text IS NULL OR team = $6) AND ($7::text IS NULL OR gpu_model = $7)),
+                 waits AS (SELECT gpu_model AS model, GREATEST(entered_at, $1) AS t0,
+                                  LEAST(COALESCE(ended_at, $3), $2) AS t1, demand_milli AS d
+                           FROM queue_waits
+                           WHERE entered_at < LEAST($2, $3) AND COALESCE(ended_at, $3) > $1
+                             AND ($6::text IS NULL OR team = $6) AND ($7::text IS NULL OR gpu_model = $7)),
+                 spans AS (SELECT 'held' AS src, * FROM held
+                           UNION ALL SELECT 'demand', * FROM held
+                           UNION ALL SELECT 'demand', * FROM waits),
+                 ev AS (SELECT src, model, t0 AS t, d FROM spans WHERE t1 > t0
+                        UNION ALL SELECT src, model, t1, -d FROM spans WHERE t1 > t0),
+                 lv AS (SELECT src, model, t, d,
+                               SUM(d) OVER (PARTITION BY src, model ORDER BY t RANGE UNBOUNDED PRECEDING) AS lvl
+                        FROM ev)
+            SELECT src, model,
+                   LEAST(FLOOR(EXTRACT(EPOCH FROM t - $1) / $4)::int, $5 - 1) AS bucket,
+                   MAX(lvl)::bigint AS max_level,
+                   ((array_agg(lvl ORDER BY t DESC))[1])::bigint AS last_level,
+                   MIN(t) AS first_t
+            FROM lv GROUP BY 1, 2, 3""",
+        start, end, as_of, bucket_s, n_buckets, team, gpu_model)
+
+
+async def wait_stats(conn: asyncpg.Connection, *, start: datetime, end: datetime, as_of: datetime,
+                     team: str | None, gpu_model: str | None) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT gpu_model,
+                  count(*) FILTER (WHERE outcome = 'granted' AND ended_at >= $1 AND ended_at < $2)::int AS granted,
+                  percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM ended_at - entered_at))
+                      FILTER (WHERE outcome = 'granted' AND ended_at >= $1 AND ended_at < $2) AS wait_pcts,
+                  MAX(EXTRACT(EPOCH FROM ended_at - entered_at))
+                      FILTER (WHERE outcome = 'granted' AND ended_at >= $1 AND ended_at < $2) AS wait_max,
+                  COALESCE(SUM(acct_us(GREATEST(entered_at, $1), LEAST(COALESCE(ended_at, $3), $2)) * demand_milli)
+                      FILTER (WHERE entered_at < LEAST($2, $3) AND COALESCE(ended_at, $3) > $1), 0) AS queued_milli_us,
+                  COALESCE(SUM(demand_milli) FILTER (WHERE ended_at IS NULL), 0) AS pending_milli
+           FROM queue_waits
+           WHERE ($4::text IS NULL OR team = $4) AND ($5::text IS NULL OR gpu_model = $5)
+             AND (ended_at IS NULL OR ended_at >= $1) AND entered_at < $2
+           GROUP BY gpu_model""", start, end, as_of, team, gpu_model)
+
+
+async def held_by_model(conn: asyncpg.Connection, *, start: datetime, as_of: datetime, team: str | None,
+                        gpu_model: str | None) -> dict[str, int]:
+    rows = await conn.fetch(
+        """SELECT gpu_model, SUM(acct_us(GREATEST(granted_at, $1), LEAST(COALESCE(released_at, $2), $2))
+                                 * share_milli) AS milli_us
+           FROM gpu_intervals
+           WHERE granted_at < $2 AND COALESCE(released_at, $2) > $1
+             AND ($3::text IS NULL OR team = $3) AND ($4::text IS NULL OR gpu_model = $4)
+           GROUP BY gpu_model""", start, as_of, team, gpu_model)
+    return {r["gpu_model"]: int(r["milli_us"]) for r in rows}
