@@ -52,7 +52,7 @@ def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]
         gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"], gang_nodes=row["gang_nodes"],
         gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], max_runtime_s=row["max_runtime_s"],
         gpu_fraction_milli=row["gpu_fraction_milli"], gpu_memory_mib=row["gpu_memory_mib"],
-        mig_profile=row["mig_profile"], exclusive=row["exclusive"])
+        mig_profile=row["mig_profile"], exclusive=row["exclusive"], submitted_by=row["submitted_by"])
 
 
 class QueueHandlers:

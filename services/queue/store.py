@@ -12,7 +12,7 @@ from libs.contracts.commands import JobView
 _COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gang_nodes, gpus_per_node, "
             "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
             "started_at, finished_at, allocation_id, node, cluster, message, gpu_fraction_milli, gpu_memory_mib, "
-            "mig_profile, exclusive")
+            "mig_profile, exclusive, submitted_by")
 
 
 def to_view(row: asyncpg.Record) -> JobView:
