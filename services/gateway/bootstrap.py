@@ -28,6 +28,7 @@ from services.gateway.config import GatewaySettings
 from services.gateway.domain import problem
 from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
+from services.gateway.nodes import router as nodes_router
 from services.gateway.policy import router as policy_router
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(router)
     app.include_router(events_router)
     app.include_router(policy_router)
+    app.include_router(nodes_router)
 
     @app.exception_handler(ApiError)
     async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:

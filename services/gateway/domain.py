@@ -36,6 +36,7 @@ class Action(StrEnum):
     AUDIT_READ = "audit.read"
     QUOTA_MANAGE = "quota.manage"
     APPROVAL_DECIDE = "approval.decide"
+    NODE_MANAGE = "node.manage"
 
 
 ANY, TEAM = "any", "team"  # scope: every team, or only the principal's own team
@@ -55,6 +56,7 @@ POLICY: dict[Action, dict[Role, str]] = {
     Action.AUDIT_READ: {"platform-admin": ANY},
     Action.QUOTA_MANAGE: {"platform-admin": ANY},
     Action.APPROVAL_DECIDE: {"platform-admin": ANY, "team-admin": TEAM},
+    Action.NODE_MANAGE: {"platform-admin": ANY, "operator": ANY},
 }
 
 # Roles a team admin may hand out inside their own team (never admin or operator).

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 COUNTS = ("total", "healthy", "unhealthy", "on_lost_nodes", "in_use", "allocated", "allocated_idle", "free")
+# GPUs per health state and on cordoned nodes, as inventory counts them (passed through and summed)
+STATE_COUNTS = ("cordoned", "suspect", "quarantined", "probation")
 
 
 def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str, Any]],
@@ -27,12 +29,13 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
             allocated = held.pop((entry["cluster"], m["model"]), set())
             in_use, unhealthy = set(m["in_use_gpus"]), set(m["unhealthy_gpus"])
             row = {key: m[key] for key in ("model", "total", "healthy", "unhealthy", "on_lost_nodes", "in_use")}
+            row.update({key: m.get(key, 0) for key in STATE_COUNTS})
             row["allocated"] = len(allocated)
             row["allocated_idle"] = len(allocated - in_use)
             row["free"] = max(0, m["healthy"] - len(allocated - unhealthy))
             models.append(row)
-            total = overall.setdefault(m["model"], {"model": m["model"], **dict.fromkeys(COUNTS, 0)})
-            for key in COUNTS:
+            total = overall.setdefault(m["model"], {"model": m["model"], **dict.fromkeys(COUNTS + STATE_COUNTS, 0)})
+            for key in COUNTS + STATE_COUNTS:
                 total[key] += row[key]
         clusters.append({"cluster": entry["cluster"], "models": models, "totals": _sum(models),
                          "nodes": entry["nodes"]})
@@ -46,4 +49,4 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
 
 
 def _sum(rows: list[dict[str, Any]]) -> dict[str, int]:
-    return {key: sum(r[key] for r in rows) for key in COUNTS}
+    return {key: sum(r[key] for r in rows) for key in COUNTS + STATE_COUNTS}

@@ -43,7 +43,8 @@ def test_allocated_idle_and_free_come_from_joining_allocations_with_use_and_heal
     east, west = pool["clusters"]
     h100 = east["models"][0]
     assert h100 == {"model": "H100-80GB", "total": 4, "healthy": 3, "unhealthy": 1, "on_lost_nodes": 0,
-                    "in_use": 2, "allocated": 3, "allocated_idle": 2, "free": 1}
+                    "in_use": 2, "allocated": 3, "allocated_idle": 2, "free": 1, "cordoned": 0, "suspect": 0,
+                    "quarantined": 0, "probation": 0}
     assert east["models"][1]["allocated"] == 0 and east["models"][1]["free"] == 2
     assert {k: west["models"][0][k] for k in ("allocated", "allocated_idle", "free")} == {
         "allocated": 1, "allocated_idle": 0, "free": 1}
@@ -60,3 +61,15 @@ def test_a_cluster_filter_ignores_allocations_elsewhere() -> None:
     pool = combine_pool(only_west, ALLOCATIONS, cluster="west")
     assert [c["cluster"] for c in pool["clusters"]] == ["west"]
     assert pool["all"]["totals"]["allocated"] == 1 and pool["all"]["totals"]["total"] == 2
+
+
+def test_health_state_and_cordon_counts_from_inventory_are_passed_through_and_summed() -> None:
+    east = model("H100-80GB", 4, unhealthy=["h3", "h4"])
+    east.update(quarantined=1, suspect=1, cordoned=0, probation=0)
+    west = model("H100-80GB", 2, unhealthy=["w1", "w2"])
+    west.update(cordoned=2, quarantined=0, suspect=0, probation=1)
+    pool = combine_pool({**INVENTORY, "clusters": [cluster("east", east), cluster("west", west)]}, [])
+    assert {k: pool["clusters"][0]["models"][0][k] for k in ("quarantined", "suspect", "free")} == {
+        "quarantined": 1, "suspect": 1, "free": 2}
+    assert {k: pool["all"]["totals"][k] for k in ("cordoned", "suspect", "quarantined", "probation", "free")} == {
+        "cordoned": 2, "suspect": 1, "quarantined": 1, "probation": 1, "free": 2}
