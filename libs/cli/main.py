@@ -9,7 +9,7 @@
 
 People-facing commands on the gateway's API (libs/cli/people.py): submit, jobs, describe, explain, scale, cancel,
 complete, nodes, pool, top, teams, quota, priority-classes, approvals, reclaim-policies, usage, token, audit, whoami,
-completion. `gpupool <command> --help` for each.
+decisions, completion. `gpupool <command> --help` for each.
 """
 
 from __future__ import annotations

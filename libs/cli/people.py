@@ -175,9 +175,12 @@ SPEC_KEYS = {"name": "name", "team": "team", "project": "project", "gpus": "gpus
              "idempotency_key": "idempotency_key", "idempotency-key": "idempotency_key",
              "gang_nodes": "gang_nodes", "gang-nodes": "gang_nodes",
              "gpus_per_node": "gpus_per_node", "gpus-per-node": "gpus_per_node", "replicas": "replicas",
-             "max_runtime_s": "max_runtime_s", "max_runtime": "max_runtime_s", "max-runtime": "max_runtime_s"}
+             "max_runtime_s": "max_runtime_s", "max_runtime": "max_runtime_s", "max-runtime": "max_runtime_s",
+             "gpu_fraction_milli": "gpu_fraction_milli", "fraction": "gpu_fraction_milli",
+             "gpu_memory_mib": "gpu_memory_mib", "gpu-memory": "gpu_memory_mib", "mig_profile": "mig_profile",
+             "mig": "mig_profile", "exclusive": "exclusive"}
 SPEC_FIELDS = ("name, team, project, gpus, gpu_models, kind, priority_class, gang_nodes, gpus_per_node, replicas, "
-               "max_runtime_s, idempotency_key")
+               "max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, idempotency_key")
 
 
 def load_spec_file(path: str) -> dict[str, Any]:
@@ -219,7 +222,16 @@ def merge_spec(file_doc: dict[str, Any] | None, flags: dict[str, Any]) -> dict[s
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise UsageError("gpu_models must be a model name or a list of model names")
         spec["gpu_models"] = models
-    for key in ("gpus", "gang_nodes", "gpus_per_node", "replicas"):
+    if "gpu_fraction_milli" in spec and isinstance(spec["gpu_fraction_milli"], float | str) \
+            and not str(spec["gpu_fraction_milli"]).strip().isdigit():
+        spec["gpu_fraction_milli"] = parse_fraction(spec["gpu_fraction_milli"])
+    if "gpu_memory_mib" in spec:
+        spec["gpu_memory_mib"] = parse_mib(spec["gpu_memory_mib"])
+    if (spec.get("gpu_fraction_milli") or spec.get("mig_profile")) and "gpus" not in spec:
+        spec["gpus"] = 1  # a share is of one GPU
+    if "exclusive" in spec and not isinstance(spec["exclusive"], bool):
+        raise UsageError("exclusive must be true or false")
+    for key in ("gpus", "gang_nodes", "gpus_per_node", "replicas", "gpu_fraction_milli"):
         if key in spec:
             spec[key] = _whole(key, spec[key])
     if "max_runtime_s" in spec:
@@ -245,6 +257,36 @@ def merge_spec(file_doc: dict[str, Any] | None, flags: dict[str, Any]) -> dict[s
     return spec
 
 
+def parse_fraction(value: Any) -> int:
+    """A share of one GPU: '0.25', '25%' or milli-GPU ('250') → 250."""
+    text = str(value).strip()
+    try:
+        if text.endswith("%"):
+            milli = round(float(text[:-1]) * 10)
+        elif "." in text:
+            milli = round(float(text) * 1000)
+        else:
+            milli = int(text)
+    except ValueError:
+        raise UsageError(f"fraction must be like 0.25, 25% or 250 (milli-GPU), not {value!r}") from None
+    if not 0 < milli < 1000:
+        raise UsageError(f"a fraction is more than 0 and less than one GPU, not {value!r}")
+    return milli
+
+
+def parse_mib(value: Any) -> int:
+    """GPU memory: MiB as a number, or with a unit ('12GiB', '512MiB', '16G')."""
+    text = str(value).strip()
+    units = {"gib": 1024, "gb": 1024, "g": 1024, "mib": 1, "mb": 1, "m": 1}
+    lowered = text.lower()
+    for unit, factor in units.items():
+        if lowered.endswith(unit) and lowered[: -len(unit)].strip().replace(".", "", 1).isdigit():
+            return round(float(lowered[: -len(unit)]) * factor)
+    if text.isdigit():
+        return int(text)
+    raise UsageError(f"GPU memory must be MiB or e.g. 12GiB, not {value!r}")
+
+
 def _whole(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
         raise UsageError(f"{key} must be a whole number, not {value!r}")
@@ -264,7 +306,9 @@ def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
                                  "gpu_models": args.models, "kind": args.kind,
                                  "priority_class": args.priority_class, "idempotency_key": args.idempotency_key,
                                  "gang_nodes": args.gang_nodes, "gpus_per_node": args.gpus_per_node,
-                                 "replicas": args.replicas, "max_runtime_s": args.max_runtime})
+                                 "replicas": args.replicas, "max_runtime_s": args.max_runtime,
+                                 "gpu_fraction_milli": args.fraction, "gpu_memory_mib": args.gpu_memory,
+                                 "mig_profile": args.mig, "exclusive": True if args.exclusive else None})
     job = gp.submit_job(spec.pop("name"), spec.pop("team"), spec.pop("gpus"), **spec)
 
     def render() -> str:
@@ -284,7 +328,11 @@ def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
 
 
 def job_shape(job: Job) -> str:
-    """How a job holds GPUs, in words: "2 GPU(s)", "gang of 2 nodes × 8 GPUs", "3 replicas × 1 GPU(s)"."""
+    """How a job holds GPUs, in words: "2 GPU(s)", "gang of 2 nodes × 8 GPUs", "3 replicas × 1 GPU(s)",
+    "0.25 GPU + 12 GiB", "MIG 3g.40gb"."""
+    share = _share(job)
+    if share:
+        return f"{job.replicas} replicas × {share}" if job.replicas > 1 else share
     if job.gang_nodes:
         return f"gang of {job.gang_nodes} nodes × {job.gpus_per_node} GPUs"
     if job.replicas > 1:
@@ -292,7 +340,18 @@ def job_shape(job: Job) -> str:
     return f"{job.gpus} GPU(s)"
 
 
+def _share(job: Job) -> str | None:
+    if job.mig_profile:
+        return f"MIG {job.mig_profile}"
+    if job.gpu_fraction_milli:
+        return f"{job.gpu_fraction_milli / 1000:g} GPU + {fmt_gib(job.gpu_memory_mib)}"
+    return None
+
+
 def _short_shape(job: Job) -> str | None:
+    share = _share(job)
+    if share:
+        return share
     if job.gang_nodes:
         return f"gang {job.gang_nodes}×{job.gpus_per_node}"
     if job.replicas > 1:
@@ -1057,6 +1116,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="N independent copies of --gpus each (an inference service; change with `gpupool scale`)")
     p.add_argument("--max-runtime", metavar="DURATION",
                    help="declared limit, seconds or e.g. 30m, 8h (lets small jobs backfill; may be enforced)")
+    p.add_argument("--fraction", metavar="SHARE",
+                   help="a share of one GPU's compute on a fractional GPU: 0.25, 25%% or 250 (milli-GPU); "
+                        "needs --gpu-memory")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory of that share: MiB or e.g. 12GiB")
+    p.add_argument("--mig", metavar="PROFILE", help="one MIG slice of this profile, e.g. 1g.10gb or 3g.40gb")
+    p.add_argument("--exclusive", action="store_true",
+                   help="dev jobs: a whole GPU (dev jobs otherwise get a share where the pool offers one)")
 
     p = add("jobs", cmd_jobs, "list jobs")
     p.add_argument("--team")
@@ -1179,6 +1245,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--action", help="only this action, e.g. token.create")
 
     add("whoami", cmd_whoami, "who the token authenticates as, and what it may do")
+
+    from libs.cli import decisions
+
+    decisions.register(sub, add)
 
     p = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
                        description="print a shell completion script: source <(gpupool completion bash)")

@@ -35,6 +35,7 @@ from libs.client.models import (
     ApprovalRule,
     AuditEntry,
     CreatedToken,
+    Decision,
     Explanation,
     Job,
     Node,
@@ -235,10 +236,14 @@ class GpupoolClient:
                    gpu_models: Sequence[str] | None = None, kind: str | None = None,
                    priority_class: str | None = None, idempotency_key: str | None = None,
                    gang_nodes: int | None = None, gpus_per_node: int | None = None, replicas: int | None = None,
-                   max_runtime_s: float | None = None) -> SubmitResult:
+                   max_runtime_s: float | None = None, gpu_fraction_milli: int | None = None,
+                   gpu_memory_mib: int | None = None, mig_profile: str | None = None,
+                   exclusive: bool | None = None) -> SubmitResult:
         """Submit a job: `gpus` on one node; a gang (`gang_nodes` × `gpus_per_node`, with `gpus` their product)
         placed all or nothing; or `replicas` independent copies of `gpus` each (scale them with `scale_job`).
-        `max_runtime_s` declares a limit that lets smaller jobs backfill around reservations.
+        `max_runtime_s` declares a limit that lets smaller jobs backfill around reservations. A share of one GPU:
+        `gpu_fraction_milli` (1..999) with `gpu_memory_mib` on a fractional GPU, or a MIG slice `mig_profile`;
+        `exclusive` keeps a dev job on a whole GPU (dev jobs otherwise default to a share where one is offered).
 
         Without an idempotency key one is generated, so the client's own retries never create a second job; pass
         your own key to make retries across processes safe too. `created` on the result is False when the gateway
@@ -247,7 +252,9 @@ class GpupoolClient:
         body: dict[str, Any] = {"name": name, "team": team, "gpus": gpus}
         for key, value in (("project", project), ("kind", kind), ("priority_class", priority_class),
                            ("gang_nodes", gang_nodes), ("gpus_per_node", gpus_per_node), ("replicas", replicas),
-                           ("max_runtime_s", max_runtime_s)):
+                           ("max_runtime_s", max_runtime_s), ("gpu_fraction_milli", gpu_fraction_milli),
+                           ("gpu_memory_mib", gpu_memory_mib), ("mig_profile", mig_profile),
+                           ("exclusive", exclusive)):
             if value is not None:
                 body[key] = value
         if gpu_models:
@@ -403,6 +410,23 @@ class GpupoolClient:
     def audit(self, limit: int | None = 100, action: str | None = None) -> list[AuditEntry]:
         """The newest `limit` audit entries (None: all), optionally of one action (e.g. "token.create")."""
         return self._list(AuditEntry, "/v1/audit", {"action": action}, limit=limit)
+
+    # --- scheduling decisions (platform admins, operators) ----------------------------------------------------
+    def list_decisions(self, limit: int | None = 50) -> list[Decision]:
+        """Recorded scheduling cycles, newest first."""
+        out: list[Decision] = []
+        before: str | None = None
+        while limit is None or len(out) < limit:
+            page = self._json("GET", "/v1/decisions", params={"limit": min(500, (limit or 500) - len(out)),
+                                                              **({"before": before} if before else {})})
+            out += [_parse(Decision, item, "/v1/decisions") for item in page["items"]]
+            if not (before := page.get("next")):
+                break
+        return out
+
+    def get_decision(self, cycle_id: str) -> Decision:
+        """One recorded cycle with its input (gzip + base64 of the core's JSON) and plan."""
+        return _parse(Decision, self._json("GET", f"/v1/decisions/{_seg(cycle_id)}"), "/v1/decisions/{id}")
 
     def whoami(self) -> WhoAmI:
         """Who the token authenticates as: subject, role, team and the actions it allows."""

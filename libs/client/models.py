@@ -61,6 +61,10 @@ class Job(ApiModel):
     gpus_per_node: int = 0
     replicas: int = Field(default=1, description="independent copies of `gpus` GPUs each")
     max_runtime_s: float | None = None
+    gpu_fraction_milli: int = Field(default=0, description="> 0: a share of one GPU (milli-GPU) with gpu_memory_mib")
+    gpu_memory_mib: int = 0
+    mig_profile: str = Field(default="", description="a MIG slice of this profile")
+    exclusive: bool = False
     history: list[JobHistoryEntry] = Field(default_factory=list, description="only in GET /v1/jobs/{id}")
 
     @property
@@ -155,6 +159,10 @@ class AllocationGpu(ApiModel):
     uuid: str
     index: int = 0
     model: str = ""
+    share_milli: int = Field(default=1000, description="1000: the whole GPU; less: a fraction or a MIG slice")
+    memory_mib: int | None = None
+    mig_profile: str | None = None
+    mig_start: int | None = None
 
 
 class Allocation(ApiModel):
@@ -349,3 +357,19 @@ class Readiness(ApiModel):
     @property
     def ready(self) -> bool:
         return self.status == "ready"
+
+
+class Decision(ApiModel):
+    """One recorded scheduling cycle (GET /v1/decisions)."""
+
+    cycle_id: str
+    decided_at: datetime | None = None
+    policy: str = ""
+    input_digest: str = ""
+    plan_digest: str = ""
+    versions: dict[str, int] = Field(default_factory=dict)
+    placements: list[dict[str, Any]] = Field(default_factory=list)
+    preemptions: list[dict[str, Any]] = Field(default_factory=list)
+    pending_by_reason: dict[str, int] = Field(default_factory=dict)
+    input_gzip_base64: str | None = Field(default=None, description="only in GET /v1/decisions/{id}")
+    plan: Any = Field(default=None, description="only in GET /v1/decisions/{id}")

@@ -319,6 +319,17 @@ class ListAllocations(Command):
     after: str | None = None
 
 
+class ListDecisions(Command):
+    """Recorded scheduling cycles, newest first."""
+
+    limit: int = Field(default=50, ge=1, le=500)
+    before: str | None = Field(default=None, max_length=64, description="cursor: a cycle_id from a previous page")
+
+
+class GetDecision(Command):
+    cycle_id: str = Field(min_length=1, max_length=64)
+
+
 class ReleaseAllocation(Command):
     """Take an allocation back (reclamation's decision). A gang or single job loses all its allocations; one
     replica of a replicated job loses just that one."""

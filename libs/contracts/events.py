@@ -289,6 +289,45 @@ class AllocationPreempting(AllocationEvent):
     deadline: datetime
 
 
+class DecidedPlacement(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    unit: str = Field(description="what the core scheduled: the job, or job#replica")
+    node: str
+    gpus: list[str] = Field(description="GPU uuids")
+    share_milli: int = 1000
+    mig_profile: str | None = None
+    applied: bool = Field(description="committed; false when the store refused it as stale")
+
+
+class DecidedPreemption(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    victim: str
+    preemptor: str
+    reason: str
+
+
+class SchedulingCycleDecided(EventData):
+    """One placement cycle that decided something, with the versions of what it read: its recorded input can be
+    fetched (`GET /v1/decisions/{cycle_id}`) and scheduled again to the same `plan_digest`
+    (`gpupool decisions replay`)."""
+
+    event_type: ClassVar[str] = "io.gpupool.decision.cycle.v1"
+    event_subject: ClassVar[str] = subjects.DECISION_CYCLE
+    entity_field: ClassVar[str] = "cycle_id"
+
+    cycle_id: str
+    decided_at: datetime
+    policy: str
+    input_digest: str = Field(description="sha256 of the recorded input (snapshot, pending units, policy, now)")
+    plan_digest: str = Field(description="sha256 of the decisions (placements, reasons, preemptions, ...)")
+    versions: dict[str, int] = Field(description="policy_revision, nodes, gpus, running, pending_units")
+    placements: list[DecidedPlacement] = Field(default_factory=list)
+    preemptions: list[DecidedPreemption] = Field(default_factory=list)
+    pending_by_reason: dict[str, int] = Field(default_factory=dict)
+
+
 class AllocationReleased(AllocationEvent):
     event_type: ClassVar[str] = "io.gpupool.allocation.released.v1"
     event_subject: ClassVar[str] = subjects.ALLOCATION_RELEASED
@@ -556,6 +595,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         AllocationGranted,
         AllocationPreempting,
         AllocationReleased,
+        SchedulingCycleDecided,
         UsageRecorded,
         CostRateSet,
         TeamCreated,

@@ -37,10 +37,11 @@ QUOTA_APPROVAL_DECIDED = "gpupool.quota.approval_decided"
 RECLAIM_WARNED = "gpupool.reclaim.warned"
 RECLAIM_DECIDED = "gpupool.reclaim.decided"
 ALLOCATION_PREEMPTING = "gpupool.allocation.preempting"
+DECISION_CYCLE = "gpupool.decision.cycle"
 ALLOCATION_ALL = "gpupool.allocation.>"
 JOB_ALL = "gpupool.job.>"
 
-EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage")
+EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage", "decision")
 
 # --- telemetry (JetStream stream TELEMETRY) -------------------------------------------------------------------
 TELEMETRY_ALL = "gpupool.telemetry.>"
@@ -91,6 +92,8 @@ QUERY_INVENTORY_LIST_NODES = "gpupool.query.inventory.list_nodes"
 QUERY_INVENTORY_POOL = "gpupool.query.inventory.pool"
 QUERY_PLACEMENT_LIST_ALLOCATIONS = "gpupool.query.placement.list_allocations"
 QUERY_PLACEMENT_EXPLAIN = "gpupool.query.placement.explain"
+QUERY_PLACEMENT_LIST_DECISIONS = "gpupool.query.placement.list_decisions"
+QUERY_PLACEMENT_GET_DECISION = "gpupool.query.placement.get_decision"
 CMD_PLACEMENT_RELEASE_ALLOCATION = "gpupool.cmd.placement.release_allocation"
 QUERY_RECLAMATION_POLICIES = "gpupool.query.reclamation.policies"
 CMD_RECLAMATION_SET_POLICY = "gpupool.cmd.reclamation.set_policy"

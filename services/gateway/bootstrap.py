@@ -25,6 +25,7 @@ from libs.store.database import create_pool, database_name, ensure_database, wit
 from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.gateway.auth import Authenticator
 from services.gateway.config import GatewaySettings
+from services.gateway.decisions import router as decisions_router
 from services.gateway.domain import problem
 from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
@@ -63,6 +64,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(events_router)
     app.include_router(policy_router)
     app.include_router(nodes_router)
+    app.include_router(decisions_router)
 
     @app.exception_handler(ApiError)
     async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:

@@ -37,6 +37,7 @@ class Action(StrEnum):
     QUOTA_MANAGE = "quota.manage"
     APPROVAL_DECIDE = "approval.decide"
     NODE_MANAGE = "node.manage"
+    DECISION_READ = "decision.read"
 
 
 ANY, TEAM = "any", "team"  # scope: every team, or only the principal's own team
@@ -57,6 +58,7 @@ POLICY: dict[Action, dict[Role, str]] = {
     Action.QUOTA_MANAGE: {"platform-admin": ANY},
     Action.APPROVAL_DECIDE: {"platform-admin": ANY, "team-admin": TEAM},
     Action.NODE_MANAGE: {"platform-admin": ANY, "operator": ANY},
+    Action.DECISION_READ: {"platform-admin": ANY, "operator": ANY},
 }
 
 # Roles a team admin may hand out inside their own team (never admin or operator).

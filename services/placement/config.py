@@ -21,3 +21,5 @@ class PlacementSettings(ServiceSettings):
     dev_gpu_memory_mib: int = Field(default=16384, ge=1,
                                     description="GPU memory of that default share (and the smallest MIG slice "
                                                 "a dev job gets by default on a MIG GPU)")
+    decision_retention: int = Field(default=2000, ge=1,
+                                    description="Recorded scheduling cycles kept for `gpupool decisions replay`")

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from libs.contracts.events import AllocatedGpu
+from libs.contracts.events import AllocatedGpu, DecidedPlacement
 from libs.core import (
     DEFAULT_PRIORITY_CLASSES,
     Allocation,
@@ -15,6 +15,7 @@ from libs.core import (
     MigInstance,
     Node,
     Placement,
+    Plan,
     Policy,
     PriorityClass,
     QuotaEntry,
@@ -167,3 +168,15 @@ def allocated_gpus(p: Placement, models: Mapping[str, str]) -> tuple[list[Alloca
         else:
             out.append(AllocatedGpu(uuid=uuid, index=index, model=model))
     return out, slots
+
+
+def decided_placements(plan: Plan, applied: set[str]) -> list[DecidedPlacement]:
+    out = []
+    for p in plan.placements:
+        share = p.gpu_fraction_milli or 1000
+        if p.mig is not None:
+            prof = migcat.profile(p.gpu_model, p.mig.profile)
+            share = prof.milli if prof else share
+        out.append(DecidedPlacement(unit=p.job_id, node=p.node, gpus=list(p.gpu_uuids), share_milli=share,
+                                    mig_profile=p.mig.profile if p.mig else None, applied=p.job_id in applied))
+    return out

@@ -4,22 +4,35 @@ pure core, and commits each placement with its AllocationGranted event in one tr
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import gzip
+import hashlib
 import json
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import timedelta
 
 from libs.bus.lease import LeaderLease
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
-from libs.contracts.commands import Empty, JobRef, ListAllocations, ReleaseAllocation, Reply, page
+from libs.contracts.commands import (
+    Empty,
+    GetDecision,
+    JobRef,
+    ListAllocations,
+    ListDecisions,
+    ReleaseAllocation,
+    Reply,
+    page,
+)
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
     AllocationGranted,
     AllocationPreempting,
     AllocationReleased,
+    DecidedPreemption,
     GpuHealthChanged,
     GpuSharingSet,
     JobCancelled,
@@ -33,9 +46,10 @@ from libs.contracts.events import (
     NodeUncordoned,
     PriorityClassSet,
     QuotaSet,
+    SchedulingCycleDecided,
     TeamCreated,
 )
-from libs.core import Placement, Preemption, schedule
+from libs.core import Placement, Plan, Preemption, codec, schedule
 from libs.observability.tracing import extract_context, tracer
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
@@ -46,6 +60,7 @@ from services.placement.domain import (
     build_policy,
     build_requests,
     build_snapshot,
+    decided_placements,
     offered_models,
     split_unit,
 )
@@ -60,6 +75,7 @@ class PlacementHandlers:
         self.settings = settings
         self.lease = lease
         self._kick = asyncio.Event()
+        self._last_reasons_digest: str | None = None
         self._tracer = tracer("gpupool.placement")
 
     # --- events that change the read model --------------------------------------------------------------------
@@ -234,9 +250,10 @@ class PlacementHandlers:
             return 0
         policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
                               self.settings.min_runtime_s)
+        snapshot, now = build_snapshot(nodes, gpus, running), time.time()
         with self._tracer.start_as_current_span("scheduling cycle", attributes={
                 "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
-            plan = schedule(build_snapshot(nodes, gpus, running), requests, policy, now=time.time())
+            plan = schedule(snapshot, requests, policy, now=now)
             span.set_attribute("gpupool.placements", len(plan.placements))
             span.set_attribute("gpupool.preemptions", len(plan.preemptions))
         if plan.preemptions:
@@ -247,6 +264,7 @@ class PlacementHandlers:
         for p in plan.placements:
             units[p.job_id].append(p)
         placed = 0
+        applied: set[str] = set()
         for unit, placements in units.items():
             job_id, replica = split_unit(unit)
             parent = extract_context({"traceparent": traces[job_id]} if traces.get(job_id) else {})
@@ -259,13 +277,44 @@ class PlacementHandlers:
                 continue
             if allocation_ids:
                 placed += 1
+                applied.add(unit)
                 log.info("job_placed", extra={"job_id": job_id, "allocation_ids": allocation_ids,
                                               "nodes": sorted({p.node for p in placements})})
         reasons = {split_unit(r.job_id)[0]: (r.reason, r.message) for r in plan.pending}
         if reasons:
             async with self.rt.pool.acquire() as conn:
                 await store.record_pending_reasons(conn, [(j, r, m) for j, (r, m) in reasons.items()])
+        await self._record_decision(snapshot, requests, policy, now, plan, applied, state["policy_revision"])
         return placed
+
+    async def _record_decision(self, snapshot, requests, policy, now: float, plan, applied: set[str],  # type: ignore[no-untyped-def]
+                               policy_revision: int | None) -> None:
+        """Publish what the cycle decided with the versions it read, and keep its whole input so the cycle can be
+        scheduled again. A cycle that only repeats the previous one's reasons is not recorded (an idle queue
+        would otherwise write one every tick)."""
+        reasons_digest = codec.plan_digest(Plan((), plan.pending))
+        if not plan.placements and not plan.preemptions and reasons_digest == self._last_reasons_digest:
+            return
+        self._last_reasons_digest = reasons_digest
+        inputs = codec.dumps({"snapshot": snapshot, "pending": tuple(requests), "policy": policy, "now": now})
+        cycle_id = uuid7()
+        decided = SchedulingCycleDecided(
+            cycle_id=cycle_id, decided_at=utcnow(), policy=policy.name,
+            input_digest=hashlib.sha256(inputs.encode()).hexdigest(), plan_digest=codec.plan_digest(plan),
+            versions={"policy_revision": policy_revision or 0, "nodes": len(snapshot.nodes),
+                      "gpus": sum(len(n.gpus) for n in snapshot.nodes), "running": len(snapshot.running),
+                      "pending_units": len(requests)},
+            placements=decided_placements(plan, applied),
+            preemptions=[DecidedPreemption(victim=v.job_id, preemptor=v.preemptor, reason=v.reason)
+                         for v in plan.preemptions],
+            pending_by_reason=dict(Counter(r.reason for r in plan.pending)))
+        async with self.rt.uow() as uow:
+            await store.record_decision(
+                uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
+                input_digest=decided.input_digest, plan_digest=decided.plan_digest,
+                input_gz=gzip.compress(inputs.encode(), compresslevel=6), plan_json=codec.dumps(plan),
+                summary=decided.model_dump_json(), keep=self.settings.decision_retention)
+            await uow.emit(decided)
 
     async def start_preemptions(self, preemptions: tuple[Preemption, ...]) -> None:
         """Decide was the core's job; acting is ours: each victim gets the checkpoint signal now and loses its GPUs
@@ -349,6 +398,21 @@ class PlacementHandlers:
                                  f"placement has not seen job {cmd.job_id} (not submitted, or not yet delivered)")
         return Reply.success({"job_id": cmd.job_id, **doc})
 
+    async def list_decisions(self, cmd: ListDecisions) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            rows = await store.list_decisions(conn, limit=cmd.limit + 1, before=cmd.before)
+        return Reply.success(page(rows, cmd.limit, lambda r: json.loads(r["summary"]), lambda i: i["cycle_id"]))
+
+    async def get_decision(self, cmd: GetDecision) -> Reply:
+        """The recorded input travels as it is stored (gzip, base64): a large fleet's snapshot stays small."""
+        async with self.rt.pool.acquire() as conn:
+            row = await store.get_decision(conn, cmd.cycle_id)
+        if row is None:
+            return Reply.failure(404, "DecisionNotFound",
+                                 f"no recorded cycle {cmd.cycle_id} (never recorded, or older than the retention)")
+        return Reply.success({**json.loads(row["summary"]), "input_gzip_base64": base64.b64encode(
+            row["input_gz"]).decode(), "plan": json.loads(row["plan_json"])})
+
     async def list_allocations(self, cmd: ListAllocations) -> Reply:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_allocations(conn, job_id=cmd.job_id, active=cmd.active, limit=cmd.limit + 1,
@@ -369,6 +433,8 @@ def routes(h: PlacementHandlers) -> Routes:
         commands={
             subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS: (ListAllocations, h.list_allocations),
             subjects.QUERY_PLACEMENT_EXPLAIN: (JobRef, h.explain),
+            subjects.QUERY_PLACEMENT_LIST_DECISIONS: (ListDecisions, h.list_decisions),
+            subjects.QUERY_PLACEMENT_GET_DECISION: (GetDecision, h.get_decision),
             subjects.CMD_PLACEMENT_RELEASE_ALLOCATION: (ReleaseAllocation, h.release_allocation),
         },
         events={

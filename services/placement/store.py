@@ -106,6 +106,9 @@ async def load_state(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]
                 """SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
                    WHERE NOT deleted"""),
             "classes": await conn.fetch("SELECT name, value, preemptible, min_runtime_s FROM policy_priority_classes"),
+            "policy_revision": await conn.fetchval(
+                """SELECT greatest((SELECT max(revision) FROM policy_teams), (SELECT max(revision) FROM policy_quotas),
+                                   (SELECT max(revision) FROM policy_priority_classes))"""),
         }
 
 
@@ -298,3 +301,27 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
         doc.update(state="released", reason=allocs[0]["release_reason"],
                    message=f"released at {allocs[0]['released_at'].isoformat()}")
     return doc
+
+
+# --- decisions (recorded cycles) ----------------------------------------------------------------------------------
+async def record_decision(conn: asyncpg.Connection, *, cycle_id: str, decided_at: datetime, policy: str,
+                          input_digest: str, plan_digest: str, input_gz: bytes, plan_json: str, summary: str,
+                          keep: int) -> None:
+    await conn.execute(
+        """INSERT INTO decisions (cycle_id, decided_at, policy, input_digest, plan_digest, input_gz, plan_json,
+                                  summary) VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb)""",
+        cycle_id, decided_at, policy, input_digest, plan_digest, input_gz, plan_json, summary)
+    await conn.execute(
+        """DELETE FROM decisions WHERE cycle_id < (SELECT cycle_id FROM decisions ORDER BY cycle_id DESC
+                                                    OFFSET $1 LIMIT 1)""", keep - 1)
+
+
+async def list_decisions(conn: asyncpg.Connection, *, limit: int, before: str | None) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT cycle_id, summary FROM decisions WHERE ($1::text IS NULL OR cycle_id < $1)
+           ORDER BY cycle_id DESC LIMIT $2""", before, limit)
+
+
+async def get_decision(conn: asyncpg.Connection, cycle_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow("SELECT cycle_id, summary, input_gz, plan_json FROM decisions WHERE cycle_id = $1",
+                               cycle_id)

@@ -52,6 +52,7 @@ MATRIX: dict[str, tuple[int, ...]] = {
     "approve own team's request":     (1, 0, 1, 0, 0, 0),
     "approve another team's request": (1, 0, 0, 0, 0, 0),
     "set an approval rule":           (1, 0, 0, 0, 0, 0),
+    "list scheduling decisions":      (1, 1, 0, 0, 0, 0),
 }
 
 
@@ -115,6 +116,7 @@ def calls(admin: httpx.Client) -> dict[str, Callable[[httpx.Client], httpx.Respo
         "list tokens": lambda c: c.get("/v1/tokens"),
         "revoke a token in own team": lambda c: c.delete(f"/v1/tokens/{member_token_id(admin)}"),
         "read the audit log": lambda c: c.get("/v1/audit"),
+        "list scheduling decisions": lambda c: c.get("/v1/decisions"),
         "ask who am I": lambda c: c.get("/v1/whoami"),
         "explain own team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OWN)}/explain"),
         "explain another team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OTHER)}/explain"),

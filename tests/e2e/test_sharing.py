@@ -122,3 +122,30 @@ async def test_a_share_that_contradicts_itself_or_names_an_unknown_mig_profile_i
             assert response.headers["content-type"].startswith("application/problem+json")
             assert words in response.text, (words, response.text)
     await asyncio.sleep(0)
+
+
+def test_every_deciding_cycle_is_recorded_and_replays_to_the_same_plan(platform) -> None:
+    """Runs after the sharing test in this module: its cycles placed fractions and MIG slices and preempted nothing.
+    Each recorded cycle, fetched over the API and scheduled again by this process's core, gives the same plan."""
+    from libs.cli.decisions import replay
+    from libs.client import GpupoolClient
+
+    with GpupoolClient(platform.gateway, platform.run["admin_token"]) as gp:
+        decisions = gp.list_decisions(limit=200)
+        assert decisions, "no scheduling cycle was recorded"
+        placed = [d for d in decisions if any(p["applied"] for p in d.placements)]
+        mig_cycles = [d for d in placed if any(p["mig_profile"] for p in d.placements)]
+        assert placed and mig_cycles
+        assert [d.cycle_id for d in decisions] == sorted((d.cycle_id for d in decisions), reverse=True)
+        for d in placed[:5] + mig_cycles[:1]:
+            assert d.versions["gpus"] == 4 and d.versions["nodes"] == 2
+            result = replay(gp.get_decision(d.cycle_id))
+            assert result["same"], result
+            assert result["placements"] == len(d.placements)
+    with platform.client() as api:
+        member = api.post("/v1/tokens", json={"name": "decisions-member", "role": "member",
+                                               "team": "research"}).json()["token"]
+        denied = api.get("/v1/decisions", headers={"Authorization": f"Bearer {member}"})
+        assert denied.status_code == 403 and denied.headers["content-type"].startswith("application/problem+json")
+        missing = api.get("/v1/decisions/not-a-cycle")
+        assert missing.status_code == 404 and missing.json()["reason"] == "DecisionNotFound"
