@@ -10,6 +10,10 @@
   gpupool priority-classes  list|set       gpupool reclaim-policies  list|set per job kind
   gpupool approvals   list|approve|deny|rule (admission rules that hold big jobs for a person's approval)
   gpupool token       create|list|revoke   gpupool audit             the audit log (admins)
+  gpupool node        one node's GPUs: health state, sharing, holder
+  gpupool cordon|uncordon|drain NODE       stop / resume placing on a node; drain also takes its work back
+  gpupool sharing NODE GPU MODE            exclusive | fractional | mig      gpupool gpu-health NODE GPU clear|quarantine
+  gpupool orphans     processes on GPUs nobody holds; allocations that run no process
   gpupool whoami      the caller's identity, role and allowed actions
   gpupool completion  bash|zsh completion script
 
@@ -1038,6 +1042,97 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- nodes: cordon, drain, sharing, GPU health, orphans (operators) ---------------------------------------------------
+SHARING_MODES = ("exclusive", "fractional", "mig")
+
+
+def node_text(n: Node) -> str:
+    cordon = "no"
+    if n.cordoned:
+        info = n.cordon or {}
+        cordon = ("drained" if n.drained else "cordoned") + (f" by {info['by']}" if info.get("by") else "") + \
+            (f": {info['reason']}" if info.get("reason") else "")
+    head = key_values([("node", f"{n.cluster}/{n.node}"), ("state", n.state), ("cordoned", cordon),
+                       ("cpus", n.cpu_count), ("memory GiB", fmt_gib(n.memory_mib)),
+                       ("last seen", fmt_age(n.last_seen_at) + " ago" if n.last_seen_at else None)])
+    rows = [[g.index, g.model, g.state, g.state_reason or None, fmt_age(g.state_since) if g.state_since else None,
+             g.sharing, num(g.telemetry.utilization_gpu_pct) if g.telemetry else None,
+             g.telemetry.process_count if g.telemetry else None, g.allocation_id] for g in n.gpus]
+    return head + "\n\n" + table(["GPU", "MODEL", "STATE", "WHY", "FOR", "SHARING", "UTIL %", "PROCS", "ALLOCATION"],
+                                  rows)
+
+
+def cmd_node(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    n = gp.get_node(args.node, cluster=args.cluster)
+    emit(args, n.raw, lambda: node_text(n))
+    return EXIT_OK
+
+
+def cmd_cordon(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    """cordon / uncordon / drain share one function: the subcommand's name is the action."""
+    action = args.node_action
+    if action == "uncordon":
+        n = gp.uncordon(args.node, cluster=args.cluster)
+    else:
+        n = getattr(gp, action)(args.node, reason=args.reason or "", cluster=args.cluster)
+    state = "drained" if n.drained else "cordoned" if n.cordoned else "schedulable"
+    emit(args, n.raw, lambda: f"node {n.cluster}/{n.node} is {state}")
+    return EXIT_OK
+
+
+def cmd_sharing(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    out = gp.set_gpu_sharing(args.node, args.gpu, args.mode, cluster=args.cluster)
+    emit(args, out.raw, lambda: f"GPU {out.index} on {out.cluster}/{out.node}: {out.mode}"
+                                + ("" if out.changed else " (unchanged)"))
+    return EXIT_OK
+
+
+def cmd_gpu_health(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    out = gp.set_gpu_health(args.node, args.gpu, args.action, reason=args.reason or "", cluster=args.cluster)
+    emit(args, out.raw, lambda: f"GPU {out.index} on {out.cluster}/{out.node}: {out.before} -> {out.state}"
+                                + ("" if out.changed else " (unchanged)"))
+    return EXIT_OK
+
+
+def cmd_orphans(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    items = gp.list_orphans(cluster=args.cluster, open_only=not args.all, limit=args.limit)
+    emit(args, raws(items), lambda: table(
+        ["KIND", "NODE", "GPU", "ALLOCATION", "JOB", "TEAM", "SINCE", "RESOLVED"],
+        [[o.kind, f"{o.cluster}/{o.node}", o.gpu_uuid, o.allocation_id, o.job_id, o.team, o.since, o.resolved_at]
+         for o in items]) if items else "No orphans.")
+    return EXIT_OK
+
+
+def register_node_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """gpupool node | cordon | uncordon | drain | sharing | gpu-health | orphans."""
+    def node_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("node", metavar="NODE")
+        p.add_argument("--cluster", help="needed only when the node name exists in several clusters")
+        return p
+
+    node_args(add("node", cmd_node, "one node: its GPUs' health state, sharing mode, holder and telemetry"))
+    for action, text in (("cordon", "cordon a node: no new work is placed on it (running work stays)"),
+                         ("drain", "drain a node: cordon it and take its allocations back (jobs are requeued)"),
+                         ("uncordon", "uncordon a node: it takes new work again")):
+        p = node_args(add(action, cmd_cordon, text + " (operators, admins)"))
+        p.set_defaults(node_action=action)
+        if action != "uncordon":
+            p.add_argument("--reason", help="why (recorded with the node and in the audit log)")
+    p = node_args(add("sharing", cmd_sharing, "set how one GPU is shared: exclusive, fractional or mig (operators, "
+                                              "admins)"))
+    p.add_argument("gpu", metavar="GPU", type=int, help="the GPU's index on the node")
+    p.add_argument("mode", metavar="MODE", choices=SHARING_MODES)
+    p = node_args(add("gpu-health", cmd_gpu_health, "clear a GPU's quarantine (it enters probation) or quarantine it "
+                                                    "now (operators, admins)"))
+    p.add_argument("gpu", metavar="GPU", type=int, help="the GPU's index on the node")
+    p.add_argument("action", metavar="ACTION", choices=("clear", "quarantine"))
+    p.add_argument("--reason", help="why (recorded with the GPU and in the audit log)")
+    p = add("orphans", cmd_orphans, "processes on GPUs no allocation holds; allocations whose GPUs run no process")
+    p.add_argument("--cluster")
+    p.add_argument("--all", action="store_true", help="also those that have since resolved")
+    p.add_argument("--limit", type=int, help="show at most this many")
+
+
 # --- wiring ---------------------------------------------------------------------------------------------------------
 def fail(message: str, code: int) -> int:
     print(f"error: {message}", file=sys.stderr)
@@ -1245,6 +1340,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--action", help="only this action, e.g. token.create")
 
     add("whoami", cmd_whoami, "who the token authenticates as, and what it may do")
+    register_node_commands(add)
 
     from libs.cli import decisions
 

@@ -16,10 +16,12 @@ from libs.client.models import (
     CreatedToken,
     Explanation,
     Gpu,
+    GpuChange,
     GpuTelemetry,
     Job,
     JobHistoryEntry,
     Node,
+    Orphan,
     PlacementExplanation,
     Pool,
     PoolCounts,
@@ -37,8 +39,8 @@ from libs.client.models import (
 
 __all__ = [
     "Allocation", "AllocationGpu", "Approval", "ApprovalRule", "AuditEntry", "ConfigError", "CreatedToken",
-    "Explanation", "Gpu", "GpuTelemetry", "GpupoolClient", "GpupoolError", "Job", "JobHistoryEntry", "Node",
-    "PlacementExplanation", "Pool", "PoolCounts", "PriorityClass", "Quota", "QuotaEntry", "Readiness",
+    "Explanation", "Gpu", "GpuChange", "GpuTelemetry", "GpupoolClient", "GpupoolError", "Job", "JobHistoryEntry", "Node",
+    "Orphan", "PlacementExplanation", "Pool", "PoolCounts", "PriorityClass", "Quota", "QuotaEntry", "Readiness",
     "ReclaimPolicy", "SubmitResult", "Team", "Token", "UsageRecord", "WhoAmI", "error_from_response",
     "resolve_connection",
 ]

@@ -10,8 +10,9 @@
 Every failure is a `GpupoolError(status, reason, detail, problem)`: the gateway's RFC 9457 problem body parsed, or
 status 0 / reason "Unreachable" when the gateway cannot be reached at all. Calls that are safe to repeat (every GET;
 POST /v1/jobs, which always carries an Idempotency-Key; and the PUT/PATCH calls that set an absolute value: scale,
-quota, priority class, approval rule, reclaim policy) are retried on 503 and on connection errors, at most 3 tries
-with a short back-off; nothing else (cancel, complete, approve/deny, deletes, team and token creation) is retried.
+quota, priority class, approval rule, reclaim policy; cordon, drain, uncordon, GPU sharing) are retried on 503 and on
+connection errors, at most 3 tries with a short back-off; nothing else (cancel, complete, approve/deny, a GPU health
+clear or quarantine, deletes, team and token creation) is retried.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from libs.client.models import (
     CreatedToken,
     Decision,
     Explanation,
+    GpuChange,
     Job,
     Node,
+    Orphan,
     Pool,
     PriorityClass,
     QuotaEntry,
@@ -301,6 +304,46 @@ class GpupoolClient:
 
     def list_usage(self, team: str | None = None, job_id: str | None = None) -> list[UsageRecord]:
         return self._list(UsageRecord, "/v1/usage", {"team": team, "job_id": job_id})
+
+    def get_node(self, node: str, cluster: str | None = None) -> Node:
+        """One node with each GPU's health state, sharing mode, holder and latest telemetry."""
+        return _parse(Node, self._json("GET", f"/v1/nodes/{_seg(node)}", params={"cluster": cluster}),
+                      "/v1/nodes/{node}")
+
+    def cordon(self, node: str, reason: str = "", cluster: str | None = None) -> Node:
+        """No new work on the node; running work stays (operators and admins). Idempotent."""
+        return self._node_action(node, "cordon", cluster, {"reason": reason})
+
+    def drain(self, node: str, reason: str = "", cluster: str | None = None) -> Node:
+        """Cordon and take the node's allocations back (reason Drained; restartable jobs are requeued)."""
+        return self._node_action(node, "drain", cluster, {"reason": reason})
+
+    def uncordon(self, node: str, cluster: str | None = None) -> Node:
+        return self._node_action(node, "uncordon", cluster, None)
+
+    def _node_action(self, node: str, verb: str, cluster: str | None, body: dict[str, Any] | None) -> Node:
+        return _parse(Node, self._json("POST", f"/v1/nodes/{_seg(node)}/{verb}", params={"cluster": cluster},
+                                       json_body=body, retry=True), f"/v1/nodes/{{node}}/{verb}")
+
+    def set_gpu_sharing(self, node: str, index: int, mode: str, cluster: str | None = None) -> GpuChange:
+        """exclusive, fractional or mig; applies to new placements (operators and admins)."""
+        return _parse(GpuChange, self._json("PUT", f"/v1/nodes/{_seg(node)}/gpus/{int(index)}/sharing",
+                                            params={"cluster": cluster}, json_body={"mode": mode}, retry=True),
+                      "/v1/nodes/{node}/gpus/{index}/sharing")
+
+    def set_gpu_health(self, node: str, index: int, action: str, reason: str = "",
+                       cluster: str | None = None) -> GpuChange:
+        """`clear` a quarantined GPU (it enters probation) or `quarantine` one now. Not retried: a second clear
+        would move a GPU in probation on to healthy."""
+        return _parse(GpuChange, self._json("POST", f"/v1/nodes/{_seg(node)}/gpus/{int(index)}/health",
+                                            params={"cluster": cluster},
+                                            json_body={"action": action, "reason": reason}),
+                      "/v1/nodes/{node}/gpus/{index}/health")
+
+    def list_orphans(self, cluster: str | None = None, open_only: bool = True,
+                     limit: int | None = None) -> list[Orphan]:
+        """Processes on GPUs nobody holds, and allocations whose GPUs run no process (open ones by default)."""
+        return self._list(Orphan, "/v1/orphans", {"cluster": cluster, "open": str(open_only).lower()}, limit)
 
     def pool(self, cluster: str | None = None) -> Pool:
         """GET /v1/pool: per cluster and GPU model total, healthy, in use, allocated, allocated-but-idle, free."""

@@ -121,6 +121,7 @@ class GpuTelemetry(ApiModel):
     ecc_volatile_sbe: int | None = None
     ecc_volatile_dbe: int | None = None
     xid_last: int | None = None
+    process_count: int | None = None
 
 
 class Gpu(ApiModel):
@@ -135,6 +136,11 @@ class Gpu(ApiModel):
     health: str = "healthy"
     health_reasons: list[str] = Field(default_factory=list)
     telemetry: GpuTelemetry | None = None
+    state: str = Field(default="healthy", description="health state: healthy, suspect, quarantined or probation")
+    state_since: datetime | None = None
+    state_reason: str = Field(default="", description="why it is in that state, e.g. FatalXid, RepeatedSuspect")
+    sharing: str = Field(default="exclusive", description="exclusive, fractional or mig")
+    allocation_id: str | None = Field(default=None, description="the live allocation holding it, if any")
 
 
 class Node(ApiModel):
@@ -152,6 +158,38 @@ class Node(ApiModel):
     cpu_util_pct: float | None = None
     memory_used_mib: float | None = None
     gpus: list[Gpu] = Field(default_factory=list)
+    lost_at: datetime | None = None
+    cordoned: bool = Field(default=False, description="no new work is placed on it")
+    drained: bool = Field(default=False, description="cordoned with its allocations taken back")
+    cordon: dict[str, Any] | None = Field(default=None, description="who cordoned it, when and why")
+
+
+class GpuChange(ApiModel):
+    """The answer to a GPU sharing or health change: what it was, what it is, and whether anything changed."""
+
+    cluster: str
+    node: str
+    index: int
+    gpu_uuid: str = ""
+    before: str = ""
+    mode: str | None = Field(default=None, description="the sharing mode (sharing changes)")
+    state: str | None = Field(default=None, description="the health state (health changes)")
+    reason: str | None = None
+    changed: bool = False
+
+
+class Orphan(ApiModel):
+    id: int
+    kind: str = Field(description="process_without_allocation or allocation_without_process")
+    cluster: str = ""
+    node: str = ""
+    gpu_uuid: str = ""
+    allocation_id: str | None = None
+    job_id: str | None = None
+    team: str | None = None
+    since: datetime | None = None
+    detected_at: datetime | None = None
+    resolved_at: datetime | None = None
 
 
 # --- allocations and usage ------------------------------------------------------------------------------------------
