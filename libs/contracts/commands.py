@@ -305,10 +305,14 @@ class DecideApproval(Command):
 
 
 class ListApprovals(Command):
+    """Newest first; `before` is the cursor (an approval id from the previous page)."""
+
     team: str | None = None
-    state: Literal["pending", "approved", "denied"] | None = None
+    state: Literal["pending", "approved", "denied", "withdrawn"] | None = None
     approval_id: str | None = Field(default=None, max_length=64)
+    job_id: str | None = Field(default=None, max_length=64)
     limit: int = Field(default=100, ge=1, le=1000)
+    before: str | None = Field(default=None, max_length=64)
 
 
 # --- placement --------------------------------------------------------------------------------------------------

@@ -190,6 +190,27 @@ class JobSubmitted(EventData):
     exclusive: bool = Field(default=False, description="A dev job that insists on a whole GPU")
 
 
+class JobStateChanged(EventData):
+    """Every transition of a job's state machine (awaiting_approval → pending → running → preempting → pending …
+    → completed / cancelled / failed), with the reason: a job's whole history can be rebuilt from these alone."""
+
+    event_type: ClassVar[str] = "io.gpupool.job.state_changed.v1"
+    event_subject: ClassVar[str] = subjects.JOB_STATE_CHANGED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    team: str
+    project: str
+    kind: str
+    previous: str | None = Field(description="null at submission")
+    current: str
+    reason: str = Field(description="e.g. Submitted, Approved, AllocationGranted, PreemptedByPriority, "
+                                    "Requeued:NodeLost, CompletedByUser, ApprovalDenied")
+    message: str | None = None
+    attempts: int = Field(default=0, description="times the job was requeued so far")
+    at: datetime
+
+
 class JobScaled(EventData):
     event_type: ClassVar[str] = "io.gpupool.job.scaled.v1"
     event_subject: ClassVar[str] = subjects.JOB_SCALED
@@ -459,6 +480,39 @@ class ReclaimDecided(EventData):
                                                           "that way")
 
 
+class ApprovalRequested(EventData):
+    """An admission rule held a submission for a person: who may approve it learns of it here."""
+
+    event_type: ClassVar[str] = "io.gpupool.quota.approval_requested.v1"
+    event_subject: ClassVar[str] = subjects.QUOTA_APPROVAL_REQUESTED
+    entity_field: ClassVar[str] = "approval_id"
+
+    approval_id: str
+    job_id: str
+    job_name: str
+    team: str
+    project: str
+    gpus: int
+    priority_class: str
+    reasons: list[str]
+    requested_by: str
+    requested_at: datetime
+
+
+class ApprovalWithdrawn(EventData):
+    """A pending request that no longer needs a decision (its job was cancelled first)."""
+
+    event_type: ClassVar[str] = "io.gpupool.quota.approval_withdrawn.v1"
+    event_subject: ClassVar[str] = subjects.QUOTA_APPROVAL_WITHDRAWN
+    entity_field: ClassVar[str] = "approval_id"
+
+    approval_id: str
+    job_id: str
+    team: str
+    reason: str
+    withdrawn_at: datetime
+
+
 class ApprovalDecided(EventData):
     event_type: ClassVar[str] = "io.gpupool.quota.approval_decided.v1"
     event_subject: ClassVar[str] = subjects.QUOTA_APPROVAL_DECIDED
@@ -592,6 +646,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         JobCompleted,
         JobCancelled,
         JobScaled,
+        JobStateChanged,
         AllocationGranted,
         AllocationPreempting,
         AllocationReleased,
@@ -602,6 +657,8 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         QuotaSet,
         PriorityClassSet,
         ApprovalDecided,
+        ApprovalRequested,
+        ApprovalWithdrawn,
         ReclaimWarned,
         ReclaimDecided,
         TelemetrySampled,

@@ -24,6 +24,7 @@ from libs.contracts.commands import (
     JobShape,
     JobState,
     ListAllocations,
+    ListApprovals,
     ListJobs,
     ListNodes,
     ListUsage,
@@ -219,6 +220,14 @@ async def explain_job(job_id: Annotated[str, Path(max_length=64)], req: Request,
     require(caller, Action.JOB_READ)
     job = await job_team(req, job_id)
     require(caller, Action.JOB_READ, job["team"])
+    if job["state"] == "awaiting_approval":
+        # placement has not seen it yet: the quota service knows what it waits for
+        found = (await call(req, subjects.QUERY_QUOTA_APPROVALS, ListApprovals(job_id=job_id, limit=1)))["items"]
+        approval = found[0] if found else None
+        reasons = "; ".join(approval["reasons"]) if approval else "an approval rule"
+        return {"job_id": job_id, "state": job["state"], "message": job.get("message"), "approval": approval,
+                "placement": {"state": "awaiting_approval", "reason": "AwaitingApproval",
+                              "message": f"held for approval ({reasons}); placement sees the job once it is approved"}}
     try:
         placement = await call(req, subjects.QUERY_PLACEMENT_EXPLAIN, JobRef(job_id=job_id))
     except ApiError as exc:

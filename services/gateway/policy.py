@@ -127,10 +127,15 @@ class RuleBody(BaseModel):
 
 @router.get("/approvals", summary="Approval requests (team-scoped callers see their team's)", tags=["approvals"])
 async def list_approvals(req: Request, caller: Caller, team: Annotated[str | None, Query(max_length=63)] = None,
-                         state: Annotated[str | None, Query(pattern="^(pending|approved|denied)$")] = None,
-                         limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
+                         state: Annotated[str | None, Query(pattern="^(pending|approved|denied|withdrawn)$")] = None,
+                         job_id: Annotated[str | None, Query(max_length=64)] = None,
+                         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                         cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+    """Newest first, `next` is the cursor of the following page. `withdrawn`: the job was cancelled before anyone
+    decided."""
     team = team_filter(caller, Action.JOB_READ, team)
-    return await call(req, subjects.QUERY_QUOTA_APPROVALS, ListApprovals(team=team, state=state, limit=limit))
+    return await call(req, subjects.QUERY_QUOTA_APPROVALS, ListApprovals(team=team, state=state, job_id=job_id,
+                                                                       limit=limit, before=cursor))
 
 
 async def _decide(req: Request, caller, approval_id: str, approve: bool, body: DecisionBody | None) -> dict:  # type: ignore[no-untyped-def]

@@ -27,6 +27,7 @@ from libs.contracts.events import (
     JobCompleted,
     JobScaled,
     JobStarted,
+    JobStateChanged,
     JobSubmitted,
 )
 from libs.runtime.routes import Routes
@@ -89,6 +90,11 @@ class QueueHandlers:
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)
+            if row is not None:
+                await uow.emit(JobStateChanged(
+                    job_id=job_id, team=cmd.team, project=cmd.project, kind=cmd.kind, previous=None,
+                    current=job["state"], reason="AwaitingApproval" if needs_approval else "Submitted",
+                    message=job["message"], at=now))
             if row is not None and not needs_approval:
                 await uow.emit(submitted_event(row))
         if row is None:  # lost a race with the same idempotency key: answer with the winner
@@ -159,7 +165,7 @@ class QueueHandlers:
                 return refuse_transition(job_id, row["state"], target)
             if not can_transition(row["state"], target):
                 return refuse_transition(job_id, row["state"], target)
-            await store.set_state(uow.conn, job_id, row["state"], target, reason, at=now, message=message)
+            await self._set_state(uow, row, target, reason, at=now, message=message)
             if target == "completed":
                 await uow.emit(JobCompleted(job_id=job_id, team=row["team"], completed_at=now))
             else:
@@ -168,6 +174,17 @@ class QueueHandlers:
             updated = await store.get_job(uow.conn, job_id)
         log.info("job_finished", extra={"job_id": job_id, "state": target})
         return Reply.success(store.to_view(updated).model_dump(mode="json"))
+
+    async def _set_state(self, uow, row, target: str, reason: str, *, at, message: str | None = None,  # type: ignore[no-untyped-def]
+                         **fields) -> None:
+        """One transition of the state machine: the row, its history entry and its JobStateChanged event, in the
+        caller's transaction."""
+        await store.set_state(uow.conn, row["job_id"], row["state"], target, reason, at=at, message=message,
+                              **fields)
+        requeue = target == "pending" and row["state"] in ("running", "preempting")
+        await uow.emit(JobStateChanged(
+            job_id=row["job_id"], team=row["team"], project=row["project"], kind=row["kind"], previous=row["state"],
+            current=target, reason=reason, message=message, attempts=row["attempts"] + (1 if requeue else 0), at=at))
 
     # --- queries ---------------------------------------------------------------------------------------------
     async def get_job(self, cmd: JobRef) -> Reply:
@@ -199,7 +216,7 @@ class QueueHandlers:
                 log.info("allocation_for_non_pending_job", extra={"job_id": data.job_id,
                                                                   "state": row["state"] if row else None})
                 return
-            await store.set_state(uow.conn, data.job_id, "pending", "running", "AllocationGranted",
+            await self._set_state(uow, row, "running", "AllocationGranted",
                                   at=data.granted_at, message=None, allocation_id=data.allocation_id,
                                   node=data.node, cluster=data.cluster)
             await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
@@ -216,10 +233,10 @@ class QueueHandlers:
             verdict = f"{'approved' if data.approved else 'denied'} by {data.decided_by}"
             message = f"{verdict}: {data.comment}" if data.comment else verdict
             if not data.approved:
-                await store.set_state(uow.conn, data.job_id, "awaiting_approval", "failed", "ApprovalDenied",
+                await self._set_state(uow, row, "failed", "ApprovalDenied",
                                       at=data.decided_at, message=message)
                 return
-            await store.set_state(uow.conn, data.job_id, "awaiting_approval", "pending", "Approved",
+            await self._set_state(uow, row, "pending", "Approved",
                                   at=data.decided_at, message=message)
             await uow.emit(submitted_event(row))
 
@@ -235,7 +252,7 @@ class QueueHandlers:
                 return  # one replica of a service goes; placement brings it back elsewhere
             if row is None or row["state"] != "running" or row["allocation_id"] != data.allocation_id:
                 return
-            await store.set_state(uow.conn, data.job_id, "running", "preempting", data.reason, at=utcnow(),
+            await self._set_state(uow, row, "preempting", data.reason, at=utcnow(),
                                   message=f"{data.message}; checkpoint before {data.deadline.isoformat()}")
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
@@ -251,10 +268,10 @@ class QueueHandlers:
             if row["replicas"] > 1:
                 return  # one replica of a service lost: placement places it again; the job keeps running
             if data.reason in ENDS_THE_JOB:
-                await store.set_state(uow.conn, data.job_id, row["state"], "failed", data.reason,
+                await self._set_state(uow, row, "failed", data.reason,
                                       at=data.released_at, message=f"GPUs reclaimed: {data.reason}")
                 return
-            await store.set_state(uow.conn, data.job_id, row["state"], "pending", f"Requeued:{data.reason}",
+            await self._set_state(uow, row, "pending", f"Requeued:{data.reason}",
                                   at=data.released_at, message=f"requeued after {data.reason}",
                                   allocation_id=None, node=None, cluster=None)
             await uow.emit(submitted_event(row))

@@ -17,13 +17,24 @@ from libs.contracts.commands import (
     SetApprovalRule,
     SetPriorityClass,
     SetQuota,
+    page,
 )
-from libs.contracts.envelope import utcnow, uuid7
-from libs.contracts.events import ApprovalDecided, PriorityClassSet, QuotaSet, TeamCreated
+from libs.contracts.envelope import CloudEvent, utcnow, uuid7
+from libs.contracts.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    ApprovalWithdrawn,
+    JobCancelled,
+    PriorityClassSet,
+    QuotaSet,
+    TeamCreated,
+)
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.quota import store
 from services.quota.domain import admit, approval_reasons
+
+CONSUMER = "quota"
 
 
 def _quota_event(row, *, deleted: bool = False, revision: int | None = None) -> QuotaSet:  # type: ignore[no-untyped-def]
@@ -98,10 +109,16 @@ class QuotaHandlers:
             reasons = approval_reasons(cmd, await store.approval_rules(conn))
             if not reasons:
                 return reply
+        async with self.rt.uow() as uow:
             row = await store.insert_approval(
-                conn, approval_id=uuid7(), job_id=cmd.job_id, job_name=cmd.job_name, team=cmd.team,
+                uow.conn, approval_id=uuid7(), job_id=cmd.job_id, job_name=cmd.job_name, team=cmd.team,
                 project=cmd.project, gpus=cmd.gpus, priority_class=cmd.priority_class, reasons=reasons,
                 requested_by=cmd.submitted_by)
+            if row["inserted"]:  # a retried submission finds its request again: announced once
+                await uow.emit(ApprovalRequested(
+                    approval_id=row["approval_id"], job_id=row["job_id"], job_name=row["job_name"],
+                    team=row["team"], project=row["project"], gpus=row["gpus"], priority_class=row["priority_class"],
+                    reasons=list(row["reasons"]), requested_by=row["requested_by"], requested_at=row["created_at"]))
         return Reply.success({**reply.result, "approval_required": True, "approval_id": row["approval_id"],
                               "approval_reasons": reasons})
 
@@ -131,9 +148,22 @@ class QuotaHandlers:
     async def approvals(self, cmd: ListApprovals) -> Reply:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_approvals(conn, team=cmd.team, state=cmd.state, approval_id=cmd.approval_id,
-                                              limit=cmd.limit)
+                                              job_id=cmd.job_id, limit=cmd.limit + 1, before=cmd.before)
             rules = await store.approval_rules(conn)
-        return Reply.success({"items": [_view(r) for r in rows], "rules": [dict(r) for r in rules], "next": None})
+        return Reply.success({**page(rows, cmd.limit, _view, lambda item: item["approval_id"]),
+                              "rules": [dict(r) for r in rules]})
+
+    async def on_job_cancelled(self, event: CloudEvent, data: JobCancelled) -> None:
+        """A job cancelled while awaiting approval needs no decision any more: withdraw its request (approving it
+        later would otherwise look like it did something)."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            row = await store.withdraw_approval(uow.conn, data.job_id, f"job cancelled: {data.reason}")
+            if row is not None:
+                await uow.emit(ApprovalWithdrawn(approval_id=row["approval_id"], job_id=row["job_id"],
+                                                 team=row["team"], reason=row["comment"],
+                                                 withdrawn_at=row["decided_at"]))
 
     async def list_teams(self, _: Empty) -> Reply:
         async with self.rt.pool.acquire() as conn:
@@ -158,4 +188,5 @@ def routes(h: QuotaHandlers) -> Routes:
             subjects.CMD_QUOTA_DECIDE_APPROVAL: (DecideApproval, h.decide_approval),
             subjects.QUERY_QUOTA_APPROVALS: (ListApprovals, h.approvals),
         },
+        events={JobCancelled: h.on_job_cancelled},
     )

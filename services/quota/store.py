@@ -112,7 +112,7 @@ async def insert_approval(conn: asyncpg.Connection, **row: object) -> asyncpg.Re
                                           reasons, requested_by)
             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)
             ON CONFLICT (job_id) DO UPDATE SET job_id = EXCLUDED.job_id
-            RETURNING {_APPROVAL_COLUMNS}""",
+            RETURNING {_APPROVAL_COLUMNS}, (xmax = 0) AS inserted""",
         row["approval_id"], row["job_id"], row["job_name"], row["team"], row["project"], row["gpus"],
         row["priority_class"], row["reasons"], row["requested_by"])
 
@@ -132,9 +132,17 @@ async def get_approval(conn: asyncpg.Connection, approval_id: str) -> asyncpg.Re
 
 
 async def list_approvals(conn: asyncpg.Connection, *, team: str | None, state: str | None, approval_id: str | None,
-                         limit: int) -> list[asyncpg.Record]:
+                         limit: int, job_id: str | None = None, before: str | None = None) -> list[asyncpg.Record]:
     return await conn.fetch(
         f"""SELECT {_APPROVAL_COLUMNS} FROM approval_requests
             WHERE ($1::text IS NULL OR team = $1) AND ($2::text IS NULL OR state = $2)
-              AND ($3::text IS NULL OR approval_id = $3)
-            ORDER BY created_at DESC LIMIT $4""", team, state, approval_id, limit)
+              AND ($3::text IS NULL OR approval_id = $3) AND ($5::text IS NULL OR job_id = $5)
+              AND ($6::text IS NULL OR approval_id < $6)
+            ORDER BY approval_id DESC LIMIT $4""", team, state, approval_id, limit, job_id, before)
+
+
+async def withdraw_approval(conn: asyncpg.Connection, job_id: str, reason: str) -> asyncpg.Record | None:
+    """The job's request, if still pending, is withdrawn; None otherwise (none, or already decided)."""
+    return await conn.fetchrow(
+        f"""UPDATE approval_requests SET state = 'withdrawn', comment = $2, decided_at = now()
+            WHERE job_id = $1 AND state = 'pending' RETURNING {_APPROVAL_COLUMNS}""", job_id, reason)

@@ -149,3 +149,79 @@ async def test_a_job_that_needs_approval_runs_only_after_a_team_admin_approves_i
             finally:
                 api.put("/v1/approval-rules/gpus_over", json={"value": "4", "enabled": False})
                 finish_all(api)
+
+
+class EventLog:
+    """Every event on the given subjects, decoded, as another system subscribed to them would see it."""
+
+    def __init__(self, url: str, *subjects: str) -> None:
+        self.url, self.subjects, self.events = url, subjects, []
+
+    async def __aenter__(self) -> EventLog:
+        import nats
+
+        from libs.contracts.envelope import parse_envelope
+        from libs.contracts.events import decode_data
+
+        self.nc = await nats.connect(self.url)
+
+        async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+            self.events.append(decode_data(parse_envelope(msg.data)))
+
+        for subject in self.subjects:
+            await self.nc.subscribe(subject, cb=on_msg)
+        await self.nc.flush()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.nc.close()
+
+    def of(self, kind: type, **match) -> list:  # type: ignore[no-untyped-def]
+        return [e for e in self.events if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items())]
+
+
+async def test_approval_requests_are_announced_explained_and_withdrawn_when_their_job_is_cancelled(platform) -> None:  # type: ignore[no-untyped-def]
+    from libs.contracts.events import ApprovalRequested, ApprovalWithdrawn, JobStateChanged
+
+    async with EventLog(platform.nats_url, "gpupool.quota.>", "gpupool.job.state_changed") as log:
+        with platform.client() as api:
+            finish_all(api)
+            assert api.put("/v1/approval-rules/gpus_over", json={"value": "4"}).status_code == 200
+            try:
+                jobs = [api.post("/v1/jobs", json={"name": f"held-{i}", "team": "research", "gpus": 5}).json()
+                        for i in range(3)]
+                assert all(j["state"] == "awaiting_approval" for j in jobs)
+                held = jobs[0]
+                explained = api.get(f"/v1/jobs/{held['job_id']}/explain").json()
+                assert explained["placement"]["reason"] == "AwaitingApproval"
+                assert "more than 4 GPUs" in explained["placement"]["message"]
+                assert explained["approval"]["approval_id"] == held["approval_id"]
+                await eventually(lambda: len(log.of(ApprovalRequested, job_id=held["job_id"])) == 1)
+                assert log.of(ApprovalRequested, job_id=held["job_id"])[0].reasons == ["more than 4 GPUs"]
+
+                # cursor pagination over the approvals, newest first
+                first = api.get("/v1/approvals", params={"state": "pending", "limit": 2}).json()
+                rest = api.get("/v1/approvals", params={"state": "pending", "limit": 2,
+                                                        "cursor": first["next"]}).json()
+                ids = [a["approval_id"] for a in first["items"] + rest["items"]]
+                assert ids == sorted(ids, reverse=True) and {j["approval_id"] for j in jobs} <= set(ids)
+
+                assert api.post(f"/v1/jobs/{held['job_id']}/cancel").status_code == 200
+                await eventually(lambda: len(log.of(ApprovalWithdrawn, job_id=held["job_id"])) == 1)
+                [request] = api.get("/v1/approvals", params={"job_id": held["job_id"]}).json()["items"]
+                assert request["state"] == "withdrawn"
+                late = api.post(f"/v1/approvals/{held['approval_id']}/approve")
+                assert late.status_code == 409 and late.json()["reason"] == "AlreadyDecided"
+
+                # every transition of the job's state machine was an event, in order
+                await eventually(lambda: len(log.of(JobStateChanged, job_id=held["job_id"])) == 2)
+                moves = [(e.previous, e.current, e.reason) for e in log.of(JobStateChanged, job_id=held["job_id"])]
+                assert moves == [(None, "awaiting_approval", "AwaitingApproval"),
+                                 ("awaiting_approval", "cancelled", "CancelledByUser")]
+            finally:
+                api.put("/v1/approval-rules/gpus_over", json={"value": "4", "enabled": False})
+                finish_all(api)
+            ran = post_job(api, name="runs", gpus=1)
+            await eventually(lambda: [e.current for e in log.of(JobStateChanged, job_id=ran)] == ["pending", "running"])
+            api.post(f"/v1/jobs/{ran}/complete")
+            await eventually(lambda: [e.current for e in log.of(JobStateChanged, job_id=ran)][-1] == "completed")
