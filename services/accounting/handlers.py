@@ -359,7 +359,7 @@ class AccountingHandlers:
                 "gpu_model": model, "supply_gpus": model_supply,
                 "demand": {
                     "queued_gpu_hours": round(float(w["queued_milli_us"]) / (MILLI * US_PER_HOUR), 6) if w else 0.0,
-                    "pending_gpus": float(w["pending_milli"]) / MILLI if w and as_of == now else 0.0,
+                    "pending_gpus": float(w["pending_milli"]) / MILLI if w else 0.0,
                     "waits": w["granted"] if w else 0,
                     "wait_p50_s": _round(pcts[0]), "wait_p90_s": _round(pcts[1]), "wait_p99_s": _round(pcts[2]),
                     "wait_max_s": _round(w["wait_max"]) if w else None,

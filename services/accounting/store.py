@@ -408,7 +408,8 @@ async def wait_stats(conn: asyncpg.Connection, *, start: datetime, end: datetime
                       FILTER (WHERE outcome = 'granted' AND ended_at >= $1 AND ended_at < $2) AS wait_max,
                   COALESCE(SUM(acct_us(GREATEST(entered_at, $1), LEAST(COALESCE(ended_at, $3), $2)) * demand_milli)
                       FILTER (WHERE entered_at < LEAST($2, $3) AND COALESCE(ended_at, $3) > $1), 0) AS queued_milli_us,
-                  COALESCE(SUM(demand_milli) FILTER (WHERE ended_at IS NULL), 0) AS pending_milli
+                  COALESCE(SUM(demand_milli) FILTER (WHERE entered_at <= $3 AND (ended_at IS NULL OR ended_at > $3)), 0)
+                      AS pending_milli
            FROM queue_waits
            WHERE ($4::text IS NULL OR team = $4) AND ($5::text IS NULL OR gpu_model = $5)
              AND (ended_at IS NULL OR ended_at >= $1) AND entered_at < $2

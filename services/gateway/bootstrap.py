@@ -31,6 +31,7 @@ from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
 from services.gateway.nodes import router as nodes_router
 from services.gateway.policy import router as policy_router
+from services.gateway.reports import router as reports_router
 
 log = logging.getLogger(__name__)
 HTTP_REQUESTS = Counter("gpupool_gateway_requests_total", "HTTP requests", ["method", "route", "status"])
@@ -63,6 +64,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(router)
     app.include_router(events_router)
     app.include_router(policy_router)
+    app.include_router(reports_router)
     app.include_router(nodes_router)
     app.include_router(decisions_router)
 

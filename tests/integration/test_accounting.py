@@ -332,13 +332,16 @@ async def test_efficiency_waste_and_capacity_reports_follow_the_rollups_queue_an
     assert h100["demand"]["queued_gpu_hours"] == pytest.approx(float(queued), abs=2e-6)
     assert [t["peak_demand_gpus"] for t in h100["trend"]] == [2.0, 3.0, 5.0]
     assert [t["peak_allocated_gpus"] for t in h100["trend"]] == [0.0, 2.0, 2.0]  # A until 60:00.75
-    assert h100["demand"]["peak_demand_gpus"] == 5.0 and h100["demand"]["pending_gpus"] == 0.0  # range ended
+    assert h100["demand"]["peak_demand_gpus"] == 5.0 and h100["demand"]["pending_gpus"] == 4.0  # E, at the end
     assert h100["forecast"]["status"] == "exceeds"  # E's four GPUs on top of D's one: five > four
     rising = await ask(accounting, subjects.QUERY_ACCOUNTING_REPORT_CAPACITY,
                        CapacityReportQuery(start=at(-60), end=at(100), bucket_s=1800, gpu_model=H100))
     (only,) = rising["models"]
     assert only["forecast"]["status"] == "will_exceed" and only["forecast"]["slope_gpus_per_day"] > 0
     assert datetime.fromisoformat(only["forecast"]["exceeds_supply_at"]) > at(100)
+    before_e = await ask(accounting, subjects.QUERY_ACCOUNTING_REPORT_CAPACITY,
+                         CapacityReportQuery(start=at(-60), end=at(95), bucket_s=3600))
+    assert {m["gpu_model"]: m for m in before_e["models"]}[H100]["demand"]["pending_gpus"] == 0.0  # D just placed
     now = await ask(accounting, subjects.QUERY_ACCOUNTING_REPORT_CAPACITY,
                     CapacityReportQuery(start=at(-60), end=NOW + timedelta(hours=1), bucket_s=3600))
     assert {m["gpu_model"]: m for m in now["models"]}[H100]["demand"]["pending_gpus"] == 4.0  # E still waits
