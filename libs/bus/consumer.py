@@ -27,7 +27,14 @@ from libs.bus.publisher import MSG_ID_HEADER, publish_raw
 from libs.contracts import subjects
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, parse_envelope
 from libs.contracts.events import EventData, decode_data
-from libs.observability.metrics import BUS_DEAD_LETTERS, BUS_HANDLE_SECONDS, BUS_MESSAGES
+from libs.observability.metrics import (
+    BUS_CONSUMER_ACK_PENDING,
+    BUS_CONSUMER_PENDING,
+    BUS_DEAD_LETTERS,
+    BUS_HANDLE_SECONDS,
+    BUS_MESSAGES,
+    BUS_REDELIVERIES,
+)
 from libs.observability.tracing import extract_context, tracer
 
 log = logging.getLogger(__name__)
@@ -122,9 +129,16 @@ class EventConsumer:
                     with contextlib.suppress(Exception):
                         await msg.nak(delay=backoff_delay(self.spec, msg.metadata.num_delivered))
 
+    async def report_lag(self) -> None:
+        info = await self.js.consumer_info(self.spec.stream, self.spec.durable)
+        BUS_CONSUMER_PENDING.labels(consumer=self.spec.durable).set(info.num_pending or 0)
+        BUS_CONSUMER_ACK_PENDING.labels(consumer=self.spec.durable).set(info.num_ack_pending or 0)
+
     async def handle_one(self, msg: Msg) -> None:
         started = time.perf_counter()
         consumer = self.spec.durable
+        if msg.metadata.num_delivered > 1:
+            BUS_REDELIVERIES.labels(consumer=consumer).inc()
         ctx = extract_context(msg.headers)
         with self._tracer.start_as_current_span(
             f"consume {msg.subject}", context=ctx, kind=trace.SpanKind.CONSUMER,

@@ -62,7 +62,7 @@ class ServiceRuntime:
         self.nc = await connect(self.settings.nats_url, f"gpupool-{self.name}", user=self.settings.nats_user,
                                 password=self.settings.nats_password)
         self.js = self.nc.jetstream()
-        await ensure_streams(self.js)
+        await ensure_streams(self.js, replicas=self.settings.stream_replicas)
         if self.migrations_package is not None:
             dsn = self.settings.database_url
             await ensure_database(with_database(dsn, "postgres"), database_name(dsn))
@@ -73,7 +73,19 @@ class ServiceRuntime:
         self.http = OpsEndpoint(self.settings.http_host, self.settings.http_port, self.ready)
         port = await self.http.start()
         await self.serve(subjects.health_ping(self.name), Empty, self._ping)
+        self.background(self._report_consumer_lag(), "consumer-lag")
         log.info("service_started", extra={"instance": self.instance, "http_port": port})
+
+    async def _report_consumer_lag(self) -> None:
+        """Consumer lag and unacknowledged messages on /metrics, read from JetStream every metrics interval."""
+        while True:
+            await asyncio.sleep(self.settings.metrics_interval_s)
+            for consumer in list(self.consumers):
+                try:
+                    await consumer.report_lag()
+                except Exception as exc:  # a blip; the next round tries again
+                    log.debug("consumer_lag_unavailable", extra={"consumer": consumer.spec.durable,
+                                                                 "error": repr(exc)})
 
     async def _ping(self, _: Empty) -> dict[str, str]:
         return {"service": self.name, "instance": self.instance}

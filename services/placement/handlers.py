@@ -12,7 +12,9 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 from libs.bus.lease import LeaderLease
 from libs.bus.rpc import ServiceUnavailable, request
@@ -50,6 +52,16 @@ from libs.contracts.events import (
     TeamCreated,
 )
 from libs.core import Placement, Plan, Preemption, codec, schedule
+from libs.observability.metrics import (
+    ALLOCATIONS,
+    GPUS_ALLOCATED,
+    PENDING_UNITS,
+    QUOTA_GUARANTEED_GPUS,
+    QUOTA_USED_GPUS,
+    SCHEDULING_CYCLE_SECONDS,
+    SCHEDULING_DECISIONS,
+    SCHEDULING_PHASE_SECONDS,
+)
 from libs.observability.tracing import extract_context, tracer
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
@@ -233,11 +245,20 @@ class PlacementHandlers:
                 await asyncio.sleep(0.5)
 
     async def run_cycle(self) -> int:
+        started = time.perf_counter()
+        placed = await self._cycle()
+        if placed >= 0:
+            SCHEDULING_CYCLE_SECONDS.labels(policy=self.settings.policy).observe(time.perf_counter() - started)
+        return max(placed, 0)
+
+    async def _cycle(self) -> int:
         """Snapshot → core.schedule → apply each unit (a job, a gang, or one replica) in its own transaction. The
-        database constraints are the verifier: a stale placement is refused whole, never double-allocated."""
+        database constraints are the verifier: a stale placement is refused whole, never double-allocated.
+        Returns the units placed, or -1 when there was nothing to schedule."""
         async with self.rt.pool.acquire() as conn:
             state = await store.load_state(conn)
         nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
+        report_holdings(running, state["quotas"], state["teams"])
         live: dict[str, set[int]] = defaultdict(set)
         for r in running:
             live[r["job_id"]].add(r["replica"])
@@ -247,13 +268,14 @@ class PlacementHandlers:
                                               self.settings.dev_fraction_milli, self.settings.dev_gpu_memory_mib)
                     if q.job_id not in waiting]
         if not requests:
-            return 0
+            PENDING_UNITS.clear()
+            return -1
         policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
                               self.settings.min_runtime_s)
         snapshot, now = build_snapshot(nodes, gpus, running), time.time()
         with self._tracer.start_as_current_span("scheduling cycle", attributes={
                 "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
-            plan = schedule(snapshot, requests, policy, now=now)
+            plan = schedule(snapshot, requests, policy, now=now, clock=time.perf_counter)
             span.set_attribute("gpupool.placements", len(plan.placements))
             span.set_attribute("gpupool.preemptions", len(plan.preemptions))
         if plan.preemptions:
@@ -274,12 +296,15 @@ class PlacementHandlers:
                     allocation_ids = await self._apply(job_id, replica, placements, models)
             except store.AllocationConflict as exc:
                 log.warning("placement_refused_by_store", extra={"job_id": job_id, "error": str(exc)})
+                SCHEDULING_DECISIONS.labels(outcome="refused_by_store").inc()
                 continue
             if allocation_ids:
                 placed += 1
+                SCHEDULING_DECISIONS.labels(outcome="placed").inc()
                 applied.add(unit)
                 log.info("job_placed", extra={"job_id": job_id, "allocation_ids": allocation_ids,
                                               "nodes": sorted({p.node for p in placements})})
+        report_plan(plan)
         reasons = {split_unit(r.job_id)[0]: (r.reason, r.message) for r in plan.pending}
         if reasons:
             async with self.rt.pool.acquire() as conn:
@@ -426,6 +451,45 @@ class PlacementHandlers:
                     "gpus": json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]}
 
         return Reply.success(page(rows, cmd.limit, view, lambda item: item["allocation_id"]))
+
+
+def report_holdings(running: Iterable[Any], quotas: Iterable[Any], teams: Iterable[Any]) -> None:
+    """/metrics: live allocations by state, GPUs held per model, and per team what it holds against what it is
+    guaranteed (shares counted by their share)."""
+    states: Counter[str] = Counter()
+    by_model: dict[str, float] = defaultdict(float)
+    by_team: dict[tuple[str, str], float] = defaultdict(float)
+    for r in running:
+        states["preempting" if r["preempt_deadline"] is not None else "running"] += 1
+        held = len(r["gpu_uuids"]) * r["share_milli"] / 1000
+        by_model[r["gpu_model"] or ""] += held
+        by_team[(r["team"], r["gpu_model"] or "")] += held
+    for state in ("running", "preempting"):
+        ALLOCATIONS.labels(state=state).set(states[state])
+    GPUS_ALLOCATED.clear()
+    for model, held in by_model.items():
+        GPUS_ALLOCATED.labels(gpu_model=model).set(held)
+    org_of = {t["team"]: t["org"] for t in teams}
+    QUOTA_USED_GPUS.clear()
+    for (team, model), held in by_team.items():
+        QUOTA_USED_GPUS.labels(team=team, gpu_model=model).set(held)
+    QUOTA_GUARANTEED_GPUS.clear()
+    for q in quotas:
+        org, _, team = q["path"].partition("/")
+        if team and "/" not in team and org_of.get(team, org) == org:
+            QUOTA_GUARANTEED_GPUS.labels(team=team, gpu_model=q["gpu_model"]).set(q["guaranteed"])
+
+
+def report_plan(plan: Plan) -> None:
+    """/metrics: the core's time per phase, victims chosen, and what is left pending by reason."""
+    for key, value in plan.stats:
+        if key.endswith("_us"):
+            SCHEDULING_PHASE_SECONDS.labels(phase=key[:-3]).observe(value / 1e6)
+    if plan.preemptions:
+        SCHEDULING_DECISIONS.labels(outcome="preempted").inc(len(plan.preemptions))
+    PENDING_UNITS.clear()
+    for reason, n in Counter(r.reason for r in plan.pending).items():
+        PENDING_UNITS.labels(reason=reason).set(n)
 
 
 def routes(h: PlacementHandlers) -> Routes:

@@ -9,5 +9,7 @@ async def main() -> None:
     settings = QueueSettings()
     runtime = ServiceRuntime("queue", settings, migrations_package="services.queue")
     await runtime.start()
-    await runtime.mount(routes(QueueHandlers(runtime, settings)))
+    handlers = QueueHandlers(runtime, settings)
+    await runtime.mount(routes(handlers))
+    runtime.background(handlers.report_queue_depth(), "queue-depth")
     await runtime.run_until_signalled()

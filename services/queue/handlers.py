@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 
@@ -30,6 +31,7 @@ from libs.contracts.events import (
     JobStateChanged,
     JobSubmitted,
 )
+from libs.observability.metrics import JOB_TRANSITIONS, QUEUE_JOBS, QUEUE_WAIT_SECONDS
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
@@ -181,10 +183,27 @@ class QueueHandlers:
         caller's transaction."""
         await store.set_state(uow.conn, row["job_id"], row["state"], target, reason, at=at, message=message,
                               **fields)
+        JOB_TRANSITIONS.labels(to_state=target, reason=reason.split(":")[0]).inc()
+        if target == "running" and row["state"] == "pending":
+            QUEUE_WAIT_SECONDS.labels(team=row["team"], priority_class=row["priority_class"]).observe(
+                max(0.0, (at - row["submitted_at"]).total_seconds()))
         requeue = target == "pending" and row["state"] in ("running", "preempting")
         await uow.emit(JobStateChanged(
             job_id=row["job_id"], team=row["team"], project=row["project"], kind=row["kind"], previous=row["state"],
             current=target, reason=reason, message=message, attempts=row["attempts"] + (1 if requeue else 0), at=at))
+
+    async def report_queue_depth(self) -> None:
+        """/metrics: open jobs by team, class and state, recounted every metrics interval."""
+        while True:
+            try:
+                async with self.rt.pool.acquire() as conn:
+                    rows = await store.open_job_counts(conn)
+                QUEUE_JOBS.clear()
+                for r in rows:
+                    QUEUE_JOBS.labels(team=r["team"], priority_class=r["priority_class"], state=r["state"]).set(r["n"])
+            except Exception as exc:  # the database is away: the next round tries again
+                log.debug("queue_depth_unavailable", extra={"error": repr(exc)})
+            await asyncio.sleep(self.settings.metrics_interval_s)
 
     # --- queries ---------------------------------------------------------------------------------------------
     async def get_job(self, cmd: JobRef) -> Reply:

@@ -94,3 +94,11 @@ async def record_history(conn: asyncpg.Connection, job_id: str, from_state: str 
 async def history(conn: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
         "SELECT at, from_state, to_state, reason FROM job_history WHERE job_id = $1 ORDER BY id", job_id)
+
+
+async def open_job_counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Jobs not yet finished, by team, priority class and state (for /metrics)."""
+    return await conn.fetch(
+        """SELECT team, priority_class, state, count(*) AS n FROM jobs
+           WHERE state IN ('awaiting_approval', 'pending', 'running', 'preempting')
+           GROUP BY team, priority_class, state""")

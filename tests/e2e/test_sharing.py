@@ -149,3 +149,37 @@ def test_every_deciding_cycle_is_recorded_and_replays_to_the_same_plan(platform)
         assert denied.status_code == 403 and denied.headers["content-type"].startswith("application/problem+json")
         missing = api.get("/v1/decisions/not-a-cycle")
         assert missing.status_code == 404 and missing.json()["reason"] == "DecisionNotFound"
+
+
+def test_services_expose_scheduling_queue_and_bus_metrics(platform) -> None:
+    """After the cycles above: placement reports cycle and phase times, decisions and holdings; the queue its
+    depth, waits and transitions; every consumer its lag (read every GPUPOOL_*_METRICS_INTERVAL_S)."""
+    import httpx
+
+    def scrape(service: str) -> str:
+        return httpx.get(platform.reload()["services"][service]["url"] + "/metrics", timeout=5).text
+
+    with platform.client() as api:
+        held = post(api, name="metrics-probe", kind="inference", mig_profile="3g.40gb", gpu_models=["A100-80GB"])
+        wait_state(api, held, "running")
+    deadline = time.monotonic() + 30
+    while True:
+        placement, queue = scrape("placement"), scrape("queue")
+        wanted = {
+            "placement": ["gpupool_scheduling_cycle_seconds_count", 'gpupool_scheduling_phase_seconds_count{phase="place"}',
+                          'gpupool_scheduling_decisions_total{outcome="placed"}', 'gpupool_allocations{state="running"}',
+                          'gpupool_gpus_allocated{gpu_model="A100-80GB"}', 'gpupool_bus_consumer_pending{consumer="placement"}'],
+            "queue": ['gpupool_queue_jobs{', 'gpupool_queue_wait_seconds_count{', 'gpupool_job_transitions_total{',
+                      'gpupool_bus_consumer_pending{consumer="queue"}'],
+        }
+        missing = [m for m in wanted["placement"] if m not in placement] + [m for m in wanted["queue"] if m not in queue]
+        if not missing:
+            break
+        assert time.monotonic() < deadline, f"metrics never appeared: {missing}"
+        time.sleep(1)
+    # the slice counts by its share of the GPU (3 of 7 compute slices), the job in the queue's depth
+    line = next(x for x in placement.splitlines() if x.startswith('gpupool_gpus_allocated{gpu_model="A100-80GB"}'))
+    assert float(line.split()[-1]) == 0.428
+    assert 'gpupool_queue_jobs{priority_class="normal",state="running",team="research"} 1.0' in queue
+    with platform.client() as api:
+        finish_all(api)

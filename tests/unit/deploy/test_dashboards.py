@@ -125,9 +125,9 @@ def test_every_metric_a_dashboard_queries_is_defined_by_a_service(path: Path, de
 def test_an_undefined_metric_is_caught(defined: set[str]) -> None:
     board = json.loads((DASHBOARDS / "gpupool-scheduler.json").read_text())
     board["panels"].append({"type": "row", "panels": [{"title": "made up", "targets": [
-        {"expr": 'histogram_quantile(0.9, sum by (le) (rate(gpupool_scheduling_cycle_seconds_bucket{job="x"}[5m])))'}]}]})
+        {"expr": 'histogram_quantile(0.9, sum by (le) (rate(gpupool_made_up_seconds_bucket{job="x"}[5m])))'}]}]})
     board["templating"]["list"].append({"name": "t", "type": "query", "query": "label_values(gpupool_nope, team)"})
-    assert undefined_metrics(board, defined) == ["made up: gpupool_scheduling_cycle_seconds_bucket",
+    assert undefined_metrics(board, defined) == ["made up: gpupool_made_up_seconds_bucket",
                                                  "variable $t: gpupool_nope"]
 
 
