@@ -15,6 +15,8 @@
   gpupool sharing NODE GPU MODE            exclusive | fractional | mig      gpupool gpu-health NODE GPU clear|quarantine
   gpupool orphans     processes on GPUs nobody holds; allocations that run no process
   gpupool whoami      the caller's identity, role and allowed actions
+  gpupool report      usage|efficiency|capacity|waste (JSON, table or --csv)
+  gpupool cost-rates  list|set|delete prices per GPU model and MIG profile
   gpupool completion  bash|zsh completion script
 
 Every one takes --url / --token (else GPUPOOL_URL / GPUPOOL_TOKEN, else .gpupool/run.json) and -o table|json.
@@ -30,7 +32,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -1320,6 +1322,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add("usage", cmd_usage, "the GPU-seconds ledger")
     p.add_argument("--team")
     p.add_argument("--job", help="one job's usage")
+    register_reports(sub, common)
 
     token = sub.add_parser("token", help="API tokens: create, list, revoke (admins)",
                            description="API tokens: create, list, revoke (admins)")
@@ -1350,3 +1353,261 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="print a shell completion script: source <(gpupool completion bash)")
     p.add_argument("shell", choices=("bash", "zsh"))
     p.set_defaults(func=cmd_completion)
+
+
+# --- reports and cost rates -----------------------------------------------------------------------------------------
+REPORT_DIMENSIONS = ("team", "project", "user", "kind", "gpu_model", "sharing", "mig_profile")
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?%?$")
+
+
+def parse_when(text: str, now: datetime | None = None) -> datetime:
+    """A report bound: an ISO date or time ("2026-03-01", "2026-03-01T08:00:00Z", no zone = UTC), "now", or a
+    duration before now ("7d", "12h", "1h30m")."""
+    now = now or datetime.now(UTC)
+    raw = text.strip()
+    if raw.lower() == "now":
+        return now
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
+    except ValueError:
+        try:
+            return now - timedelta(seconds=parse_duration(raw))
+        except UsageError:
+            raise UsageError(f"{text!r} is not a time (2026-03-01, 2026-03-01T08:00Z, now, or an age like 7d, "
+                             "12h)") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _fmt(value: Any, digits: int = 3) -> Any:
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return value
+
+
+def report_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Like `table`, but numbers already formatted as text (fixed decimals) still align right."""
+    text = [[cell(v) for v in r] for r in rows]
+    right = [bool(text) and all(_NUMBER.match(r[i]) or r[i] == "-" for r in text) for i in range(len(headers))]
+    widths = [max([len(h)] + [len(r[i]) for r in text]) for i, h in enumerate(headers)]
+    out = []
+    for line in [list(headers), *text]:
+        parts = [c.rjust(widths[i]) if right[i] else c.ljust(widths[i]) for i, c in enumerate(line)]
+        out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def _report_filters(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {dim: values for dim in REPORT_DIMENSIONS if (values := getattr(args, f"f_{dim}", None))}
+
+
+def _report_range(args: argparse.Namespace) -> tuple[datetime | None, datetime | None]:
+    return (parse_when(args.start) if args.start else None, parse_when(args.end) if args.end else None)
+
+
+def _group_by(args: argparse.Namespace) -> list[str] | None:
+    if args.group_by is None:
+        return None
+    dims = [d.strip() for d in args.group_by.split(",") if d.strip()]
+    unknown = [d for d in dims if d not in REPORT_DIMENSIONS]
+    if unknown:
+        raise UsageError(f"unknown --group-by {', '.join(unknown)} (use {', '.join(REPORT_DIMENSIONS)})")
+    return dims
+
+
+def _report_out(args: argparse.Namespace, raw: Any, csv_text: Callable[[], str], render: Callable[[], str]) -> None:
+    if args.csv:
+        sys.stdout.write(csv_text())
+    elif args.output == "json" or args.json:
+        print(json.dumps(raw, indent=2, default=str))
+    else:
+        print(render())
+
+
+def _range_line(report: Any) -> str:
+    return f"{fmt_time(report.start)} → {fmt_time(report.end)} UTC (as of {fmt_time(report.as_of)})"
+
+
+def cmd_report_usage(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    start, end = _report_range(args)
+    kw = dict(group_by=_group_by(args), filters=_report_filters(args), limit=args.limit)
+    report = gp.report_usage(start, end, **kw)
+
+    def render() -> str:
+        dims = report.group_by
+        rows = [[*(r.dims(dims).values()), _fmt(r.gpu_hours), _fmt(r.gpu_seconds, 1), _fmt(r.cost, 2),
+                 _fmt(r.avg_utilization_pct, 1), r.allocations, r.jobs] for r in report.rows]
+        head = [d.upper().replace("_", "-") for d in dims]
+        total = report.total
+        body = report_table([*head, "GPU-HOURS", "GPU-SECONDS", f"COST ({report.currency})", "UTIL%", "ALLOCS",
+                             "JOBS"], rows) if rows else "No usage in this range."
+        foot = (f"\n\ntotal: {_fmt(total.gpu_hours)} GPU-hours, {_fmt(total.cost, 2)} {report.currency}"
+                + (f" ({_fmt(total.unpriced_gpu_seconds, 1)} GPU-seconds without a price)"
+                   if total and total.unpriced_gpu_seconds else "")
+                + f" · {_range_line(report)}" + (" · more groups than --limit" if report.truncated else "")) \
+            if total else ""
+        return body + foot
+
+    _report_out(args, report.raw, lambda: gp.report_usage_csv(start, end, **kw), render)
+    return EXIT_OK
+
+
+def cmd_report_efficiency(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    start, end = _report_range(args)
+    kw = dict(group_by=_group_by(args), filters=_report_filters(args), limit=args.limit)
+    report = gp.report_efficiency(start, end, **kw)
+
+    def render() -> str:
+        dims = report.group_by
+        rows = [[*(r.dims(dims).values()), _fmt(r.allocated_gpu_hours), _fmt(r.used_gpu_hours),
+                 _fmt(r.idle_gpu_hours), _fmt(r.efficiency_pct, 1), _fmt(r.idle_pct, 1),
+                 _fmt(r.telemetry_coverage_pct, 1)] for r in report.rows]
+        head = [d.upper().replace("_", "-") for d in dims]
+        body = report_table([*head, "ALLOCATED-H", "USED-H", "IDLE-H", "EFFICIENCY%", "IDLE%", "MEASURED%"],
+                            rows) if rows else "No usage in this range."
+        return body + f"\n\n{_range_line(report)}; idle = minutes at or below {report.idle_util_pct}% utilization"
+
+    _report_out(args, report.raw, lambda: gp.report_efficiency_csv(start, end, **kw), render)
+    return EXIT_OK
+
+
+def cmd_report_capacity(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    start, end = _report_range(args)
+    kw = dict(bucket_s=int(parse_duration(args.bucket)) if args.bucket else None, gpu_model=args.model,
+              team=args.team)
+    report = gp.report_capacity(start, end, **kw)
+
+    def render() -> str:
+        rows = []
+        for m in report.models:
+            d, f = m.demand, m.forecast
+            when = fmt_time(f.exceeds_supply_at) if f.exceeds_supply_at else ""
+            rows.append([m.gpu_model, m.supply_gpus, _fmt(d.peak_demand_gpus, 1), _fmt(d.peak_allocated_gpus, 1),
+                         _fmt(d.queued_gpu_hours, 2), _fmt(d.pending_gpus, 1), fmt_duration(d.wait_p50_s),
+                         fmt_duration(d.wait_p90_s), fmt_duration(d.wait_p99_s),
+                         f"{f.status} {when}".strip()])
+        body = report_table(["MODEL", "SUPPLY", "PEAK-DEMAND", "PEAK-ALLOC", "QUEUED-H", "PENDING", "WAIT-P50",
+                             "WAIT-P90", "WAIT-P99", "FORECAST"], rows) if rows else "No GPUs and no demand."
+        scope = f" · demand of team {report.team}" if report.team else ""
+        return body + f"\n\n{_range_line(report)} · trend per {fmt_duration(report.bucket_s)}{scope}"
+
+    _report_out(args, report.raw, lambda: gp.report_capacity_csv(start, end, **kw), render)
+    return EXIT_OK
+
+
+def cmd_report_waste(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    start, end = _report_range(args)
+    kw = dict(filters=_report_filters(args), min_idle_fraction=args.min_idle_fraction, limit=args.limit)
+    report = gp.report_waste(start, end, **kw)
+
+    def render() -> str:
+        parts = [f"idle GPU-hours: {_fmt(report.idle_gpu_hours)} · {_range_line(report)}"]
+        if report.by_team:
+            parts.append(report_table(["TEAM", "ALLOCATED-H", "IDLE-H", "IDLE%"], [
+                [r.raw.get("team"), _fmt(r.allocated_gpu_hours), _fmt(r.idle_gpu_hours), _fmt(r.idle_pct, 1)]
+                for r in report.by_team]))
+        if report.idle_allocations:
+            parts.append(f"allocations idle at least {report.min_idle_fraction:.0%} of the measured time:\n"
+                         + report_table(["ALLOCATION", "JOB", "TEAM", "USER", "KIND", "NODE", "MODEL", "GPUS",
+                                         "IDLE-H", "IDLE%", "UTIL%", "STATE"], [
+                             [a.allocation_id, a.job_id, a.team, a.user, a.kind, a.node, a.gpu_model,
+                              num(a.gpu_share), _fmt(a.idle_gpu_hours), _fmt(100 * a.idle_fraction, 1),
+                              _fmt(a.avg_utilization_pct, 1),
+                              "running" if a.running else (a.release_reason or "released")]
+                             for a in report.idle_allocations]))
+        else:
+            parts.append("No idle allocations.")
+        if report.orphans:
+            parts.append("orphans:\n" + report_table(["GPU", "NODE", "ORPHAN", "ALLOCATION", "TEAM", "PIDS", "SINCE"], [
+                [o.gpu_uuid, o.node, o.orphan, o.allocation_id, o.team, o.pids, o.since] for o in report.orphans]))
+        return "\n\n".join(parts)
+
+    _report_out(args, report.raw, lambda: gp.report_waste_csv(start, end, **kw), render)
+    return EXIT_OK
+
+
+def cmd_cost_rates_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    rates = gp.list_cost_rates(gpu_model=args.model)
+    emit(args, raws(rates), lambda: report_table(
+        ["MODEL", "MIG-PROFILE", "FROM", "PRICE/HOUR", "SET-BY"],
+        [[r.gpu_model, r.mig_profile, r.effective_from, f"{r.price_per_hour:g}", r.set_by] for r in rates])
+        if rates else "No prices set.")
+    return EXIT_OK
+
+
+def cmd_cost_rates_set(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    rate = gp.set_cost_rate(args.model, args.price, parse_when(args.start) if args.start else datetime.now(UTC),
+                            mig_profile=args.mig_profile or "")
+    what = f"{rate.gpu_model}{' ' + rate.mig_profile if rate.mig_profile else ''}"
+    emit(args, rate.raw, lambda: f"{what}: {rate.price_per_hour:g} per "
+                                 f"{'instance' if rate.mig_profile else 'GPU'}-hour from {fmt_time(rate.effective_from)}")
+    return EXIT_OK
+
+
+def cmd_cost_rates_delete(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    gp.delete_cost_rate(args.model, parse_when(args.start), mig_profile=args.mig_profile or "")
+    emit(args, None, lambda: f"price of {args.model} from {args.start} withdrawn")
+    return EXIT_OK
+
+
+def register_reports(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """`gpupool report usage|efficiency|capacity|waste` and `gpupool cost-rates list|set|delete`."""
+
+    def add(parent: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace, GpupoolClient], int],
+            text: str) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=text, description=text, parents=[common])
+        p.set_defaults(func=run_api(func))
+        return p
+
+    def window(p: argparse.ArgumentParser, default: str) -> None:
+        p.add_argument("--from", dest="start", metavar="WHEN",
+                       help=f"start: 2026-03-01, 2026-03-01T08:00Z, or an age like 7d (default: {default} before --to)")
+        p.add_argument("--to", dest="end", metavar="WHEN", help="end, exclusive (default: now)")
+        fmt = p.add_mutually_exclusive_group()
+        fmt.add_argument("--csv", action="store_true", help="print the report's table as CSV (for a spreadsheet)")
+        fmt.add_argument("--json", action="store_true", help="print the report as JSON (same as -o json)")
+
+    def filters(p: argparse.ArgumentParser) -> None:
+        for dim, flag in (("team", "--team"), ("project", "--project"), ("user", "--user"), ("kind", "--kind"),
+                          ("gpu_model", "--model"), ("sharing", "--sharing"), ("mig_profile", "--mig-profile")):
+            p.add_argument(flag, dest=f"f_{dim}", action="append", metavar=dim.upper(),
+                           choices=JOB_KINDS if dim == "kind" else ("whole", "fraction", "mig")
+                           if dim == "sharing" else None, help=f"only this {dim.replace('_', ' ')} (repeatable)")
+
+    report = sub.add_parser("report", help="usage and cost, efficiency, capacity, waste",
+                            description="reports from the accounting ledger")
+    rsub = report.add_subparsers(dest="report_command", required=True, metavar="{usage,efficiency,capacity,waste}")
+    for name, func, text in (("usage", cmd_report_usage, "GPU-hours and cost per team, project, user, kind, model "
+                                                          "or sharing"),
+                             ("efficiency", cmd_report_efficiency, "used vs allocated GPU-hours and idle GPU-hours")):
+        p = add(rsub, name, func, text)
+        window(p, "7 days")
+        p.add_argument("--group-by", metavar="DIMS",
+                       help=f"comma-separated, any of {','.join(REPORT_DIMENSIONS)} (default team; '' for a total)")
+        filters(p)
+        p.add_argument("--limit", type=int, help="at most this many groups (largest first)")
+    p = add(rsub, "capacity", cmd_report_capacity, "per GPU model: demand against supply, trend and forecast")
+    window(p, "30 days")
+    p.add_argument("--bucket", metavar="DURATION", help="trend bucket, e.g. 1h or 1d (default 1d)")
+    p.add_argument("--model", help="only this GPU model")
+    p.add_argument("--team", help="only this team's demand")
+    p = add(rsub, "waste", cmd_report_waste, "idle GPU-hours by team, idle allocations by name, and orphans")
+    window(p, "7 days")
+    filters(p)
+    p.add_argument("--min-idle-fraction", type=float, metavar="F",
+                   help="list allocations idle at least this fraction of the time (0-1, default 0.5)")
+    p.add_argument("--limit", type=int, help="at most this many allocations and orphans")
+
+    rates = sub.add_parser("cost-rates", help="prices per GPU model and MIG profile, with effective dates",
+                           description="prices per GPU model and MIG profile, with effective dates")
+    csub = rates.add_subparsers(dest="rates_command", required=True, metavar="{list,set,delete}")
+    p = add(csub, "list", cmd_cost_rates_list, "every price and when it takes effect")
+    p.add_argument("--model", help="only this GPU model")
+    p = add(csub, "set", cmd_cost_rates_set, "set a price from a date (admins)")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("price", metavar="PRICE", help="per GPU-hour (per instance-hour with --mig-profile)")
+    p.add_argument("--from", dest="start", metavar="WHEN", help="when it takes effect (default: now)")
+    p.add_argument("--mig-profile", help="price one MIG profile of the model, e.g. 3g.40gb")
+    p = add(csub, "delete", cmd_cost_rates_delete, "withdraw a price (admins)")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--from", dest="start", metavar="WHEN", required=True, help="the date the price takes effect")
+    p.add_argument("--mig-profile")

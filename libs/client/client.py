@@ -53,6 +53,7 @@ from libs.client.models import (
     UsageRecord,
     WhoAmI,
 )
+from libs.client.reports import ReportsApi
 
 M = TypeVar("M", bound=ApiModel)
 
@@ -149,7 +150,7 @@ def resolve_connection(url: str | None = None, token: str | None = None) -> tupl
     return url.rstrip("/"), token
 
 
-class GpupoolClient:
+class GpupoolClient(ReportsApi):
     def __init__(self, base_url: str, token: str, timeout: float = DEFAULT_TIMEOUT_S, *,
                  transport: httpx.BaseTransport | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:

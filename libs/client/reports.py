@@ -1,0 +1,263 @@
+"""Reports and cost rates in the typed client: usage with cost, efficiency, capacity, waste (JSON models or CSV
+text), and the prices behind the cost. Mixed into `GpupoolClient`:
+
+    with GpupoolClient.from_env() as gp:
+        report = gp.report_usage(start=datetime(2026, 3, 1, tzinfo=UTC), group_by=["team", "user"])
+        for row in report.rows:
+            print(row.dims(report.group_by), row.gpu_hours, row.cost)
+        open("march.csv", "w").write(gp.report_usage_csv(start=..., end=...))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from libs.client.models import ApiModel
+
+FilterValues = Mapping[str, str | Sequence[str] | None]
+
+
+# --- response models ------------------------------------------------------------------------------------------------
+class ReportRow(ApiModel):
+    """One group of a usage or efficiency report: its dimension values (extra fields, e.g. `team`) and measures."""
+
+    gpu_seconds: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None
+    unpriced_gpu_seconds: float | None = None
+    avg_utilization_pct: float | None = None
+    allocated_gpu_hours: float | None = None
+    measured_gpu_hours: float | None = None
+    used_gpu_hours: float | None = None
+    idle_gpu_hours: float | None = None
+    efficiency_pct: float | None = None
+    idle_pct: float | None = None
+    telemetry_coverage_pct: float | None = None
+    allocations: int | None = None
+    jobs: int | None = None
+
+    def dims(self, group_by: Sequence[str]) -> dict[str, Any]:
+        return {d: self.raw.get(d) for d in group_by}
+
+
+class Report(ApiModel):
+    start: datetime
+    end: datetime
+    as_of: datetime | None = None
+    currency: str = "USD"
+    idle_util_pct: float | None = None
+    group_by: list[str] = Field(default_factory=list)
+    filters: dict[str, list[str]] = Field(default_factory=dict)
+    rows: list[ReportRow] = Field(default_factory=list)
+    truncated: bool = False
+    total: ReportRow | None = None
+
+
+class CapacityDemand(ApiModel):
+    queued_gpu_hours: float = 0.0
+    pending_gpus: float = 0.0
+    waits: int = 0
+    wait_p50_s: float | None = None
+    wait_p90_s: float | None = None
+    wait_p99_s: float | None = None
+    wait_max_s: float | None = None
+    peak_demand_gpus: float = 0.0
+    peak_allocated_gpus: float = 0.0
+    allocated_gpu_hours: float = 0.0
+
+
+class TrendPoint(ApiModel):
+    start: datetime
+    peak_demand_gpus: float = 0.0
+    peak_allocated_gpus: float = 0.0
+    supply_gpus: int = 0
+
+
+class Forecast(ApiModel):
+    method: str = ""
+    status: str = "insufficient_data"
+    slope_gpus_per_day: float | None = None
+    exceeds_supply_at: datetime | None = None
+
+
+class ModelCapacity(ApiModel):
+    gpu_model: str
+    supply_gpus: int = 0
+    demand: CapacityDemand = Field(default_factory=CapacityDemand)
+    allocated_pct_of_supply: float | None = None
+    trend: list[TrendPoint] = Field(default_factory=list)
+    forecast: Forecast = Field(default_factory=Forecast)
+
+
+class CapacityReport(ApiModel):
+    start: datetime
+    end: datetime
+    as_of: datetime | None = None
+    bucket_s: int = 86400
+    team: str | None = None
+    models: list[ModelCapacity] = Field(default_factory=list)
+
+
+class IdleAllocation(ApiModel):
+    allocation_id: str
+    job_id: str = ""
+    team: str = ""
+    project: str = ""
+    user: str = ""
+    kind: str = ""
+    cluster: str = ""
+    node: str = ""
+    gpu_model: str = ""
+    gpus: int = 0
+    gpu_share: float = 0.0
+    granted_at: datetime | None = None
+    released_at: datetime | None = None
+    running: bool = False
+    release_reason: str | None = None
+    gpu_hours: float = 0.0
+    idle_gpu_hours: float = 0.0
+    idle_fraction: float = 0.0
+    avg_utilization_pct: float | None = None
+
+
+class WasteOrphan(ApiModel):
+    gpu_uuid: str
+    orphan: str
+    allocation_id: str | None = None
+    job_id: str | None = None
+    team: str | None = None
+    cluster: str = ""
+    node: str = ""
+    pids: list[int] = Field(default_factory=list)
+    since: datetime | None = None
+    first_detected_at: datetime | None = None
+    last_detected_at: datetime | None = None
+    reports: int = 0
+
+
+class WasteReport(ApiModel):
+    start: datetime
+    end: datetime
+    as_of: datetime | None = None
+    currency: str = "USD"
+    idle_util_pct: float | None = None
+    min_idle_fraction: float = 0.5
+    idle_gpu_hours: float = 0.0
+    by_team: list[ReportRow] = Field(default_factory=list)
+    idle_allocations: list[IdleAllocation] = Field(default_factory=list)
+    orphans: list[WasteOrphan] = Field(default_factory=list)
+
+
+class CostRate(ApiModel):
+    gpu_model: str
+    mig_profile: str = ""
+    effective_from: datetime
+    price_per_hour: float
+    set_by: str = ""
+    set_at: datetime | None = None
+
+
+# --- the methods ----------------------------------------------------------------------------------------------------
+def _time(value: datetime | str | None) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def report_params(start: datetime | str | None = None, end: datetime | str | None = None,
+                  group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """Query parameters of a report: `group_by` joined with commas (an empty sequence: one total row), each
+    filter a value or a list of values (repeated in the query)."""
+    params: dict[str, Any] = {"from": _time(start), "to": _time(end), **extra}
+    if group_by is not None:
+        params["group_by"] = ",".join(group_by)
+    for dim, values in (filters or {}).items():
+        if values:
+            params[dim] = [values] if isinstance(values, str) else list(values)
+    return params
+
+
+class ReportsApi:
+    """Report and cost-rate calls (needs the `_json` and `request` plumbing of GpupoolClient)."""
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:  # pragma: no cover - provided by the client
+        raise NotImplementedError
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:  # pragma: no cover - provided by the client
+        raise NotImplementedError
+
+    def _report(self, name: str, params: dict[str, Any]) -> Any:
+        return self._json("GET", f"/v1/reports/{name}", params=params)
+
+    def _report_csv(self, name: str, params: dict[str, Any]) -> str:
+        resp = self.request("GET", f"/v1/reports/{name}", params={**params, "format": "csv"})
+        return str(resp.text)
+
+    def report_usage(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                     group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
+                     limit: int | None = None) -> Report:
+        """GPU-seconds, GPU-hours and cost per group over [start, end) (default: the last 7 days, by team).
+        Dimensions: team, project, user, kind, gpu_model, sharing, mig_profile; filters use the same names."""
+        return Report.from_api(self._report("usage", report_params(start, end, group_by, filters, limit=limit)))
+
+    def report_usage_csv(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                         group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
+                         limit: int | None = None) -> str:
+        return self._report_csv("usage", report_params(start, end, group_by, filters, limit=limit))
+
+    def report_efficiency(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                          group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
+                          limit: int | None = None) -> Report:
+        """Allocated, measured, used and idle GPU-hours per group (default: by team)."""
+        return Report.from_api(self._report("efficiency", report_params(start, end, group_by, filters,
+                                                                        limit=limit)))
+
+    def report_efficiency_csv(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                              group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
+                              limit: int | None = None) -> str:
+        return self._report_csv("efficiency", report_params(start, end, group_by, filters, limit=limit))
+
+    def report_capacity(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                        bucket_s: int | None = None, gpu_model: str | None = None,
+                        team: str | None = None) -> CapacityReport:
+        """Per GPU model: supply, demand (queued GPU-hours, waits, peaks), a trend per bucket and a forecast."""
+        return CapacityReport.from_api(self._report("capacity", report_params(
+            start, end, bucket_s=bucket_s, gpu_model=gpu_model, team=team)))
+
+    def report_capacity_csv(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                            bucket_s: int | None = None, gpu_model: str | None = None,
+                            team: str | None = None) -> str:
+        return self._report_csv("capacity", report_params(start, end, bucket_s=bucket_s, gpu_model=gpu_model,
+                                                          team=team))
+
+    def report_waste(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                     filters: FilterValues | None = None, min_idle_fraction: float | None = None,
+                     limit: int | None = None) -> WasteReport:
+        """Idle GPU-hours by team, the allocations idle at least `min_idle_fraction` of the time, and orphans."""
+        return WasteReport.from_api(self._report("waste", report_params(
+            start, end, None, filters, min_idle_fraction=min_idle_fraction, limit=limit)))
+
+    def report_waste_csv(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                         filters: FilterValues | None = None, min_idle_fraction: float | None = None,
+                         limit: int | None = None) -> str:
+        return self._report_csv("waste", report_params(start, end, None, filters,
+                                                       min_idle_fraction=min_idle_fraction, limit=limit))
+
+    def list_cost_rates(self, gpu_model: str | None = None) -> list[CostRate]:
+        doc = self._json("GET", "/v1/cost-rates", params={"gpu_model": gpu_model})
+        return [CostRate.from_api(r) for r in (doc or {}).get("items", [])]
+
+    def set_cost_rate(self, gpu_model: str, price_per_hour: float | str, effective_from: datetime | str, *,
+                      mig_profile: str = "") -> CostRate:
+        """The price per GPU-hour of a model (or, with `mig_profile`, per instance-hour of that slice) from
+        `effective_from` on (admins). Setting the same model, profile and date again replaces the price."""
+        body = {"gpu_model": gpu_model, "mig_profile": mig_profile, "effective_from": _time(effective_from),
+                "price_per_hour": str(price_per_hour)}
+        return CostRate.from_api(self._json("PUT", "/v1/cost-rates", json_body=body, retry=True))
+
+    def delete_cost_rate(self, gpu_model: str, effective_from: datetime | str, *, mig_profile: str = "") -> None:
+        self.request("DELETE", "/v1/cost-rates", params={"gpu_model": gpu_model, "mig_profile": mig_profile,
+                                                         "effective_from": _time(effective_from)})
