@@ -32,6 +32,7 @@ from services.gateway.handlers import ApiError, router
 from services.gateway.nodes import router as nodes_router
 from services.gateway.policy import router as policy_router
 from services.gateway.reports import router as reports_router
+from services.gateway.ui import router as ui_router
 
 log = logging.getLogger(__name__)
 HTTP_REQUESTS = Counter("gpupool_gateway_requests_total", "HTTP requests", ["method", "route", "status"])
@@ -67,6 +68,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(reports_router)
     app.include_router(nodes_router)
     app.include_router(decisions_router)
+    app.include_router(ui_router)
 
     @app.exception_handler(ApiError)
     async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:
