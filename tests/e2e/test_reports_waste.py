@@ -1,0 +1,65 @@
+"""Waste on a real `gpupool up` with telemetry flowing: a third of the allocations sit idle (simulated dev
+notebooks), reclamation takes them back, and once inventory's one-minute rollups have arrived the waste report names
+exactly those allocations — not the busy training jobs — with the idle GPU-hours they held."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from support import finish_all, wait_state
+
+pytestmark = pytest.mark.e2e
+FLEET_NODES = 1
+UP_ARGS = ["--fleet", "L40S*6",
+           "--env", "agent:SIM_WORKLOADS=dev=idle,training=training,inference=inference,batch=training",
+           "--env", "inventory:MAINTENANCE_INTERVAL_S=1", "--env", "inventory:ROLLUP_LATE_S=2",
+           "--env", "reclamation:SWEEP_INTERVAL_S=0.5"]
+
+
+def submit(api, name: str, team: str, kind: str) -> str:  # type: ignore[no-untyped-def]
+    response = api.post("/v1/jobs", json={"name": name, "team": team, "gpus": 1, "kind": kind,
+                                          "gpu_models": ["L40S"]})
+    assert response.status_code == 201, response.text
+    return response.json()["job_id"]
+
+
+def test_the_waste_report_names_the_idle_third_that_reclamation_took_back(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+        start = datetime.now(UTC) - timedelta(minutes=1)
+        assert api.put("/v1/reclaim-policies/dev", json={"idle_after_s": 8, "grace_s": 4,
+                                                         "idle_util_pct": 5}).status_code == 200
+        busy = [submit(api, f"train-{i}", ("research", "inference")[i % 2], "training") for i in range(4)]
+        idle = [submit(api, f"notebook-{i}", ("research", "inference")[i % 2], "dev") for i in range(2)]
+        allocation = {job: wait_state(api, job, "running")["allocation_id"] for job in busy + idle}
+        for job in idle:  # reclamation returns the idle GPUs ...
+            failed = wait_state(api, job, "failed", timeout=60)
+            assert "IdleReclaimed" in failed["message"]
+        active = api.get("/v1/allocations", params={"active": "true"}).json()["items"]
+        assert {a["allocation_id"] for a in active} == {allocation[j] for j in busy}
+
+        # ... and once a closed minute's rollups cover every allocation, the waste report names the idle ones.
+        deadline = time.monotonic() + 150
+        while True:
+            eff = api.get("/v1/reports/efficiency", params={"from": start.isoformat(), "group_by": "user,kind",
+                                                            "kind": ["training", "dev"]}).json()
+            waste = api.get("/v1/reports/waste", params={"from": start.isoformat()}).json()
+            covered = {r["kind"]: r["telemetry_coverage_pct"] for r in eff["rows"]}
+            named = {a["allocation_id"] for a in waste["idle_allocations"]}
+            if covered.get("training") and {allocation[j] for j in idle} <= named:
+                break
+            assert time.monotonic() < deadline, f"no rollups yet: {covered} {named}"
+            time.sleep(1.0)
+        assert named == {allocation[j] for j in idle}, "only the idle third is named"
+        for a in waste["idle_allocations"]:
+            assert a["kind"] == "dev" and a["release_reason"] == "IdleReclaimed" and not a["running"]
+            assert a["idle_fraction"] == 1.0 and a["avg_utilization_pct"] < 5
+        assert waste["idle_gpu_hours"] == pytest.approx(sum(a["idle_gpu_hours"] for a in waste["idle_allocations"]),
+                                                        abs=1e-5)
+        assert {t["team"] for t in waste["by_team"] if t["idle_gpu_hours"] > 0} == {"research", "inference"}
+        training = next(r for r in eff["rows"] if r["kind"] == "training")
+        assert training["idle_gpu_hours"] == 0 and training["efficiency_pct"] > 50
+        for job in busy:
+            api.post(f"/v1/jobs/{job}/complete")
