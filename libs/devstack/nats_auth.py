@@ -23,16 +23,38 @@ class NatsUser:
     subscribe: tuple[str, ...]
 
 
+def jetstream_api(streams: list[str], consumers: dict[str, list[str]], kv: list[str]) -> tuple[str, ...]:
+    """The JetStream API calls a service makes, as publish permissions: declare gpupool's streams, create and pull
+    from its own durable consumers and acknowledge their messages, use its KV buckets. Nothing else (no deletes,
+    no purges, no other service's consumers)."""
+    out: list[str] = []
+    for stream in streams:
+        out += [f"$JS.API.STREAM.{verb}.{stream}" for verb in ("INFO", "CREATE", "UPDATE")]
+    for stream, durables in consumers.items():
+        for d in durables:
+            out += [f"$JS.API.CONSUMER.INFO.{stream}.{d}", f"$JS.API.CONSUMER.CREATE.{stream}.{d}",
+                    f"$JS.API.CONSUMER.CREATE.{stream}.{d}.>", f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{d}",
+                    # acks: the classic reply subject, and the form with domain and account hash tokens
+                    f"$JS.ACK.{stream}.{d}.>", f"$JS.ACK.*.*.{stream}.{d}.>"]
+    for bucket in kv:
+        stream = f"KV_{bucket}"
+        out += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.CREATE.{stream}",
+                f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
+    return tuple(out)
+
+
 def load_users(permissions_file: Path = PERMISSIONS_FILE, passwords: dict[str, str] | None = None) -> list[NatsUser]:
     doc = yaml.safe_load(permissions_file.read_text())
     common = doc.get("common", {})
     passwords = dict(passwords or {})
     users = []
     for name, perms in doc["services"].items():
+        api = jetstream_api(list(common.get("streams", [])), dict(perms.get("consumers") or {}),
+                            list(perms.get("kv") or []))
         users.append(NatsUser(
             name=name,
             password=passwords.get(name) or secrets.token_urlsafe(24),
-            publish=tuple(common.get("publish", [])) + tuple(perms.get("publish", [])),
+            publish=tuple(common.get("publish", [])) + api + tuple(perms.get("publish", [])),
             subscribe=tuple(common.get("subscribe", [])) + tuple(perms.get("subscribe", [])),
         ))
     return users

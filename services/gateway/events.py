@@ -28,7 +28,10 @@ BUFFER = 1000
 
 
 def visible(principal: Principal, doc: dict) -> bool:
-    """Team-scoped callers see their own team's events and team-less ones (nodes, GPUs)."""
+    """Team-scoped callers see their own team's events and team-less ones (nodes, GPUs); scheduling decisions name
+    every team's jobs, so only those who may read decisions see them."""
+    if str(doc.get("type", "")).startswith("io.gpupool.decision."):
+        return principal.may(Action.DECISION_READ)
     team = (doc.get("data") or {}).get("team")
     return team is None or principal.may(Action.JOB_READ, team)
 

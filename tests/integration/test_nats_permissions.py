@@ -92,3 +92,31 @@ def test_every_service_may_publish_its_dead_letters_and_answer_its_own_requests(
         assert any(p.startswith("gpupool.dlq.") for p in users[name].publish), name
         assert f"gpupool.query.{name}.>" in users[name].subscribe, name
         assert "_INBOX.>" in users[name].publish, name
+
+
+async def test_the_jetstream_api_is_granted_call_by_call(secured) -> None:  # type: ignore[no-untyped-def]
+    """A service may declare gpupool's streams and use its own consumers; it may not delete or purge a stream,
+    create a stream of its own, or create, read or pull another service's consumer."""
+    server, users = secured
+    errors: list[str] = []
+    admin = await connect_as(server, NatsUser("admin", "admin-secret", (), ()), [])
+    queue = await connect_as(server, users["queue"], errors)
+    try:
+        from libs.bus.connection import ensure_streams
+
+        await ensure_streams(admin.jetstream())
+        for subject in ("$JS.API.STREAM.INFO.GPUPOOL_EVENTS", "$JS.API.CONSUMER.INFO.GPUPOOL_EVENTS.queue",
+                        "$JS.API.CONSUMER.MSG.NEXT.GPUPOOL_EVENTS.queue"):
+            await queue.publish(subject, b"")
+        await settle(queue)
+        assert errors == []
+        for subject in ("$JS.API.STREAM.DELETE.GPUPOOL_EVENTS", "$JS.API.STREAM.PURGE.GPUPOOL_EVENTS",
+                        "$JS.API.STREAM.CREATE.MINE", "$JS.API.CONSUMER.CREATE.GPUPOOL_EVENTS.placement",
+                        "$JS.API.CONSUMER.MSG.NEXT.GPUPOOL_EVENTS.placement", "$JS.API.CONSUMER.DELETE.GPUPOOL_EVENTS.queue"):
+            await queue.publish(subject, b"")
+            await settle(queue)
+            assert any("permissions violation" in e.lower() and subject.lower() in e.lower() for e in errors), \
+                (subject, errors)
+    finally:
+        await queue.close()
+        await admin.close()
