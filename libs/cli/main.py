@@ -4,7 +4,8 @@
   gpupool down     stop a platform started by `gpupool up`
   gpupool status   where the running platform is and whether every service is ready
   gpupool sim      trace-replay simulator on the scheduling core (`gpupool sim --help`)
-  gpupool bench    benchmarks; writes docs/benchmarks.md
+  gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench inventory`, core/simulator)
+  gpupool agent    the node agent: real NVML, or `--simulate N` nodes for development and load
   gpupool schemas  write the JSON Schema of every event type to a folder
 
 People-facing commands on the gateway's API (libs/cli/people.py): submit, jobs, describe, explain, scale, cancel,
@@ -119,6 +120,10 @@ def cmd_bench(argv: list[str]) -> int:
         from libs.devstack.bench_platform import main as platform_main
 
         return platform_main(argv[1:])
+    if argv and argv[0] == "inventory":
+        from libs.devstack.bench_inventory import main as inventory_main
+
+        return inventory_main(argv[1:])
     from libs.sim.bench import main as bench_main
 
     return bench_main(argv)
@@ -164,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("sim", help="trace-replay simulator (see `gpupool sim --help`)", add_help=False)
     sub.add_parser("bench", help="run benchmarks and write docs/benchmarks.md", add_help=False)
+    sub.add_parser("agent", help="run the node agent (real NVML, or --simulate N nodes)", add_help=False)
 
     schemas = sub.add_parser("schemas", help="export the JSON Schema of every event type")
     schemas.add_argument("--out", type=Path, default=Path("docs/schemas"))
@@ -181,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_sim(argv[1:])
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
+    if argv and argv[0] == "agent":
+        from libs.devstack.agent_cmd import main as agent_main
+
+        return agent_main(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

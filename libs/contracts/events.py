@@ -155,7 +155,8 @@ class GpuHealthChanged(EventData):
     state: GpuState | None = Field(default=None, description="The new state of inventory's health state machine")
     previous_state: GpuState | None = None
     reason: str = Field(default="", description="Why, as a machine code: FatalXid, UncorrectableEcc, GpuLost, "
-                                                "NonFatalXid, EccBurst, RepeatedSuspect, SuspectCleared, "
+                                                "RemapFailure, NonFatalXid, EccBurst, EccStorm, RetiredPagesPending, "
+                                                "RepeatedSuspect, SuspectCleared, "
                                                 "RecheckPassed, ClearedByOperator, QuarantinedByOperator, "
                                                 "FailedProbation, ProbationPassed")
     by: str = Field(default="", description="The operator, for a manual clear or quarantine")

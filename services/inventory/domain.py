@@ -34,7 +34,10 @@ FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 94, 95, 119, 120})
 # Agent health reasons (services/agent/nvml_types.derive_health) that are fatal while they last, and those that are
 # warnings. Thermal reasons are neither: throttling is an operating condition (visible in telemetry), not a fault.
 _FATAL_REASONS = {"gpu_lost": "GpuLost", "ecc_dbe": "UncorrectableEcc", "row_remap_failed": "RemapFailure"}
-_WARN_REASONS = {"sbe_storm": "EccBurst", "retired_pages_pending": "RetiredPagesPending"}
+_WARN_REASONS = {"retired_pages_pending": "RetiredPagesPending"}
+# When a sample shows several causes, the reason named is the most specific (a GPU off the bus also reports Xid 79).
+_REASON_ORDER = {r: i for i, r in enumerate(("GpuLost", "UncorrectableEcc", "RemapFailure", "FatalXid", "EccBurst",
+                                              "EccStorm", "RetiredPagesPending", "NonFatalXid"))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +73,17 @@ def assess(sample: GpuTelemetry, prev_sbe: int | None, prev_dbe: int | None, rul
                                                              f"xid{xid}"))
     if sample.ecc_volatile_dbe > (prev_dbe or 0):
         fatal.append(("UncorrectableEcc", f"ecc_dbe+{sample.ecc_volatile_dbe - (prev_dbe or 0)}"))
-    if prev_sbe is not None and sample.ecc_volatile_sbe - prev_sbe >= rules.sbe_burst:
-        warn.append(("EccBurst", f"ecc_sbe+{sample.ecc_volatile_sbe - prev_sbe}"))
+    new_sbe = sample.ecc_volatile_sbe - prev_sbe if prev_sbe is not None else 0
+    if new_sbe >= rules.sbe_burst:
+        warn.append(("EccBurst", f"ecc_sbe+{new_sbe}"))
     for reason in sample.health_reasons:
         key = reason.split(":", 1)[0]
-        if key in _FATAL_REASONS:
+        if key == "sbe_storm":
+            # the agent's rate is smoothed over a minute, so one burst reads as a storm for a while: it counts only
+            # while new errors keep arriving (a storm), not for the samples after a single burst
+            if new_sbe > 0:
+                warn.append(("EccStorm", reason))
+        elif key in _FATAL_REASONS:
             fatal.append((_FATAL_REASONS[key], reason))
         elif key.startswith("xid") and key[3:].isdigit() and int(key[3:]) in rules.fatal_xids:
             fatal.append(("FatalXid", reason))
@@ -82,7 +91,8 @@ def assess(sample: GpuTelemetry, prev_sbe: int | None, prev_dbe: int | None, rul
             warn.append((_WARN_REASONS[key], reason))
     for level, found in (("fatal", fatal), ("warn", warn)):
         if found:
-            return Signal(level, found[0][0], tuple(dict.fromkeys(d for _, d in found)))  # type: ignore[arg-type]
+            reason = min((r for r, _ in found), key=lambda r: _REASON_ORDER.get(r, len(_REASON_ORDER)))
+            return Signal(level, reason, tuple(dict.fromkeys(d for _, d in found)))  # type: ignore[arg-type]
     return CLEAN
 
 

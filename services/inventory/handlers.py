@@ -10,6 +10,8 @@ from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from prometheus_client import Counter, Histogram
+
 from libs.contracts import subjects
 from libs.contracts.commands import (
     CordonNode,
@@ -64,6 +66,11 @@ from services.inventory.domain import (
 
 log = logging.getLogger(__name__)
 CONSUMER = "inventory"
+# How far behind the fleet inventory is: the age of each node sample when its batch committed (the inventory
+# benchmark reads these from /metrics).
+SAMPLE_LAG = Histogram("gpupool_inventory_sample_lag_seconds", "Age of a node's telemetry sample when applied",
+                       buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30, 60, 120, 300))
+GPU_SAMPLES = Counter("gpupool_inventory_gpu_samples_total", "GPU samples applied (new, not replayed)")
 
 
 def _health(row) -> GpuHealth:  # type: ignore[no-untyped-def]
@@ -169,6 +176,10 @@ class InventoryHandlers:
             if dirty:
                 await store.save_gpu_health(uow.conn, dirty)
         self.samples_applied += len(fresh)
+        GPU_SAMPLES.inc(len(fresh))
+        done = utcnow()
+        for _, d in batch:
+            SAMPLE_LAG.observe(max(0.0, (done - d.sampled_at).total_seconds()))
 
     async def _announce(self, uow, row, before: GpuHealth, moved: HealthStep, at: datetime,  # type: ignore[no-untyped-def]
                         by: str = "") -> None:

@@ -73,13 +73,27 @@ def test_a_gpu_off_the_bus_stays_fatal_for_as_long_as_the_agent_reports_it() -> 
     signal = assess(reported, 0, 0, RULES)
     assert (signal.level, signal.reason) == ("fatal", "GpuLost")
     assert "xid79:gpu_fallen_off_the_bus" in signal.details
+    # the sample that first reports it carries Xid 79 as well: the reason named is still the specific one
+    first = assess(reported.model_copy(update={"xid_events": [79]}), 0, 0, RULES)
+    assert (first.reason, first.details[0]) == ("GpuLost", "xid79")
+    dbe = assess(sample(xid_events=[48], ecc_volatile_dbe=1), 0, 0, RULES)
+    assert dbe.reason == "UncorrectableEcc"
 
 
 def test_latched_non_fatal_xid_reasons_do_not_count_again_but_an_ongoing_ecc_storm_does() -> None:
     latched = sample(health="degraded", health_reasons=["xid92:high_single_bit_ecc_rate"])
     assert assess(latched, 0, 0, RULES) == CLEAN
-    storm = sample(health="degraded", health_reasons=["sbe_storm:42/min"])
-    assert assess(storm, 0, 0, RULES).reason == "EccBurst"
+    storm = sample(health="degraded", health_reasons=["sbe_storm:42/min"], ecc_volatile_sbe=101)
+    signal = assess(storm, prev_sbe=100, prev_dbe=0, rules=RULES)
+    assert (signal.level, signal.reason, signal.details) == ("warn", "EccStorm", ("sbe_storm:42/min",))
+
+
+def test_after_a_single_burst_the_agents_smoothed_storm_rate_alone_is_no_warning() -> None:
+    """The agent's per-minute rate stays high for a minute after one burst; no new errors, no new warning."""
+    burst = sample(health="degraded", health_reasons=["sbe_storm:40/min"], ecc_volatile_sbe=140)
+    assert assess(burst, prev_sbe=100, prev_dbe=0, rules=RULES).reason == "EccBurst"  # the burst itself
+    after_burst = sample(health="degraded", health_reasons=["sbe_storm:40/min"], ecc_volatile_sbe=140)
+    assert assess(after_burst, prev_sbe=140, prev_dbe=0, rules=RULES) == CLEAN
 
 
 def test_thermal_throttling_is_not_a_fault() -> None:

@@ -1,0 +1,377 @@
+"""`gpupool bench inventory`: can inventory keep up with a fleet of simulated GPUs reporting every second?
+
+For each fleet size: a fresh embedded NATS (JetStream) and PostgreSQL, the inventory service as its own process,
+and `gpupool agent --simulate` processes (8 GPUs per node, one sample per node per interval) publishing real
+telemetry to JetStream. After every node registered and a warm-up, a window is measured:
+
+  published   GPU samples/s the fleet put on GPUPOOL_TELEMETRY (stream sequence delta × GPUs per node)
+  ingested    GPU samples/s inventory applied (its gpupool_inventory_gpu_samples_total counter)
+  lag         age of a sample when its batch committed (inventory's gpupool_inventory_sample_lag_seconds
+              histogram, p50/p99 interpolated within buckets)
+  backlog     messages not yet delivered to inventory's consumer at the start and end of the window
+  CPU, memory per component (psutil: CPU seconds over the window / wall seconds; peak RSS)
+
+"Keeps up" means ingested ≥ 98 % of published, the backlog did not grow by more than one interval's worth, and lag
+p99 stayed under 5 s. Only inventory consumes telemetry here (no reclamation, no other service), and everything —
+agents, NATS, PostgreSQL, inventory — shares the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform as host
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import nats
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from libs.devstack.servers import ManagedServer, free_port, start_nats, start_postgres
+from libs.store.database import with_database
+
+BEGIN, END = "<!-- inventory-benchmark:begin -->", "<!-- inventory-benchmark:end -->"
+GPUS_PER_NODE = 8
+STREAM = "GPUPOOL_TELEMETRY"
+CONSUMER = "inventory-telemetry"
+
+
+@dataclass
+class Scrape:
+    at: float
+    gpu_samples: float
+    lag_buckets: list[tuple[float, float]]  # (upper bound, cumulative count)
+    published_seq: int
+    pending: int
+    cpu: dict[str, float]
+
+
+@dataclass
+class Level:
+    gpus: int
+    nodes: int
+    agents: int
+    interval_s: float
+    window_s: float = 0.0
+    published_per_s: float = 0.0
+    ingested_per_s: float = 0.0
+    lag_p50_s: float = float("nan")
+    lag_p99_s: float = float("nan")
+    backlog_start: int = 0
+    backlog_end: int = 0
+    cpu_pct: dict[str, float] = field(default_factory=dict)
+    rss_mib: dict[str, float] = field(default_factory=dict)
+    registered_s: float = 0.0
+    note: str = ""
+
+    @property
+    def keeps_up(self) -> bool:
+        grew = self.backlog_end - self.backlog_start
+        return (self.ingested_per_s >= 0.98 * self.published_per_s and grew <= self.nodes
+                and self.lag_p99_s < 5.0)
+
+
+def metrics(url: str) -> tuple[float, list[tuple[float, float]]]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    samples, buckets = 0.0, []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "gpupool_inventory_gpu_samples_total":
+                samples = s.value
+            elif s.name == "gpupool_inventory_sample_lag_seconds_bucket":
+                buckets.append((float(s.labels["le"]), s.value))
+    return samples, sorted(buckets)
+
+
+def quantile(start: list[tuple[float, float]], end: list[tuple[float, float]], q: float) -> float:
+    """q-quantile of the observations between two scrapes of a cumulative histogram (linear within a bucket)."""
+    before = dict(start)
+    counts = [(le, c - before.get(le, 0.0)) for le, c in end]
+    total = counts[-1][1] if counts else 0.0
+    if total <= 0:
+        return float("nan")
+    target, lower, prev = q * total, 0.0, 0.0
+    for le, cum in counts:
+        if cum >= target:
+            if math.isinf(le):
+                return lower  # beyond the last finite bucket: report its bound (a floor)
+            return lower + (le - lower) * ((target - prev) / max(cum - prev, 1e-9))
+        lower, prev = le, cum
+    return lower
+
+
+def processes(groups: dict[str, list[int]]) -> dict[str, list[psutil.Process]]:
+    """Each group's processes and all their children (PostgreSQL backends, agent subprocesses)."""
+    out: dict[str, list[psutil.Process]] = {}
+    for name, pids in groups.items():
+        procs = []
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                procs += [p, *p.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        out[name] = procs
+    return out
+
+
+def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
+    out = {}
+    for name, procs in processes(groups).items():
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        out[name] = total
+    return out
+
+
+def rss_mib(groups: dict[str, list[int]]) -> dict[str, float]:
+    out = {}
+    for name, procs in processes(groups).items():
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        out[name] = total / 2**20
+    return out
+
+
+async def stream_state(nats_url: str) -> tuple[int, int]:
+    """(last sequence of the telemetry stream, messages not yet delivered to inventory's consumer)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        seq = (await js.stream_info(STREAM)).state.last_seq
+        try:
+            pending = (await js.consumer_info(STREAM, CONSUMER)).num_pending
+        except Exception:
+            pending = 0
+        return seq, pending
+    finally:
+        await nc.close()
+
+
+async def registered_nodes(dsn: str) -> int:
+    try:
+        conn = await asyncpg.connect(dsn)
+    except Exception:
+        return 0
+    try:
+        return await conn.fetchval("SELECT count(*) FROM nodes")
+    except asyncpg.UndefinedTableError:
+        return 0
+    finally:
+        await conn.close()
+
+
+def wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
+
+
+def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: float, window_s: float,
+              say=print) -> Level:  # type: ignore[no-untyped-def]
+    nodes = max(1, gpus // GPUS_PER_NODE)
+    agents = max(1, math.ceil(nodes / nodes_per_agent))
+    level = Level(gpus=nodes * GPUS_PER_NODE, nodes=nodes, agents=agents, interval_s=interval_s)
+    with tempfile.TemporaryDirectory(prefix="gpupool-bench-inventory-") as tmp:
+        data = Path(tmp)
+        servers: list[ManagedServer] = []
+        procs: list[subprocess.Popen] = []
+        logs = data / "logs"
+        logs.mkdir()
+        try:
+            nats_server = start_nats(data / "nats", log_file=logs / "nats.log")
+            servers.append(nats_server)
+            pg = start_postgres(data / "pg", log_file=logs / "pg.log")
+            servers.append(pg)
+            dsn = with_database(pg.url, "bench_inventory")
+            port = free_port()
+            base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+            inv_env = {**base, "PYTHONUNBUFFERED": "1", **{f"GPUPOOL_INVENTORY_{k}": v for k, v in {
+                "NATS_URL": nats_server.url, "DATABASE_URL": dsn, "HTTP_PORT": str(port), "LOG_LEVEL": "WARNING",
+                "NODE_LOST_AFTER_S": "60", "INSTANCE": "bench-inventory"}.items()}}
+            with open(logs / "inventory.log", "ab") as log:
+                inventory = subprocess.Popen([sys.executable, "-m", "services.inventory.main"], env=inv_env,
+                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            procs.append(inventory)
+            wait_http(f"http://127.0.0.1:{port}/readyz", 60)
+            started = time.monotonic()
+            share = [nodes // agents + (1 if k < nodes % agents else 0) for k in range(agents)]
+            for k, n in enumerate(share):
+                with open(logs / f"agent-{k}.log", "ab") as log:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "libs.cli.main", "agent", "--simulate", str(n), "--prefix",
+                         f"b{k}-node", "--seed", str(k), "--interval", str(interval_s), "--nats-url", nats_server.url,
+                         "--log-level", "WARNING"],
+                        env={**base, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL))
+            say(f"[bench] {level.gpus} GPUs: {nodes} nodes in {agents} agent process(es); waiting for registration")
+            deadline = time.monotonic() + 300
+            while asyncio.run(registered_nodes(dsn)) < nodes:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {asyncio.run(registered_nodes(dsn))} of {nodes} nodes registered")
+                if any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"a process exited early; logs in {logs}")
+                time.sleep(1)
+            level.registered_s = time.monotonic() - started
+            time.sleep(warmup_s)
+            groups = {"inventory": [inventory.pid], "postgresql": [pg.pid], "nats": [nats_server.pid],
+                      "agents": [p.pid for p in procs[1:]]}
+            metrics_url = f"http://127.0.0.1:{port}/metrics"
+
+            def scrape() -> Scrape:
+                samples, buckets = metrics(metrics_url)
+                seq, pending = asyncio.run(stream_state(nats_server.url))
+                return Scrape(time.monotonic(), samples, buckets, seq, pending, cpu_seconds(groups))
+
+            say(f"[bench] {level.gpus} GPUs: measuring {window_s:.0f} s")
+            first = scrape()
+            peak: dict[str, float] = {}
+            while time.monotonic() < first.at + window_s:
+                time.sleep(2)
+                for name, mib in rss_mib(groups).items():
+                    peak[name] = max(peak.get(name, 0.0), mib)
+            last = scrape()
+            wall = last.at - first.at
+            level.window_s = wall
+            level.published_per_s = (last.published_seq - first.published_seq) * GPUS_PER_NODE / wall
+            level.ingested_per_s = (last.gpu_samples - first.gpu_samples) / wall
+            level.lag_p50_s = quantile(first.lag_buckets, last.lag_buckets, 0.50)
+            level.lag_p99_s = quantile(first.lag_buckets, last.lag_buckets, 0.99)
+            level.backlog_start, level.backlog_end = first.pending, last.pending
+            level.cpu_pct = {k: 100 * (last.cpu[k] - first.cpu.get(k, 0.0)) / wall for k in last.cpu}
+            level.rss_mib = peak
+            expected = nodes * GPUS_PER_NODE / interval_s
+            if level.published_per_s < 0.95 * expected:
+                level.note = (f"the simulated fleet itself published only {level.published_per_s:,.0f} of the "
+                              f"{expected:,.0f} GPU samples/s asked for (agents CPU-bound on this machine)")
+            say(f"[bench] {level.gpus} GPUs: published {level.published_per_s:,.0f}/s, ingested "
+                f"{level.ingested_per_s:,.0f}/s, lag p99 {level.lag_p99_s:.2f} s, backlog {level.backlog_start} → "
+                f"{level.backlog_end}, keeps up: {level.keeps_up}")
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+            for p in reversed(procs):
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            for server in reversed(servers):
+                server.stop()
+    return level
+
+
+def markdown(levels: list[Level], command: str, load_before: tuple[float, float, float]) -> str:
+    cpus = os.cpu_count()
+    lines = [
+        BEGIN,
+        "## Inventory ingest: simulated GPUs reporting every second",
+        "",
+        f"`{command}` — for each fleet size a fresh embedded NATS + PostgreSQL, the inventory service (one process) "
+        f"and `gpupool agent --simulate` processes (8 × H100 per node, one sample per node per "
+        f"{levels[0].interval_s:g} s) publishing to JetStream; after all nodes registered and a warm-up, a "
+        f"{levels[0].window_s:.0f} s window is measured. Machine: {cpus} logical CPUs "
+        f"({host.processor() or host.machine()}), {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, Python "
+        f"{host.python_version()}, {host.system()} {host.release()}; load average before the run "
+        f"{load_before[0]:.1f} (other work shares this machine). Agents, NATS, PostgreSQL and inventory all run on "
+        "it, and only inventory consumes telemetry.",
+        "",
+        "| GPUs (nodes) | published GPU samples/s | ingested GPU samples/s | lag p50 | lag p99 | backlog start → end "
+        "| keeps up | CPU % inventory / PostgreSQL / NATS / agents | peak RSS MiB inventory / PostgreSQL |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for lv in levels:
+        c, r = lv.cpu_pct, lv.rss_mib
+        lines.append(
+            f"| {lv.gpus:,} ({lv.nodes:,}) | {lv.published_per_s:,.0f} | {lv.ingested_per_s:,.0f} | "
+            f"{lv.lag_p50_s:.2f} s | {lv.lag_p99_s:.2f} s | {lv.backlog_start:,} → {lv.backlog_end:,} | "
+            f"{'yes' if lv.keeps_up else '**no**'} | {c.get('inventory', 0):.0f} / {c.get('postgresql', 0):.0f} / "
+            f"{c.get('nats', 0):.0f} / {c.get('agents', 0):.0f} | {r.get('inventory', 0):.0f} / "
+            f"{r.get('postgresql', 0):.0f} |")
+    lines.append("")
+    notes = [f"- {lv.gpus:,} GPUs: {lv.note}." for lv in levels if lv.note]
+    sustained = [lv for lv in levels if lv.keeps_up]
+    best = max(sustained, key=lambda lv: lv.ingested_per_s) if sustained else None
+    target = next((lv for lv in levels if lv.gpus >= 10_000), None)
+    if target is not None and target.keeps_up:
+        verdict = (f"At {target.gpus:,} GPUs every second inventory kept up on this {cpus}-core machine: "
+                   f"{target.ingested_per_s:,.0f} GPU samples/s ingested, lag p99 {target.lag_p99_s:.2f} s.")
+    elif best is not None:
+        verdict = (f"**This {cpus}-core machine does not sustain 10,000 GPUs every second with everything on it.** "
+                   f"The largest fleet that kept up here was {best.gpus:,} GPUs ({best.ingested_per_s:,.0f} GPU "
+                   f"samples/s ingested, lag p99 {best.lag_p99_s:.2f} s).")
+    else:
+        verdict = f"**No measured fleet size kept up on this {cpus}-core machine.**"
+    lines += [verdict, *([""] + notes if notes else []), "",
+              "Inventory applies each fetched batch (up to 256 node samples) in one transaction: lock the batch's "
+              "nodes and GPUs, upsert the newest sample per GPU, add to the minute's rollups, store only GPUs whose "
+              "health state moved. Lag is the age of a sample when its batch committed, so it includes time queued "
+              "in JetStream; the backlog is what JetStream holds for inventory's consumer.",
+              END]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpupool bench inventory", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[10_000, 5_000, 2_500],
+                        help="fleet sizes to measure, in GPUs (8 per node)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between a node's samples")
+    parser.add_argument("--nodes-per-agent", type=int, default=320, help="simulated nodes per agent process")
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds after registration before measuring")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds measured")
+    parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"),
+                        help="markdown file whose inventory section is (re)written")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    load = os.getloadavg()
+    levels = [run_level(g, interval_s=args.interval, nodes_per_agent=args.nodes_per_agent, warmup_s=args.warmup,
+                        window_s=args.window) for g in args.gpus]
+    command = "gpupool bench inventory " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.json:
+        args.json.write_text(json.dumps([lv.__dict__ | {"keeps_up": lv.keeps_up} for lv in levels], indent=2) + "\n")
+    write_section(args.doc, markdown(levels, command.strip(), load))
+    print(json.dumps([{"gpus": lv.gpus, "published_per_s": round(lv.published_per_s),
+                       "ingested_per_s": round(lv.ingested_per_s), "lag_p99_s": round(lv.lag_p99_s, 3),
+                       "keeps_up": lv.keeps_up} for lv in levels], indent=2))
+    return 0 if levels else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

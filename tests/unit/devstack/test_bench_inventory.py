@@ -1,0 +1,65 @@
+"""The inventory benchmark's arithmetic and report, and `gpupool agent`'s settings: pure parts, no servers."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from libs.devstack import agent_cmd
+from libs.devstack.bench_inventory import BEGIN, END, Level, markdown, quantile, write_section
+
+INF = math.inf
+
+
+def test_quantiles_come_from_the_observations_between_two_scrapes() -> None:
+    before = [(0.1, 50.0), (0.5, 50.0), (1.0, 50.0), (INF, 50.0)]  # 50 old observations, all ≤ 0.1 s
+    after = [(0.1, 50.0), (0.5, 150.0), (1.0, 150.0), (INF, 150.0)]  # 100 new ones, all in (0.1, 0.5]
+    assert quantile(before, after, 0.5) == pytest.approx(0.3)
+    assert quantile(before, after, 0.99) == pytest.approx(0.1 + 0.4 * 0.99)
+    assert math.isnan(quantile(after, after, 0.99))  # nothing new
+
+
+def test_a_quantile_beyond_the_last_finite_bucket_reports_that_bound() -> None:
+    assert quantile([], [(1.0, 10.0), (INF, 100.0)], 0.99) == 1.0
+
+
+def level(**over) -> Level:  # type: ignore[no-untyped-def]
+    base = dict(gpus=10_000, nodes=1_250, agents=4, interval_s=1.0, window_s=60.0, published_per_s=10_000.0,
+                ingested_per_s=9_990.0, lag_p50_s=0.4, lag_p99_s=1.2, backlog_start=10, backlog_end=40)
+    return Level(**{**base, **over})
+
+
+def test_keeping_up_needs_the_rate_a_flat_backlog_and_a_short_lag() -> None:
+    assert level().keeps_up
+    assert not level(ingested_per_s=9_000.0).keeps_up
+    assert not level(backlog_end=10 + 1_251).keeps_up
+    assert not level(lag_p99_s=6.0).keeps_up
+
+
+def test_the_report_says_plainly_when_10k_gpus_are_not_sustained(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    levels = [level(ingested_per_s=6_000.0, backlog_end=50_000, lag_p99_s=40.0), level(gpus=5_000, nodes=625)]
+    text = markdown(levels, "gpupool bench inventory --gpus 10000 5000", (1.0, 1.0, 1.0))
+    assert text.startswith(BEGIN) and text.endswith(END)
+    assert "does not sustain 10,000 GPUs" in text and "was 5,000 GPUs" in text
+    assert "| 10,000 (1,250) | 10,000 | 6,000 |" in text and "**no**" in text
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nother section\n")
+    write_section(doc, text)
+    write_section(doc, markdown([level()], "again", (0.0, 0.0, 0.0)))
+    written = doc.read_text()
+    assert written.count(BEGIN) == 1 and "other section" in written and "kept up" in written
+
+
+def test_agent_settings_for_a_simulated_fleet_and_for_a_real_node() -> None:
+    args = agent_cmd.build_parser().parse_args(["--simulate", "3", "--gpus-per-node", "4", "--model", "L40S",
+                                                "--prefix", "b0-node", "--interval", "0.5", "--nats-url", "nats://x"])
+    env = agent_cmd.agent_env(args, base={"PATH": "/bin"})
+    assert env["GPUPOOL_AGENT_BACKEND"] == "sim" and env["GPUPOOL_AGENT_SIM_FLEET"] == "L40S*4;L40S*4;L40S*4"
+    assert (env["GPUPOOL_AGENT_SIM_NODE_PREFIX"], env["GPUPOOL_AGENT_INTERVAL_S"]) == ("b0-node", "0.5")
+    assert env["GPUPOOL_AGENT_NATS_URL"] == "nats://x" and env["PATH"] == "/bin"
+    real = agent_cmd.agent_env(argparse.Namespace(simulate=0, cluster="east", interval=1.0, log_level="INFO",
+                                                  http_port=0, nats_url=None, node="gpu-17"), base={})
+    assert real["GPUPOOL_AGENT_BACKEND"] == "real" and real["GPUPOOL_AGENT_NODE"] == "gpu-17"
+    assert "GPUPOOL_AGENT_SIM_FLEET" not in real
