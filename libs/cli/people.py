@@ -1470,6 +1470,13 @@ def cmd_report_efficiency(args: argparse.Namespace, gp: GpupoolClient) -> int:
     return EXIT_OK
 
 
+def _wait(seconds: float | None) -> str | None:
+    """Queue waits are often sub-second: show tenths below a minute."""
+    if seconds is None or seconds >= 60:
+        return fmt_duration(seconds)
+    return f"{seconds:.1f}s"
+
+
 def cmd_report_capacity(args: argparse.Namespace, gp: GpupoolClient) -> int:
     start, end = _report_range(args)
     kw = dict(bucket_s=int(parse_duration(args.bucket)) if args.bucket else None, gpu_model=args.model,
@@ -1482,8 +1489,8 @@ def cmd_report_capacity(args: argparse.Namespace, gp: GpupoolClient) -> int:
             d, f = m.demand, m.forecast
             when = fmt_time(f.exceeds_supply_at) if f.exceeds_supply_at else ""
             rows.append([m.gpu_model, m.supply_gpus, _fmt(d.peak_demand_gpus, 1), _fmt(d.peak_allocated_gpus, 1),
-                         _fmt(d.queued_gpu_hours, 2), _fmt(d.pending_gpus, 1), fmt_duration(d.wait_p50_s),
-                         fmt_duration(d.wait_p90_s), fmt_duration(d.wait_p99_s),
+                         _fmt(d.queued_gpu_hours, 2), _fmt(d.pending_gpus, 1), _wait(d.wait_p50_s),
+                         _wait(d.wait_p90_s), _wait(d.wait_p99_s),
                          f"{f.status} {when}".strip()])
         body = report_table(["MODEL", "SUPPLY", "PEAK-DEMAND", "PEAK-ALLOC", "QUEUED-H", "PENDING", "WAIT-P50",
                              "WAIT-P90", "WAIT-P99", "FORECAST"], rows) if rows else "No GPUs and no demand."
