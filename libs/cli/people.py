@@ -1401,7 +1401,11 @@ def _report_filters(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def _report_range(args: argparse.Namespace) -> tuple[datetime | None, datetime | None]:
-    return (parse_when(args.start) if args.start else None, parse_when(args.end) if args.end else None)
+    """Both bounds from one `now`, so `--from 1h` covers exactly the last hour."""
+    now = datetime.now(UTC)
+    end = parse_when(args.end, now) if args.end else None
+    start = parse_when(args.start, now) if args.start else None
+    return start, end if end is not None or start is None else now
 
 
 def _group_by(args: argparse.Namespace) -> list[str] | None:

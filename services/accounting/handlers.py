@@ -350,9 +350,12 @@ class AccountingHandlers:
                               "peak_allocated_gpus": held_peaks[i],
                               "supply_gpus": _supply_at(history, model, b_end, total=model == "any")})
             # Buckets before the fleet or any demand was known (e.g. before the platform ran) say nothing.
+            # A last bucket shorter than half a bucket (the range does not divide evenly) is too thin to weigh.
             known = [i for i in range(n_buckets) if trend[i]["supply_gpus"] or demand_peaks[i]]
+            last = n_buckets - 1 if n_buckets > 1 and span_s - (n_buckets - 1) * cmd.bucket_s < cmd.bucket_s / 2 \
+                else n_buckets
             points = [((starts[i] - cmd.start).total_seconds() + min(cmd.bucket_s, span_s - i * cmd.bucket_s) / 2,
-                       demand_peaks[i]) for i in range(known[0] if known else n_buckets, n_buckets)]
+                       demand_peaks[i]) for i in range(known[0] if known else n_buckets, last)]
             forecast = linear_forecast(points, model_supply, span_s)
             w = waits.get(model)
             pcts = list(w["wait_pcts"]) if w is not None and w["wait_pcts"] is not None else [None, None, None]

@@ -186,12 +186,14 @@ def test_team_scoped_callers_see_only_their_team_and_only_admins_set_prices(plat
         run = uuid.uuid4().hex[:6]
         viewer = token(api, f"viewer-{run}", "viewer", "research")
         member = token(api, f"member-{run}", "member", "research")
+        team_admin = token(api, f"tadmin-{run}", "team-admin", "research")
+        team_service = token(api, f"svc-{run}", "service", "research")
         operator = token(api, f"op-{run}", "operator", None)
         job = submit(api, f"scoped-{run}", "inference", 1, "L40S")
         wait_state(api, job, "running")
         api.post(f"/v1/jobs/{job}/complete")
         reports = ("usage", "efficiency", "waste", "capacity")
-        for secret in (viewer, member):
+        for secret in (viewer, member, team_admin, team_service):
             with as_(platform, secret) as c:
                 for name in reports:
                     assert c.get(f"/v1/reports/{name}").status_code == 200, name
