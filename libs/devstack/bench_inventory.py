@@ -195,16 +195,17 @@ def wait_http(url: str, timeout: float) -> None:
 
 
 def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: float, window_s: float,
-              say=print) -> Level:  # type: ignore[no-untyped-def]
+              keep: Path | None = None, say=print) -> Level:  # type: ignore[no-untyped-def]
     nodes = max(1, gpus // GPUS_PER_NODE)
     agents = max(1, math.ceil(nodes / nodes_per_agent))
     level = Level(gpus=nodes * GPUS_PER_NODE, nodes=nodes, agents=agents, interval_s=interval_s)
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-inventory-") as tmp:
-        data = Path(tmp)
+        data = Path(tmp) if keep is None else keep / f"{level.gpus}-gpus"
+        data.mkdir(parents=True, exist_ok=True)
         servers: list[ManagedServer] = []
         procs: list[subprocess.Popen] = []
         logs = data / "logs"
-        logs.mkdir()
+        logs.mkdir(exist_ok=True)
         try:
             nats_server = start_nats(data / "nats", log_file=logs / "nats.log")
             servers.append(nats_server)
@@ -358,10 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"),
                         help="markdown file whose inventory section is (re)written")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep each level's data and logs under this folder")
     args = parser.parse_args(argv)
     load = os.getloadavg()
     levels = [run_level(g, interval_s=args.interval, nodes_per_agent=args.nodes_per_agent, warmup_s=args.warmup,
-                        window_s=args.window) for g in args.gpus]
+                        window_s=args.window, keep=args.keep) for g in args.gpus]
     command = "gpupool bench inventory " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.json:
         args.json.write_text(json.dumps([lv.__dict__ | {"keeps_up": lv.keeps_up} for lv in levels], indent=2) + "\n")

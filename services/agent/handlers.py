@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import time
+import zlib
 
 from libs.bus.connection import Message, NatsClient
 from libs.bus.publisher import publish_event
@@ -47,13 +48,30 @@ class NodeAgent:
             if isinstance(self.backend, SimulatedNvml):
                 await self.follow_allocations()
                 await self.nc.subscribe(subjects.SIM_FAULT, cb=self._on_fault)
+            # A fixed cadence, not "sleep after each sample": a slow publish must not stretch the interval. Nodes
+            # of a simulated fleet start at different phases, as a real fleet does, instead of all at once.
+            next_at = time.monotonic() + self.phase_s()
             while not stop.is_set():
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                    if stop.is_set():
+                        break
                 if time.monotonic() >= self.silent_until:
                     await self.sample_once()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+                next_at += self.interval_s
+                if next_at < time.monotonic():  # fell behind (overloaded): skip, never burst to catch up
+                    next_at = time.monotonic() + self.interval_s
         finally:
             self.backend.close()
+
+    def phase_s(self) -> float:
+        """When in the interval this node samples: 0 for a real node (one per process), spread over the interval
+        for a simulated fleet (stable per node name)."""
+        if not isinstance(self.backend, SimulatedNvml):
+            return 0.0
+        return self.interval_s * (zlib.crc32(self.node.encode()) % 1000) / 1000
 
     async def register(self, stop: asyncio.Event) -> None:
         """Retry until inventory confirms: a node that is not registered cannot be scheduled on."""

@@ -147,7 +147,7 @@ class InventoryHandlers:
                                                for k in sorted(nodes)])
             samples = sorted(((d.sampled_at, d.cluster, d.node, g) for _, d in batch if (d.cluster, d.node) in nodes
                               for g in d.gpus), key=lambda s: s[0])
-            gpus = await store.lock_gpus(uow.conn, sorted({s[3].uuid for s in samples}))
+            gpus = await store.batch_gpus(uow.conn, sorted({s[3].uuid for s in samples}))
             fresh: list[tuple[str, str, datetime, GpuTelemetry]] = []
             latest: dict[str, tuple[datetime, GpuTelemetry]] = {}
             health: dict[str, tuple[GpuHealth, bool]] = {}

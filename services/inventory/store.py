@@ -75,15 +75,16 @@ async def touch_nodes(conn: asyncpg.Connection, rows: list[tuple[str, str, datet
         *map(list, zip(*rows, strict=True)))
 
 
-async def lock_gpus(conn: asyncpg.Connection, uuids: list[str]) -> dict[str, asyncpg.Record]:
-    """The batch's GPUs with their health state and the previous sample's time and ECC counters, locked (an
-    operator's clear and a sample never overwrite each other)."""
+async def batch_gpus(conn: asyncpg.Connection, uuids: list[str]) -> dict[str, asyncpg.Record]:
+    """The batch's GPUs with their health state and the previous sample's time and ECC counters. Not row-locked:
+    whoever changes a GPU's health (a sample, an operator) holds its node's row lock first, which serialises them
+    without writing a lock on thousands of GPU rows per second."""
     rows = await conn.fetch(
         """SELECT g.uuid, g.cluster, g.node, g.idx, g.state, g.state_since, g.state_reason, g.state_details,
                   g.last_signal_at, g.strikes, g.last_strike_at, g.health,
                   t.sampled_at, t.ecc_volatile_sbe, t.ecc_volatile_dbe
            FROM gpus g LEFT JOIN gpu_telemetry_latest t USING (uuid)
-           WHERE g.uuid = ANY($1::text[]) ORDER BY g.uuid FOR UPDATE OF g""", uuids)
+           WHERE g.uuid = ANY($1::text[])""", uuids)
     return {r["uuid"]: r for r in rows}
 
 
@@ -261,6 +262,8 @@ async def set_cordon(conn: asyncpg.Connection, cluster: str, node: str, *, cordo
 
 
 async def lock_gpu(conn: asyncpg.Connection, cluster: str, node: str, index: int) -> asyncpg.Record | None:
+    """One GPU for an operator's change, after its node's row lock (the order telemetry takes them in)."""
+    await conn.execute("SELECT 1 FROM nodes WHERE cluster = $1 AND node = $2 FOR UPDATE", cluster, node)
     return await conn.fetchrow(
         """SELECT uuid, idx, state, state_since, state_reason, state_details, last_signal_at, strikes,
                   last_strike_at, health, sharing

@@ -132,7 +132,7 @@ async def test_a_fatal_xid_quarantines_a_gpu_which_returns_through_probation_aft
     (quarantined,) = await wait_events(js, GpuHealthChanged, 1)
     assert (quarantined.gpu_uuid, quarantined.previous_state, quarantined.state) == (uuid("n1", 0), "healthy",
                                                                                      "quarantined")
-    assert (quarantined.previous, quarantined.current, quarantined.reason) == ("healthy", "failed", "FatalXid")
+    assert (quarantined.previous, quarantined.current, quarantined.reason) == ("healthy", "failed", "GpuLost")
     assert "xid79" in quarantined.reasons
 
     pool = (await call(rt, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=CLUSTER)))["clusters"][0]
@@ -140,7 +140,7 @@ async def test_a_fatal_xid_quarantines_a_gpu_which_returns_through_probation_aft
     assert (h100["quarantined"], h100["healthy"], h100["unhealthy_gpus"]) == (1, 1, [uuid("n1", 0)])
     assert pool["nodes"][0]["gpu_states"] == {"healthy": 1, "quarantined": 1}
     node = await call(rt, subjects.QUERY_INVENTORY_GET_NODE, NodeRef(node="n1"))
-    assert [(g["state"], g["state_reason"]) for g in node["gpus"]] == [("quarantined", "FatalXid"),
+    assert [(g["state"], g["state_reason"]) for g in node["gpus"]] == [("quarantined", "GpuLost"),
                                                                        ("healthy", "")]
 
     # still off the bus: the recheck window keeps restarting; an agent restart does not forget the quarantine
