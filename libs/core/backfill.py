@@ -23,14 +23,20 @@ def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: f
     """Nodes to hold for a blocked big job, and when they are expected to be free enough (Slurm-style)."""
     st = sched.state
     per = shape.per_node if shape.members else None
-    ends: dict[int, list[tuple[float, int]]] = {}
+    # GPU (node, position) -> when its holders are gone: declared (inf when some end is unknown) and guessed.
+    # Without a declared end, guess that work runs as long again as it has run (heavy-tailed run times: the young
+    # end first); the guess only ranks nodes, `start_by` stays unknown.
+    frees: dict[tuple[int, int], list[float]] = {}
     for job_id, takes in st.holds.items():
         rj = st.running.get(job_id)
         end = rj.end_at if rj is not None else INF
+        guess = end if end < INF else (2 * now - rj.started_at if rj is not None else INF)
         for t in takes:
-            if t.mig is None and t.positions:
-                ends.setdefault(t.node, []).append((end, len(t.positions) if t.milli >= WHOLE else 0))
-    ready: list[tuple[float, int, int, int]] = []  # (time, -gpus, idx, gpus)
+            if t.mig is None:
+                for pos in t.positions:
+                    f = frees.setdefault((t.node, pos), [now, now])
+                    f[0], f[1] = max(f[0], end), max(f[1], guess)
+    ready: list[tuple[float, float, int, int, int]] = []  # (time, guessed time, -gpus, idx, gpus)
     for ns in st.nodes:
         if not ns.schedulable or ns.hidden or not shape.selector <= ns.labels:
             continue
@@ -47,25 +53,19 @@ def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: f
         want = per if per is not None else len(elig)
         if len(elig) < want:
             continue
-        free = sum(1 for i in elig if ns.gpus[i].free == WHOLE)
-        t_ready = now if free >= want else INF
-        if free < want:
-            for end, n in sorted(ends.get(ns.idx, [])):
-                free += n
-                if free >= want:
-                    t_ready = end
-                    break
-            else:
-                t_ready = INF
-        ready.append((t_ready, -len(elig), ns.idx, want))
+        # a busy GPU nobody here holds (held outside the scheduler) never frees as far as we know
+        times = [(now, now) if ns.gpus[i].free == WHOLE else frees.get((ns.idx, i), (INF, INF)) for i in elig]
+        t_ready = sorted(t[0] for t in times)[want - 1]
+        g_ready = sorted(t[1] for t in times)[want - 1]
+        ready.append((t_ready, g_ready, -len(elig), ns.idx, want))
     ready.sort()
     chosen: list[int] = []
     got = 0
     need = shape.members if shape.members else shape.total
-    for _t, _, idx, want in ready:
+    for _t, _g, _, idx, want in ready:
         chosen.append(idx)
         got += 1 if shape.members else want
         if got >= need:
-            start_by = max(r[0] for r in ready if r[2] in set(chosen))
+            start_by = max(r[0] for r in ready if r[3] in set(chosen))
             return chosen, start_by
     return None

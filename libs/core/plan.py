@@ -62,11 +62,14 @@ class MigReconfig:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """Capacity held for a blocked job (backfill may use it only for work that ends before `start_by`)."""
+    """Capacity held for a blocked job: backfill may use it only for work that ends before `start_by`. When that
+    start is unknown (running work there declared no end) the hold is `soft`: other work avoids the nodes while
+    anything else fits and uses them otherwise, so nothing idles for an end nobody knows."""
 
     job_id: str
     nodes: tuple[str, ...]
     start_by: float  # inf when running work has no known end
+    soft: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,7 +116,7 @@ _PRESETS: dict[str, dict] = {
     # with backfill; preemption within teams and to reclaim guarantees.
     "default": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.01, w_spread=0.0, w_topology=0.3, w_frag=1.0,
+        w_binpack=0.03, w_spread=0.0, w_topology=0.3, w_frag=1.0,
     ),
     "spread": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
@@ -146,9 +146,14 @@ class Policy:
     # Score at most this many feasible node groups per decision, visited best first (0: all of them; the fill
     # experiment uses 0). Like Nomad's limit iterator and kube-scheduler's percentageOfNodesToScore.
     max_candidates: int = 16
-    # A reservation whose start is unknown (running work has no max runtime) drains nodes; only do that for a job
-    # that has waited this long.
+    # A reservation whose start is unknown (running work has no max runtime) is a soft hold: other work avoids
+    # its nodes while anything else fits. Only a job that has waited this long gets one (one such job at a time).
     drain_after_s: float = 3600.0
+    # Preemption cost (libs/core/preempt.py): below this priority a job preempts by priority only once its own
+    # waiting has cost as much GPU-time as its victims would lose (ski rental); at or above it, at once.
+    preemption_cost: bool = True
+    preempt_at_once_priority: int = 1000
+    max_preemption_wait_s: float = 1800.0  # the rule never makes a job wait longer than this to preempt
     workload: tuple[WorkloadShape, ...] = ()  # empty: derived from the pending jobs of the cycle
     max_workload_shapes: int = 32
     kinds: tuple[KindPolicy, ...] = DEFAULT_KINDS  # a kind not listed gets KindPolicy(kind)'s neutral defaults

@@ -3,8 +3,15 @@
 Candidates: running, preemptible work past its minimum runtime, of priority no higher than the preemptor; from the
 preemptor's own team only when strictly lower priority (`PreemptedByPriority`), from another team only when the
 preemptor's team is within its guarantee and the victim's team borrows (`ReclaimedForGuarantee`). Candidates are
-tried cheapest first (priority, then GPU-time lost), released tentatively on the state's journal until the job
+tried cheapest first (GPU-time lost, then priority), released tentatively on the state's journal until the job
 fits, the set is minimised, and everything is rolled back: the plan carries the decision only.
+
+Preemption cost (a ski-rental rule): a preempted job restarts, so its work so far is lost. Below
+`policy.preempt_at_once_priority`, a job preempts only once its own waiting (GPU demand x time waited) has cost as
+much as the work its victims had done when it arrived, or it has waited `policy.max_preemption_wait_s` (which
+bounds how late a guarantee is given back). Until then capacity may well free up by itself; after it, waiting
+longer would cost more than preempting, so the total is at most about twice what the better choice would have
+cost in hindsight. Victims that started after the job arrived cost nothing under the rule.
 """
 
 from __future__ import annotations
@@ -46,10 +53,10 @@ def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allo
             continue
         milli = sum(rj.milli_by_model.values())
         lost = milli * max(0.0, now - rj.started_at)
-        cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team))
+        cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team, rj.started_at))
     if not cands:
         return None
-    cands.sort()
+    cands.sort(key=lambda c: (c[1], c[0], c[2]))  # least GPU-time lost first: the youngest, smallest victims
     by_node: dict[int, list[tuple]] = {}
     for c in cands:
         for t in st.holds.get(c[2], []):
@@ -73,7 +80,7 @@ def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allo
         return True
 
     def minimise(sel: list[tuple], fits) -> list[tuple]:
-        for c in sorted(sel, key=lambda c: (-c[0], -c[1], c[2])):
+        for c in sorted(sel, key=lambda c: (-c[1], -c[0], c[2])):  # drop the most expensive first
             trial = [x for x in sel if x is not c]
             mark = release_set(trial)
             ok = fits()
@@ -106,10 +113,10 @@ def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allo
             if not ok:
                 continue
             sel = minimise(sel, lambda idx=idx: sched._fits_node(idx, shape, sid, allowed))
-            key = (max(c[0] for c in sel), sum(c[1] for c in sel), len(sel), idx)
+            key = (sum(c[1] for c in sel), max(c[0] for c in sel), len(sel), idx)
             if best is None or key < best[0]:
                 best = (key, sel, idx)
-        if best is None:
+        if best is None or not worth_it(sched, job, shape, allowed, prio, best[1], now):
             return None
         return [(c[2], c[3]) for c in best[1]], [best[2]]
 
@@ -136,8 +143,32 @@ def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allo
     if not ok:
         return None
     sel = minimise(sel, gang_fits)
+    if not worth_it(sched, job, shape, allowed, prio, sel, now):
+        return None
     mark = release_set(sel)
     takes = sched._place(job, shape, sid, allowed) or []
     nodes = sorted({t.node for t in takes})
     st.rollback(mark)
     return [(c[2], c[3]) for c in sel], nodes
+
+
+def worth_it(sched: Scheduler, job: JobRequest, shape: Shape, allowed: frozenset, prio: int, sel: list[tuple],
+             now: float) -> bool:
+    """The ski-rental rule (module docstring). Sets `sched.preempt_note` when the answer is "not yet"."""
+    policy = sched.policy
+    if prio >= policy.preempt_at_once_priority or not policy.preemption_cost:
+        return True
+    arrived = min(job.submitted_at, now)
+    sunk = sum(c[4] * max(0.0, arrived - c[6]) for c in sel)
+    if sunk <= 0:
+        return True
+    waited_s = max(0.0, now - job.submitted_at)
+    if waited_s >= policy.max_preemption_wait_s:
+        return True
+    demand = max((sched._amount(shape, m) for m in allowed), default=0)
+    if demand * waited_s >= sunk:
+        return True
+    sched.preempt_note = (f"preempting {len(sel)} job(s) would throw away {sunk / 1000 / 3600:.3g} GPU-hours of "
+                          f"work; waiting has cost {demand * waited_s / 1000 / 3600:.3g} so far, so it waits "
+                          f"(at most {policy.max_preemption_wait_s:g} s)")
+    return False

@@ -155,6 +155,7 @@ class Scheduler:
         self._n_scored = 0
         self._shape_ids: dict = {}
         self._sticky: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
+        self.preempt_note = ""  # why the last preemption search chose to wait (preempt.worth_it)
         self._norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
         self._models = sorted(self.state.capacity)
         self._model_mem: dict[str, int] = {}
@@ -755,6 +756,14 @@ class Scheduler:
                     takes = self._place(job, shape, sid, allowed)
                     for i in opened:
                         st.set_hidden(i, True)
+                if takes is None:  # a soft hold (unknown start) only steers: use it when nothing else fits
+                    opened = [i for i, (rid, start_by) in reserved.items() if start_by == INF and rid not in qualifying]
+                    for i in opened:
+                        st.set_hidden(i, False)
+                    if opened:
+                        takes = self._place(job, shape, sid, allowed)
+                    for i in opened:
+                        st.set_hidden(i, True)
             if takes:
                 for r, t in enumerate(takes):
                     placements.append(self._placement(job, t, r, shape, reconfigs))
@@ -785,9 +794,12 @@ class Scheduler:
                 pkey = (sid, allowed, job.team, prio, reclaim)
                 if pkey not in preempt_fail:
                     n_searches += 1
+                    self.preempt_note = ""
                     found = self._preempt(job, shape, sid, allowed, prio, reclaim, ledger, victims, now)
                     if found is None:
                         preempt_fail.add(pkey)
+                        if self.preempt_note:
+                            msg += "; " + self.preempt_note
                     else:
                         chosen, target_nodes = found
                         for vid, why in chosen:
@@ -833,9 +845,13 @@ class Scheduler:
                         reserved[i] = (job.job_id, start_by)
                         st.set_hidden(i, True)
                     new_sticky[job.job_id] = (list(idxs), start_by)
-                    reservations.append(Reservation(job.job_id, tuple(st.nodes[i].name for i in idxs), start_by))
-                    when = "when running work there ends" if start_by == INF else f"by t={start_by:g}"
-                    msg += f"; reserved {len(idxs)} node(s) to start {when}"
+                    reservations.append(Reservation(job.job_id, tuple(st.nodes[i].name for i in idxs), start_by,
+                                                    soft=start_by == INF))
+                    if start_by == INF:
+                        msg += (f"; other work is steered away from {len(idxs)} node(s) until running work there "
+                                f"ends (a soft hold: that end is unknown, so it idles nothing)")
+                    else:
+                        msg += f"; reserved {len(idxs)} node(s) to start by t={start_by:g}"
             reasons.append(PendingReason(job.job_id, code, msg))
             if head_of_line:
                 blocked_by = job.job_id

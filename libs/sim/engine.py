@@ -26,15 +26,18 @@ from libs.sim.traces import SimJob, Task
 POLICIES = ("fifo", "best-fit", "default")
 
 
-def make_policy(name: str, teams: list[str] | None = None, capacity_gpus: float = 0.0, *, preemption=None,
-                backfill=None, max_candidates: int | None = None) -> Policy:
-    """The simulator's policies. `default` also gets equal guaranteed quotas per team (so borrowing and reclaim
-    happen); the baselines run without quotas."""
+def make_policy(name: str, teams: list[str] | dict[str, float] | None = None, capacity_gpus: float = 0.0, *,
+                preemption=None, backfill=None, max_candidates: int | None = None) -> Policy:
+    """The simulator's policies. `default` also gets guaranteed quotas that split the capacity over the teams, in
+    proportion to their weights when `teams` maps team -> weight (the replay passes each team's GPU-time demand),
+    else equally (so borrowing and reclaim happen); the baselines run without quotas."""
     if name not in preset_names():
         raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
     kw: dict = {}
     if name == "default" and teams:
-        kw["quotas"] = teams_quota({t: capacity_gpus / len(teams) for t in teams})
+        weights = teams if isinstance(teams, dict) else dict.fromkeys(teams, 1.0)
+        total = sum(weights.values()) or 1.0
+        kw["quotas"] = teams_quota({t: capacity_gpus * w / total for t, w in weights.items()})
         # the synthetic equal quotas are not sized to the trace's non-preemptible jobs: a job bigger than its
         # team's share could never run under the rule that keeps non-preemptible work within guarantees
         kw["nonpreemptible_within_guarantee"] = False
@@ -88,7 +91,12 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
     rejected = never_fit(nodes, jobs)
     submitted = len(jobs)
     jobs = [j for j in jobs if j.job_id not in rejected]
-    teams = sorted({j.request.team for j in jobs})
+    demand: dict[str, float] = {}  # GPU-seconds each team asks for over the trace: its guaranteed share
+    for j in jobs:
+        r = j.request
+        gpus = r.gpu_fraction_milli / WHOLE if r.gpu_fraction_milli else (1 / 7 if r.mig_profile else r.gpus)
+        demand[r.team] = demand.get(r.team, 0.0) + gpus * j.duration
+    teams = {t: demand[t] or 1e-9 for t in sorted(demand)}
     capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
     policy = make_policy(policy_name, teams, float(capacity))
     workload = workload_of([j.request for j in jobs])

@@ -207,3 +207,42 @@ def test_strict_quota_refuses_teams_without_an_entry():
     plan = schedule(snapshot(cluster(1, 2)), [job("j", 1, team="nobody")],
                     Policy(quotas=teams_quota({"a": 1}), strict_quota=True), now=0.0)
     assert plan.reason_of("j").reason == "QuotaExceeded"
+
+
+def test_victims_are_chosen_by_least_gpu_time_lost_not_lowest_priority_first():
+    snap = snapshot(cluster(1, 2), running=[
+        running("old-low", "node000", [0], priority_class="low", started=0.0),
+        running("young-normal", "node000", [1], priority_class="normal", started=9000.0),
+    ])
+    plan = schedule(snap, [job("urgent", 1, priority_class="high", at=0.0)], Policy(), now=10_000.0)
+    assert [p.job_id for p in plan.preemptions] == ["young-normal"]
+
+
+def test_preemption_waits_until_waiting_has_cost_what_the_victims_would_lose():
+    # the victim had run 2 GPU-hours when the 2-GPU job arrived: preempting at once would throw them away
+    snap = snapshot(cluster(1, 2), running=[running("r", "node000", [0, 1], priority_class="low", started=0.0)])
+    urgent = job("urgent", 2, priority_class="high", at=3600.0)
+    early = schedule(snap, [urgent], Policy(), now=3600.0 + 1800.0 - 60)
+    assert early.preemptions == () and "so it waits" in early.reason_of("urgent").message
+    # once 2 GPUs x waited >= 2 GPU-hours (or after max_preemption_wait_s), it preempts
+    assert [p.job_id for p in schedule(snap, [urgent], Policy(), now=3600.0 + 1800.0).preemptions] == ["r"]
+    # work that started after the job arrived costs nothing under the rule; production inference never waits
+    young = snapshot(cluster(1, 2), running=[running("r", "node000", [0, 1], priority_class="low", started=3700.0)])
+    assert schedule(young, [urgent], Policy(), now=4100.0).preemptions
+    serving = job("serve", 2, priority_class="production-inference", at=3600.0)
+    assert schedule(snap, [serving], Policy(), now=3600.0).preemptions
+    assert schedule(snap, [urgent], Policy(preemption_cost=False), now=3600.0).preemptions
+
+
+def test_a_blocked_big_job_whose_start_is_unknown_gets_a_soft_hold_that_idles_nothing():
+    snap = snapshot(cluster(2, 8), running=[running("r0", "node000", range(4)), running("r1", "node001", range(2))])
+    big = job("big", 16, gang_nodes=2, gpus_per_node=8, kind="training", at=0.0)
+    plan = schedule(snap, [big], Policy(), now=7200.0)  # waited past drain_after_s; nobody declared an end
+    (res,) = plan.reservations
+    assert res.soft and res.start_by == float("inf") and "soft hold" in plan.reason_of("big").message
+    # other work avoids the held nodes while anything else fits, and uses them when nothing does
+    two = cluster(2, 8) + (node("spare", 2),)
+    snap2 = snapshot(two, running=[running("r0", "node000", range(4)), running("r1", "node001", range(2))])
+    jobs = [big, job("small", 2, at=1.0), job("more", 4, at=2.0)]
+    placed = {p.job_id: p.node for p in schedule(snap2, jobs, Policy(), now=7200.0).placements}
+    assert placed["small"] == "spare" and placed["more"] in ("node000", "node001")

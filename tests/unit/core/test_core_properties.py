@@ -137,7 +137,7 @@ def test_no_victim_outranks_its_preemptor_and_only_eligible_work_is_preempted(cl
     ask=st.integers(1, 8),
     a_class=st.sampled_from(CLASSES),
 )
-def test_guaranteed_quota_of_an_idle_team_is_always_reclaimable(n_nodes, per_node, sizes, share_a, ask, a_class):
+def test_guaranteed_quota_of_an_idle_team_is_always_reclaimable_within_the_preemption_wait_bound(n_nodes, per_node, sizes, share_a, ask, a_class):
     nodes_ = [node(f"n{i}", per_node) for i in range(n_nodes)]
     capacity = n_nodes * per_node
     g_a = max(1, int(capacity * share_a))
@@ -166,6 +166,10 @@ def test_guaranteed_quota_of_an_idle_team_is_always_reclaimable(n_nodes, per_nod
     plan1 = schedule(snapshot(nodes_, running=allocs), [want], policy, now=10_000.0)
     if plan1.placements_of("a-job"):
         return
+    if not plan1.preemptions:  # the preemption-cost rule may wait, but never longer than its bound
+        assert "so it waits" in plan1.reason_of("a-job").message, (plan1.pending, free)
+        later = 10_000.0 + policy.max_preemption_wait_s
+        plan1 = schedule(snapshot(nodes_, running=allocs), [want], policy, now=later)
     assert plan1.preemptions, (plan1.pending, free)
     gone = {p.job_id for p in plan1.preemptions}
     assert all(p.reason == "ReclaimedForGuarantee" for p in plan1.preemptions)
