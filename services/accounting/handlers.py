@@ -120,10 +120,9 @@ class AccountingHandlers:
                 return
             await store.lock_gpus(uow.conn, (g.uuid for g in data.gpus))
             user = await store.job_user(uow.conn, data.job_id)
-            kind = await uow.conn.fetchval("SELECT kind FROM gpu_intervals WHERE allocation_id = $1 LIMIT 1",
-                                           data.allocation_id)
+            kind = await store.interval_kind(uow.conn, data.allocation_id)
             if kind is None:  # granted before accounting listened: the release alone says enough
-                kind = await uow.conn.fetchval("SELECT kind FROM jobs WHERE job_id = $1", data.job_id) or "unknown"
+                kind = await store.job_kind(uow.conn, data.job_id)
                 await store.insert_intervals(uow.conn, data, user=user, kind=kind, granted_at=data.granted_at,
                                              released_at=data.released_at, reason=data.reason,
                                              idle_util_pct=self.idle_pct)

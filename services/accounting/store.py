@@ -31,6 +31,15 @@ async def job_user(conn: asyncpg.Connection, job_id: str) -> str:
     return await conn.fetchval("SELECT user_name FROM jobs WHERE job_id = $1", job_id) or "unknown"
 
 
+async def job_kind(conn: asyncpg.Connection, job_id: str) -> str:
+    return await conn.fetchval("SELECT kind FROM jobs WHERE job_id = $1", job_id) or "unknown"
+
+
+async def interval_kind(conn: asyncpg.Connection, allocation_id: str) -> str | None:
+    """The job kind recorded when the allocation was granted; None if accounting never saw the grant."""
+    return await conn.fetchval("SELECT kind FROM gpu_intervals WHERE allocation_id = $1 LIMIT 1", allocation_id)
+
+
 async def open_wait(conn: asyncpg.Connection, *, job_id: str, entered_at: datetime, team: str, demand_milli: int,
                     gpu_model: str) -> bool:
     """Start a wait unless the job is already waiting (a repeated submission event changes nothing)."""
