@@ -1,0 +1,604 @@
+"""The web dashboard in a real browser (Debian's headless Chromium via Playwright) against a real `gpupool up`:
+64 simulated nodes in two clusters (48 from `gpupool up`'s agent, 16 from a second agent process), four teams'
+work, quotas, approvals and injected GPU faults. Sign in, see the pool, drill into a node, submit and cancel a job,
+approve and deny requests, open reports and download CSV, live updates, and what each role is shown.
+
+The 512 nodes × 8 GPUs rendering test feeds the page synthetic API documents through a Playwright route instead of
+running 512 simulated agents (two CI cores could not), and measures time to first render and per-update time in
+the page with performance.now().
+
+`task screenshots` (GPUPOOL_DASHBOARD_ARTIFACTS=1) also writes docs/screenshots/*.png and the dashboard section of
+docs/benchmarks.md; otherwise screenshots go to a temporary folder (the pages are still rendered and checked)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from browser import VIEWPORT, chromium, machine, require_browser
+from dashboard_fleet import (
+    EU_NODES,
+    LOCAL_FLEET,
+    LOCAL_NODES,
+    WORKLOADS,
+    inject_faults,
+    populate,
+    send_faults,
+    start_second_cluster,
+    stop,
+    wait_for_nodes,
+)
+from dashboard_synthetic import SyntheticPool
+from support import wait_state
+
+try:
+    from playwright.sync_api import expect
+except ImportError:  # the `context` fixture fails with the reason before any test uses it
+    expect = None
+
+pytestmark = pytest.mark.e2e
+
+FLEET_NODES = LOCAL_NODES
+UP_ARGS = ["--fleet", LOCAL_FLEET, "--telemetry-interval", "2", "--env", f"agent:SIM_WORKLOADS={WORKLOADS}"]
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = os.environ.get("GPUPOOL_DASHBOARD_ARTIFACTS") == "1"
+BENCH_BEGIN, BENCH_END = "<!-- dashboard-benchmark:begin -->", "<!-- dashboard-benchmark:end -->"
+UPDATES = 20
+# Expected browser noise: the failed sign-in's 401 and a 404 the synthetic route answers on purpose.
+ALLOWED_CONSOLE = ("status of 401", "status of 404")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def browser_available() -> None:
+    """Checked before the platform starts, so a missing Chromium fails in a second, not after a minute."""
+    require_browser()
+
+
+@pytest.fixture(scope="module")
+def context(platform, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    """One browser (fresh profile) per module, started after the platform: Playwright's sync API runs an event
+    loop in this thread, where the platform fixture's own asyncio.run could not."""
+    expect.set_options(timeout=20_000)
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as ctx:
+        yield ctx
+
+
+@pytest.fixture(scope="module")
+def fleet(platform) -> Iterator[dict[str, list[str]]]:  # type: ignore[no-untyped-def]
+    second = start_second_cluster(platform)
+    try:
+        with platform.client() as api:
+            wait_for_nodes(api, LOCAL_NODES + EU_NODES)
+            ids = populate(api)
+        inject_faults(platform.nats_url)
+        yield ids
+    finally:
+        stop(second)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = ROOT / "docs" / "screenshots" if ARTIFACTS else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def page(context) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    """A new tab (its own sessionStorage, so signed out) that fails the test on any script error."""
+    tab = context.new_page()
+    problems: list[str] = []
+    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    tab.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}")
+           if msg.type == "error" and not any(a in msg.text for a in ALLOWED_CONSOLE) else None)
+    yield tab
+    tab.close()
+    assert not problems, "\n".join(problems)
+
+
+def sign_in(page, platform, token: str | None = None, route: str = "pool") -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{platform.gateway}/ui/#/{route}")
+    page.fill("#token", token or platform.run["admin_token"])
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector("#topbar:not([hidden])")
+    wait_ready(page, route.split("/")[0])
+
+
+def wait_for(page, expression: str, what: str, timeout: float = 30.0) -> object:  # type: ignore[no-untyped-def]
+    """Poll an expression in the page. (Playwright's wait_for_function evaluates strings with eval(), which the
+    dashboard's Content-Security-Policy rightly forbids.)"""
+    return eventually(lambda: page.evaluate(expression), what, timeout)
+
+
+def wait_ready(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    wait_for(page, f"Boolean(window.gpupool && window.gpupool.page === {json.dumps(name)} && window.gpupool.ready)",
+             f"the {name} page to load")
+
+
+def go(page, route: str) -> None:  # type: ignore[no-untyped-def]
+    page.evaluate(f"location.hash = {json.dumps('#/' + route)}")
+    wait_ready(page, route.split("/")[0])
+
+
+def eventually(probe, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def stat_value(page, stat_id: str) -> int:  # type: ignore[no-untyped-def]
+    return int(page.inner_text(f'[data-stat="{stat_id}"] .stat-value').replace(",", ""))
+
+
+def painted(page, node_key: str, index: int) -> dict:  # type: ignore[no-untyped-def]
+    """What the heat map painted at the centre of one GPU's cell, and the colour its data calls for."""
+    return page.evaluate("""async ([key, index]) => {
+        const { cellColor } = await import('/ui/js/heatmap.js');
+        const hm = window.gpupool.heatmap;
+        const gpu = hm.clusters.flatMap((c) => c.nodes).find((n) => n.key === key).gpus[index];
+        const c = hm.cellCenter(key, index);
+        const dpr = window.devicePixelRatio || 1;
+        const rgb = Array.from(hm.ctx.getImageData(Math.round(c.x * dpr), Math.round(c.y * dpr), 1, 1).data).slice(0, 3);
+        const want = cellColor(gpu, hm.metric);
+        const hex = want.startsWith('#') ? [1, 3, 5].map((i) => parseInt(want.slice(i, i + 2), 16)) : null;
+        return { rgb, want: hex || want.match(/\\d+/g).map(Number), util: gpu.util, allocated: gpu.allocated };
+    }""", [node_key, index])
+
+
+# --- sign-in ---------------------------------------------------------------------------------------------------
+def test_sign_in_refuses_a_bad_token_and_accepts_the_admin_token(page, platform, fleet, shots) -> None:
+    page.goto(f"{platform.gateway}/")  # the gateway's root sends people to the dashboard
+    assert urlparse(page.url).path == "/ui/"
+    page.wait_for_selector("#login-form")
+    page.screenshot(path=str(shots / "login.png"))
+    page.fill("#token", "gpt_nope.not-a-token")
+    page.click("#login-form button[type=submit]")
+    wait_for(page, "document.getElementById('login-error').textContent.includes('refused')", "the refusal")
+    assert "InvalidToken" in page.inner_text("#login-error")
+    assert page.is_hidden("#topbar")
+
+    page.fill("#token", platform.run["admin_token"])
+    page.click("#login-form button[type=submit]")
+    wait_ready(page, "pool")
+    assert "bootstrap-admin" in page.inner_text("#who")
+    assert page.get_attribute("#who", "data-role") == "platform-admin"
+    # the token lives in this tab's sessionStorage: a reload stays signed in, signing out forgets it
+    page.reload()
+    wait_ready(page, "pool")
+    page.click("#signout")
+    page.wait_for_selector("#login-form")
+    assert page.evaluate("sessionStorage.getItem('gpupool.token')") is None
+
+
+# --- pool --------------------------------------------------------------------------------------------------------
+def test_pool_heat_map_shows_every_gpu_of_both_clusters_and_agrees_with_the_api(page, platform, fleet) -> None:
+    sign_in(page, platform)
+    canvas = page.locator("#heatmap")
+    assert canvas.get_attribute("data-nodes") == "64" and canvas.get_attribute("data-gpus") == "512"
+    assert "2 clusters · 64 nodes · 512 GPUs" in page.inner_text("#page-pool .subtitle")
+    with platform.client() as api:
+        def agrees() -> bool:
+            page.evaluate("window.gpupool.refresh()")
+            totals = api.get("/v1/pool").json()["all"]["totals"]
+            return stat_value(page, "allocated") == totals["allocated"] and stat_value(page, "gpus") == totals["total"]
+
+        eventually(agrees, "the allocated tile to match GET /v1/pool")
+        # dev notebooks hold L40S GPUs without using them: highlighted as allocated-but-idle
+        platform_gpus = sum(len(a["gpus"]) for a in api.get("/v1/allocations", params={"active": True, "limit": 1000})
+                            .json()["items"] if a["team"] == "platform")
+    eventually(lambda: int(canvas.get_attribute("data-idle")) >= platform_gpus, "the idle notebooks to show")
+    assert stat_value(page, "allocated_idle") >= platform_gpus
+    idle_rows = page.locator("#pool-idle tbody tr")
+    assert idle_rows.count() >= 1 and "platform" in idle_rows.first.inner_text()
+
+    # the canvas really painted each GPU in the colour of its own utilization: a working one apart from a free one
+    with platform.client() as api:
+        busy_node, idle_node = node_of(api, "llm-ft-00"), free_node(api)
+    page.evaluate("window.gpupool.refresh()")
+    busy = eventually(lambda: (p := painted(page, busy_node, 0))["util"] >= 10 and p, "the training job to load its GPU")
+    free = painted(page, idle_node, 0)
+    assert busy["allocated"] and not free["allocated"] and free["util"] < 5
+    for cell in (busy, free):
+        assert all(abs(a - b) <= 2 for a, b in zip(cell["rgb"], cell["want"], strict=True)), cell
+    assert sum(busy["rgb"]) < sum(free["rgb"]) - 20, (busy, free)
+
+    # filters: a cluster, a team, a model
+    page.select_option("#f-cluster", "eu-west")
+    assert canvas.get_attribute("data-nodes") == "16" and canvas.get_attribute("data-gpus") == "128"
+    page.select_option("#f-cluster", "")
+    page.select_option("#f-model", "A100-80GB")
+    assert canvas.get_attribute("data-gpus") == "64"
+    page.select_option("#f-model", "")
+    page.select_option("#f-team", "platform")
+    with platform.client() as api:
+        nodes = {a["node"] for a in api.get("/v1/allocations", params={"active": True, "limit": 1000}).json()["items"]
+                 if a["team"] == "platform"}
+    assert canvas.get_attribute("data-nodes") == str(len(nodes))
+
+
+def test_node_drill_down_shows_gpus_allocations_and_health(page, platform, fleet) -> None:
+    sign_in(page, platform)
+    with platform.client() as api:
+        quarantined = eventually(lambda: any(g["health"] == "failed" for g in api.get("/v1/nodes/sim-node-40").json()["gpus"]),
+                                 "the injected Xid 79 to quarantine sim-node-40's GPU 3")
+    assert quarantined
+    page.evaluate("window.gpupool.refresh()")
+    centre = page.evaluate("window.gpupool.heatmap.cellCenter('local/sim-node-40', 3)")
+    page.locator("#heatmap").click(position=centre)
+    detail = page.locator("#node-detail .node-detail")
+    expect(detail).to_have_attribute("data-node", "sim-node-40")
+    assert "#/pool/local%2Fsim-node-40" in page.url
+    rows = detail.locator("table.grid").first.locator("tbody tr")
+    assert rows.count() == 8
+    expect(rows.nth(3)).to_contain_text("quarantined")
+    assert "free" in rows.nth(0).inner_text()
+    # operators and admins see the node's actions (the gateway serves them)
+    expect(detail.locator('[data-action="cordon"]')).to_be_visible()
+    expect(detail.locator('[data-action="drain"]')).to_be_visible()
+
+    # a busy node lists what holds its GPUs
+    with platform.client() as api:
+        key = node_of(api, "llm-ft-00")
+    page.evaluate(f"location.hash = '#/pool/' + encodeURIComponent({json.dumps(key)})")
+    expect(detail).to_have_attribute("data-node", key.split("/")[1])
+    expect(detail).to_contain_text("llm-ft-00")
+    expect(detail).to_contain_text("Allocations on this node (1)")
+
+
+def test_cordon_from_the_node_drill_down_reaches_the_api(page, platform, fleet) -> None:
+    sign_in(page, platform, route="pool/local%2Fsim-node-47")
+    detail = page.locator("#node-detail .node-detail")
+    expect(detail).to_have_attribute("data-node", "sim-node-47")
+    detail.locator('[data-action="cordon"]').click()
+    with platform.client() as api:
+        eventually(lambda: api.get("/v1/nodes/sim-node-47").json()["cordoned"], "the node to be cordoned")
+        expect(detail.locator('[data-action="uncordon"]')).to_be_visible()
+        detail.locator('[data-action="uncordon"]').click()
+        eventually(lambda: not api.get("/v1/nodes/sim-node-47").json()["cordoned"], "the node to be uncordoned")
+        audit = api.get("/v1/audit", params={"limit": 20}).json()["items"]
+    assert {"node.cordon", "node.uncordon"} <= {e["action"] for e in audit}
+
+
+# --- queues and jobs ------------------------------------------------------------------------------------------------
+def test_pending_jobs_are_listed_in_order_with_placements_reason(page, platform, fleet) -> None:
+    sign_in(page, platform, route="jobs")
+    pending = page.locator("#jobs-pending tbody tr")
+    expect(pending.first).to_be_visible()
+    with platform.client() as api:
+        expected = {j["job_id"] for j in api.get("/v1/jobs", params={"state": "pending"}).json()["items"]}
+        shown = {pending.nth(i).get_attribute("data-job") for i in range(pending.count())}
+        assert shown == expected and len(expected) >= 2
+        for i in range(pending.count()):
+            row = pending.nth(i)
+            assert row.locator("td").first.inner_text() == str(i + 1)  # numbered in queue order
+            reason = api.get(f"/v1/jobs/{row.get_attribute('data-job')}/explain").json()["placement"]["reason"]
+            expect(row.locator("td.why")).to_contain_text(reason)
+    expect(page.locator('#jobs-running tbody tr[data-job]').first).to_be_visible()
+    # a replicated inference service shows its GPUs across nodes and may be scaled
+    chat = page.locator("#jobs-running tbody tr", has_text="chat-api")
+    if not chat.count():
+        page.click("#running-more")
+    expect(chat.locator(".gpu-chip.more")).to_contain_text("24 GPUs")
+    expect(chat.locator('[data-action="scale"]')).to_be_visible()
+
+
+def test_submit_and_cancel_a_job_from_the_browser(page, platform, fleet) -> None:
+    sign_in(page, platform, route="jobs")
+    page.click("#new-job")
+    page.fill("#job-name", "ui-notebook")
+    page.select_option("#job-team", "research")
+    page.fill("#job-gpus", "1")
+    page.select_option("#job-model", "L40S")
+    page.select_option("#job-kind", "dev")
+    page.click("#submit-form button[type=submit]")
+    with platform.client() as api:
+        job = eventually(lambda: next((j for j in api.get("/v1/jobs", params={"limit": 1000}).json()["items"]
+                                       if j["name"] == "ui-notebook"), None), "the submitted job")
+        assert job["team"] == "research" and job["gpus"] == 1 and job["gpu_models"] == ["L40S"] and job["kind"] == "dev"
+        wait_state(api, job["job_id"], "running")
+        row = page.locator(f'#jobs-running tr[data-job="{job["job_id"]}"]')
+        if not row.count():
+            page.click("#running-more")
+        cancel = row.locator('[data-action="cancel"]')
+        cancel.click()  # arms
+        expect(cancel).to_have_text("Confirm cancel")
+        cancel.click()
+        wait_state(api, job["job_id"], "cancelled")
+        audit = api.get("/v1/audit", params={"action": "job.cancel"}).json()["items"]
+        assert any(e["target"] == job["job_id"] for e in audit)
+    expect(page.locator(f'#jobs-running tr[data-job="{job["job_id"]}"]')).to_have_count(0)
+    expect(page.locator(f'#jobs-history tr:has(a[title="{job["job_id"]}"])')).to_contain_text("cancelled")
+
+
+def test_job_detail_shows_every_state_change(page, platform, fleet) -> None:
+    job_id = fleet["finished"][0]
+    sign_in(page, platform, route=f"jobs/{job_id}")
+    detail = page.locator(f'#job-detail [data-job="{job_id}"]')
+    expect(detail).to_be_visible()
+    with platform.client() as api:
+        history = api.get(f"/v1/jobs/{job_id}").json()["history"]
+    items = detail.locator("#job-history li")
+    expect(items).to_have_count(len(history))
+    assert "completed" in items.last.inner_text()
+    expect(detail).to_contain_text("Usage recorded")
+
+
+def test_live_updates_show_a_job_submitted_elsewhere_without_a_reload(page, platform, fleet) -> None:
+    sign_in(page, platform, route="jobs")
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    page.fill("#job-search", "from-the-cli")  # the running list is long; the filter keeps the new row in view
+    page.evaluate("window.__marker = 'same page'")
+    with platform.client() as api:
+        response = api.post("/v1/jobs", json={"name": "from-the-cli", "team": "default", "gpus": 1,
+                                              "gpu_models": ["L40S"], "kind": "batch"})
+        job_id = response.json()["job_id"]
+        try:
+            expect(page.locator(f'tr[data-job="{job_id}"]')).to_have_count(1, timeout=15_000)
+            assert page.evaluate("window.__marker") == "same page"
+        finally:
+            api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "test cleanup"})
+
+
+# --- teams, quotas, approvals --------------------------------------------------------------------------------------
+def test_approve_and_deny_requests_from_the_browser(page, platform, fleet) -> None:
+    sign_in(page, platform, route="teams")
+    approve_job, deny_job = fleet["waiting"]
+    row = page.locator(f'#approvals tr[data-job="{approve_job}"]')
+    expect(row).to_contain_text("more than 32 GPUs")
+    row.locator("input.comment").fill("ok for the launch")
+    row.locator('[data-action="approve"]').click()
+    other = page.locator(f'#approvals tr[data-job="{deny_job}"]')
+    other.locator('[data-action="deny"]').click()
+    with platform.client() as api:
+        eventually(lambda: api.get(f"/v1/jobs/{approve_job}").json()["state"] in ("pending", "running"),
+                   "the approved job to join the queue")
+        wait_state(api, deny_job, "failed")
+        decided = {a["job_id"]: a for a in api.get("/v1/approvals", params={"limit": 50}).json()["items"]}
+    assert decided[approve_job]["state"] == "approved" and decided[approve_job]["comment"] == "ok for the launch"
+    assert decided[approve_job]["decided_by"] == "bootstrap-admin"
+    assert decided[deny_job]["state"] == "denied"
+    expect(page.locator("#approvals tr[data-approval]")).to_have_count(0)
+
+
+def test_quota_table_shows_guarantee_used_and_borrowed_per_team_and_model(page, platform, fleet) -> None:
+    sign_in(page, platform, route="teams")
+    cells = page.locator('#quotas tr[data-team="research"][data-model="H100-80GB"] td')
+    number = lambda i: float(cells.nth(i).inner_text().replace(",", ""))  # noqa: E731
+
+    def agrees() -> bool:
+        page.evaluate("window.gpupool.refresh()")
+        with platform.client() as api:
+            allocs = api.get("/v1/allocations", params={"active": True, "limit": 1000}).json()["items"]
+        used = sum(1 for a in allocs if a["team"] == "research" for g in a["gpus"] if g["model"] == "H100-80GB")
+        return used > 128 and number(3) == used and number(4) == used - 128  # used, and borrowed beyond guarantee
+
+    assert cells.nth(2).inner_text() == "128"  # guaranteed
+    eventually(agrees, "research's H100 row to match its allocations")
+
+
+# --- reports --------------------------------------------------------------------------------------------------------
+def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet) -> None:
+    sign_in(page, platform, route="reports/usage")
+    bars = page.locator('#report-chart rect.bar[data-series="gpu_hours"]')
+    expect(bars.first).to_be_visible()
+    labels = {bars.nth(i).get_attribute("data-label") for i in range(bars.count())}
+    assert {"research", "inference", "platform"} <= labels
+    research_hours = float(page.locator('#report-chart rect.bar[data-series="gpu_hours"][data-label="research"]')
+                           .get_attribute("data-value"))
+    assert research_hours > 0
+    expect(page.locator('#report-chart rect.bar[data-series="cost"]').first).to_be_visible()  # prices are set
+    with page.expect_download() as info:
+        page.click("#csv")
+    text = Path(info.value.path()).read_text()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert rows and "gpu_hours" in rows[0] and "cost" in rows[0]
+    research = next(r for r in rows if r["team"] == "research")
+    assert float(research["gpu_hours"]) >= research_hours  # the CSV is fetched a moment later: never less
+
+    page.select_option("#r-group", "gpu_model")
+    expect(page.locator('#report-chart rect.bar[data-label="H100-80GB"]').first).to_be_visible()
+    go(page, "reports/capacity")
+    with platform.client() as api:
+        day_ago = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+        models = api.get("/v1/reports/capacity", params={"bucket_s": 3600, "from": day_ago}).json()
+    expect(page.locator("#report-chart .capacity-model")).to_have_count(len(models["models"]))
+    go(page, "reports/waste")
+    expect(page.locator('[data-stat="idle_allocations"]')).to_be_visible()
+    go(page, "reports/efficiency")
+    expect(page.locator('[data-stat="efficiency"]')).to_be_visible()
+
+
+# --- roles ----------------------------------------------------------------------------------------------------------
+def _token(platform, role: str, team: str | None) -> str:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        response = api.post("/v1/tokens", json={"name": f"ui-{role}", "role": role, "team": team})
+        assert response.status_code == 201, response.text
+        return response.json()["token"]
+
+
+def test_a_viewer_sees_the_pool_but_no_action(page, platform, fleet) -> None:
+    sign_in(page, platform, token=_token(platform, "viewer", "research"), route="jobs")
+    assert page.get_attribute("#who", "data-role") == "viewer"
+    expect(page.locator('#jobs-running tr[data-job]').first).to_be_visible()
+    assert page.locator("#new-job").count() == 0
+    assert page.locator('[data-action="cancel"], [data-action="scale"]').count() == 0
+    teams = {t.inner_text() for t in page.locator("#jobs-running tbody tr td:nth-child(2)").all()}
+    assert teams == {"research"}  # team-scoped: the API only returns research's jobs
+    go(page, "teams")
+    assert page.locator('[data-action="approve"], [data-action="deny"]').count() == 0
+    go(page, "pool/local%2Fsim-node-0")
+    expect(page.locator("#node-detail .node-detail")).to_be_visible()
+    assert page.locator('#node-detail [data-action]').count() == 0
+
+
+def test_a_member_may_cancel_only_their_teams_jobs(page, platform, fleet) -> None:
+    sign_in(page, platform, token=_token(platform, "member", "inference"), route="jobs")
+    expect(page.locator("#new-job")).to_be_visible()
+    rows = page.locator("#jobs-running tbody tr[data-job]")
+    expect(rows.first).to_be_visible()
+    assert rows.count() == rows.filter(has=page.locator('[data-action="cancel"]')).count()
+    assert {t.inner_text() for t in page.locator("#jobs-running tbody tr td:nth-child(2)").all()} == {"inference"}
+    page.click("#new-job")
+    expect(page.locator("#job-team option")).to_have_text(["inference"])
+    go(page, "pool/local%2Fsim-node-0")
+    expect(page.locator("#node-detail .node-detail")).to_be_visible()
+    assert page.locator('#node-detail [data-action="cordon"]').count() == 0
+
+
+# --- 512 nodes x 8 GPUs ---------------------------------------------------------------------------------------------
+def test_heat_map_of_512_nodes_by_8_gpus_renders_and_updates_without_lag(page, platform, shots) -> None:
+    synthetic = SyntheticPool()
+
+    def answer(route) -> None:  # type: ignore[no-untyped-def]
+        status, body = synthetic.answer(urlparse(route.request.url).path)
+        route.fulfill(status=status, body=body, content_type="application/json" if status == 200
+                      else "application/problem+json")
+
+    page.route("**/v1/**", answer)
+    page.goto(f"{platform.gateway}/ui/#/pool")
+    page.fill("#token", "synthetic")
+    page.click("#login-form button[type=submit]")
+    wait_ready(page, "pool")
+    assert page.get_attribute("#heatmap", "data-gpus") == "4096"
+    page.reload()  # the measured load: signed in already, from navigation start to the first drawn heat map
+    wait_ready(page, "pool")
+    first = page.evaluate("window.gpupool.perf.find((p) => p.kind === 'pool')")
+    updates = []
+    for _ in range(UPDATES):
+        page.evaluate("window.gpupool.refresh()")
+        updates.append(page.evaluate("window.gpupool.perf[window.gpupool.perf.length - 1]"))
+    repaint = page.evaluate("""() => {
+        const hm = window.gpupool.heatmap; const times = [];
+        for (const metric of ['memory', 'temperature', 'health', 'util', 'memory', 'temperature', 'health', 'util']) {
+            const t = performance.now(); hm.update(hm.clusters, { metric }); times.push(performance.now() - t);
+        }
+        return times;
+    }""")
+    page.screenshot(path=str(shots / "pool-512-nodes.png"))
+    assert page.get_attribute("#heatmap", "data-nodes") == "512"
+    assert synthetic.calls >= UPDATES + 2
+
+    render = sorted(u["renderMs"] for u in updates)
+    total = sorted(u["totalMs"] for u in updates)
+    result = {
+        "first_render_ms": first["at"], "first_draw_ms": first["renderMs"],
+        "update_render_p50_ms": statistics.median(render), "update_render_p95_ms": render[int(0.95 * (len(render) - 1))],
+        "update_render_max_ms": render[-1], "update_total_p50_ms": statistics.median(total),
+        "update_total_p95_ms": total[int(0.95 * (len(total) - 1))], "repaint_p50_ms": statistics.median(repaint),
+    }
+    print("dashboard benchmark:", json.dumps(result))
+    if ARTIFACTS:
+        write_benchmark(result)
+    # "without visible lag": a frame is 16 ms, a noticeable delay ~100 ms. Generous bounds for a loaded 2-core CI.
+    assert result["update_render_p50_ms"] < 100, result
+    assert result["first_render_ms"] < 10_000, result
+
+
+def write_benchmark(r: dict[str, float]) -> None:
+    path = ROOT / "docs" / "benchmarks.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = "\n".join([
+        BENCH_BEGIN,
+        "## Web dashboard: heat map of 512 nodes x 8 GPUs (4,096 cells)",
+        "",
+        "`task screenshots` (= `GPUPOOL_DASHBOARD_ARTIFACTS=1 ./dev test tests/e2e/test_dashboard.py`), test "
+        "`test_heat_map_of_512_nodes_by_8_gpus_renders_and_updates_without_lag`: the real dashboard page in headless "
+        "Chromium, its `/v1` calls answered by a Playwright route with synthetic documents shaped like the gateway's "
+        f"(512 nodes in 4 clusters, ~70% of GPUs allocated, fresh telemetry on each call). Timings are "
+        f"`performance.now()` in the page; {UPDATES} updates. Machine: {machine()}.",
+        "",
+        "| measure | time |",
+        "| --- | --- |",
+        f"| time to first render (navigation start → heat map drawn; includes loading the modules, sign-in check, the "
+        f"API calls through the route and the ~2.5 MB nodes document) | {r['first_render_ms']:.0f} ms |",
+        f"| of which building the model and drawing 4,096 cells | {r['first_draw_ms']:.1f} ms |",
+        f"| per update: new data → model → heat map redrawn, p50 / p95 / max | {r['update_render_p50_ms']:.1f} / "
+        f"{r['update_render_p95_ms']:.1f} / {r['update_render_max_ms']:.1f} ms |",
+        f"| per update including fetching and parsing the documents, p50 / p95 | {r['update_total_p50_ms']:.0f} / "
+        f"{r['update_total_p95_ms']:.0f} ms |",
+        f"| repaint only (colour by another metric), p50 | {r['repaint_p50_ms']:.1f} ms |",
+        "",
+        "One `<canvas>`, one listener: layout is computed when the node set or width changes, each update only "
+        "repaints. A frame is 16 ms; the fetch share is dominated by Playwright's route and JSON parsing.",
+        BENCH_END,
+    ])
+    if BENCH_BEGIN in text and BENCH_END in text:
+        text = text[:text.index(BENCH_BEGIN)] + section + text[text.index(BENCH_END) + len(BENCH_END):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+# --- every page, once more, for the record -------------------------------------------------------------------------
+def test_every_page_renders_populated_for_screenshots(page, platform, fleet, shots) -> None:
+    """Each page of the busy 64-node fleet, checked for content and saved (docs/screenshots with `task screenshots`)."""
+    page.set_viewport_size(VIEWPORT)
+    sign_in(page, platform)
+    expect(page.locator("#pool-activity")).to_be_visible()
+    page.screenshot(path=str(shots / "pool.png"), full_page=True)
+
+    with platform.client() as api:
+        key = node_of(api, "chat-api")
+    node = key.split("/")[1]
+    page.evaluate(f"location.hash = '#/pool/' + encodeURIComponent({json.dumps(key)})")
+    expect(page.locator("#node-detail .node-detail")).to_have_attribute("data-node", node)
+    inject_faults_on(platform, node, 7, "xid48")
+    expect(page.locator("#node-detail .activity")).to_contain_text("health changed", timeout=30_000)
+    page.evaluate("window.gpupool.refresh()")
+    page.locator("#node-detail").scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "pool-node.png"), full_page=True)
+
+    go(page, "jobs")
+    expect(page.locator("#jobs-pending tbody tr").first).to_be_visible()
+    page.screenshot(path=str(shots / "jobs.png"), full_page=True)
+    go(page, f"jobs/{fleet['waiting'][0]}")
+    expect(page.locator("#job-history li").first).to_be_visible()
+    page.screenshot(path=str(shots / "job-detail.png"))
+
+    go(page, "teams")
+    expect(page.locator("#quotas tbody tr").first).to_be_visible()
+    page.screenshot(path=str(shots / "teams.png"), full_page=True)
+
+    for kind in ("usage", "efficiency", "capacity", "waste"):
+        go(page, f"reports/{kind}")
+        page.select_option("#r-range", "3600")
+        wait_ready(page, "reports")
+        expect(page.locator("#report-frame")).to_be_visible()
+        page.screenshot(path=str(shots / f"reports-{kind}.png"), full_page=True)
+    written = {"pool.png", "pool-node.png", "jobs.png", "job-detail.png", "teams.png",
+               *(f"reports-{k}.png" for k in ("usage", "efficiency", "capacity", "waste"))}
+    assert written <= {p.name for p in shots.glob("*.png") if p.stat().st_size > 20_000}
+
+
+def inject_faults_on(platform, node: str, gpu: int, fault: str) -> None:  # type: ignore[no-untyped-def]
+    send_faults(platform.nats_url, [{"node": node, "gpu": gpu, "fault": fault}])
+
+
+def node_of(api, job_name: str) -> str:  # type: ignore[no-untyped-def]
+    """`cluster/node` of a running job's first allocation."""
+    job = next(j for j in api.get("/v1/jobs", params={"state": "running", "limit": 1000}).json()["items"]
+               if j["name"] == job_name)
+    alloc = api.get("/v1/allocations", params={"job_id": job["job_id"], "active": True}).json()["items"][0]
+    return f"{alloc['cluster']}/{alloc['node']}"
+
+
+def free_node(api) -> str:  # type: ignore[no-untyped-def]
+    held = {(a["cluster"], a["node"]) for a in api.get("/v1/allocations", params={"active": True, "limit": 1000})
+            .json()["items"]}
+    nodes = api.get("/v1/nodes", params={"limit": 1000}).json()["items"]
+    return next(f"{n['cluster']}/{n['node']}" for n in nodes
+                if (n["cluster"], n["node"]) not in held and all(g["health"] == "healthy" for g in n["gpus"]))
