@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from libs.core.schedule import Scheduler
 
 INF = math.inf
+_NEVER = (INF, INF)
 
 
 def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: frozenset, now: float):
@@ -53,10 +54,16 @@ def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: f
         want = per if per is not None else len(elig)
         if len(elig) < want:
             continue
+        gpus = ns.gpus
+        busy = [i for i in elig if gpus[i].free != WHOLE]
+        short = want - (len(elig) - len(busy))  # GPUs that must still free up
+        if short <= 0:
+            ready.append((now, now, -len(elig), ns.idx, want))
+            continue
         # a busy GPU nobody here holds (held outside the scheduler) never frees as far as we know
-        times = [(now, now) if ns.gpus[i].free == WHOLE else frees.get((ns.idx, i), (INF, INF)) for i in elig]
-        t_ready = sorted(t[0] for t in times)[want - 1]
-        g_ready = sorted(t[1] for t in times)[want - 1]
+        times = [frees.get((ns.idx, i), _NEVER) for i in busy]
+        t_ready = sorted(t[0] for t in times)[short - 1]
+        g_ready = sorted(t[1] for t in times)[short - 1]
         ready.append((t_ready, g_ready, -len(elig), ns.idx, want))
     ready.sort()
     chosen: list[int] = []

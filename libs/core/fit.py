@@ -10,6 +10,7 @@ much it raises that expectation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from libs.core import mig as migcat
 from libs.core.model import EXCLUSIVE, FRACTIONAL, JOB_KINDS, MIG, WHOLE, JobRequest
@@ -37,7 +38,6 @@ class Shape:
     mem: int = 0
     prefer_nvlink: bool = True
     prefer_topology: bool = True
-    pack: float = 0.0  # the job kind's extra bin-packing weight
     prefer_shared: bool = False  # the job kind prefers shareable GPUs for whole-GPU requests
 
     @property
@@ -211,6 +211,7 @@ def choose(cls: NodeClass, dyn: tuple, shape: Shape, per_node: int, allowed: fro
     return (Choice((pos,), mig=(shape.profile, start), mig_score=best[0], reuse=reuse),)
 
 
+@lru_cache(maxsize=65536)
 def _mig_room(model: str, busy: int) -> float:
     """Share of the catalogue's instance placements still open: high means little fragmentation."""
     table = migcat.profiles_for(model)

@@ -156,6 +156,7 @@ class Scheduler:
         self._shape_ids: dict = {}
         self._sticky: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.preempt_note = ""  # why the last preemption search chose to wait (preempt.worth_it)
+        self._pack = 0.0  # extra bin-packing weight of the job being placed (its kind's)
         self._norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
         self._models = sorted(self.state.capacity)
         self._model_mem: dict[str, int] = {}
@@ -372,7 +373,7 @@ class Scheduler:
                 mask_after = self.state.host_mask(rep, shape.cpu, shape.mem)
                 d = self._frag(cid, after, mask_after) - self._frag(cid, dyn, mask)
                 s -= w_frag * d / WHOLE
-        wb, ws = self._w_binpack + shape.pack, self._w_spread
+        wb, ws = self._w_binpack + self._pack, self._w_spread
         if shape.prefer_shared and choice.positions:
             statics = cls.gpus
             s += sum(statics[p][2] != EXCLUSIVE for p in choice.positions) / len(choice.positions)
@@ -626,9 +627,8 @@ class Scheduler:
                 else:
                     try:
                         shape = normalize(j)
-                        kp = self._kind(j.kind)
-                        if kp.pack or kp.prefer_shared:
-                            shape = replace(shape, pack=kp.pack, prefer_shared=kp.prefer_shared)
+                        if self._kind(j.kind).prefer_shared:
+                            shape = replace(shape, prefer_shared=True)
                         hit = (j, (shape, *r))
                     except Invalid as e:
                         hit = (j, (INVALID_REQUEST, str(e)))
@@ -697,6 +697,7 @@ class Scheduler:
             if laps:
                 laps.to("quota")
             shape, prio, preemptible, _min_rt = meta[job.job_id]
+            self._pack = self._kind(job.kind).pack  # the kind's packing weight, for every score of this job
             if blocked_by is not None:
                 reasons.append(PendingReason(job.job_id, BLOCKED_BY_QUEUE_HEAD,
                                              f"FIFO: waiting behind {blocked_by}, which does not fit yet"))

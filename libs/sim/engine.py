@@ -9,6 +9,7 @@ plan checked and applied by the independent in-memory applier (`applier.Ledger`)
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 import time
@@ -86,7 +87,8 @@ def never_fit(nodes: list[Node], jobs: list[SimJob]) -> set[str]:
 
 
 def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_interval: float = 30.0,
-           frag_samples: int = 100) -> ReplayResult:
+           frag_samples: int = 100, policy_overrides: dict | None = None) -> ReplayResult:
+    """`policy_overrides`: Policy fields to change (ablations, e.g. {"preemption_cost": False})."""
     wall0 = time.perf_counter()
     rejected = never_fit(nodes, jobs)
     submitted = len(jobs)
@@ -99,6 +101,8 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
     teams = {t: demand[t] or 1e-9 for t in sorted(demand)}
     capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
     policy = make_policy(policy_name, teams, float(capacity))
+    if policy_overrides:
+        policy = dataclasses.replace(policy, **policy_overrides)
     workload = workload_of([j.request for j in jobs])
     sched = Scheduler(Snapshot(tuple(nodes)), policy, workload)
     ledger = Ledger(nodes)
