@@ -39,7 +39,7 @@ def _policies(value: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpupool sim",
-        description="Run gpupool's scheduling core on traces: the fill experiment (fragmentation) and timed "
+        description="Run gpupool's scheduling core on traces: the fill experiment (fragmentation) and timed\n"
                     "replays. Every plan is verified by an in-memory applier. Writes DIR/metrics.json and PNG plots.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{fill,replay}")
@@ -96,7 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of virtual time between scheduling cycles at most (default 30)")
     r.add_argument("--sharing", choices=("fractional", "exclusive"), default="fractional",
                    help="sharing mode of every GPU (default fractional)")
+    # the top-level help lists every option of every command too (generated: it cannot drift from them)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "\n".join(_options_summary(sub))
     return parser
+
+
+def _options_summary(sub) -> list[str]:
+    out = ["commands (stable command lines; see also `gpupool sim COMMAND --help`):"]
+    for name, sp in sub.choices.items():
+        out += ["", f"  gpupool sim {name} {' '.join(sp.format_usage().split()[4:])}"]
+        for a in sp._actions:
+            if not a.option_strings or a.dest == "help":
+                continue
+            value = "{" + ",".join(a.choices) + "}" if a.choices else (a.metavar or a.dest.upper())
+            out.append(f"    {a.option_strings[0]} {value}: {a.help}")
+    return out
 
 
 def shrink(nodes: list, n: int) -> list:

@@ -61,6 +61,7 @@ class Series:
     alloc: list[float] = field(default_factory=list)
     frag_t: list[float] = field(default_factory=list)
     frag: list[float] = field(default_factory=list)
+    preempt_t: list[float] = field(default_factory=list)  # virtual time of every preemption
 
 
 @dataclass
@@ -69,6 +70,7 @@ class ReplayResult:
     series: Series
     jct: list[float]
     team_gpu_s: dict[str, float]
+    queue: list[float] = field(default_factory=list)  # queueing delay of every job that started
     waits: dict[str, float] = field(default_factory=dict)  # job id -> queueing delay before its first start
 
 
@@ -177,6 +179,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
                     gen[v.job_id] += 1
                     preempted[v.job_id] += 1
                     preempt_reasons[v.reason] += 1
+                    series.preempt_t.append(now)
                     pending[v.job_id] = requests[v.job_id]
             if not plan.preemptions:
                 break
@@ -233,7 +236,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
         "wall_s": round(time.perf_counter() - wall0, 3),
     }
     waits = {j: first_start[j] - by_id[j].submit for j in first_start}
-    return ReplayResult(metrics, series, jct, dict(team_gpu_s), waits)
+    return ReplayResult(metrics, series, jct, dict(team_gpu_s), queue, waits)
 
 
 @dataclass

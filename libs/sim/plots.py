@@ -89,8 +89,46 @@ def replay_plots(results: dict[str, ReplayResult], out: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
     names = list(results)
+    width = 0.8 / max(1, len(names))
+    stats = ("mean", "p50", "p99")
+    for ax, what, key in zip(axes, ("job completion time", "queueing delay"), ("jct", "queue"), strict=True):
+        for i, name in enumerate(names):
+            m = results[name].metrics
+            raw = [m[f"{key}_{st}_s"] for st in stats]
+            bars = ax.bar([k + i * width for k in range(len(stats))], [max(v, 0.1) for v in raw], width=width,
+                          label=name)  # a log axis: 0 s is drawn as 0.1 s, labelled with the true value
+            ax.bar_label(bars, labels=[_short(v) for v in raw], fontsize=7)
+        ax.set_xticks([k + width * (len(names) - 1) / 2 for k in range(len(stats))], stats)
+        ax.set_yscale("log")
+        ax.set_ylabel("seconds (log)")
+        ax.set_title(what.capitalize())
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend()
+    paths.append(out / "jct_queue.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, r in results.items():
+        ts = [t / 86400 for t in r.series.preempt_t]
+        start = r.series.t[0] / 86400 if r.series.t else 0.0
+        end = r.series.t[-1] / 86400 if r.series.t else 0.0
+        ax.step([start] + ts + [end], [0] + list(range(1, len(ts) + 1)) + [len(ts)], where="post",
+                label=f"{name} ({len(ts)}: {_reasons(r.metrics)})")
+    ax.set_xlabel("time (days)")
+    ax.set_ylabel("preemptions so far")
+    ax.set_title("Preemptions (a preempted job restarts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(out / "preemptions.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     teams = sorted({t for r in results.values() for t in r.metrics["team_gpu_share"]})
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
@@ -106,3 +144,12 @@ def replay_plots(results: dict[str, ReplayResult], out: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+def _short(v: float) -> str:
+    return f"{v / 3600:.3g}h" if v >= 3600 else f"{v:.3g}s"
+
+
+def _reasons(metrics: dict) -> str:
+    by = metrics.get("preemptions_by_reason") or {}
+    return ", ".join(f"{n} {k}" for k, n in sorted(by.items())) or "none"

@@ -44,7 +44,8 @@ def test_replay_writes_the_documented_metrics_and_plots(tmp_path, fmt):
     for key in REPLAY_KEYS:
         assert isinstance(m[key], (int, float))
         assert key in m["policies"]["fifo"]
-    for png in ("allocation_rate.png", "fragmentation.png", "jct_cdf.png", "team_share.png"):
+    for png in ("allocation_rate.png", "fragmentation.png", "jct_cdf.png", "jct_queue.png", "team_share.png",
+                "preemptions.png"):
         assert (out / png).stat().st_size > 0
 
 
@@ -72,3 +73,49 @@ def test_help_documents_every_option(command, options, capsys):
     assert text.startswith("usage: gpupool sim " + command)
     for opt in options:
         assert opt in text
+
+
+def test_top_level_help_lists_every_option_of_every_command(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, sp in sub.choices.items():
+        assert f"gpupool sim {name} " in text
+        for action in sp._actions:
+            for opt in action.option_strings:
+                if opt not in ("-h", "--help"):
+                    assert f"    {opt} " in text, (name, opt)
+
+
+def _fill(tmp_path, nodes_csv: str, tasks_csv: str, policy: str = "default") -> dict:
+    (tmp_path / "n.csv").write_text(nodes_csv)
+    (tmp_path / "t.csv").write_text(tasks_csv)
+    out = tmp_path / f"out-{policy}"
+    assert cli.main(["fill", "--nodes", str(tmp_path / "n.csv"), "--tasks", str(tmp_path / "t.csv"), "--policy",
+                     policy, "--seed", "1", "--out", str(out)]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+NODES = "sn,cpu_milli,memory_mib,gpu,model\nbig,96000,393216,8,G2\nsmall,104000,524288,2,T4\n"
+
+
+@pytest.mark.parametrize("policy", ["default", "best-fit", "fifo"])
+def test_fill_honours_gpu_spec_when_the_column_is_present(tmp_path, policy):
+    anywhere = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,1000,1024,1,1000\n", policy)
+    assert anywhere["unallocated_gpu_share"] == 0.0  # 10 one-GPU tasks fill the 10 GPUs
+    only_t4 = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nt,1000,1024,1,1000,T4\n",
+                    policy)
+    assert only_t4["unallocated_gpu_share"] == pytest.approx(0.8)  # only the two T4s can be used
+    assert only_t4["tasks_failed"] == 8
+
+
+@pytest.mark.parametrize("policy", ["default", "best-fit", "fifo"])
+def test_fill_places_a_task_only_where_cpu_memory_and_gpu_all_fit(tmp_path, policy):
+    # 100 cores fit only the T4 node (104 cores), and only once: its second GPU stays unallocated
+    cpu = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,100000,1024,1,1000\n", policy)
+    assert cpu["unallocated_gpu_share"] == pytest.approx(0.9)
+    # 400 GiB of memory fit only the T4 node (512 GiB), once
+    mem = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,1000,409600,1,1000\n", policy)
+    assert mem["unallocated_gpu_share"] == pytest.approx(0.9)
