@@ -17,6 +17,7 @@ import argparse
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -211,17 +212,17 @@ def _fmt(x: float, digits: int = 3) -> str:
 
 PLATFORM_BEGIN = "<!-- platform-benchmark:begin -->"
 PLATFORM_END = "<!-- platform-benchmark:end -->"
+# sections other commands own (the platform benchmark, the dashboard's, ...): `<!-- NAME:begin -->` .. `:end -->`
+_OWNED = re.compile(r"<!-- ([\w.-]+):begin -->.*?<!-- \1:end -->", re.DOTALL)
 
 
 def write_preserving_sections(path: Path, text: str) -> None:
-    """Rewrite the file but keep the section `gpupool bench platform` owns (it runs separately: it needs real
-    processes and minutes of wall time)."""
-    kept = ""
+    """Rewrite the file but keep, byte for byte and in their order, the sections other commands own (e.g. what
+    `gpupool bench platform` writes: it runs separately, with real processes and minutes of wall time)."""
+    kept = []
     if path.exists():
-        old = path.read_text()
-        if PLATFORM_BEGIN in old and PLATFORM_END in old:
-            kept = old[old.index(PLATFORM_BEGIN):old.index(PLATFORM_END) + len(PLATFORM_END)]
-    path.write_text(text.rstrip() + ("\n\n" + kept + "\n" if kept else "\n"))
+        kept = [m.group(0) for m in _OWNED.finditer(path.read_text())]
+    path.write_text(text.rstrip() + "".join("\n\n" + k for k in kept) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

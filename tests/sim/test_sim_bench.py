@@ -20,7 +20,9 @@ def _table(text: str, heading: str) -> list[list[str]]:
 
 def test_quick_bench_writes_machine_command_rates_phases_and_incremental_cost(tmp_path):
     out = tmp_path / "benchmarks.md"
-    out.write_text("old\n\n<!-- platform-benchmark:begin -->\nkept as is\n<!-- platform-benchmark:end -->\n")
+    owned = ("<!-- platform-benchmark:begin -->\nkept as is\n<!-- platform-benchmark:end -->\n\n"
+             "<!-- dashboard-benchmark:begin -->\n| also | kept |\n<!-- dashboard-benchmark:end -->\n")
+    out.write_text("old\n\n" + owned)
     assert bench.main(["--quick", "--skip-traces", "--repeats", "1", "--out", str(out)]) == 0
     text = out.read_text()
     assert "Machine:" in text and "gpupool bench --quick" in text
@@ -34,4 +36,4 @@ def test_quick_bench_writes_machine_command_rates_phases_and_incremental_cost(tm
     incremental = _table(text, "## Incremental indexes vs a full rebuild")[1:]
     assert {(r[0], r[2]) for r in incremental} == {(p, q) for p in ("default", "best-fit")
                                                    for q in ("arrivals", "backlog")}
-    assert text.endswith("<!-- platform-benchmark:begin -->\nkept as is\n<!-- platform-benchmark:end -->\n")
+    assert text.endswith(owned) and text.startswith("# Benchmarks")  # sections other commands own survive, byte for byte
