@@ -118,3 +118,21 @@ def test_a_job_that_can_never_fit_is_rejected_up_front_instead_of_blocking_fifo(
     result = engine.replay(nodes, [impossible] + later, "fifo")
     assert result.metrics["rejected_never_fit"] == 1
     assert result.metrics["finished"] == 5
+
+
+def test_replay_keeps_one_scheduler_for_every_cycle_instead_of_rebuilding(tmp_path, monkeypatch):
+    from libs.core import Scheduler
+
+    built = []
+    original = Scheduler.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "__init__", counting)
+    nodes = traces.read_nodes(node_list(tmp_path / "nodes.csv", shapes=((8, "G2", 96000, 393216, 2),)))
+    jobs = traces.openb_jobs(traces.read_tasks(openb_tasks(tmp_path / "t.csv", n=120)), seed=0)
+    result = engine.replay(nodes, jobs, "default")
+    assert result.metrics["cycles"] > 20
+    assert len(built) == 2  # the admission probe (never_fit) and the one the whole replay runs on
