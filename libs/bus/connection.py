@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
@@ -22,7 +24,8 @@ Message = Msg
 
 async def connect(url: str, name: str, *, user: str | None = None, password: str | None = None,
                   connect_timeout: float = 5.0) -> NATS:
-    """Connect with endless reconnects: a service outlives a NATS restart instead of crashing with it."""
+    """Connect with endless reconnects: a service outlives a NATS restart instead of crashing with it. `url` may
+    list several servers of a cluster, comma-separated; the client fails over between them."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats_error", extra={"error": str(exc)})
@@ -34,7 +37,7 @@ async def connect(url: str, name: str, *, user: str | None = None, password: str
         log.info("nats_reconnected")
 
     return await nats.connect(
-        servers=[url],
+        servers=[u.strip() for u in url.split(",") if u.strip()],
         name=name,
         user=user,
         password=password,
@@ -67,17 +70,34 @@ def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
 
 
 async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = STREAMS, *,
-                         replicas: int = 1) -> None:
+                         replicas: int | None = None) -> None:
     """Create or update each stream so its config matches the contracts (idempotent; every service calls it).
 
-    ``replicas`` > 1 needs a JetStream cluster of at least that many servers; every caller must pass the same
-    value, as each call sets it (an update to fewer replicas shrinks the stream)."""
+    ``replicas`` > 1 needs a JetStream cluster of at least that many servers. None keeps an existing stream's
+    replicas (and creates with 1), so a caller that was not told the cluster's size never shrinks a stream."""
     for spec in specs:
-        config = stream_config(spec, replicas)
-        try:
-            await js.stream_info(spec.name)
-        except NotFoundError:
-            await js.add_stream(config)
-            log.info("stream_created", extra={"stream": spec.name})
-        else:
-            await js.update_stream(config)
+        for attempt in range(1, _DECLARE_TRIES + 1):
+            try:
+                await _declare(js, spec, replicas)
+                break
+            except NatsTimeoutError:
+                # a JetStream cluster that just formed (or lost a node) may take a while to place replicas
+                if attempt == _DECLARE_TRIES:
+                    raise
+                log.warning("stream_declare_retry", extra={"stream": spec.name, "attempt": attempt})
+                await asyncio.sleep(min(5.0, 0.5 * attempt))
+
+
+_DECLARE_TRIES = 8
+
+
+async def _declare(js: JetStreamContext, spec: StreamSpec, replicas: int | None) -> None:
+    try:
+        info = await js.stream_info(spec.name)
+    except NotFoundError:
+        await js.add_stream(stream_config(spec, replicas or 1))
+        log.info("stream_created", extra={"stream": spec.name, "replicas": replicas or 1})
+    else:
+        keep = info.config.num_replicas or 1
+        wanted = stream_config(spec, replicas or keep)
+        await js.update_stream(wanted)

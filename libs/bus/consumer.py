@@ -88,12 +88,20 @@ class EventConsumer:
             max_ack_pending=self.spec.max_ack_pending,
             filter_subjects=list(self.spec.filter_subjects),
         )
-        try:
-            await self.js.consumer_info(self.spec.stream, self.spec.durable)
-        except NotFoundError:
-            await self.js.add_consumer(self.spec.stream, config)
-        else:
-            await self.js.add_consumer(self.spec.stream, config)  # create-or-update with the same name
+        for attempt in range(1, 9):
+            try:
+                try:
+                    await self.js.consumer_info(self.spec.stream, self.spec.durable)
+                except NotFoundError:
+                    pass
+                await self.js.add_consumer(self.spec.stream, config)  # create, or update with the same name
+                break
+            except NatsTimeoutError:
+                # a JetStream cluster busy placing replicas (just formed, or a node lost) answers late
+                if attempt == 8:
+                    raise
+                log.warning("consumer_declare_retry", extra={"consumer": self.spec.durable, "attempt": attempt})
+                await asyncio.sleep(min(5.0, 0.5 * attempt))
         self._sub = await self.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
         self._task = asyncio.create_task(self._run(), name=f"consumer:{self.spec.durable}")
 

@@ -25,7 +25,7 @@ LEADER = Gauge("gpupool_leader", "1 while this replica holds its service's leade
 
 class LeaderLease:
     def __init__(self, js: JetStreamContext, service: str, instance: str, *, ttl_s: float = 3.0,
-                 renew_every_s: float = 1.0) -> None:
+                 renew_every_s: float = 1.0, replicas: int | None = None) -> None:
         if renew_every_s * 2 > ttl_s:
             raise ValueError("renew at least twice per TTL, or a slow renewal loses the lease")
         self.js = js
@@ -33,6 +33,7 @@ class LeaderLease:
         self.instance = instance
         self.ttl_s = ttl_s
         self.renew_every_s = renew_every_s
+        self.replicas = replicas or 1  # as many as the streams: a lease on one node dies with that node
         self._revision: int | None = None
         self._kv: KeyValue | None = None
         self._changed = asyncio.Event()
@@ -49,6 +50,7 @@ class LeaderLease:
             except BucketNotFoundError:
                 self._kv = await self.js.create_key_value(KeyValueConfig(
                     bucket=LEASE_BUCKET, ttl=self.ttl_s, history=1, storage=StorageType.MEMORY,
+                    replicas=self.replicas,
                     description="leader leases: one key per service, expiring unless renewed"))
         return self._kv
 

@@ -38,7 +38,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         with_agent=not args.no_agent,
         log_level=args.log_level,
         database_prefix=os.environ.get("GPUPOOL_DATABASE_PREFIX", "gpupool"),
-        placement_replicas=args.placement_replicas,
+        placement_replicas=max(args.placement_replicas, args.replicas),
+        replicas=args.replicas,
+        nats_cluster=args.nats_cluster,
         service_env=parse_service_env(args.env),
     )
     stack = Stack(opts)
@@ -158,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override one service setting, e.g. placement:PREEMPTION_GRACE_S=5 (repeatable)")
     up.add_argument("--placement-replicas", type=int, default=1, choices=range(1, 4), metavar="N",
                     help="placement replicas (1-3); one leads through a NATS KV lease, the others stand by")
+    up.add_argument("--replicas", type=int, default=1, choices=range(1, 4), metavar="N",
+                    help="replicas of every backend service (1-3): they share durable consumers and request queue "
+                         "groups; placement's extra replicas stand by on the lease")
+    up.add_argument("--nats-cluster", type=int, default=0, choices=(0, 3, 5), metavar="N",
+                    help="embedded NATS as a JetStream cluster of N (3 or 5) servers with streams replicated "
+                         "three ways (default: one server)")
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=cmd_up)
 

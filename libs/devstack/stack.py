@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.devstack.nats_auth import NatsUser, load_users, write_config
-from libs.devstack.servers import ManagedServer, free_port, start_nats, start_postgres
+from libs.devstack.servers import ManagedServer, free_port, start_nats, start_nats_cluster, start_postgres
 
 BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
 DEFAULT_TEAMS = "research,inference,platform,default"
@@ -39,6 +39,8 @@ class StackOptions:
     log_level: str = "INFO"
     database_prefix: str = "gpupool"  # databases are <prefix>_<service>; tests use their own prefix
     placement_replicas: int = 1  # >1: standby replicas wait on the leader lease
+    replicas: int = 1  # replicas of every other backend service (shared durable consumers and queue groups)
+    nats_cluster: int = 0  # >0: the embedded NATS is a JetStream cluster of this many servers
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)  # service → {SETTING: value} overrides
 
 
@@ -124,12 +126,19 @@ class Stack:
             self.nats_users = {u.name: u for u in users}
             admin_password = secrets.token_urlsafe(24)
             config = write_config(opts.data_dir / "nats-auth.conf", users, admin_password)
-            nats = start_nats(opts.data_dir / "nats", config_file=config,
-                              log_file=opts.data_dir / "logs" / "nats-server.log")
-            self.servers.append(nats)
-            self.nats_url = nats.url
-            self.nats_admin_url = nats.url.replace("nats://", f"nats://admin:{admin_password}@", 1)
-            say(f"nats        {self.nats_url} (embedded, JetStream in {opts.data_dir / 'nats'}, "
+            if opts.nats_cluster:
+                nodes = start_nats_cluster(opts.data_dir / "nats", opts.nats_cluster, config_file=config)
+            else:
+                nodes = [start_nats(opts.data_dir / "nats", config_file=config,
+                                    log_file=opts.data_dir / "logs" / "nats-server.log")]
+            self.servers += nodes
+            self.nats_url = ",".join(n.url for n in nodes)
+            self.nats_admin_url = ",".join(n.url.replace("nats://", f"nats://admin:{admin_password}@", 1)
+                                           for n in nodes)
+            if opts.nats_cluster:
+                _declare_streams(self.nats_admin_url, replicas=3)  # once, before a dozen services race to
+            shape = f"a JetStream cluster of {len(nodes)}, streams on 3" if opts.nats_cluster else "JetStream"
+            say(f"nats        {self.nats_url} (embedded, {shape} in {opts.data_dir / 'nats'}, "
                 f"per-service credentials)")
         if opts.database_url:
             self.admin_dsn = opts.database_url
@@ -159,7 +168,7 @@ class Stack:
         opts = self.options
         logs = opts.data_dir / "logs"
         for name in BACKEND_SERVICES:
-            replicas = opts.placement_replicas if name == "placement" else 1
+            replicas = opts.placement_replicas if name == "placement" else opts.replicas
             for replica in range(1, replicas + 1):
                 process = name if replica == 1 else f"{name}-{replica}"
                 port = free_port()
@@ -168,6 +177,8 @@ class Stack:
                             "INSTANCE": process}
                 if name == "quota":
                     settings["SEED_TEAMS"] = DEFAULT_TEAMS
+                if opts.nats_cluster:
+                    settings["STREAM_REPLICAS"] = "3"
                 settings.update(opts.service_env.get(name, {}))
                 self.processes.append(ServiceProcess(
                     process, [sys.executable, "-m", f"services.{name}.main"],
@@ -268,6 +279,22 @@ class Stack:
         if self.run_file.exists():
             self.run_file.unlink()
         say("stopped")
+
+
+def _declare_streams(url: str, replicas: int) -> None:
+    """Declare gpupool's streams on a fresh cluster as admin, so services starting together find them."""
+    import asyncio
+
+    from libs.bus.connection import connect, ensure_streams
+
+    async def declare() -> None:
+        nc = await connect(url, "gpupool-up")
+        try:
+            await ensure_streams(nc.jetstream(timeout=15), replicas=replicas)
+        finally:
+            await nc.close()
+
+    asyncio.run(declare())
 
 
 def _die_with_parent() -> None:

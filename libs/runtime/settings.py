@@ -21,7 +21,7 @@ class ServiceSettings(BaseSettings):
     http_port: int = Field(default=0, description="/metrics, /healthz, /readyz; 0 picks a free port")
     log_level: str = "INFO"
     instance: str = Field(default="", description="Replica name (defaults to host:pid)")
-    stream_replicas: int = Field(default=1, ge=1, le=5,
-                                 description="Replicas of each JetStream stream (needs a NATS cluster of at least "
-                                             "that many servers; every service must be given the same value)")
+    stream_replicas: int | None = Field(default=None, ge=1, le=5,
+                                        description="Replicas of each JetStream stream (needs a NATS cluster of at "
+                                                    "least that many servers); unset keeps what the stream has")
     metrics_interval_s: float = Field(default=10.0, gt=0, description="How often consumer lag is read for /metrics")

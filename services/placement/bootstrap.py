@@ -13,7 +13,7 @@ async def main() -> None:
     runtime = ServiceRuntime("placement", settings, migrations_package="services.placement")
     await runtime.start()
     lease = LeaderLease(runtime.js, "placement", runtime.instance, ttl_s=settings.lease_ttl_s,
-                        renew_every_s=settings.lease_renew_s)
+                        renew_every_s=settings.lease_renew_s, replicas=settings.stream_replicas)
     handlers = PlacementHandlers(runtime, settings, lease)
     await runtime.mount(routes(handlers))
     runtime.background(handlers.reconcile_policy(), "policy-reconcile")
