@@ -53,7 +53,7 @@ class Scrape:
     lag_buckets: list[tuple[float, float]]  # (upper bound, cumulative count)
     published_seq: int
     pending: int
-    cpu: dict[str, float]
+    cpu: dict[str, dict[int, float]]
 
 
 @dataclass
@@ -126,18 +126,24 @@ def processes(groups: dict[str, list[int]]) -> dict[str, list[psutil.Process]]:
     return out
 
 
-def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
-    out = {}
+def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    """CPU seconds so far of every process of each group, by pid (PostgreSQL backends come and go)."""
+    out: dict[str, dict[int, float]] = {}
     for name, procs in processes(groups).items():
-        total = 0.0
+        out[name] = {}
         for p in procs:
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
+                out[name][p.pid] = t.user + t.system
             except psutil.NoSuchProcess:
                 pass
-        out[name] = total
     return out
+
+
+def cpu_used(first: dict[int, float], last: dict[int, float]) -> float:
+    """CPU seconds a group used between two readings: processes alive at both by difference, new ones whole (a
+    process that exited in between is missed: a small undercount for short-lived PostgreSQL backends)."""
+    return sum(t - first.get(pid, 0.0) for pid, t in last.items())
 
 
 def rss_mib(groups: dict[str, list[int]]) -> dict[str, float]:
@@ -216,7 +222,7 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
             base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
             inv_env = {**base, "PYTHONUNBUFFERED": "1", **{f"GPUPOOL_INVENTORY_{k}": v for k, v in {
                 "NATS_URL": nats_server.url, "DATABASE_URL": dsn, "HTTP_PORT": str(port), "LOG_LEVEL": "WARNING",
-                "NODE_LOST_AFTER_S": "60", "INSTANCE": "bench-inventory"}.items()}}
+                "NODE_LOST_AFTER_S": "600", "INSTANCE": "bench-inventory"}.items()}}
             with open(logs / "inventory.log", "ab") as log:
                 inventory = subprocess.Popen([sys.executable, "-m", "services.inventory.main"], env=inv_env,
                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -240,6 +246,19 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
                 if any(p.poll() is not None for p in procs):
                     raise RuntimeError(f"a process exited early; logs in {logs}")
                 time.sleep(1)
+            # Registered in inventory is not yet reporting: an agent whose registration request timed out in the
+            # start-up herd retries (with back-off) before it samples. Wait until the fleet publishes its full
+            # rate, or until its rate stops rising (it is at its capacity on this machine).
+            target = nodes / interval_s
+            rates: list[float] = []
+            seq, _ = asyncio.run(stream_state(nats_server.url))
+            while time.monotonic() < deadline:
+                time.sleep(3)
+                now_seq, _ = asyncio.run(stream_state(nats_server.url))
+                rates.append((now_seq - seq) / 3)
+                seq = now_seq
+                if rates[-1] >= 0.95 * target or (len(rates) >= 4 and rates[-1] <= 1.02 * max(rates[-3:-1])):
+                    break
             level.registered_s = time.monotonic() - started
             time.sleep(warmup_s)
             groups = {"inventory": [inventory.pid], "postgresql": [pg.pid], "nats": [nats_server.pid],
@@ -266,7 +285,7 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
             level.lag_p50_s = quantile(first.lag_buckets, last.lag_buckets, 0.50)
             level.lag_p99_s = quantile(first.lag_buckets, last.lag_buckets, 0.99)
             level.backlog_start, level.backlog_end = first.pending, last.pending
-            level.cpu_pct = {k: 100 * (last.cpu[k] - first.cpu.get(k, 0.0)) / wall for k in last.cpu}
+            level.cpu_pct = {k: 100 * cpu_used(first.cpu.get(k, {}), last.cpu[k]) / wall for k in last.cpu}
             level.rss_mib = peak
             expected = nodes * GPUS_PER_NODE / interval_s
             if level.published_per_s < 0.95 * expected:

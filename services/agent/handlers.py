@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 SOURCE = "/gpupool/agent"
 
 
+_REGISTERING: asyncio.Semaphore | None = None
+
+
+def _registering() -> asyncio.Semaphore:
+    """At most 8 registrations in flight per agent process (created in the running loop)."""
+    global _REGISTERING
+    if _REGISTERING is None:
+        _REGISTERING = asyncio.Semaphore(8)
+    return _REGISTERING
+
+
 class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None) -> None:
@@ -74,12 +85,15 @@ class NodeAgent:
         return self.interval_s * (zlib.crc32(self.node.encode()) % 1000) / 1000
 
     async def register(self, stop: asyncio.Event) -> None:
-        """Retry until inventory confirms: a node that is not registered cannot be scheduled on."""
+        """Retry until inventory confirms: a node that is not registered cannot be scheduled on. A simulated fleet
+        registers a few nodes at a time (REGISTERING): a thousand requests at once would time out in inventory's
+        queue and come back as retries, each re-registering."""
         cmd = registration(self.cluster, self.node, self.backend.node_info(), self.backend.sample())
         delay = 0.2
         while not stop.is_set():
             try:
-                reply = await request(self.nc, subjects.CMD_INVENTORY_REGISTER_NODE, cmd, timeout=5.0)
+                async with _registering():
+                    reply = await request(self.nc, subjects.CMD_INVENTORY_REGISTER_NODE, cmd, timeout=5.0)
                 if reply.ok:
                     log.info("node_registered", extra={"node": self.node, "gpus": len(cmd.gpus)})
                     return

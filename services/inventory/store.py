@@ -30,19 +30,18 @@ async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime
                last_seen_at = EXCLUDED.last_seen_at""",
         cmd.cluster, cmd.node, cmd.hostname, cmd.cpu_count, cmd.memory_mib, cmd.driver_version,
         cmd.agent_version, json.dumps(cmd.labels), now)
-    for g in cmd.gpus:
-        # The health state is inventory's (it survives agent restarts); the agent's own verdict arrives with its
-        # samples and goes through the state machine like any other.
-        await conn.execute(
-            """INSERT INTO gpus (uuid, cluster, node, idx, model, name, memory_mib, numa_node, nvlink_peers,
-                                 mig_mode, state_since)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)
-               ON CONFLICT (uuid) DO UPDATE SET cluster = EXCLUDED.cluster, node = EXCLUDED.node,
-                   idx = EXCLUDED.idx, model = EXCLUDED.model, name = EXCLUDED.name,
-                   memory_mib = EXCLUDED.memory_mib, numa_node = EXCLUDED.numa_node,
-                   nvlink_peers = EXCLUDED.nvlink_peers, mig_mode = EXCLUDED.mig_mode""",
-            g.uuid, cmd.cluster, cmd.node, g.index, g.model, g.name, g.memory_mib, g.numa_node, g.nvlink_peers,
-            g.mig_mode, now)
+    # The health state is inventory's (it survives agent restarts); the agent's own verdict arrives with its samples
+    # and goes through the state machine like any other.
+    await conn.executemany(
+        """INSERT INTO gpus (uuid, cluster, node, idx, model, name, memory_mib, numa_node, nvlink_peers,
+                             mig_mode, state_since)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)
+           ON CONFLICT (uuid) DO UPDATE SET cluster = EXCLUDED.cluster, node = EXCLUDED.node,
+               idx = EXCLUDED.idx, model = EXCLUDED.model, name = EXCLUDED.name,
+               memory_mib = EXCLUDED.memory_mib, numa_node = EXCLUDED.numa_node,
+               nvlink_peers = EXCLUDED.nvlink_peers, mig_mode = EXCLUDED.mig_mode""",
+        [(g.uuid, cmd.cluster, cmd.node, g.index, g.model, g.name, g.memory_mib, g.numa_node, g.nvlink_peers,
+          g.mig_mode, now) for g in cmd.gpus])
     return previous
 
 

@@ -63,3 +63,9 @@ def test_agent_settings_for_a_simulated_fleet_and_for_a_real_node() -> None:
                                                   http_port=0, nats_url=None, node="gpu-17"), base={})
     assert real["GPUPOOL_AGENT_BACKEND"] == "real" and real["GPUPOOL_AGENT_NODE"] == "gpu-17"
     assert "GPUPOOL_AGENT_SIM_FLEET" not in real
+
+
+def test_cpu_of_a_group_counts_survivors_by_difference_and_newcomers_whole() -> None:
+    from libs.devstack.bench_inventory import cpu_used
+
+    assert cpu_used({1: 10.0, 2: 5.0}, {1: 12.5, 3: 1.0}) == 3.5  # pid 2 exited (missed), pid 3 is new
