@@ -297,6 +297,7 @@ def pool_view(models: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, 
         cluster_entry(n["cluster"])["nodes"].append({
             "node": n["node"], "hostname": n["hostname"], "state": n["state"], "cordoned": n["cordoned"],
             "gpu_states": {k: n[k] for k in GPU_STATES if n[k]},
+            "sharing": {k: n[k] for k in ("exclusive", "fractional", "mig") if n[k]},
             "last_seen_at": n["last_seen_at"].isoformat(), "gpus": n["gpus"], "cpu_count": n["cpu_count"],
             "cpu_util_pct": n["cpu_util_pct"], "memory_mib": n["memory_mib"],
             "memory_used_mib": n["memory_used_mib"]})

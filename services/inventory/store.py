@@ -430,7 +430,10 @@ async def pool_nodes(conn: asyncpg.Connection, *, cluster: str | None) -> list[a
                   count(g.uuid) FILTER (WHERE g.state = 'healthy') AS healthy,
                   count(g.uuid) FILTER (WHERE g.state = 'suspect') AS suspect,
                   count(g.uuid) FILTER (WHERE g.state = 'quarantined') AS quarantined,
-                  count(g.uuid) FILTER (WHERE g.state = 'probation') AS probation
+                  count(g.uuid) FILTER (WHERE g.state = 'probation') AS probation,
+                  count(g.uuid) FILTER (WHERE g.sharing = 'exclusive') AS exclusive,
+                  count(g.uuid) FILTER (WHERE g.sharing = 'fractional') AS fractional,
+                  count(g.uuid) FILTER (WHERE g.sharing = 'mig') AS mig
            FROM nodes n LEFT JOIN gpus g USING (cluster, node)
            WHERE $1::text IS NULL OR n.cluster = $1
            GROUP BY n.cluster, n.node ORDER BY n.cluster, n.node""", cluster)

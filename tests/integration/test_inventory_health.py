@@ -207,6 +207,8 @@ async def test_an_operator_quarantines_and_clears_a_gpu_and_sets_its_sharing_mod
     assert (sharing.gpu_uuid, sharing.mode, sharing.set_by) == (uuid("ops", 0), "fractional", "alice")
     node = await call(rt, subjects.QUERY_INVENTORY_GET_NODE, NodeRef(cluster=CLUSTER, node="ops"))
     assert [g["sharing"] for g in node["gpus"]] == ["fractional", "exclusive"]
+    pool = (await call(rt, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=CLUSTER)))["clusters"][0]
+    assert pool["nodes"][0]["sharing"] == {"exclusive": 1, "fractional": 1}
 
     missing = await request(rt.nc, subjects.CMD_INVENTORY_SET_GPU_HEALTH,
                             SetGpuHealth(node="ops", index=7, action="clear"), timeout=5)
