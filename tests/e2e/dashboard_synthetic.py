@@ -16,6 +16,7 @@ class SyntheticPool:
     def __init__(self, clusters: int = 4, nodes: int = 512, gpus: int = 8, seed: int = 11) -> None:
         rng = random.Random(seed)
         self.calls = 0
+        self.last_size = 0
         self.nodes = []
         self.allocations = []
         now = datetime.now(UTC).isoformat()
@@ -63,7 +64,9 @@ class SyntheticPool:
                                     "temperature_c": round(35 + util * 0.45, 1), "power_w": round(80 + util * 6, 1),
                                     "ecc_volatile_sbe": 0, "ecc_volatile_dbe": 0, "xid_last": None,
                                     "process_count": 1 if busy else 0}
-        return json.dumps({"items": self.nodes, "next": None}).encode()
+        body = json.dumps({"items": self.nodes, "next": None}).encode()
+        self.last_size = len(body)
+        return body
 
     def pool_doc(self) -> bytes:
         models = {}

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 from browser import VIEWPORT, chromium, machine, require_browser
 from dashboard_fleet import (
@@ -157,6 +158,25 @@ def painted(page, node_key: str, index: int) -> dict:  # type: ignore[no-untyped
         const hex = want.startsWith('#') ? [1, 3, 5].map((i) => parseInt(want.slice(i, i + 2), 16)) : null;
         return { rgb, want: hex || want.match(/\\d+/g).map(Number), util: gpu.util, allocated: gpu.allocated };
     }""", [node_key, index])
+
+
+# --- static files ---------------------------------------------------------------------------------------------
+def test_dashboard_files_are_served_with_a_strict_policy_and_nothing_else(platform) -> None:
+    with httpx.Client(base_url=platform.gateway, timeout=10) as web:
+        index = web.get("/ui/")
+        assert index.status_code == 200 and index.headers["content-type"].startswith("text/html")
+        assert "script-src 'self'" in index.headers["content-security-policy"]
+        assert index.headers["x-content-type-options"] == "nosniff"
+        module = web.get("/ui/js/main.js")
+        assert module.headers["content-type"].startswith("text/javascript")
+        assert web.get("/ui/js/main.js", headers={"If-None-Match": module.headers["etag"]}).status_code == 304
+        for path in ("/ui/../ui.py", "/ui/%2e%2e/ui.py", "/ui/js/%2e%2e/%2e%2e/ui.py", "/ui/.hidden", "/ui/js/",
+                     "/ui/nope.js", "/ui/ui.py"):
+            response = web.get(path)
+            assert response.status_code == 404, path
+            assert response.headers["content-type"].startswith("application/problem+json"), path
+        assert web.get("/", follow_redirects=False).headers["location"] == "/ui/"
+        assert not any(p.startswith("/ui") for p in web.get("/openapi.json").json()["paths"])
 
 
 # --- sign-in ---------------------------------------------------------------------------------------------------
@@ -499,6 +519,7 @@ def test_heat_map_of_512_nodes_by_8_gpus_renders_and_updates_without_lag(page, p
         "update_render_p50_ms": statistics.median(render), "update_render_p95_ms": render[int(0.95 * (len(render) - 1))],
         "update_render_max_ms": render[-1], "update_total_p50_ms": statistics.median(total),
         "update_total_p95_ms": total[int(0.95 * (len(total) - 1))], "repaint_p50_ms": statistics.median(repaint),
+        "nodes_doc_mb": synthetic.last_size / 1e6,
     }
     print("dashboard benchmark:", json.dumps(result))
     if ARTIFACTS:
@@ -523,8 +544,9 @@ def write_benchmark(r: dict[str, float]) -> None:
         "",
         "| measure | time |",
         "| --- | --- |",
-        f"| time to first render (navigation start → heat map drawn; includes loading the modules, sign-in check, the "
-        f"API calls through the route and the ~2.5 MB nodes document) | {r['first_render_ms']:.0f} ms |",
+        f"| time to first render (navigation start → heat map drawn; includes loading the modules, the sign-in check, "
+        f"the API calls through the route and parsing the {r['nodes_doc_mb']:.1f} MB nodes document) | "
+        f"{r['first_render_ms']:.0f} ms |",
         f"| of which building the model and drawing 4,096 cells | {r['first_draw_ms']:.1f} ms |",
         f"| per update: new data → model → heat map redrawn, p50 / p95 / max | {r['update_render_p50_ms']:.1f} / "
         f"{r['update_render_p95_ms']:.1f} / {r['update_render_max_ms']:.1f} ms |",
@@ -533,7 +555,10 @@ def write_benchmark(r: dict[str, float]) -> None:
         f"| repaint only (colour by another metric), p50 | {r['repaint_p50_ms']:.1f} ms |",
         "",
         "One `<canvas>`, one listener: layout is computed when the node set or width changes, each update only "
-        "repaints. A frame is 16 ms; the fetch share is dominated by Playwright's route and JSON parsing.",
+        "repaints (a frame is 16 ms). The fetch share includes each request's round trip through Playwright to the "
+        "Python test process that serves the synthetic documents, not a real gateway's answer time. The suite's "
+        "other processes (the 64-node platform of the same module) share the two cores, so the tails vary run to "
+        "run. The test fails if the per-update p50 exceeds 100 ms or the first render 10 s.",
         BENCH_END,
     ])
     if BENCH_BEGIN in text and BENCH_END in text:
@@ -548,8 +573,16 @@ def test_every_page_renders_populated_for_screenshots(page, platform, fleet, sho
     """Each page of the busy 64-node fleet, checked for content and saved (docs/screenshots with `task screenshots`)."""
     page.set_viewport_size(VIEWPORT)
     sign_in(page, platform)
-    expect(page.locator("#pool-activity")).to_be_visible()
-    page.screenshot(path=str(shots / "pool.png"), full_page=True)
+    with platform.client() as api:  # some live activity while the page watches, and a request to decide
+        chat = next(j for j in api.get("/v1/jobs", params={"state": "running", "limit": 1000}).json()["items"]
+                    if j["name"] == "chat-api")
+        assert api.patch(f"/v1/jobs/{chat['job_id']}", json={"replicas": chat["replicas"] + 2}).status_code == 200
+        assert api.post("/v1/jobs", json={"name": "pretrain-405b", "team": "research", "gpus": 48, "gang_nodes": 6,
+                                          "gpus_per_node": 8, "gpu_models": ["H100-80GB"], "kind": "training"}
+                        ).status_code == 201
+    expect(page.locator("#pool-activity li")).not_to_have_count(0)
+    page.evaluate("window.gpupool.refresh()")
+    full_page(page, shots / "pool.png")
 
     with platform.client() as api:
         key = node_of(api, "chat-api")
@@ -559,29 +592,35 @@ def test_every_page_renders_populated_for_screenshots(page, platform, fleet, sho
     inject_faults_on(platform, node, 7, "xid48")
     expect(page.locator("#node-detail .activity")).to_contain_text("health changed", timeout=30_000)
     page.evaluate("window.gpupool.refresh()")
-    page.locator("#node-detail").scroll_into_view_if_needed()
-    page.screenshot(path=str(shots / "pool-node.png"), full_page=True)
+    full_page(page, shots / "pool-node.png")
 
     go(page, "jobs")
     expect(page.locator("#jobs-pending tbody tr").first).to_be_visible()
-    page.screenshot(path=str(shots / "jobs.png"), full_page=True)
+    full_page(page, shots / "jobs.png")
     go(page, f"jobs/{fleet['waiting'][0]}")
     expect(page.locator("#job-history li").first).to_be_visible()
     page.screenshot(path=str(shots / "job-detail.png"))
 
     go(page, "teams")
     expect(page.locator("#quotas tbody tr").first).to_be_visible()
-    page.screenshot(path=str(shots / "teams.png"), full_page=True)
+    expect(page.locator("#approvals tr[data-approval]")).not_to_have_count(0)
+    full_page(page, shots / "teams.png")
 
     for kind in ("usage", "efficiency", "capacity", "waste"):
         go(page, f"reports/{kind}")
-        page.select_option("#r-range", "3600")
+        page.select_option("#r-range", "900")
         wait_ready(page, "reports")
         expect(page.locator("#report-frame")).to_be_visible()
-        page.screenshot(path=str(shots / f"reports-{kind}.png"), full_page=True)
+        full_page(page, shots / f"reports-{kind}.png")
     written = {"pool.png", "pool-node.png", "jobs.png", "job-detail.png", "teams.png",
                *(f"reports-{k}.png" for k in ("usage", "efficiency", "capacity", "waste"))}
     assert written <= {p.name for p in shots.glob("*.png") if p.stat().st_size > 20_000}
+
+
+def full_page(page, path: Path) -> None:  # type: ignore[no-untyped-def]
+    """From the top, so the sticky header sits where it belongs."""
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(path), full_page=True)
 
 
 def inject_faults_on(platform, node: str, gpu: int, fault: str) -> None:  # type: ignore[no-untyped-def]

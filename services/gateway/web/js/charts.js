@@ -23,8 +23,7 @@ function legend(series) {
 }
 
 /** rows: [{label, values: {key: number}}]; series: [{key, name, color}]. */
-export function barChart({ rows, series, stacked = false, unit = "", title = "" }) {
-  const width = 760;
+export function barChart({ rows, series, stacked = false, unit = "", title = "", width = 760 }) {
   const labelW = Math.min(220, Math.max(80, 7 * Math.max(...rows.map((r) => String(r.label).length), 4)));
   const barH = stacked || series.length === 1 ? 18 : 11;
   const groupH = stacked ? barH : barH * series.length;
@@ -57,7 +56,7 @@ export function barChart({ rows, series, stacked = false, unit = "", title = "" 
       rect.append(svg("title", {}, `${r.label} · ${s.name}: ${fmt.num(v, 2)}${unit ? ` ${unit}` : ""}`));
       root.append(rect);
       if (stacked) x += w;
-      else if (v > 0) {
+      else if (v >= 0.05 || (v > 0 && maxV < 1)) {
         root.append(svg("text", { x: bx + w + 4, y: by + barH / 2 + 3, class: "val" }, fmt.num(v, 1)));
       }
     });

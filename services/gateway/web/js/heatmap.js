@@ -88,12 +88,15 @@ export class HeatMap {
 
   computeLayout(width) {
     const nodeCount = this.clusters.reduce((s, c) => s + c.nodes.length, 0);
-    const cell = nodeCount <= 40 ? 22 : nodeCount <= 128 ? 17 : nodeCount <= 300 ? 12 : 9;
-    const gap = cell >= 12 ? 2 : 1;
-    const pad = cell >= 12 ? 4 : 2;
-    const label = cell >= 12 ? 13 : 0;
+    const base = nodeCount <= 40 ? 22 : nodeCount <= 128 ? 17 : nodeCount <= 300 ? 12 : 9;
+    const gap = base >= 12 ? 2 : 1;
+    const pad = base >= 12 ? 4 : 2;
+    const label = base >= 12 ? 13 : 0;
     const header = 26;
-    const spacing = cell >= 12 ? 8 : 4;
+    const spacing = base >= 12 ? 8 : 4;
+    // Stretch the cells so that whole 8-GPU tiles fill the width (no ragged empty margin on the right).
+    const perRow = Math.max(1, Math.floor((width + spacing) / (2 * pad + 8 * base + 7 * gap + spacing)));
+    const cell = Math.max(base, Math.floor(((width + spacing) / perRow - spacing - 2 * pad - 7 * gap) / 8));
     const tiles = [];
     const headers = [];
     let y = 0;

@@ -89,13 +89,19 @@ export function eventSummary(doc) {
     case "reclaim.decided": return `${d.team ?? ""} ${fmt.short(d.job_id)} on ${d.node ?? "?"}${d.reason ? ` (${d.reason})` : ""}`;
     case "node.cordoned": return `${d.node} ${d.drain ? "drained" : "cordoned"}${d.by ? ` by ${d.by}` : ""}`;
     case "node.uncordoned": return `${d.node} uncordoned${d.by ? ` by ${d.by}` : ""}`;
-    case "quota.approval_decided": return `approval ${d.approved ? "approved" : "decided"} for ${d.team ?? ""}`;
+    case "job.state_changed": return `${d.team} ${fmt.short(d.job_id)}: ${d.previous ? `${d.previous.replace(/_/g, " ")} → ` : ""}${String(d.current).replace(/_/g, " ")}${d.reason ? ` (${d.reason})` : ""}`;
+    case "job.scaled": return `${d.team} ${fmt.short(d.job_id)}: ${d.previous} → ${d.replicas} replicas`;
+    case "quota.approval_requested": return `${d.team}/${d.job_name} asks for ${d.gpus} GPUs (${(d.reasons || []).join(", ")})`;
+    case "quota.approval_withdrawn": return `${d.team} ${fmt.short(d.job_id)}: request withdrawn`;
+    case "quota.approval_decided": return `${d.team ?? ""} ${fmt.short(d.job_id)}: ${d.approved ? "approved" : "denied"}${d.decided_by ? ` by ${d.decided_by}` : ""}`;
     default: return d.team ? `${d.team}` : doc.subject || "";
   }
 }
 
+const QUIET = ["decision", "usage", "telemetry"]; // machine chatter, not what people watch
+
 export function activityList(events, { filter = () => true, limit = 12, empty = "No events yet." } = {}) {
-  const rows = events.filter(filter).slice(0, limit);
+  const rows = events.filter((doc) => !QUIET.includes(String(doc.type).split(".")[2]) && filter(doc)).slice(0, limit);
   if (!rows.length) return h("p", { class: "empty" }, empty);
   return h("ul", { class: "activity" }, rows.map((doc) => h("li", {},
     h("time", {}, fmt.clock(doc.time)), h("span", { class: `ev ev-${String(doc.type).split(".")[2]}` }, eventLabel(doc)),

@@ -306,7 +306,11 @@ export function mount(ctx, root, params = []) {
   const view = {
     ready: false,
     refresh,
-    navigate(p) { st.detail = p[0] || null; renderDetail(); if (st.detail) detailSlot.scrollIntoView({ block: "start" }); },
+    async navigate(p) {
+      st.detail = p[0] || null;
+      await renderDetail();
+      if (st.detail) window.scrollTo({ top: 0 }); // the detail is the first thing on the page
+    },
     unmount() { refresh.cancel(); },
   };
   refresh(["jobs"], { now: true });

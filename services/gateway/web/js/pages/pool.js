@@ -33,12 +33,12 @@ export function mount(ctx, root, params = []) {
     errorSlot, stats,
     h("div", { class: "pool-layout" },
       h("div", { class: "pool-main" },
-        h("section", { class: "card" }, toolbar, legend, mapBox),
-        detail),
+        h("section", { class: "card" }, toolbar, legend, mapBox)),
       h("aside", { class: "pool-side" },
         card("By GPU model", models),
         card("Allocated but idle", idleBox),
         card("Live activity", activity))),
+    detail,
   );
 
   const heatmap = new HeatMap(canvas, {
@@ -221,9 +221,9 @@ export function mount(ctx, root, params = []) {
     const trackedOf = new Map(st.tracked.map((t) => [t.allocation_id, t]));
     const facts = [["cluster", node.cluster], ["hostname", node.hostname], ["CPUs", node.cpu_count], ["memory", fmt.gib(node.memory_mib)],
       ["driver", node.driver_version], ["agent", node.agent_version], ["registered", fmt.time(node.registered_at)], ["last seen", `${fmt.ago(node.last_seen_at)} ago`]];
-    const health = (g) => h("span", {}, badge(g.lost ? "lost" : g.state || g.health, g.lost ? "lost" : g.health),
-      g.stateReason ? h("span", { class: "muted small" }, ` ${g.stateReason}`) : null,
-      g.healthReasons.length ? h("span", { class: "muted small" }, ` ${g.healthReasons.join(", ")}`) : null);
+    const health = (g) => h("span", { class: "nowrap", title: g.healthReasons.join(", ") || null },
+      badge(g.lost ? "lost" : g.state || g.health, g.lost ? "lost" : g.health),
+      g.stateReason || g.healthReasons.length ? h("span", { class: "muted small" }, ` ${g.stateReason || g.healthReasons[0]}`) : null);
     const utilCell = (v) => h("span", { class: "ubar" }, h("i", { style: { width: `${v ?? 0}%` } }), h("b", {}, fmt.pct(v)));
     const nodeEvents = (doc) => HEALTH_TYPES.some((p) => String(doc.type).includes(`.${p}`)) && doc.data?.node === node.node
       && (!doc.data?.cluster || doc.data.cluster === node.cluster);
@@ -234,20 +234,20 @@ export function mount(ctx, root, params = []) {
           h("button", { type: "button", class: "ghost", onclick: () => { st.selected = null; history.replaceState(null, "", "#/pool"); clear(detail); render(); } }, "Close"))),
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "—")])),
       h("h3", {}, "GPUs"),
-      table([
+      h("div", { class: "table-scroll" }, table([
         { label: "#", value: (g) => g.index },
-        { label: "model", value: (g) => g.model },
+        { label: "model", class: "nowrap", value: (g) => g.model },
         { label: "utilization", value: (g) => utilCell(g.util) },
         { label: "memory", class: "nowrap", value: (g) => `${fmt.gib(g.memUsed)} / ${fmt.gib(g.memTotal)}` },
         { label: "temp", num: true, value: (g) => (g.temp === null ? "—" : `${Math.round(g.temp)} °C`) },
         { label: "power", num: true, value: (g) => (g.power === null ? "—" : `${Math.round(g.power)} W`) },
         { label: "processes", num: true, value: (g) => (g.processes === null ? "—" : g.processes) },
         { label: "health", value: health },
-        { label: "held by", value: (g) => (g.allocated ? h("span", {}, h("a", { href: `#/jobs/${encodeURIComponent(g.jobId)}` }, jobOf(g.jobId).name || fmt.short(g.jobId)), ` · ${g.team}`,
+        { label: "held by", class: "nowrap", value: (g) => (g.allocated ? h("span", {}, h("a", { href: `#/jobs/${encodeURIComponent(g.jobId)}` }, jobOf(g.jobId).name || fmt.short(g.jobId)), ` · ${g.team}`,
           g.idle ? h("span", { class: "warn" }, " · idle") : null) : h("span", { class: "muted" }, "free")) },
         session.canManageNodes() ? { label: "sharing / health", value: (g) => gpuActions(node, g) || g.sharing || "—" }
           : { label: "sharing", value: (g) => g.sharing || "—" },
-      ], gpus, { rowAttrs: (g) => ({ class: g.idle ? "row-idle" : g.health !== "healthy" ? "row-bad" : "" }) }),
+      ], gpus, { rowAttrs: (g) => ({ class: g.idle ? "row-idle" : g.health !== "healthy" ? "row-bad" : "" }) })),
       h("h3", {}, `Allocations on this node (${allocs.length})`),
       table([
         { label: "job", value: (a) => h("a", { href: `#/jobs/${encodeURIComponent(a.job_id)}` }, jobOf(a.job_id).name || fmt.short(a.job_id)) },

@@ -14,7 +14,7 @@ const KINDS = [
 ];
 // Range presets, and the capacity trend bucket that gives each a readable number of points.
 const RANGES = [
-  { value: "3600", label: "last hour", bucket: 120 }, { value: "86400", label: "last 24 hours", bucket: 3600 },
+  { value: "900", label: "last 15 minutes", bucket: 60 }, { value: "3600", label: "last hour", bucket: 120 }, { value: "86400", label: "last 24 hours", bucket: 3600 },
   { value: "604800", label: "last 7 days", bucket: 21600 }, { value: "2592000", label: "last 30 days", bucket: 86400 },
   { value: "7776000", label: "last 90 days", bucket: 86400 },
 ];
@@ -104,10 +104,10 @@ export function mount(ctx, root, params = []) {
         stat("Average utilization", fmt.pct(t.avg_utilization_pct), { id: "avg_util", note: "from one-minute rollups" }),
         stat("Groups", rows.length, { id: "groups" })),
       rows.length ? h("div", { class: costly ? "two charts" : "charts", id: "report-chart" },
-        barChart({ title: `GPU-hours by ${dims.map(label).join(", ")}`, unit: "GPU-h",
+        barChart({ title: `GPU-hours by ${dims.map(label).join(", ")}`, unit: "GPU-h", width: costly ? 560 : 760,
           rows: rows.slice(0, 25).map((r) => ({ label: labelOf(r), values: { gpu_hours: r.gpu_hours } })),
           series: [{ key: "gpu_hours", name: "GPU-hours", color: PALETTE[0] }] }),
-        costly ? barChart({ title: `Cost (${doc.currency}) by ${dims.map(label).join(", ")}`, unit: doc.currency,
+        costly ? barChart({ title: `Cost (${doc.currency}) by ${dims.map(label).join(", ")}`, unit: doc.currency, width: 560,
           rows: rows.slice(0, 25).map((r) => ({ label: labelOf(r), values: { cost: r.cost } })),
           series: [{ key: "cost", name: `cost (${doc.currency})`, color: PALETTE[1] }] }) : null)
         : h("p", { class: "empty", id: "report-empty" }, "No GPU time in this range."),
