@@ -481,7 +481,8 @@ def nodes_table(nodes: Sequence[Node]) -> str:
     for n in nodes:
         healthy = sum(1 for g in n.gpus if g.health == "healthy")
         models = sorted({g.model for g in n.gpus})
-        rows.append([n.cluster, n.node, n.state, len(n.gpus), healthy, models,
+        state = n.state + (" (drained)" if n.drained else " (cordoned)" if n.cordoned else "")
+        rows.append([n.cluster, n.node, state, len(n.gpus), healthy, models,
                      n.cpu_util_pct, fmt_age(n.last_seen_at) + " ago" if n.last_seen_at else None])
     return table(["CLUSTER", "NODE", "STATE", "GPUS", "HEALTHY", "MODELS", "CPU %", "LAST SEEN"], rows)
 

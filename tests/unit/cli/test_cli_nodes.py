@@ -111,3 +111,11 @@ def test_orphans_lists_open_ones_unless_all_is_asked(gw, capsys):
     assert seen == ["true", "false"]
     out = capsys.readouterr().out
     assert "process_without_allocation  sim/n0  GPU-1" in out
+
+
+def test_nodes_table_marks_cordoned_and_drained_nodes(gw, capsys):
+    gw.on("GET", "/v1/nodes", {"items": [managed_node(), {**managed_node(drained=True), "node": "n1"},
+                                         {**managed_node(cordoned=False, cordon=None), "node": "n2"}], "next": None})
+    assert main(["nodes"]) == 0
+    rows = [line.split()[:4] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [["sim", "n0", "ready", "(cordoned)"], ["sim", "n1", "ready", "(drained)"], ["sim", "n2", "ready", "2"]]
