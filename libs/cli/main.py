@@ -7,6 +7,8 @@
   gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench inventory`, core/simulator)
   gpupool agent    the node agent: real NVML, or `--simulate N` nodes for development and load
   gpupool schemas  write the JSON Schema of every event type to a folder
+  gpupool check    verify the platform's invariants from its stores and streams, read-only (`gpupool check --help`)
+  gpupool chaos    fault-injection rounds under load against its own `gpupool up` (`gpupool chaos --help`)
 
 People-facing commands on the gateway's API (libs/cli/people.py): submit, jobs, describe, explain, scale, cancel,
 complete, nodes, pool, top, teams, quota, priority-classes, approvals, reclaim-policies, usage, token, audit, whoami,
@@ -178,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sim", help="trace-replay simulator (see `gpupool sim --help`)", add_help=False)
     sub.add_parser("bench", help="run benchmarks and write docs/benchmarks.md", add_help=False)
     sub.add_parser("agent", help="run the node agent (real NVML, or --simulate N nodes)", add_help=False)
+    sub.add_parser("check", help="verify the platform's invariants (see `gpupool check --help`)", add_help=False)
+    sub.add_parser("chaos", help="fault-injection rounds under load (see `gpupool chaos --help`)", add_help=False)
 
     schemas = sub.add_parser("schemas", help="export the JSON Schema of every event type")
     schemas.add_argument("--out", type=Path, default=Path("docs/schemas"))
@@ -195,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_sim(argv[1:])
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
+    if argv and argv[0] == "check":
+        from libs.check.cli import main as check_main
+
+        return check_main(argv[1:])
+    if argv and argv[0] == "chaos":
+        from libs.devstack.chaos import main as chaos_main
+
+        return chaos_main(argv[1:])
     if argv and argv[0] == "agent":
         from libs.devstack.agent_cmd import main as agent_main
 
