@@ -24,19 +24,7 @@ def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: f
     """Nodes to hold for a blocked big job, and when they are expected to be free enough (Slurm-style)."""
     st = sched.state
     per = shape.per_node if shape.members else None
-    # GPU (node, position) -> when its holders are gone: declared (inf when some end is unknown) and guessed.
-    # Without a declared end, guess that work runs as long again as it has run (heavy-tailed run times: the young
-    # end first); the guess only ranks nodes, `start_by` stays unknown.
-    frees: dict[tuple[int, int], list[float]] = {}
-    for job_id, takes in st.holds.items():
-        rj = st.running.get(job_id)
-        end = rj.end_at if rj is not None else INF
-        guess = end if end < INF else (2 * now - rj.started_at if rj is not None else INF)
-        for t in takes:
-            if t.mig is None:
-                for pos in t.positions:
-                    f = frees.setdefault((t.node, pos), [now, now])
-                    f[0], f[1] = max(f[0], end), max(f[1], guess)
+    running = st.running
     ready: list[tuple[float, float, int, int, int]] = []  # (time, guessed time, -gpus, idx, gpus)
     for ns in st.nodes:
         if not ns.schedulable or ns.hidden or not shape.selector <= ns.labels:
@@ -55,15 +43,29 @@ def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: f
         if len(elig) < want:
             continue
         gpus = ns.gpus
-        busy = [i for i in elig if gpus[i].free != WHOLE]
+        busy = {i for i in elig if gpus[i].free != WHOLE}
         short = want - (len(elig) - len(busy))  # GPUs that must still free up
         if short <= 0:
             ready.append((now, now, -len(elig), ns.idx, want))
             continue
-        # a busy GPU nobody here holds (held outside the scheduler) never frees as far as we know
-        times = [frees.get((ns.idx, i), _NEVER) for i in busy]
-        t_ready = sorted(t[0] for t in times)[short - 1]
-        g_ready = sorted(t[1] for t in times)[short - 1]
+        # when each busy GPU's holders are gone: declared (inf when some end is unknown) and guessed. Without a
+        # declared end, guess that work runs as long again as it has run (heavy-tailed run times: the young end
+        # first); the guess only ranks nodes, `start_by` stays unknown. A busy GPU nobody here holds (held outside
+        # the scheduler) never frees as far as we know.
+        ends = dict.fromkeys(busy, (-INF, -INF))
+        for t in st.on_node[ns.idx].values():
+            if t.mig is not None:
+                continue
+            rj = running.get(t.job_id)
+            end = rj.end_at if rj is not None else INF
+            guess = end if end < INF else (2 * now - rj.started_at if rj is not None else INF)
+            for pos in t.positions:
+                e = ends.get(pos)
+                if e is not None and (end > e[0] or guess > e[1]):
+                    ends[pos] = (max(end, e[0]), max(guess, e[1]))
+        times = [e if e[0] > -INF else _NEVER for e in ends.values()]
+        t_ready = sorted(e[0] for e in times)[short - 1]
+        g_ready = sorted(e[1] for e in times)[short - 1]
         ready.append((t_ready, g_ready, -len(elig), ns.idx, want))
     ready.sort()
     chosen: list[int] = []

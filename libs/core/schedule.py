@@ -157,6 +157,7 @@ class Scheduler:
         self._sticky: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.preempt_note = ""  # why the last preemption search chose to wait (preempt.worth_it)
         self._pack = 0.0  # extra bin-packing weight of the job being placed (its kind's)
+        self._n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
         self._norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
         self._models = sorted(self.state.capacity)
         self._model_mem: dict[str, int] = {}
@@ -213,6 +214,8 @@ class Scheduler:
         rj = self.state.running.get(a.job_id)
         if rj is None:
             return
+        if prev is None and rj.end_at < INF:
+            self._n_finite += 1
         if a.replica_group:
             self._join_group(a.job_id, a.replica_group, [self.state.by_name[a.node]])
         for model, milli in rj.milli_by_model.items():
@@ -228,6 +231,8 @@ class Scheduler:
             for model, milli in rj.milli_by_model.items():
                 self._account(rj.team, rj.project, model, -milli)
             self._account_host(rj.team, -rj.cpu_milli, -rj.memory_mib)
+            if rj.end_at < INF:
+                self._n_finite -= 1
         self._leave_group(job_id)
         self.state.remove_running(job_id)
 
@@ -833,7 +838,10 @@ class Scheduler:
                     and len(reservations) < p.max_reservations
                     and reserve_tries < 4 * p.max_reservations and (sid, allowed) not in reserve_memo):
                 reserve_tries += 1
-                res = self._reserve(job, shape, allowed, now)
+                if not self._n_finite and (now - job.submitted_at < p.drain_after_s or draining):
+                    res = None  # no end is known, so the start would be too, and no soft hold is due: skip
+                else:
+                    res = self._reserve(job, shape, allowed, now)
                 if res is None or res[1] == INF:
                     reserve_memo.add((sid, allowed))  # the same shape will not get a better answer this cycle
                 if res is not None and res[1] == INF and (now - job.submitted_at < p.drain_after_s or draining):
@@ -901,6 +909,8 @@ class Scheduler:
             rj.cpu_milli += t.cpu
             rj.memory_mib += t.mem
         self.state.running[job.job_id] = rj
+        if end < INF:
+            self._n_finite += 1
 
     def _placement(self, job: JobRequest, t: Take, replica: int, shape: Shape, reconfigs: dict) -> Placement:
         ns = self.state.nodes[t.node]

@@ -131,6 +131,7 @@ class ClusterState:
         self.by_free: dict[int, dict[int, dict[tuple, None]]] = {}
         self.key_ids: dict[tuple, int] = {}  # every key ever seen -> a small int, for cheap memo keys
         self.holds: dict[str, list[Take]] = {}
+        self.on_node: list[dict[int, Take]] = []  # node index -> takes held there (by id), for reservations
         self.running: dict[str, RunningJob] = {}
         self.journal: list[tuple[str, Take]] = []
         self.capacity: dict[str, int] = {}  # model -> milli-GPUs (healthy, schedulable)
@@ -177,6 +178,7 @@ class ClusterState:
         ns.cls = cid
         ns.key = None
         self.nodes.append(ns)
+        self.on_node.append({})
         self.by_name[n.name] = ns.idx
         for pos, g in enumerate(ns.gpus):
             self.gpu_at[g.uuid] = (ns.idx, pos)
@@ -256,11 +258,13 @@ class ClusterState:
         ns.cpu_free -= t.cpu
         ns.mem_free -= t.mem
         self.holds.setdefault(t.job_id, []).append(t)
+        self.on_node[t.node][id(t)] = t
         self.journal.append(("take", t))
         self._reindex(ns)
 
     def _untake(self, t: Take, keep_instance: bool) -> None:
         ns = self.nodes[t.node]
+        self.on_node[t.node].pop(id(t), None)
         for pos in t.positions:
             g = ns.gpus[pos]
             if t.mig is not None:
@@ -313,6 +317,7 @@ class ClusterState:
                 ns.cpu_free -= t.cpu
                 ns.mem_free -= t.mem
                 self.holds.setdefault(t.job_id, []).append(t)
+                self.on_node[t.node][id(t)] = t
                 self._reindex(ns)
 
     def commit(self) -> None:

@@ -76,7 +76,9 @@ def synthetic_jobs(n: int, seed: int = 1) -> list[JobRequest]:
         team = rng.choice(TEAMS)
         common = dict(job_id=f"job-{i:06d}", team=team, submitted_at=float(rng.randint(0, 3600)),
                       priority_class=rng.choice(CLASSES), cpu_milli=rng.choice((2000, 8000)),
-                      memory_mib=rng.choice((8192, 65536)))
+                      memory_mib=rng.choice((8192, 65536)),
+                      # half declare a run time: their ends make reservations with a known start (backfill)
+                      max_runtime_s=rng.choice((3600.0, 14400.0, 86400.0)) if rng.random() < 0.5 else None)
         r = rng.random()
         if r < 0.50:
             kind = rng.choice(("training", "batch", "dev"))
@@ -393,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         "One `schedule(snapshot, pending, policy, now)` call, including building the indexes from the snapshot. "
         "Mix: 50% whole GPUs (1-8, NVLink-local; training, batch or dev), 15% fractions (dev), 13% MIG slices "
         "(inference replicas of 400 services, spread over nodes and racks), 15% training gangs (2-4 nodes x 8 or "
-        "12/24 GPUs flexible), 7% CPU-only batch; 5 priority classes, 8 teams (quotas under `default`). Cluster: "
+        "12/24 GPUs flexible), 7% CPU-only batch; half declare a max runtime; 5 priority classes, 8 teams "
+        "(quotas under `default`). Cluster: "
         "70% exclusive H100 x 8, 15% shareable L40S x 8, 15% A100-80GB x 8 in MIG mode, 16 racks. Target: "
         ">= 10,000 decisions/s on one core. Seconds are CPU seconds of the process (`time.process_time`), i.e. "
         "what the one core spends; wall seconds beside them also count waiting for a CPU on this shared machine.",
