@@ -442,6 +442,23 @@ def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet
     expect(page.locator('[data-stat="efficiency"]')).to_be_visible()
 
 
+def test_a_gateway_without_reports_or_node_actions_shows_them_as_not_available(page, platform, fleet) -> None:
+    """Older gateways (or ones that dropped a router): the page learns what exists from /openapi.json."""
+    doc = httpx.get(f"{platform.gateway}/openapi.json", timeout=10).json()
+    doc["paths"] = {p: ops for p, ops in doc["paths"].items()
+                    if not p.startswith("/v1/reports/") and not p.startswith("/v1/nodes/{node}/")}
+    page.route("**/openapi.json", lambda route: route.fulfill(status=200, body=json.dumps(doc),
+                                                             content_type="application/json"))
+    sign_in(page, platform, route="reports/usage")
+    expect(page.locator('[data-unavailable="report-usage"]')).to_contain_text("does not serve GET /v1/reports/usage")
+    expect(page.locator("#report-tabs .na-dot")).to_have_count(4)
+    go(page, "reports/capacity")
+    expect(page.locator('[data-unavailable="report-capacity"]')).to_be_visible()
+    go(page, "pool/local%2Fsim-node-1")
+    expect(page.locator('#node-detail [data-unavailable="node-actions"]')).to_be_visible()
+    assert page.locator('#node-detail [data-action="cordon"], #node-detail [data-action="sharing"]').count() == 0
+
+
 # --- roles ----------------------------------------------------------------------------------------------------------
 def _token(platform, role: str, team: str | None) -> str:  # type: ignore[no-untyped-def]
     with platform.client() as api:
