@@ -240,7 +240,7 @@ class Scheduler:
         members = self.group_nodes.setdefault(group, {})
         for i in idxs:
             members[i] = members.get(i, 0) + 1
-        g, held = self._job_group.get(job_id, (group, []))
+        _, held = self._job_group.get(job_id, (group, []))
         self._job_group[job_id] = (group, held + list(idxs))
 
     def _leave_group(self, job_id: str) -> None:

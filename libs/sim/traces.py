@@ -157,7 +157,7 @@ def openb_jobs(tasks: list[Task], seed: int = 0) -> list[SimJob]:
 def read_generic(path: str | Path, seed: int = 0) -> list[SimJob]:
     """Generic CSV: ``submit_time,duration,gpus,gpu_model,team,priority`` and optionally ``job_id, gpu_milli,
     cpu_milli, memory_mib, mig_profile, gang_nodes, gpus_per_node, priority_class, preemptible, max_runtime_s,
-    project, kind``. `gpu_model` may list models separated by ``|``; an empty team gets a synthetic one."""
+    project, kind, replica_group``. `gpu_model` may list models separated by ``|``; an empty team gets a synthetic one."""
     jobs = []
     with open(path, newline="") as f:
         for i, row in enumerate(csv.DictReader(f)):
@@ -176,6 +176,7 @@ def read_generic(path: str | Path, seed: int = 0) -> list[SimJob]:
                 priority_class=_first(row, "priority_class"),
                 preemptible=None if pre == "" else pre.lower() in ("1", "true", "yes"),
                 kind=_first(row, "kind", default="batch"),
+                replica_group=_first(row, "replica_group"),
                 gang_nodes=int(float(_first(row, "gang_nodes", default="0"))),
                 gpus_per_node=int(float(_first(row, "gpus_per_node", default="0"))),
                 gpu_fraction_milli=milli if gpus == 1 and 0 < milli < WHOLE else 0,

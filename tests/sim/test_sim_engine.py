@@ -136,3 +136,12 @@ def test_replay_keeps_one_scheduler_for_every_cycle_instead_of_rebuilding(tmp_pa
     result = engine.replay(nodes, jobs, "default")
     assert result.metrics["cycles"] > 20
     assert len(built) == 2  # the admission probe (never_fit) and the one the whole replay runs on
+
+
+def test_generic_trace_carries_kind_and_replica_group(tmp_path):
+    path = tmp_path / "g.csv"
+    path.write_text("submit_time,duration,gpus,gpu_model,team,priority,kind,replica_group\n"
+                    "0,60,1,,a,0,inference,svc\n5,60,2,,b,0,,\n")
+    first, second = traces.read_generic(path)
+    assert (first.request.kind, first.request.replica_group) == ("inference", "svc")
+    assert (second.request.kind, second.request.replica_group) == ("batch", "")
