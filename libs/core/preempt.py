@@ -10,8 +10,8 @@ Preemption cost (a ski-rental rule): a preempted job restarts, so its work so fa
 `policy.preempt_at_once_priority`, a job preempts only once its own waiting (GPU demand x time waited) has cost as
 much as the work its victims had done when it arrived, or it has waited `policy.max_preemption_wait_s` (which
 bounds how late a guarantee is given back). Until then capacity may well free up by itself; after it, waiting
-longer would cost more than preempting, so the total is at most about twice what the better choice would have
-cost in hindsight. Victims that started after the job arrived cost nothing under the rule.
+longer would cost more than preempting would have at the start (rent until the rent paid equals the price of
+buying). Victims that started after the job arrived cost nothing under the rule.
 """
 
 from __future__ import annotations

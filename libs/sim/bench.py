@@ -351,9 +351,9 @@ preemptions). Logging every preemption showed why, and each cause was fixed in t
   for a 145 s task, and the same victims were hit again and again. Now victims are chosen by least GPU-time lost
   (the youngest, smallest), and below production-inference priority a job preempts only once its own waiting
   (GPU demand x time waited) has cost as much as its victims' work when it arrived, or after
-  `max_preemption_wait_s` (30 min) at most: the ski-rental rule, whose total cost is at most about twice the
-  better choice in hindsight. Victims that started after the job arrived cost nothing under it. Production
-  inference still preempts at once.
+  `max_preemption_wait_s` (30 min) at most: a ski-rental rule (rent until the rent paid equals the price of
+  buying), so short waits that capacity would end by itself never cost a restart. Victims that started after the
+  job arrived cost nothing under it. Production inference still preempts at once.
 - **Holds for jobs whose start is unknown idled GPUs.** A big job that had waited an hour drained nodes, and no
   trace task declares a run time, so the nodes idled for as long as the unknown work ran: small jobs queued
   behind empty GPUs. Such holds are now soft: other work avoids the held nodes while anything else fits and uses
