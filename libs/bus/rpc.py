@@ -7,6 +7,7 @@ service log, never leak to callers).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,11 +31,25 @@ C = TypeVar("C", bound=Command)
 RpcHandler = Callable[[Any], Awaitable[Reply | Any]]
 
 
-async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C], Awaitable[Any]],
-                *, queue: str) -> Subscription:
-    tr = tracer("gpupool.rpc")
+MAX_IN_FLIGHT = 64
 
-    async def on_request(msg: Msg) -> None:
+
+async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C], Awaitable[Any]],
+                *, queue: str, max_in_flight: int = MAX_IN_FLIGHT) -> Subscription:
+    """Answer `subject` in queue group `queue`. Requests are handled concurrently (up to `max_in_flight` at once):
+    a subscription's callback runs one message at a time, so a handler waiting on the database or on another
+    service would otherwise hold up every request behind it."""
+    tr = tracer("gpupool.rpc")
+    slots = asyncio.Semaphore(max_in_flight)
+    in_flight: set[asyncio.Task[None]] = set()
+
+    async def on_message(msg: Msg) -> None:
+        await slots.acquire()  # back-pressure: at the limit, the subscription stops reading until one finishes
+        task = asyncio.create_task(handle(msg))
+        in_flight.add(task)
+        task.add_done_callback(lambda t: (in_flight.discard(t), slots.release()))
+
+    async def handle(msg: Msg) -> None:
         with tr.start_as_current_span(f"serve {subject}", context=extract_context(msg.headers),
                                       kind=trace.SpanKind.SERVER):
             try:
@@ -56,7 +71,7 @@ async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C],
             if msg.reply:
                 await msg.respond(reply.model_dump_json().encode())
 
-    return await nc.subscribe(subject, queue=queue, cb=on_request)
+    return await nc.subscribe(subject, queue=queue, cb=on_message)
 
 
 class ServiceUnavailable(RuntimeError):

@@ -29,11 +29,21 @@ class CodecError(ValueError):
     """The document is not an encoding of core values (unknown type, unknown field)."""
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_SCALARS = (str, int, bool, type(None))
+
+
 def encode(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        doc: dict[str, Any] = {"@": type(value).__name__}
-        for f in dataclasses.fields(value):
-            doc[f.name] = encode(getattr(value, f.name))
+    if isinstance(value, _SCALARS):  # most values: checked first, cheaply
+        return value
+    cls = type(value)
+    names = _FIELDS.get(cls)
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        doc: dict[str, Any] = {"@": cls.__name__}
+        for name in names:
+            doc[name] = encode(getattr(value, name))
         return doc
     if isinstance(value, frozenset | set):
         items = [encode(v) for v in value]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +41,67 @@ HTTP_REQUESTS = Counter("gpupool_gateway_requests_total", "HTTP requests", ["met
 BACKENDS = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
 
 
+# FastAPI ≥ 0.16x traces and meters every request itself; the gateway's own span (EdgeMiddleware) is the one the
+# platform's traces are built on, so the second, native layer is switched off where it exists.
+_NO_NATIVE_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+
+
+class EdgeMiddleware:
+    """What every request goes through first, as one plain ASGI middleware (Starlette's `@app.middleware("http")`
+    costs a task group and a streaming bridge per request and layer): refuse NUL in the URL and oversized bodies
+    with problem bodies, open one SERVER span per request (continuing a caller's traceparent, echoed back in the
+    response), count requests by route and status."""
+
+    def __init__(self, app: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.tracer = tracer("gpupool.gateway")
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, query = scope.get("path", ""), scope.get("query_string", b"")
+        if "\x00" in path or b"%00" in query or b"\x00" in query:
+            await problem(400, "InvalidRequest", "NUL characters are not allowed in the URL", instance="/")(
+                scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            await problem(413, "PayloadTooLarge", f"request bodies are limited to {self.max_body_bytes} bytes",
+                          instance=path)(scope, receive, send)
+            return
+        method = scope.get("method", "GET")
+        status = 500
+        with self.tracer.start_as_current_span(
+            f"{method} {path}", context=extract_context(headers), kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": method, "url.path": path},
+        ) as span:
+            ctx = span.get_span_context()
+            traceparent = (f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}".encode()
+                           if ctx.is_valid else None)
+
+            async def send_with_trace(message: dict) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    if traceparent is not None:
+                        message = {**message, "headers": [*message.get("headers", []), (b"traceparent", traceparent)]}
+                await send(message)
+
+            try:
+                await self.app(scope, receive, send_with_trace)
+            finally:
+                route = getattr(scope.get("route"), "path", "unmatched")
+                span.update_name(f"{method} {route}")
+                span.set_attribute("http.route", route)
+                span.set_attribute("http.response.status_code", status)
+                HTTP_REQUESTS.labels(method, route, str(status)).inc()
+
+
 def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +123,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         version="0.1.0",
         summary="One governed, shared GPU pool: jobs, nodes, allocations, quotas, usage.",
         lifespan=lifespan,
+        **_NO_NATIVE_TELEMETRY,
     )
     app.state.settings = settings
     app.include_router(router)
@@ -103,42 +167,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         log.exception("gateway_unhandled_error", extra={"path": req.url.path})
         return problem(500, "InternalError", "the gateway failed to handle the request", instance=req.url.path)
 
-    http_tracer = tracer("gpupool.gateway")
-
-    @app.middleware("http")
-    async def trace_and_count(req: Request, call_next):  # type: ignore[no-untyped-def]
-        """One SERVER span per request (continuing a caller's traceparent), so the trace runs from HTTP through
-        the request/reply hop and the outbox into every consumer."""
-        with http_tracer.start_as_current_span(
-            f"{req.method} {req.url.path}", context=extract_context(req.headers), kind=trace.SpanKind.SERVER,
-            attributes={"http.request.method": req.method, "url.path": req.url.path},
-        ) as span:
-            response = await call_next(req)
-            route = getattr(req.scope.get("route"), "path", "unmatched")
-            span.update_name(f"{req.method} {route}")
-            span.set_attribute("http.route", route)
-            span.set_attribute("http.response.status_code", response.status_code)
-            ctx = span.get_span_context()
-            if ctx.is_valid:
-                response.headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-        HTTP_REQUESTS.labels(req.method, route, str(response.status_code)).inc()
-        return response
-
-    @app.middleware("http")
-    async def refuse_nul(req: Request, call_next):  # type: ignore[no-untyped-def]
-        """NUL can never be valid in a path or query here (PostgreSQL text cannot even store it)."""
-        if "\x00" in req.url.path or "%00" in req.url.query or "\x00" in req.url.query:
-            return problem(400, "InvalidRequest", "NUL characters are not allowed in the URL", instance="/")
-        return await call_next(req)
-
-    @app.middleware("http")
-    async def limit_body(req: Request, call_next):  # type: ignore[no-untyped-def]
-        length = req.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return problem(413, "PayloadTooLarge", f"request bodies are limited to {settings.max_body_bytes} bytes",
-                           instance=req.url.path)
-        return await call_next(req)
-
+    app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes)
     @app.get("/healthz", tags=["ops"], summary="The gateway process is alive")
     async def healthz() -> dict:
         return {"status": "ok"}
