@@ -63,6 +63,9 @@ class LeaderLease:
                 raise
             except Exception as exc:  # NATS blip: if we cannot renew, we must assume we lost it
                 self._set(None)
+                # look the bucket up again next tick: a restarted NATS has lost it (memory storage), and a handle
+                # on the old one would fail forever, leaving the service without a leader
+                self._kv = None
                 log.warning("lease_error", extra={"service": self.service, "error": repr(exc)})
             await asyncio.sleep(self.renew_every_s)
 
