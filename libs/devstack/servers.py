@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,16 @@ class ManagedServer:
     monitor_url: str | None = None
     stop_signal: int = signal.SIGTERM
     _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    # how to start this very server again (same command, ports and data); set by the start_* functions
+    _respawn: Callable[[ManagedServer], None] | None = field(default=None, repr=False, compare=False)
+
+    def restart(self) -> None:
+        """Stop it if it still runs, then start the same server again on the same ports and data, and return once
+        it answers. A supervisor restarts a crashed server in place, as an orchestrator would."""
+        if self._respawn is None:
+            raise ServerStartError(f"{self.name} was not started by this module; it cannot be restarted")
+        self.stop(timeout=15)
+        self._respawn(self)
 
     def is_running(self) -> bool:
         if self._proc is not None:
@@ -136,6 +147,7 @@ def start_nats(
         server = ManagedServer(name="nats", url=f"nats://{hp}:{p}", pid=proc.pid, data_dir=data_dir,
                                log_file=log_file, monitor_url=f"http://{hp}:{mp}", _proc=proc)
         health = f"{server.monitor_url}/healthz?js-enabled-only=true"
+        server._respawn = _respawner(cmd, {}, lambda url=health: _http_ok(url))
         try:
             _wait_ready(server, lambda url=health: _http_ok(url), offset)
             return server
@@ -197,7 +209,8 @@ def start_nats_cluster(
                                             start_new_session=True)
                 nodes.append(ManagedServer(name=name, url=f"nats://{hp}:{port}", pid=proc.pid, data_dir=store,
                                            log_file=log_file, monitor_url=f"http://{hp}:{monitor_port}",
-                                           _proc=proc))
+                                           _proc=proc, _respawn=_respawner(
+                                               cmd, {}, lambda u=f"http://{hp}:{monitor_port}/healthz": _http_ok(u))))
             _wait_cluster(nodes, offsets, size, timeout)
             return nodes
         except ServerStartError as e:
@@ -328,6 +341,9 @@ def start_postgres(
                                _proc=proc)
         isready = [str(bin_dir / "pg_isready"), "-q", "-h", host, "-p", str(p), "-U", "postgres",
                    "-d", "postgres", "-t", "1"]
+        server._respawn = _respawner(cmd, {"cwd": data_dir, "env": _pg_env(), **user_kw},
+                                     lambda cmd=isready: _exit0(cmd),
+                                     before=lambda: _remove_stale_pidfile(data_dir), retry_on="still in use")
         try:
             _wait_ready(server, lambda cmd=isready: _exit0(cmd), offset)
             return server
@@ -460,6 +476,37 @@ def _exit0(cmd: list[str]) -> bool:
 
 
 # --------------------------------------------------------------------------- shared helpers
+
+
+def _respawner(cmd: list[str], popen_kwargs: dict, probe: Callable[[], bool], *,
+               before: Callable[[], None] | None = None,
+               retry_on: str | None = None) -> Callable[[ManagedServer], None]:
+    """What ManagedServer.restart runs: the same command (same ports, same data), then the same readiness probe.
+    ``retry_on``: a startup error worth waiting out (a killed PostgreSQL's children still hold its shared memory
+    for a moment)."""
+
+    def respawn(server: ManagedServer) -> None:
+        for attempt in range(20):
+            if before is not None:
+                before()
+            offset = _size(server.log_file)
+            with open(server.log_file, "ab") as log:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, **popen_kwargs)
+            server.pid, server._proc = proc.pid, proc
+            try:
+                _wait_ready(server, probe, offset)
+                return
+            except ServerStartError as e:
+                server.stop(timeout=5)
+                if retry_on is None or retry_on not in str(e) or attempt == 19:
+                    raise
+                time.sleep(0.5)
+            except BaseException:
+                server.stop(timeout=5)
+                raise
+
+    return respawn
 
 
 def _wait_ready(server: ManagedServer, probe, log_offset: int, timeout: float = READY_TIMEOUT_S) -> None:

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.devstack.nats_auth import NatsUser, load_users, write_config
-from libs.devstack.servers import ManagedServer, free_port, start_nats, start_nats_cluster, start_postgres
+from libs.devstack.servers import (
+    ManagedServer,
+    ServerStartError,
+    free_port,
+    start_nats,
+    start_nats_cluster,
+    start_postgres,
+)
 
 BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
 DEFAULT_TEAMS = "research,inference,platform,default"
@@ -252,6 +259,7 @@ class Stack:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         while not self._stopping:
+            self._restart_dead_servers(say)
             for p in self.processes:
                 if self._stopping or p.alive():
                     continue
@@ -264,6 +272,21 @@ class Stack:
                 p.start()
                 self.write_run_file()
             time.sleep(0.2)
+
+    def _restart_dead_servers(self, say) -> None:  # type: ignore[no-untyped-def]
+        """An embedded NATS or PostgreSQL that died is started again in place (same ports, same data): services
+        reconnect to it on their own (NATS clients retry forever; database calls fail until it is back)."""
+        for server in self.servers:
+            if self._stopping or server.is_running():
+                continue
+            say(f"{server.name} (pid {server.pid}) exited; restarting it")
+            try:
+                server.restart()
+            except ServerStartError as exc:
+                say(f"{server.name} did not restart: {exc}")
+                continue
+            say(f"{server.name} restarted (pid {server.pid})")
+            self.write_run_file()
 
     # --- stop --------------------------------------------------------------------------------------------------
     def stop(self, say=lambda *_: None) -> None:  # type: ignore[no-untyped-def]
