@@ -29,21 +29,39 @@ class CodecError(ValueError):
     """The document is not an encoding of core values (unknown type, unknown field)."""
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+_FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {}
 _SCALARS = (str, int, bool, type(None))
+_NO_DEFAULT = object()
+
+
+def _fields(value: Any) -> tuple[tuple[str, Any], ...]:
+    out = []
+    for f in dataclasses.fields(value):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = _NO_DEFAULT
+        out.append((f.name, default))
+    return tuple(out)
 
 
 def encode(value: Any) -> Any:
+    """Fields equal to their default are left out (decoding restores them): a pending job or a GPU is mostly
+    defaults, and a cycle's input holds thousands of them."""
     if isinstance(value, _SCALARS):  # most values: checked first, cheaply
         return value
     cls = type(value)
-    names = _FIELDS.get(cls)
-    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
-        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(value))
-    if names is not None:
+    fields = _FIELDS.get(cls)
+    if fields is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = _FIELDS[cls] = _fields(value)
+    if fields is not None:
         doc: dict[str, Any] = {"@": cls.__name__}
-        for name in names:
-            doc[name] = encode(getattr(value, name))
+        for name, default in fields:
+            v = getattr(value, name)
+            if default is _NO_DEFAULT or v != default or type(v) is not type(default):
+                doc[name] = encode(v)
         return doc
     if isinstance(value, frozenset | set):
         items = [encode(v) for v in value]
@@ -92,3 +110,8 @@ def plan_digest(p: plan.Plan) -> str:
     and timings are left out, they describe the work done, not the decision."""
     decided = (p.placements, p.pending, p.preemptions, p.mig_reconfigs, p.reservations)
     return hashlib.sha256(dumps(decided).encode()).hexdigest()
+
+
+def reasons_digest(p: plan.Plan) -> str:
+    """Identity of the pending reasons alone (cheaper than a full digest: plain tuples, no JSON)."""
+    return hashlib.sha256(repr(tuple((r.job_id, r.reason, r.message) for r in p.pending)).encode()).hexdigest()

@@ -10,6 +10,8 @@ class PlacementSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="GPUPOOL_PLACEMENT_", extra="ignore")
 
     cycle_interval_s: float = Field(default=1.0, description="Longest wait between scheduling cycles")
+    cycle_gather_s: float = Field(default=0.005, ge=0, le=1,
+                                  description="After a wake-up, wait this long for more events before a cycle")
     policy: str = "default"
     preemption_grace_s: float = Field(default=30.0, ge=0, description="Checkpoint time a preempted job gets")
     min_runtime_s: float = Field(default=300.0, ge=0, description="Never preempt work younger than this (unless "

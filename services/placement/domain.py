@@ -59,6 +59,7 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
                        gpu_model=r["gpu_model"] or "", max_runtime_s=r["max_runtime_s"],
                        # an allocation already being preempted is on its way out: never pick it again
                        preemptible=False if r["preempt_deadline"] is not None else None,
+                       kind=r["kind"] or "", replica_group=r["job_id"] if r["replicas"] > 1 else "",
                        **_held_share(r))
             for r in running
         ),
@@ -125,7 +126,7 @@ def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]],
                 out.append(JobRequest(job_id=r["job_id"], gang_nodes=r["gang_nodes"],
                                       gpus_per_node=r["gpus_per_node"], **common))
         elif r["replicas"] > 1:
-            out += [JobRequest(job_id=unit_id(r["job_id"], i, r["replicas"]), **common)
+            out += [JobRequest(job_id=unit_id(r["job_id"], i, r["replicas"]), replica_group=r["job_id"], **common)
                     for i in range(r["replicas"]) if i not in held]
         elif not held:
             out.append(JobRequest(job_id=r["job_id"], **common))

@@ -88,6 +88,7 @@ class PlacementHandlers:
         self.lease = lease
         self._kick = asyncio.Event()
         self._last_reasons_digest: str | None = None
+        self._reasons_written: dict[str, tuple[str, str]] = {}
         self._tracer = tracer("gpupool.placement")
 
     # --- events that change the read model --------------------------------------------------------------------
@@ -232,6 +233,8 @@ class PlacementHandlers:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=self.settings.cycle_interval_s)
+            # let the events of a burst gather: one cycle for many of them instead of one each
+            await asyncio.sleep(self.settings.cycle_gather_s)
             self._kick.clear()
             if self.lease is not None and not self.lease.is_leader:
                 continue  # a follower keeps its read model current and waits for the lease
@@ -306,9 +309,12 @@ class PlacementHandlers:
                                               "nodes": sorted({p.node for p in placements})})
         report_plan(plan)
         reasons = {split_unit(r.job_id)[0]: (r.reason, r.message) for r in plan.pending}
-        if reasons:
+        # write only what changed: a backlog keeps the same reasons cycle after cycle
+        changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
+        if changed:
             async with self.rt.pool.acquire() as conn:
-                await store.record_pending_reasons(conn, [(j, r, m) for j, (r, m) in reasons.items()])
+                await store.record_pending_reasons(conn, changed)
+        self._reasons_written = reasons
         await self._record_decision(snapshot, requests, policy, now, plan, applied, state["policy_revision"])
         return placed
 
@@ -317,7 +323,7 @@ class PlacementHandlers:
         """Publish what the cycle decided with the versions it read, and keep its whole input so the cycle can be
         scheduled again. A cycle that only repeats the previous one's reasons is not recorded (an idle queue
         would otherwise write one every tick)."""
-        reasons_digest = codec.plan_digest(Plan((), plan.pending))
+        reasons_digest = codec.reasons_digest(plan)
         if not plan.placements and not plan.preemptions and reasons_digest == self._last_reasons_digest:
             return
         self._last_reasons_digest = reasons_digest
@@ -337,7 +343,7 @@ class PlacementHandlers:
             await store.record_decision(
                 uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
                 input_digest=decided.input_digest, plan_digest=decided.plan_digest,
-                input_gz=gzip.compress(inputs.encode(), compresslevel=6), plan_json=codec.dumps(plan),
+                input_gz=gzip.compress(inputs.encode(), compresslevel=1), plan_json=codec.dumps(plan),
                 summary=decided.model_dump_json(), keep=self.settings.decision_retention)
             await uow.emit(decided)
 

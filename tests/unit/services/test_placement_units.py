@@ -82,3 +82,19 @@ def test_allocated_gpus_say_what_share_each_placement_holds() -> None:
     assert (frac[0].share_milli, frac[0].memory_mib, frac[0].mig_profile, slots) == (250, 4096, None, {})
     whole, _ = allocated_gpus(Placement("j", "c", "n", ("G2",), (2,)), models)
     assert (whole[0].share_milli, whole[0].memory_mib) == (1000, None)
+
+
+def test_running_replicas_carry_their_kind_and_service_so_the_core_keeps_protecting_and_spreading_them() -> None:
+    from services.placement.domain import build_snapshot
+
+    node = {"cluster": "c", "node": "n1", "schedulable": True}
+    gpu = {"uuid": "G0", "cluster": "c", "node": "n1", "idx": 0, "model": "L40S", "memory_mib": 46068,
+           "health": "healthy", "sharing": "exclusive"}
+    running = {"job_id": "svc", "replica": 1, "replicas": 3, "team": "t", "project": "p", "node": "n1",
+               "granted_at": T0, "priority": 1000, "priority_class": "production-inference", "kind": "inference",
+               "preempt_deadline": None, "max_runtime_s": None, "gpu_uuids": ["G0"], "gpu_model": "L40S",
+               "share_milli": 1000, "gpu_memory_mib": None, "mig_profiles": [None], "mig_starts": [None]}
+    [alloc] = build_snapshot([node], [gpu], [running]).running
+    assert (alloc.job_id, alloc.kind, alloc.replica_group) == ("svc#1", "inference", "svc")
+    [req] = build_requests([wanted("svc", replicas=2, kind="inference")], {"svc": {0}})
+    assert (req.job_id, req.replica_group) == ("svc#1", "svc")
