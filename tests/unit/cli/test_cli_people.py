@@ -282,6 +282,30 @@ def test_zsh_completion_script_is_generated(capsys):
         assert subprocess.run(["zsh", "-n"], input=script, text=True, timeout=10).returncode == 0
 
 
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="no zsh (CI installs it: .ci/run)")
+@pytest.mark.parametrize("words, expected", [
+    (["gpupool", "jo"], {"jobs"}),
+    (["gpupool", "jobs", "--state", "ru"], {"running", "pending"}),
+    (["gpupool", "token", ""], {"create", "list", "revoke"}),
+    (["gpupool", "token", "create", "--ro"], {"--role"}),
+    (["gpupool", "approvals", "rule", ""], {"gpus_over", "runtime_over_s", "priority_class"}),
+    (["gpupool", "decisions", ""], {"list", "show", "replay"}),
+    (["gpupool", "submit", "-f", ""], {"__files__"}),
+])
+def test_zsh_completion_offers_the_right_candidates(words, expected, tmp_path, capsys):
+    """zsh's completion system, stubbed at its edges: compadd prints what it is offered (zsh itself then filters
+    by the typed prefix), _files marks a file completion, compdef is a no-op outside an interactive shell."""
+    assert main(["completion", "zsh"]) == 0
+    script = tmp_path / "_gpupool"
+    script.write_text(capsys.readouterr().out)
+    probe = ('compdef() { :; }; compadd() { [[ "$1" == "--" ]] && shift; print -l -- "$@"; }; '
+             f'_files() {{ print -- __files__; }}; source {script}; words=("$@"); CURRENT=${{#words}}; _gpupool')
+    out = subprocess.run(["zsh", "-f", "-c", probe, "_", *words], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr
+    offered = set(out.stdout.split())
+    assert expected <= offered, offered
+
+
 def test_existing_commands_are_still_registered():
     sub = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert {"up", "down", "status", "sim", "bench", "schemas"} <= set(sub)
