@@ -14,12 +14,18 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 _provider: TracerProvider | None = None
 
 
+def exporting() -> bool:
+    """True when spans leave the process (an OTLP endpoint is configured): only then are per-query spans worth
+    their cost."""
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
 def setup_tracing(service: str) -> TracerProvider:
     global _provider
     if _provider is not None:
         return _provider
     provider = TracerProvider(resource=Resource.create({"service.name": f"gpupool-{service}"}))
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    if exporting():
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

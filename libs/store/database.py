@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from opentelemetry import trace
+
+from libs.observability.tracing import exporting, tracer
 
 # Types re-exported so that code outside libs/store and services' store.py never imports asyncpg.
 Pool = asyncpg.Pool
@@ -42,6 +47,36 @@ async def ensure_database(admin_dsn: str, database: str) -> None:
 
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, command_timeout=30)
+    """A connection pool; when traces are exported, every query becomes a CLIENT span of the operation that ran
+    it (OpenTelemetry database semantic conventions)."""
+    init = _trace_queries if exporting() else None
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, command_timeout=30, init=init)
     assert pool is not None
     return pool
+
+
+_db_tracer = tracer("gpupool.store")
+
+
+async def _trace_queries(conn: asyncpg.Connection) -> None:
+    conn.add_query_logger(_query_span)
+
+
+def _query_span(record: Any) -> None:
+    """asyncpg reports each query after it ran (scheduled with the caller's context, so the span gets the right
+    parent); the span is drawn over the time it took."""
+    text = " ".join(str(record.query).split())
+    operation = text.split(" ", 1)[0].upper() if text else "QUERY"
+    end = time.time_ns()
+    params = record.conn_params
+    host, port = (record.conn_addr if isinstance(record.conn_addr, tuple) else (str(record.conn_addr), None))
+    span = _db_tracer.start_span(
+        f"{operation} {getattr(params, 'database', '') or ''}".strip(), kind=trace.SpanKind.CLIENT,
+        start_time=end - int(record.elapsed * 1e9),
+        attributes={"db.system.name": "postgresql", "db.system": "postgresql", "db.operation.name": operation,
+                    "db.namespace": getattr(params, "database", "") or "", "db.query.text": text[:2000],
+                    "server.address": str(host), **({"server.port": int(port)} if port else {})})
+    if record.exception is not None:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, type(record.exception).__name__))
+        span.record_exception(record.exception)
+    span.end(end_time=end)

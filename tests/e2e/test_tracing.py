@@ -108,3 +108,11 @@ def test_one_submission_is_one_trace_across_gateway_quota_queue_and_placement(ot
     assert ("gpupool-queue", "serve gpupool.cmd.queue.submit_job") in names
     assert ("gpupool-placement", "consume gpupool.job.submitted") in names
     assert ("gpupool-placement", "place job") in names
+    # database calls are spans too, inside the operation that made them: the queue's insert of the job, and
+    # placement's insert of the allocation in the transaction of `place job`
+    by_id = {s["span_id"]: s for s in spans}
+    db = [s for s in spans if s["name"].startswith(("INSERT ", "SELECT ", "UPDATE ", "BEGIN", "COMMIT"))]
+    assert any(s["service"] == "gpupool-queue" and s["name"].startswith("INSERT ") for s in db), sorted(names)
+    placed = [s for s in db if s["service"] == "gpupool-placement" and s["name"].startswith("INSERT ")
+              and by_id[s["parent"]]["name"] == "place job"]
+    assert placed, sorted(n for n in names if n[0] == "gpupool-placement")
