@@ -168,7 +168,9 @@ def worth_it(sched: Scheduler, job: JobRequest, shape: Shape, allowed: frozenset
     demand = max((sched._amount(shape, m) for m in allowed), default=0)
     if demand * waited_s >= sunk:
         return True
-    sched.preempt_note = (f"preempting {len(sel)} job(s) would throw away {sunk / 1000 / 3600:.3g} GPU-hours of "
-                          f"work; waiting has cost {demand * waited_s / 1000 / 3600:.3g} so far, so it waits "
-                          f"(at most {policy.max_preemption_wait_s:g} s)")
+    names = [str(c[2]) for c in sel]
+    which = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    sched.preempt_note = (f"it would preempt {which}, but that would throw away {sunk / 1000 / 3600:.3g} "
+                          f"GPU-hours of work; waiting has cost {demand * waited_s / 1000 / 3600:.3g} so far, so it "
+                          f"waits (at most {policy.max_preemption_wait_s:g} s)")
     return False

@@ -224,6 +224,7 @@ def test_preemption_waits_until_waiting_has_cost_what_the_victims_would_lose():
     urgent = job("urgent", 2, priority_class="high", at=3600.0)
     early = schedule(snap, [urgent], Policy(), now=3600.0 + 1800.0 - 60)
     assert early.preemptions == () and "so it waits" in early.reason_of("urgent").message
+    assert "it would preempt r," in early.reason_of("urgent").message  # explain names the would-be victims
     # once 2 GPUs x waited >= 2 GPU-hours (or after max_preemption_wait_s), it preempts
     assert [p.job_id for p in schedule(snap, [urgent], Policy(), now=3600.0 + 1800.0).preemptions] == ["r"]
     # work that started after the job arrived costs nothing under the rule; production inference never waits
