@@ -296,6 +296,11 @@ class AllocationGranted(AllocationEvent):
     kind: str = "batch"
     priority_class: str = ""
     max_runtime_s: float | None = None
+    environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="What the workload must run with to stay inside its allocation: CUDA_VISIBLE_DEVICES (GPU "
+                    "uuids; for a MIG slice the agent reports the instance), and for a fraction the limits CUDA "
+                    "MPS enforces: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 
 
 class AllocationPreempting(AllocationEvent):

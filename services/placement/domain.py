@@ -181,3 +181,17 @@ def decided_placements(plan: Plan, applied: set[str]) -> list[DecidedPlacement]:
         out.append(DecidedPlacement(unit=p.job_id, node=p.node, gpus=list(p.gpu_uuids), share_milli=share,
                                     mig_profile=p.mig.profile if p.mig else None, applied=p.job_id in applied))
     return out
+
+
+def workload_environment(gpus: list[AllocatedGpu]) -> dict[str, str]:
+    """The environment that keeps a workload inside what it was granted. Whole GPUs: only those are visible. A
+    fraction: CUDA MPS caps its share of the SMs (active thread percentage, rounded up) and the device memory it may
+    pin (`<device>=<MiB>M`, device 0 of the ones it sees). A MIG slice: the agent creates the instance and reports
+    its own UUID, which is what the workload must see; the GPU's is given here as the parent."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)}
+    fractions = [g for g in gpus if g.share_milli < 1000 and g.mig_profile is None]
+    if fractions:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-fractions[0].share_milli // 10)))
+        if fractions[0].memory_mib:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={fractions[0].memory_mib}M"
+    return env

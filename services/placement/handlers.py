@@ -75,6 +75,7 @@ from services.placement.domain import (
     decided_placements,
     offered_models,
     split_unit,
+    workload_environment,
 )
 
 log = logging.getLogger(__name__)
@@ -399,7 +400,8 @@ class PlacementHandlers:
                 await uow.emit(AllocationGranted(
                     allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
                     project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
-                    kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"]))
+                    kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"],
+                    environment=workload_environment(alloc_gpus)))
                 allocation_ids.append(allocation_id)
             await store.refresh_satisfied(uow.conn, job_id)
         return allocation_ids

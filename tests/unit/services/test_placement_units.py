@@ -98,3 +98,19 @@ def test_running_replicas_carry_their_kind_and_service_so_the_core_keeps_protect
     assert (alloc.job_id, alloc.kind, alloc.replica_group) == ("svc#1", "inference", "svc")
     [req] = build_requests([wanted("svc", replicas=2, kind="inference")], {"svc": {0}})
     assert (req.job_id, req.replica_group) == ("svc#1", "svc")
+
+
+def test_the_workload_environment_keeps_a_fraction_inside_its_share_through_mps() -> None:
+    from libs.contracts.events import AllocatedGpu
+    from services.placement.domain import workload_environment
+
+    whole = workload_environment([AllocatedGpu(uuid="GPU-a", index=0, model="H100-80GB"),
+                                  AllocatedGpu(uuid="GPU-b", index=1, model="H100-80GB")])
+    assert whole == {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+    frac = workload_environment([AllocatedGpu(uuid="GPU-c", index=2, model="L40S", share_milli=333,
+                                              memory_mib=12288)])
+    assert frac == {"CUDA_VISIBLE_DEVICES": "GPU-c", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "34",
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"}
+    mig = workload_environment([AllocatedGpu(uuid="GPU-d", index=3, model="A100-80GB", share_milli=428,
+                                             mig_profile="3g.40gb", mig_start=4)])
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in mig
