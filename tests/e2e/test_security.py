@@ -53,6 +53,16 @@ MATRIX: dict[str, tuple[int, ...]] = {
     "approve another team's request": (1, 0, 0, 0, 0, 0),
     "set an approval rule":           (1, 0, 0, 0, 0, 0),
     "list scheduling decisions":      (1, 1, 0, 0, 0, 0),
+    "read own team's usage report":   (1, 1, 1, 1, 1, 1),
+    "read another team's report":     (1, 1, 0, 0, 0, 0),
+    "read the capacity report":       (1, 1, 1, 1, 1, 1),
+    "list cost rates":                (1, 1, 1, 1, 1, 1),
+    "set a cost rate":                (1, 0, 0, 0, 0, 0),
+    "read a node":                    (1, 1, 1, 1, 1, 1),
+    "cordon a node":                  (1, 1, 0, 0, 0, 0),
+    "uncordon a node":                (1, 1, 0, 0, 0, 0),
+    "set a GPU's sharing mode":       (1, 1, 0, 0, 0, 0),
+    "list orphans":                   (1, 1, 1, 1, 1, 1),
 }
 
 
@@ -93,6 +103,10 @@ def member_token_id(admin: httpx.Client) -> str:
     return response.json()["token_id"]
 
 
+def a_node(admin: httpx.Client) -> str:
+    return admin.get("/v1/nodes").json()["items"][0]["node"]
+
+
 def calls(admin: httpx.Client) -> dict[str, Callable[[httpx.Client], httpx.Response]]:
     job = {"name": "matrix", "gpus": 1, "gpu_models": ["T4"]}
     return {
@@ -117,6 +131,18 @@ def calls(admin: httpx.Client) -> dict[str, Callable[[httpx.Client], httpx.Respo
         "revoke a token in own team": lambda c: c.delete(f"/v1/tokens/{member_token_id(admin)}"),
         "read the audit log": lambda c: c.get("/v1/audit"),
         "list scheduling decisions": lambda c: c.get("/v1/decisions"),
+        "read own team's usage report": lambda c: c.get("/v1/reports/usage", params={"team": OWN}),
+        "read another team's report": lambda c: c.get("/v1/reports/efficiency", params={"team": OTHER}),
+        "read the capacity report": lambda c: c.get("/v1/reports/capacity"),
+        "list cost rates": lambda c: c.get("/v1/cost-rates"),
+        "set a cost rate": lambda c: c.put("/v1/cost-rates", json={
+            "gpu_model": "H100-80GB", "effective_from": "2026-01-01T00:00:00Z", "price_per_hour": 2.5}),
+        "read a node": lambda c: c.get(f"/v1/nodes/{a_node(admin)}"),
+        "cordon a node": lambda c: c.post(f"/v1/nodes/{a_node(admin)}/cordon"),
+        "uncordon a node": lambda c: c.post(f"/v1/nodes/{a_node(admin)}/uncordon"),
+        "set a GPU's sharing mode": lambda c: c.put(f"/v1/nodes/{a_node(admin)}/gpus/0/sharing",
+                                                    json={"mode": "exclusive"}),
+        "list orphans": lambda c: c.get("/v1/orphans"),
         "ask who am I": lambda c: c.get("/v1/whoami"),
         "explain own team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OWN)}/explain"),
         "explain another team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OTHER)}/explain"),
