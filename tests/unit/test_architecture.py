@@ -55,3 +55,13 @@ def test_every_service_with_a_database_keeps_all_its_sql_in_store_py_and_numbere
                 continue
             text = module.read_text()
             assert "conn.execute(" not in text and "conn.fetch" not in text, f"SQL outside store.py: {module}"
+
+
+def test_test_modules_have_unique_names() -> None:
+    """Test folders have no __init__.py, so pytest imports modules by basename: two files with one name in
+    different folders break collection of the whole suite ("import file mismatch")."""
+    import collections
+
+    root = Path(__file__).resolve().parents[1]
+    names = collections.Counter(p.name for p in root.rglob("test_*.py"))
+    assert [n for n, k in names.items() if k > 1] == []
