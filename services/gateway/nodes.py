@@ -125,7 +125,7 @@ async def set_health(node: NodeName, index: GpuIndex, body: HealthBody, req: Req
 async def list_orphans(req: Request, caller: Caller, cluster: Cluster = None,
                        open_only: Annotated[bool, Query(alias="open", description="only those still going on")] = True,
                        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                       cursor: Annotated[str | None, Query(max_length=32, pattern=r"^[0-9]+$")] = None) -> dict:
+                       cursor: Annotated[str | None, Query(max_length=18, pattern=r"^[0-9]{1,18}$")] = None) -> dict:
     require(caller, Action.POOL_READ)
     return await call(req, subjects.QUERY_INVENTORY_ORPHANS, ListOrphans(cluster=cluster, open_only=open_only,
                                                                          limit=limit, after=cursor))

@@ -410,6 +410,8 @@ class InventoryHandlers:
 
     async def list_orphans(self, cmd: ListOrphans) -> Reply:
         after = int(cmd.after) if cmd.after and cmd.after.isdigit() else None
+        if after is not None and after >= 2**63:  # ids are bigint: no such cursor was ever handed out
+            return Reply.failure(400, "InvalidCursor", "the cursor is not one this list handed out")
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_orphans(conn, cluster=cmd.cluster, open_only=cmd.open_only,
                                             limit=cmd.limit + 1, after=after)
