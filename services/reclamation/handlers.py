@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import logging
 
+from prometheus_client import Counter
+
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import Empty, ReleaseAllocation, Reply, SetReclaimPolicy
@@ -33,6 +35,7 @@ from services.reclamation import store
 from services.reclamation.config import ReclamationSettings
 from services.reclamation.domain import abnormal_reason, allocation_utilization, is_busy, judge
 
+RECLAIMS = Counter("gpupool_reclaims_total", "Allocations reclamation decided to take back, by reason", ["reason"])
 log = logging.getLogger(__name__)
 CONSUMER = "reclamation"
 
@@ -155,6 +158,7 @@ class ReclamationHandlers:
     async def _decide(self, uow, tracker, reason: str, message: str,  # type: ignore[no-untyped-def]
                       attempt: int | None = None) -> bool:
         if await store.mark_reclaiming(uow.conn, tracker["allocation_id"], reason):
+            RECLAIMS.labels(reason=reason).inc()
             await uow.emit(ReclaimDecided(allocation_id=tracker["allocation_id"], job_id=tracker["job_id"],
                                           team=tracker["team"], node=tracker["node"], reason=reason,
                                           message=message, decided_at=utcnow(), attempt=attempt))
