@@ -15,7 +15,7 @@ from pathlib import Path
 from libs.check import invariants
 from libs.check.model import CHECKS, Report
 from libs.check.snapshot import ServiceStore, Snapshot
-from libs.check.stores import StoreUnavailable, outbox_has, read_store
+from libs.check.stores import StoreUnavailable, jobs_exist, outbox_has, read_store
 from libs.check.streams import StreamsUnavailable, read_streams
 
 SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting", "gateway")
@@ -80,7 +80,22 @@ async def _once(config: CheckConfig) -> Report:
                         reported_by=reported_by)
     foreign = await _foreign_events(config, snapshot) if streams is not None else {}
     _judge(config, snapshot, report, foreign)
+    await _second_look(config, report)
     return report
+
+
+async def _second_look(config: CheckConfig, report: Report) -> None:
+    """Placement is read after the queue, so a job submitted in between is placed but not yet in the queue's
+    snapshot: ask the queue again about those jobs before calling them unknown."""
+    unknown = [v for v in report.violations if v.kind == "allocation_for_unknown_job"]
+    if not unknown or "queue" not in config.database_urls:
+        return
+    try:
+        known = await jobs_exist(config.database_urls["queue"], [v.subject for v in unknown])
+    except Exception:
+        return
+    report.violations = [v for v in report.violations
+                         if not (v.kind == "allocation_for_unknown_job" and v.subject in known)]
 
 
 def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[str, str]) -> None:

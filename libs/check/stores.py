@@ -83,11 +83,20 @@ async def read_store(service: str, dsn: str, *, timeout: float = 10.0) -> Servic
 
 async def outbox_has(dsn: str, event_ids: list[str]) -> set[str]:
     """Which of these event ids the database's outbox holds now (a second look at events newer than a snapshot)."""
-    if not event_ids:
+    return await _which(dsn, "SELECT event_id AS id FROM outbox WHERE event_id = ANY($1::text[])", event_ids)
+
+
+async def jobs_exist(dsn: str, job_ids: list[str]) -> set[str]:
+    """Which of these jobs the queue holds now (a second look at jobs newer than its snapshot)."""
+    return await _which(dsn, "SELECT job_id AS id FROM jobs WHERE job_id = ANY($1::text[])", job_ids)
+
+
+async def _which(dsn: str, sql: str, ids: list[str]) -> set[str]:
+    if not ids:
         return set()
     conn = await asyncpg.connect(dsn, timeout=10, server_settings={"default_transaction_read_only": "on"})
     try:
-        rows: list[Any] = await conn.fetch("SELECT event_id FROM outbox WHERE event_id = ANY($1::text[])", event_ids)
-        return {r["event_id"] for r in rows}
+        rows: list[Any] = await conn.fetch(sql, ids)
+        return {r["id"] for r in rows}
     finally:
         await conn.close()
