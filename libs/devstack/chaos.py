@@ -1,0 +1,888 @@
+"""`gpupool chaos`: fault injection under load against a `gpupool up` this command starts itself.
+
+A load generator submits jobs over HTTP at a steady rate (each with an Idempotency-Key, retried until it gets a
+definite answer), completes running jobs after a short hold and cancels some, while rounds of faults hit the
+platform: SIGKILL of each service in turn (both placement replicas, at different times), a NATS restart, a
+PostgreSQL restart (immediate shutdown: crash recovery on start), a silenced simulated node, an agent partitioned
+from the bus (through a TCP proxy this command owns) and healed, a flood of poison messages onto the consumers'
+subjects, and a corrupted telemetry batch. After each round: the time until the platform served end to end again
+(a probe job submitted at the fault is granted; the killed process or restarted server is back; for faults that
+take nodes away, the nodes are back), then `gpupool check` must pass. At the end the load is drained and every
+accepted job is looked up: a job the queue does not have, or that is not where the last acknowledged command put it,
+is lost. Results go to docs/benchmarks.md between `<!-- chaos:begin -->` and `<!-- chaos:end -->`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform as host
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import nats
+
+from libs.check import CheckConfig, Report, check_async
+from libs.contracts import subjects
+
+SERVICES = ("inventory", "quota", "queue", "placement", "placement-2", "reclamation", "accounting", "gateway", "agent")
+FAULTS = (*(f"kill:{s}" for s in SERVICES), "restart:nats", "restart:postgres", "silence:node", "partition:agent",
+          "poison:consumers", "corrupt:telemetry")
+FLEET = "H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8"
+CHAOS_NODES = 2  # simulated nodes behind the partitionable proxy
+NODE_LOST_AFTER_S = 6.0
+TEAMS = ("research", "inference", "platform")
+TERMINAL = {"completed", "cancelled", "failed"}
+MARK_BEGIN, MARK_END = "<!-- chaos:begin -->", "<!-- chaos:end -->"
+
+
+# --------------------------------------------------------------------------------------------------- the platform
+class Platform:
+    """`gpupool up` with its own embedded NATS and PostgreSQL (so both can be restarted), two placement replicas."""
+
+    def __init__(self, data_dir: Path, *, log_level: str = "WARNING", extra_env: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.log_level = log_level
+        self.extra_env = extra_env or []
+        self.proc: subprocess.Popen | None = None
+        self.run: dict = {}
+
+    def start(self, timeout: float = 180) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        self.out = open(self.data_dir / "up.out", "wb")  # noqa: SIM115
+        argv = [sys.executable, "-m", "libs.cli.main", "up", "--port", "0", "--data-dir", str(self.data_dir),
+                "--fleet", FLEET, "--telemetry-interval", "1", "--placement-replicas", "2",
+                "--log-level", self.log_level, "--env", f"inventory:NODE_LOST_AFTER_S={NODE_LOST_AFTER_S}"]
+        for item in self.extra_env:
+            argv += ["--env", item]
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not (self.data_dir / "run.json").exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("gpupool up did not start:\n" + (self.data_dir / "up.out").read_text()[-4000:])
+            time.sleep(0.2)
+        self.reload()
+
+    def reload(self) -> dict:
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            self.run = json.loads((self.data_dir / "run.json").read_text())
+        return self.run
+
+    @property
+    def gateway(self) -> str:
+        return self.run["gateway_url"]
+
+    def pid(self, name: str) -> int | None:
+        doc = self.reload()
+        entry = doc.get("services", {}).get(name) or doc.get("servers", {}).get(name)
+        return int(entry["pid"]) if entry and entry.get("pid") else None
+
+    def service_url(self, name: str) -> str:
+        return self.reload()["services"][name]["url"]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        with contextlib.suppress(Exception):
+            self.out.close()
+
+
+# ------------------------------------------------------------------------------------------ the partition proxy
+class Proxy:
+    """A TCP proxy in front of NATS for one agent: `partition()` cuts every connection and refuses new ones,
+    `heal()` lets them through again. The agent sees what a network partition looks like: a dead socket."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.partitioned = False
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.partitioned:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    def partition(self) -> None:
+        self.partitioned = True
+        for w in list(self._writers):
+            w.transport.abort()
+
+    def heal(self) -> None:
+        self.partitioned = False
+
+    async def close(self) -> None:
+        self.partition()
+        self.server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.server.wait_closed(), 5)
+
+
+# -------------------------------------------------------------------------------------------- the load generator
+@dataclass
+class Job:
+    job_id: str
+    key: str
+    submitted_at: float
+    hold_s: float
+    cancel: bool  # this one is cancelled instead of completed
+    running_since: float | None = None
+    acked: str | None = None  # "complete" / "cancel": the last command the platform acknowledged with 200
+    closed: bool = False  # the platform refused the command (409: it moved on); the drain cancels it if open
+
+
+@dataclass
+class LoadStats:
+    submitted: int = 0
+    accepted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)  # 4xx reason → count
+    retried: int = 0  # submissions answered 5xx / not at all, retried with the same key
+    completed: int = 0
+    cancelled: int = 0
+
+
+class Load:
+    def __init__(self, gateway: str, token: str, rate: float, rng: random.Random) -> None:
+        self.api = httpx.AsyncClient(base_url=gateway, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        self.rate = rate
+        self.rng = rng
+        self.jobs: dict[str, Job] = {}
+        self.unresolved: dict[str, dict] = {}  # Idempotency-Key → body, no definite answer yet
+        self.stats = LoadStats()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._submit_loop()), asyncio.create_task(self._lifecycle_loop())]
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for t in self._tasks:
+            with contextlib.suppress(Exception):
+                await t
+
+    def body(self) -> dict:
+        return {"name": f"chaos-{len(self.jobs)}", "team": self.rng.choice(TEAMS), "kind": self.rng.choice(
+            ("training", "batch")), "gpus": self.rng.choice((1, 1, 1, 2, 2, 4)), "project": "chaos"}
+
+    async def submit(self, body: dict, *, hold_s: float | None = None, cancel: bool = False,
+                     give_up_at: float | None = None) -> Job | None:
+        """POST until the platform says yes or no (same key every time, so a retry never makes a second job)."""
+        key = f"chaos-{uuid.uuid4()}"
+        self.stats.submitted += 1
+        self.unresolved[key] = body
+        delay = 0.2
+        while True:
+            try:
+                r = await self.api.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                if r.status_code in (200, 201):
+                    job_id = r.json()["job_id"]
+                    job = self.jobs.get(job_id) or Job(job_id, key, time.monotonic(),
+                                                       hold_s if hold_s is not None else self.rng.uniform(1, 4),
+                                                       cancel)
+                    if job_id not in self.jobs:
+                        self.jobs[job_id] = job
+                        self.stats.accepted += 1
+                    self.unresolved.pop(key, None)
+                    return job
+                if 400 <= r.status_code < 500:
+                    reason = (r.json() or {}).get("reason", str(r.status_code)) if r.content else str(r.status_code)
+                    self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+                    self.unresolved.pop(key, None)
+                    return None
+            except (httpx.HTTPError, ValueError):
+                pass
+            self.stats.retried += 1
+            if give_up_at is not None and time.monotonic() > give_up_at:
+                return None  # stays unresolved: the final tally looks it up again
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+    async def _submit_loop(self) -> None:
+        pending: set[asyncio.Task] = set()
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            t = asyncio.create_task(self.submit(self.body(), cancel=self.rng.random() < 0.15))
+            pending.add(t)
+            t.add_done_callback(pending.discard)
+            next_at += 1 / self.rate
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), max(0.0, next_at - time.monotonic()))
+        if pending:
+            await asyncio.wait(pending, timeout=120)
+
+    async def states(self, states: tuple[str, ...] | None = None) -> dict[str, str]:
+        """job id → state for every job in the queue (or in these states), following the cursor."""
+        out: dict[str, str] = {}
+        for state in states or (None,):
+            cursor = None
+            while True:
+                params = {"limit": 1000, **({"state": state} if state else {}), **({"cursor": cursor} if cursor else {})}
+                r = await self.api.get("/v1/jobs", params=params)
+                r.raise_for_status()
+                doc = r.json()
+                out.update({j["job_id"]: j["state"] for j in doc["items"]})
+                cursor = doc.get("next")
+                if not cursor:
+                    break
+        return out
+
+    async def _lifecycle_loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                running = await self.states(("running",))
+                now = time.monotonic()
+                for job_id in running:
+                    job = self.jobs.get(job_id)
+                    if job is None or job.acked or job.closed:
+                        continue
+                    job.running_since = job.running_since or now
+                    if now - job.running_since >= job.hold_s:
+                        await self.finish(job, "cancel" if job.cancel else "complete")
+                for job in list(self.jobs.values()):
+                    if job.cancel and not (job.acked or job.closed) and job.job_id not in running \
+                            and now - job.submitted_at > job.hold_s * 2:
+                        await self.finish(job, "cancel")  # cancelled while still pending
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.5)
+
+    async def finish(self, job: Job, how: str) -> bool:
+        path = f"/v1/jobs/{job.job_id}/{how}"
+        try:
+            r = await self.api.post(path, json={"reason": "chaos load"} if how == "cancel" else None)
+        except httpx.HTTPError:
+            return False
+        if r.status_code == 409:
+            job.closed = True
+        if r.status_code == 200:
+            job.acked = how
+            if how == "complete":
+                self.stats.completed += 1
+            else:
+                self.stats.cancelled += 1
+            return True
+        return False
+
+    async def drain(self, timeout: float = 180) -> dict[str, str]:
+        """No more submissions; settle every unresolved one; cancel what is still open; wait until all is
+        terminal. Returns the final job id → state."""
+        await self.stop()
+        deadline = time.monotonic() + timeout
+        for key, body in list(self.unresolved.items()):  # look each one up again by its key
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = await self.api.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                if r.status_code in (200, 201):
+                    job_id = r.json()["job_id"]
+                    if job_id not in self.jobs:
+                        self.jobs[job_id] = Job(job_id, key, time.monotonic(), 0, True)
+                        self.stats.accepted += 1
+                    self.unresolved.pop(key)
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                states = await self.states()
+            except (httpx.HTTPError, ValueError):
+                await asyncio.sleep(1)
+                continue
+            open_ = [j for j, s in states.items() if s not in TERMINAL and j in self.jobs]
+            if not open_:
+                break
+            for job_id in open_:
+                await self.finish(self.jobs[job_id], "cancel")
+            await asyncio.sleep(1)
+        return states
+
+    def verdict(self, states: dict[str, str]) -> dict:
+        lost, wrong = [], []
+        for job_id, job in self.jobs.items():
+            state = states.get(job_id)
+            if state is None or state not in TERMINAL:
+                lost.append({"job_id": job_id, "state": state})
+            elif job.acked == "complete" and state != "completed" or job.acked == "cancel" and state != "cancelled":
+                wrong.append({"job_id": job_id, "acked": job.acked, "state": state})
+        by_state: dict[str, int] = {}
+        for job_id in self.jobs:
+            s = states.get(job_id, "missing")
+            by_state[s] = by_state.get(s, 0) + 1
+        return {"accepted": len(self.jobs), "lost": len(lost) + len(wrong), "missing_or_stuck": lost[:20],
+                "not_where_acknowledged": wrong[:20], "unresolved_submissions": len(self.unresolved),
+                "final_states": by_state}
+
+    async def close(self) -> None:
+        await self.api.aclose()
+
+
+# --------------------------------------------------------------------------------------------------- the rounds
+@dataclass
+class Round:
+    number: int
+    fault: str
+    target: str
+    started: str
+    recovery_s: float | None = None
+    recovered: bool = False
+    check_ok: bool = False
+    check_s: float = 0.0
+    violations: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+class Chaos:
+    def __init__(self, platform: Platform, load: Load, rng: random.Random, *, check_settle_s: float = 45.0,
+                 recovery_timeout_s: float = 120.0, say=print) -> None:  # type: ignore[no-untyped-def]
+        self.platform = platform
+        self.load = load
+        self.rng = rng
+        self.check_settle_s = check_settle_s
+        self.recovery_timeout_s = recovery_timeout_s
+        self.say = say
+        self.rounds: list[Round] = []
+        self.poison_ids: set[str] = set()
+        self.injected: set[tuple[str, str, int]] = set()  # (consumer, stream, seq) this run meant to dead-letter
+        self.checks: list[Report] = []
+        self._silenced = 0
+
+    async def setup_agent(self) -> None:
+        """A second simulated agent whose NATS connection goes through the partition proxy."""
+        url = urlsplit(self.platform.run["nats_url"].split(",")[0])
+        self.admin_url = self.platform.run["nats_url"]
+        self.proxy = Proxy(url.hostname or "127.0.0.1", url.port or 4222)
+        port = await self.proxy.start()
+        creds = f"{url.username}:{url.password}@" if url.username else ""
+        self._start_agent(f"nats://{creds}127.0.0.1:{port}")
+        async def quiet(_: Exception) -> None:  # the bus goes away on purpose here: reconnecting is the answer
+            return None
+
+        self.nc = await nats.connect(self.admin_url, name="gpupool-chaos", max_reconnect_attempts=-1,
+                                     reconnect_time_wait=0.5, error_cb=quiet)
+        self.js = self.nc.jetstream(timeout=10)
+
+    def _start_agent(self, nats_url: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        self.agent_log = open(self.platform.data_dir / "logs" / "chaos-agent.log", "ab")  # noqa: SIM115
+        self.agent = subprocess.Popen(
+            [sys.executable, "-m", "libs.cli.main", "agent", "--simulate", str(CHAOS_NODES), "--prefix",
+             "chaos-node", "--gpus-per-node", "8", "--model", "H100-80GB", "--seed", "11", "--interval", "1",
+             "--nats-url", nats_url, "--log-level", "WARNING"],
+            env=env, stdout=self.agent_log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    async def nodes(self) -> dict[str, dict]:
+        r = await self.load.api.get("/v1/nodes", params={"limit": 1000})
+        r.raise_for_status()
+        return {n["node"]: n for n in r.json()["items"]}
+
+    async def wait_fleet(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        want = len([n for n in FLEET.split(";") if n]) + CHAOS_NODES
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                nodes = await self.nodes()
+                if len(nodes) >= want and all(_node_up(n) for n in nodes.values()):
+                    return
+            await asyncio.sleep(0.5)
+        raise RuntimeError(f"the fleet ({want} nodes) did not come up within {timeout}s")
+
+    # --- one round -----------------------------------------------------------------------------------------
+    async def round(self, number: int, fault: str) -> Round:
+        kind, _, target = fault.partition(":")
+        r = Round(number, kind, target, datetime.now(UTC).strftime("%H:%M:%S"))
+        self.say(f"round {number}: {fault}")
+        t0 = time.monotonic()
+        try:
+            waits = await getattr(self, f"_inject_{kind}")(target, r)
+            probe = asyncio.create_task(self._probe())
+            recovered = await asyncio.wait_for(asyncio.gather(probe, *waits), self.recovery_timeout_s)
+            r.recovered = all(x is not False for x in recovered)
+            r.recovery_s = round(time.monotonic() - t0, 2)
+        except TimeoutError:
+            r.note += f" not recovered within {self.recovery_timeout_s:g}s"
+        except Exception as exc:  # the round itself broke: reported, the next one runs
+            r.note += f" {exc!r}"
+        t1 = time.monotonic()
+        report = await check_async(self.check_config(settle_s=self.check_settle_s))
+        self.checks.append(report)
+        r.check_s = round(time.monotonic() - t1, 2)
+        r.check_ok = report.ok
+        r.violations = [v.line() for v in report.violations][:20] + report.errors[:5]
+        self.say(f"  recovered in {r.recovery_s}s; check {'ok' if r.check_ok else 'FAILED'} ({r.check_s}s)"
+                 + ("".join(f"\n    {v}" for v in r.violations) if r.violations else "") + r.note)
+        self.rounds.append(r)
+        return r
+
+    def check_config(self, **overrides) -> CheckConfig:  # type: ignore[no-untyped-def]
+        return CheckConfig.from_run_file(self.platform.data_dir / "run.json", outbox_max_age_s=30,
+                                         lag_max_age_s=60, **overrides)
+
+    async def _probe(self) -> bool:
+        """A one-GPU job submitted at the fault: the platform serves again once it is granted."""
+        job = await self.load.submit({"name": "chaos-probe", "team": "platform", "kind": "batch", "gpus": 1,
+                                      "project": "probe"}, hold_s=0.5)
+        if job is None:
+            return False
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                r = await self.load.api.get(f"/v1/jobs/{job.job_id}")
+                if r.status_code == 200 and r.json()["state"] in ("running", "completed"):
+                    return True
+            await asyncio.sleep(0.1)
+
+    async def _restarted(self, name: str, old_pid: int | None, ready_url: str | None = None) -> bool:
+        while True:
+            pid = self.platform.pid(name)
+            if pid and pid != old_pid and _alive(pid):
+                if ready_url is None:
+                    return True
+                url = ready_url if "://" in ready_url else self.platform.service_url(ready_url) + "/readyz"
+                with contextlib.suppress(httpx.HTTPError):
+                    async with httpx.AsyncClient(timeout=2) as c:
+                        if (await c.get(url)).status_code == 200:
+                            return True
+            await asyncio.sleep(0.1)
+
+    # --- the faults ---------------------------------------------------------------------------------------
+    async def _inject_kill(self, service: str, r: Round) -> list:
+        if service.startswith("placement"):
+            r.note += f" (leader: {self.placement_leader() or '?'})"
+        pid = self.platform.pid(service)
+        if pid is None:
+            raise RuntimeError(f"no pid for {service}")
+        os.kill(pid, signal.SIGKILL)
+        return [self._restarted(service, pid, service)]
+
+    def placement_leader(self) -> str | None:
+        for name in ("placement", "placement-2"):
+            with contextlib.suppress(Exception), httpx.Client(timeout=2) as c:
+                text = c.get(self.platform.service_url(name) + "/metrics").text
+                if re.search(r'^gpupool_leader\{[^}]*\} 1(\.0)?$', text, re.M):
+                    return name
+        return None
+
+    async def _inject_restart(self, server: str, r: Round) -> list:
+        name = "nats" if server == "nats" else "postgres"
+        pid = self.platform.pid(name)
+        if pid is None:
+            raise RuntimeError(f"no pid for the {name} server")
+        # NATS: killed outright. PostgreSQL: immediate shutdown (every backend dies, crash recovery at start).
+        os.kill(pid, signal.SIGKILL if name == "nats" else signal.SIGQUIT)
+        return [self._restarted(name, pid)]
+
+    async def _inject_silence(self, _: str, r: Round) -> list:
+        main = sorted(n for n in await self.nodes() if not n.startswith("chaos-node"))
+        node = main[self._silenced % len(main)]
+        self._silenced += 1
+        seconds = NODE_LOST_AFTER_S + 4
+        r.target = node
+        await self.nc.publish(subjects.SIM_FAULT, json.dumps({"node": node, "fault": "silence",
+                                                              "seconds": seconds}).encode())
+        return [self._node_cycle([node], seconds)]
+
+    async def _inject_partition(self, _: str, r: Round) -> list:
+        seconds = NODE_LOST_AFTER_S + 4
+        self.proxy.partition()
+        r.target = f"agent of {CHAOS_NODES} nodes, {seconds:g}s"
+
+        async def heal() -> bool:
+            await asyncio.sleep(seconds)
+            self.proxy.heal()
+            return True
+
+        return [heal(), self._node_cycle([f"chaos-node-{i}" for i in range(CHAOS_NODES)], seconds)]
+
+    async def _node_cycle(self, names: list[str], seconds: float) -> bool:
+        """The nodes were declared lost while away (reclamation then takes their GPUs back), and came back."""
+        seen_lost: set[str] = set()
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                nodes = await self.nodes()
+                for name in names:
+                    if name in nodes and not _node_up(nodes[name]):
+                        seen_lost.add(name)
+                if seen_lost == set(names) and all(_node_up(nodes[n]) for n in names):
+                    return True
+            await asyncio.sleep(0.25)
+
+    async def _inject_poison(self, _: str, r: Round, count: int = 60) -> list:
+        targets = (subjects.JOB_SUBMITTED, subjects.JOB_CANCELLED, subjects.ALLOCATION_GRANTED,
+                   subjects.ALLOCATION_RELEASED, subjects.JOB_COMPLETED)
+        expected = await self._expected_dead_letters(subjects.EVENTS_STREAM.name, [
+            (await self._publish_poison(self.rng.choice(targets), poison_message(self.rng, i)))
+            for i in range(count)])
+        r.target = f"{count} messages, {len(expected)} deliveries"
+        return [self._dead_lettered(expected)]
+
+    async def _inject_corrupt(self, _: str, r: Round) -> list:
+        last = await self.js.get_last_msg(subjects.TELEMETRY_STREAM.name, subjects.TELEMETRY_ALL)
+        good = last.data or b"{}"
+        subject = last.subject
+        batch = corrupt_telemetry(good, self.rng)
+        published = [await self._publish_poison(subject, body) for body in batch]
+        expected = await self._expected_dead_letters(subjects.TELEMETRY_STREAM.name, published)
+        r.target = f"{len(batch)} samples on {subject}"
+        return [self._dead_lettered(expected)]
+
+    async def _publish_poison(self, subject: str, body: bytes) -> tuple[str, int]:
+        msg_id = f"chaos-poison-{uuid.uuid4()}"
+        self.poison_ids.add(msg_id)
+        ack = await self.js.publish(subject, body, headers={"Nats-Msg-Id": msg_id})
+        return subject, ack.seq
+
+    async def _expected_dead_letters(self, stream: str,
+                                     published: list[tuple[str, int]]) -> set[tuple[str, str, int]]:
+        """(consumer, stream seq) for every durable consumer whose filter takes each poison message."""
+        consumers = [(c.config.durable_name, c.config.filter_subjects or [c.config.filter_subject or ">"])
+                     for c in await self.js.consumers_info(stream) if c.config.durable_name]
+        expected = {(name, stream, seq) for subject, seq in published for name, filters in consumers
+                    if any(_matches(f, subject) for f in filters)}
+        self.injected |= expected
+        return expected
+
+    async def dead_letters(self) -> list[dict]:
+        """Every dead letter, with whether this run put it there on purpose."""
+        out = []
+        info = await self.js.stream_info(subjects.DLQ_STREAM.name)
+        seq = info.state.first_seq
+        while info.state.messages and seq <= info.state.last_seq:
+            try:
+                m = await self.js.get_msg(subjects.DLQ_STREAM.name, seq=seq, next=True)
+            except Exception:
+                break
+            h = m.headers or {}
+            key = (h.get("Gpupool-Dlq-Consumer"), h.get("Gpupool-Dlq-Stream"), int(h.get("Gpupool-Dlq-Stream-Seq", "0")))
+            out.append({"consumer": key[0], "reason": h.get("Gpupool-Dlq-Reason"), "subject": h.get("Gpupool-Dlq-Subject"),
+                        "error": (h.get("Gpupool-Dlq-Error") or "")[:160], "injected": key in self.injected})
+            seq = m.seq + 1
+        return out
+
+    async def _dead_lettered(self, expected: set[tuple[str, str, int]]) -> bool:
+        """Every expected (consumer, message) is in the dead-letter stream: the consumers went on past them."""
+        while True:
+            found = set()
+            with contextlib.suppress(Exception):
+                info = await self.js.stream_info(subjects.DLQ_STREAM.name)
+                first = max(1, info.state.last_seq - 20 * len(expected) - 1000)
+                seq = first
+                while seq <= info.state.last_seq:
+                    try:
+                        m = await self.js.get_msg(subjects.DLQ_STREAM.name, seq=seq, next=True)
+                    except Exception:
+                        break
+                    h = m.headers or {}
+                    found.add((h.get("Gpupool-Dlq-Consumer"), h.get("Gpupool-Dlq-Stream"),
+                               int(h.get("Gpupool-Dlq-Stream-Seq", "0"))))
+                    seq = m.seq + 1
+            if expected <= found:
+                return True
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.agent.send_signal(signal.SIGTERM)
+            self.agent.wait(timeout=15)
+        with contextlib.suppress(Exception):
+            self.agent.kill()
+        with contextlib.suppress(Exception):
+            self.agent_log.close()
+        with contextlib.suppress(Exception):
+            await self.proxy.close()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def _node_up(n: dict) -> bool:
+    return n.get("state") == "ready"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def poison_message(rng: random.Random, i: int) -> bytes:
+    """One message no consumer can apply: bytes that are not JSON, JSON that is not a CloudEvent, an unknown
+    (future) version of a known type, a known type whose payload is wrong, or an oversized document."""
+    now = datetime.now(UTC).isoformat()
+    kind = i % 6
+    if kind == 0:
+        return bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64)))
+    if kind == 1:
+        return json.dumps({"hello": "world", "n": i}).encode()
+    if kind == 2:
+        return json.dumps({"specversion": "1.0", "id": str(uuid.uuid4()), "source": "/gpupool/chaos",
+                           "type": "io.gpupool.job.submitted.v9", "time": now, "data": {"job_id": "x"}}).encode()
+    if kind == 3:
+        return json.dumps({"specversion": "1.0", "id": str(uuid.uuid4()), "source": "/gpupool/chaos",
+                           "type": "io.gpupool.allocation.granted.v1", "time": now,
+                           "data": {"allocation_id": 7, "gpus": "all"}}).encode()
+    if kind == 4:
+        return json.dumps({"specversion": "0.3", "id": str(uuid.uuid4()), "source": "/gpupool/chaos",
+                           "type": "io.gpupool.job.cancelled.v1", "time": now, "data": {}}).encode()
+    return json.dumps({"specversion": "1.0", "id": str(uuid.uuid4()), "source": "/gpupool/chaos",
+                       "type": "io.gpupool.job.completed.v1", "time": now,
+                       "data": {"job_id": "x" * 300_000}}).encode()
+
+
+def corrupt_telemetry(good: bytes, rng: random.Random) -> list[bytes]:
+    """A telemetry batch gone bad on the wire: truncated, bit-flipped, with nonsense readings, of another type."""
+    out = [good[: max(1, len(good) // 2)]]
+    flipped = bytearray(good)
+    for _ in range(8):
+        pos = rng.randrange(len(flipped))
+        flipped[pos] ^= 0xFF
+    out.append(bytes(flipped))
+    with contextlib.suppress(ValueError):
+        doc = json.loads(good)
+        doc["id"] = str(uuid.uuid4())
+        doc["data"]["gpus"] = [{"uuid": 7, "utilization_pct": "hot"}]
+        out.append(json.dumps(doc).encode())
+        doc["type"] = "io.gpupool.node.registered.v1"
+        doc["id"] = str(uuid.uuid4())
+        out.append(json.dumps(doc).encode())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ running
+async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None = None, seed: int = 0,
+                    data_dir: Path | None = None, settle_s: float = 45.0, warmup_s: float = 5.0,
+                    gap_s: float = 3.0, say=print,  # type: ignore[no-untyped-def]
+                    before_stop: Callable[[Platform], Awaitable[None]] | None = None) -> dict:
+    """Start a platform, run `rounds` rounds cycling through `faults` under load, drain, tally. Returns the
+    results (what `write_markdown` renders). `before_stop` may look at the drained platform before it stops."""
+    rng = random.Random(seed)
+    plan = [(faults or list(FAULTS))[i % len(faults or FAULTS)] for i in range(rounds)]
+    own_dir = data_dir is None
+    data_dir = Path(tempfile.mkdtemp(prefix="gpupool-chaos-")) if data_dir is None else data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    platform = Platform(data_dir)
+    started = time.monotonic()
+    say(f"starting gpupool up in {data_dir} …")
+    await asyncio.to_thread(platform.start)
+    load = Load(platform.gateway, platform.run["admin_token"], rate, rng)
+    chaos = Chaos(platform, load, rng, check_settle_s=settle_s, say=say)
+    result: dict = {}
+    try:
+        await chaos.setup_agent()
+        await chaos.wait_fleet()
+        say(f"fleet up; load at {rate:g} jobs/s")
+        load.start()
+        await asyncio.sleep(warmup_s)
+        for i, fault in enumerate(plan, 1):
+            await chaos.round(i, fault)
+            await asyncio.sleep(gap_s)
+        say("draining the load …")
+        states = await load.drain()
+        tally = load.verdict(states)
+        final = await check_async(chaos.check_config(settle_s=settle_s))
+        chaos.checks.append(final)
+        double = sum(1 for rep in chaos.checks for v in rep.violations if v.check == "gpu_exclusive")
+        dead: dict[str, dict] = {}
+        for d in await chaos.dead_letters():
+            entry = dead.setdefault(f"{d['consumer']} / {d['reason']}", {"injected": 0, "other": 0, "examples": []})
+            entry["injected" if d["injected"] else "other"] += 1
+            if not d["injected"] and len(entry["examples"]) < 2:
+                entry["examples"].append(f"{d['subject']}: {d['error']}")
+        result = {
+            "rounds": [asdict(r) for r in chaos.rounds],
+            "rounds_survived": sum(1 for r in chaos.rounds if r.recovered and r.check_ok),
+            "rounds_total": len(chaos.rounds),
+            "jobs": tally,
+            "load": asdict(load.stats),
+            "double_allocations": double,
+            "final_check": {"ok": final.ok, "violations": [v.line() for v in final.violations][:50],
+                            "errors": final.errors},
+            "dead_letters": dead,
+            "poison_published": len(chaos.poison_ids),
+            "duration_s": round(time.monotonic() - started, 1),
+            "rate": rate,
+            "seed": seed,
+            "data_dir": str(data_dir),
+        }
+        if before_stop is not None:
+            await before_stop(platform)
+        return result
+    finally:
+        await load.stop()
+        await load.close()
+        await chaos.close()
+        await asyncio.to_thread(platform.stop)
+        if own_dir and result and result["rounds_survived"] == result["rounds_total"] and result["jobs"]["lost"] == 0:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def passed(result: dict) -> bool:
+    return (result["rounds_survived"] == result["rounds_total"] and result["jobs"]["lost"] == 0
+            and result["double_allocations"] == 0 and result["final_check"]["ok"])
+
+
+def _machine() -> str:
+    cpu = host.processor() or host.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{cpu}, {os.cpu_count()} CPUs, {host.system()} {host.release()}, Python {host.python_version()}"
+
+
+def render_markdown(result: dict, command: str) -> str:
+    rounds = result["rounds"]
+    per_fault: dict[str, list[float]] = {}
+    for r in rounds:
+        if r["recovery_s"] is not None:
+            per_fault.setdefault(f"{r['fault']}:{r['target'].split(' ')[0]}" if r["fault"] == "kill"
+                                 else r["fault"], []).append(r["recovery_s"])
+    jobs = result["jobs"]
+    lines = [
+        MARK_BEGIN,
+        "## Fault injection (`task chaos`)",
+        "",
+        f"Machine: {_machine()}. Command: `{command}` ({datetime.now(UTC):%Y-%m-%d}, {result['duration_s']:g} s, "
+        f"load {result['rate']:g} jobs/s, seed {result['seed']}). Every service, NATS and PostgreSQL on this "
+        "machine; `gpupool up --placement-replicas 2` with its own embedded servers; 4 simulated nodes on the "
+        f"platform's agent and {CHAOS_NODES} on a second agent behind a partitionable proxy.",
+        "",
+        "| rounds survived | jobs accepted | jobs lost | double allocations | `gpupool check` after every round |",
+        "| --- | --- | --- | --- | --- |",
+        f"| {result['rounds_survived']} / {result['rounds_total']} | {jobs['accepted']} | {jobs['lost']} | "
+        f"{result['double_allocations']} | {sum(1 for r in rounds if r['check_ok'])} / {len(rounds)} passed; final "
+        f"check {'passed' if result['final_check']['ok'] else 'FAILED'} |",
+        "",
+        f"Final job states: {', '.join(f'{k} {v}' for k, v in sorted(jobs['final_states'].items()))}. "
+        f"Submissions retried with the same Idempotency-Key while a fault lasted: {result['load']['retried']}; "
+        f"refused: {result['load']['rejected'] or 'none'}.",
+        "",
+        "Recovery time per fault (from the fault until a probe job submitted at that moment is granted, the killed "
+        "process or restarted server answers again, and nodes taken away are back):",
+        "",
+        "| fault | rounds | median s | max s |",
+        "| --- | --- | --- | --- |",
+    ]
+    for fault, values in sorted(per_fault.items()):
+        lines.append(f"| {fault} | {len(values)} | {statistics.median(values):.2f} | {max(values):.2f} |")
+    lines += ["", "| round | fault | target | recovery s | check | check s |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rounds:
+        lines.append(f"| {r['number']} | {r['fault']} | {r['target']} | {r['recovery_s']} | "
+                     f"{'ok' if r['check_ok'] else 'FAILED: ' + '; '.join(r['violations'][:3])} | {r['check_s']} |")
+    lines += ["", f"Dead letters by consumer and cause. *Injected*: a poison message or corrupted telemetry sample this "
+              f"run published ({result['poison_published']} messages, each dead-lettered once per consumer that "
+              "takes its subject). *Other*: anything else; a dead-lettered event that a service emitted through its "
+              "outbox would also fail `gpupool check` (dead_letters).", "",
+              "| consumer / reason | injected | other | example of other |", "| --- | --- | --- | --- |"]
+    for key, d in sorted(result["dead_letters"].items()):
+        example = (d["examples"][0] if d["examples"] else "").replace("|", "\\|")
+        lines.append(f"| {key} | {d['injected']} | {d['other']} | {example} |")
+    lines += ["", MARK_END]
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if MARK_BEGIN in text and MARK_END in text:
+        before, rest = text.split(MARK_BEGIN, 1)
+        _, after = rest.split(MARK_END, 1)
+        text = before + section + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpupool chaos", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="faults: " + ", ".join(FAULTS))
+    p.add_argument("--rounds", type=int, default=len(FAULTS), help=f"rounds to run (default {len(FAULTS)}: each "
+                                                                    "fault once); faults are taken in turn")
+    p.add_argument("--faults", default=None, metavar="F[,F]", help="only these faults")
+    p.add_argument("--rate", type=float, default=3.0, help="submissions per second (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--settle", type=float, default=45.0, metavar="S",
+                   help="how long `gpupool check` may look again before a round fails (default 45)")
+    p.add_argument("--data-dir", type=Path, default=None, help="the platform's data (default: a temporary folder)")
+    p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"),
+                   help="markdown file whose chaos section is rewritten (default docs/benchmarks.md)")
+    p.add_argument("--no-write", action="store_true", help="do not touch the markdown file")
+    p.add_argument("--json", type=Path, default=None, help="also write the full results as JSON here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    faults = args.faults.split(",") if args.faults else None
+    if faults and not set(faults) <= set(FAULTS):
+        print(f"gpupool chaos: unknown fault(s) {sorted(set(faults) - set(FAULTS))}; known: {', '.join(FAULTS)}",
+              file=sys.stderr)
+        return 2
+    result = asyncio.run(run_chaos(rounds=args.rounds, rate=args.rate, faults=faults, seed=args.seed,
+                                   data_dir=args.data_dir, settle_s=args.settle,
+                                   say=lambda line: print(line, flush=True)))
+    command = "gpupool chaos " + " ".join(argv if argv is not None else sys.argv[2:])
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    if not args.no_write:
+        write_markdown(args.out, render_markdown(result, command.strip()))
+    summary = (f"rounds survived {result['rounds_survived']}/{result['rounds_total']}, jobs accepted "
+               f"{result['jobs']['accepted']}, lost {result['jobs']['lost']}, double allocations "
+               f"{result['double_allocations']}, final check {'ok' if result['final_check']['ok'] else 'FAILED'}")
+    print(summary)
+    return 0 if passed(result) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
