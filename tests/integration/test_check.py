@@ -30,6 +30,9 @@ from libs.store.database import with_database
 from services.accounting.bootstrap import mount as mount_accounting
 from services.accounting.config import AccountingSettings
 from services.accounting.handlers import AccountingHandlers
+from services.inventory.config import InventorySettings
+from services.inventory.handlers import InventoryHandlers
+from services.inventory.handlers import routes as inventory_routes
 from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers
 from services.placement.handlers import routes as placement_routes
@@ -39,18 +42,22 @@ from services.queue.handlers import routes as queue_routes
 from services.quota.config import QuotaSettings
 from services.quota.handlers import QuotaHandlers
 from services.quota.handlers import routes as quota_routes
+from services.reclamation.config import ReclamationSettings
+from services.reclamation.handlers import ReclamationHandlers
+from services.reclamation.handlers import routes as reclamation_routes
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing"),
               pytest.mark.asyncio(loop_scope="module")]
 
-SERVICES = ("quota", "queue", "placement", "accounting")
+SERVICES = ("quota", "queue", "placement", "accounting", "inventory", "reclamation")
 INVENTORY = "/gpupool/inventory"
 
 
 class World:
     """The services that own jobs, allocations and the ledger, in-process, on their own databases."""
 
-    def __init__(self, nats_url: str, admin_dsn: str) -> None:
+    def __init__(self, nats_url: str, admin_dsn: str, *, every_consumer: bool = False) -> None:
+        self.every_consumer = every_consumer  # also inventory and reclamation: every service that consumes events
         self.nats_url = nats_url
         self.admin_dsn = admin_dsn
         self.prefix = f"chk_{uuid.uuid4().hex[:8]}"
@@ -96,6 +103,21 @@ class World:
         await accounting.start()
         await mount_accounting(accounting, AccountingHandlers(accounting, accounting_settings))
         self.runtimes["accounting"] = accounting
+
+        if self.every_consumer:
+            inventory_settings = self.settings(InventorySettings, "inventory")
+            inventory = ServiceRuntime("inventory", inventory_settings, migrations_package="services.inventory")
+            await inventory.start()
+            await inventory.mount(inventory_routes(InventoryHandlers(inventory, inventory_settings)))
+            self.runtimes["inventory"] = inventory
+            reclamation_settings = self.settings(ReclamationSettings, "reclamation")
+            reclamation = ServiceRuntime("reclamation", reclamation_settings,
+                                         migrations_package="services.reclamation")
+            await reclamation.start()
+            reclaimer = ReclamationHandlers(reclamation, reclamation_settings)
+            await reclamation.mount(reclamation_routes(reclaimer))
+            reclamation.background(reclaimer.sweep_loop(), "reclaim-sweep")
+            self.runtimes["reclamation"] = reclamation
 
         now = datetime.now(UTC)
         fleet = {"whole-0": ("H100-80GB", 6, False), "mig-0": ("H100-80GB", 2, True),
