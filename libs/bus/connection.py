@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from libs.contracts.subjects import STREAMS, StreamSpec
 
@@ -80,8 +80,11 @@ async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = S
             try:
                 await _declare(js, spec, replicas)
                 break
-            except NatsTimeoutError:
-                # a JetStream cluster that just formed (or lost a node) may take a while to place replicas
+            except (NatsTimeoutError, ServiceUnavailableError, BadRequestError) as exc:
+                # a JetStream cluster that just formed (or lost a node) may take a while to place replicas: it
+                # times out, answers 503, or says no peer is ready yet (10005); anything else is a real error
+                if isinstance(exc, BadRequestError) and exc.err_code != 10005:
+                    raise
                 if attempt == _DECLARE_TRIES:
                     raise
                 log.warning("stream_declare_retry", extra={"stream": spec.name, "attempt": attempt})

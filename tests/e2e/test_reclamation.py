@@ -59,8 +59,10 @@ async def test_an_idle_dev_job_is_warned_then_reclaimed_and_its_quota_is_free_ag
                 await allocations.wait_for(AllocationGranted, notebook)
                 waiting = api.post("/v1/jobs", json={"name": "train", "team": "research", "gpus": 1,
                                                      "kind": "training"}).json()["job_id"]
-                await asyncio.sleep(1.0)
-                assert api.get(f"/v1/jobs/{waiting}/explain").json()["placement"]["reason"] == "QuotaExceeded"
+                deadline = time.monotonic() + 15  # the next scheduling cycle says why it waits
+                while api.get(f"/v1/jobs/{waiting}/explain").json()["placement"]["reason"] != "QuotaExceeded":
+                    assert time.monotonic() < deadline, api.get(f"/v1/jobs/{waiting}/explain").json()
+                    await asyncio.sleep(0.2)
 
                 deadline = time.monotonic() + 30
                 while not reclaims.of("ReclaimWarned", notebook):
