@@ -357,6 +357,7 @@ class Load:
 @dataclass
 class Round:
     number: int
+    spec: str  # the fault as asked for, e.g. kill:placement
     fault: str
     target: str
     started: str
@@ -426,7 +427,7 @@ class Chaos:
     # --- one round -----------------------------------------------------------------------------------------
     async def round(self, number: int, fault: str) -> Round:
         kind, _, target = fault.partition(":")
-        r = Round(number, kind, target, datetime.now(UTC).strftime("%H:%M:%S"))
+        r = Round(number, fault, kind, target, datetime.now(UTC).strftime("%H:%M:%S"))
         self.say(f"round {number}: {fault}")
         t0 = time.monotonic()
         try:
@@ -701,7 +702,7 @@ def corrupt_telemetry(good: bytes, rng: random.Random) -> list[bytes]:
 # ------------------------------------------------------------------------------------------------------ running
 async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None = None, seed: int = 0,
                     data_dir: Path | None = None, settle_s: float = 45.0, warmup_s: float = 5.0,
-                    gap_s: float = 3.0, say=print,  # type: ignore[no-untyped-def]
+                    gap_s: float = 3.0, say=print, log_level: str = "WARNING",  # type: ignore[no-untyped-def]
                     before_stop: Callable[[Platform], Awaitable[None]] | None = None) -> dict:
     """Start a platform, run `rounds` rounds cycling through `faults` under load, drain, tally. Returns the
     results (what `write_markdown` renders). `before_stop` may look at the drained platform before it stops."""
@@ -710,7 +711,7 @@ async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None 
     own_dir = data_dir is None
     data_dir = Path(tempfile.mkdtemp(prefix="gpupool-chaos-")) if data_dir is None else data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    platform = Platform(data_dir)
+    platform = Platform(data_dir, log_level=log_level)
     started = time.monotonic()
     say(f"starting gpupool up in {data_dir} …")
     await asyncio.to_thread(platform.start)
@@ -786,8 +787,7 @@ def render_markdown(result: dict, command: str) -> str:
     per_fault: dict[str, list[float]] = {}
     for r in rounds:
         if r["recovery_s"] is not None:
-            per_fault.setdefault(f"{r['fault']}:{r['target'].split(' ')[0]}" if r["fault"] == "kill"
-                                 else r["fault"], []).append(r["recovery_s"])
+            per_fault.setdefault(r["spec"], []).append(r["recovery_s"])
     jobs = result["jobs"]
     lines = [
         MARK_BEGIN,
@@ -816,10 +816,12 @@ def render_markdown(result: dict, command: str) -> str:
     ]
     for fault, values in sorted(per_fault.items()):
         lines.append(f"| {fault} | {len(values)} | {statistics.median(values):.2f} | {max(values):.2f} |")
-    lines += ["", "| round | fault | target | recovery s | check | check s |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| round | fault | target | recovery s | check | check s | note |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rounds:
-        lines.append(f"| {r['number']} | {r['fault']} | {r['target']} | {r['recovery_s']} | "
-                     f"{'ok' if r['check_ok'] else 'FAILED: ' + '; '.join(r['violations'][:3])} | {r['check_s']} |")
+        lines.append(f"| {r['number']} | {r['spec']} | {r['target']} | {r['recovery_s']} | "
+                     f"{'ok' if r['check_ok'] else 'FAILED: ' + '; '.join(r['violations'][:3])} | {r['check_s']} | "
+                     f"{r['note'].strip()} |")
     lines += ["", f"Dead letters by consumer and cause. *Injected*: a poison message or corrupted telemetry sample this "
               f"run published ({result['poison_published']} messages, each dead-lettered once per consumer that "
               "takes its subject). *Other*: anything else; a dead-lettered event that a service emitted through its "
@@ -859,6 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="markdown file whose chaos section is rewritten (default docs/benchmarks.md)")
     p.add_argument("--no-write", action="store_true", help="do not touch the markdown file")
     p.add_argument("--json", type=Path, default=None, help="also write the full results as JSON here")
+    p.add_argument("--log-level", default="WARNING", help="the platform's log level (default WARNING)")
     return p
 
 
@@ -870,9 +873,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     result = asyncio.run(run_chaos(rounds=args.rounds, rate=args.rate, faults=faults, seed=args.seed,
-                                   data_dir=args.data_dir, settle_s=args.settle,
+                                   data_dir=args.data_dir, settle_s=args.settle, log_level=args.log_level,
                                    say=lambda line: print(line, flush=True)))
-    command = "gpupool chaos " + " ".join(argv if argv is not None else sys.argv[2:])
+    shown = list(argv if argv is not None else sys.argv[2:])
+    for flag in ("--json", "--out", "--data-dir"):  # where files went is not how the run was made
+        while flag in shown and shown.index(flag) + 1 < len(shown):
+            i = shown.index(flag)
+            del shown[i:i + 2]
+    command = "gpupool chaos " + " ".join(x for x in shown if x != "--no-write")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     if not args.no_write:
