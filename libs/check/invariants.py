@@ -22,6 +22,7 @@ GRANTED = subjects.ALLOCATION_GRANTED
 RELEASED = subjects.ALLOCATION_RELEASED
 JOB_STATES = frozenset({"awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed"})
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
+NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})  # releases the queue leaves alone
 ONE_US = timedelta(microseconds=1)
 EPS = 1e-9
 
@@ -401,8 +402,10 @@ def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
         if job_id in finished:
             out.append(Violation("job_placement", "finished_job_holds_gpus", job_id,
                                  f"placement applied the job's completion/cancellation but still holds {ids}"))
+    # a job once scaled may have been a replicated one when its releases came (the queue ignores those)
+    scaled = {h["job_id"] for h in queue.rows("job_history") if str(h["reason"]).startswith("Scaled:")}
     for job_id, j in sorted(jobs.items()):
-        single = j["replicas"] <= 1 and not j["gang_nodes"]
+        single = j["replicas"] <= 1 and not j["gang_nodes"] and job_id not in scaled
         state = j["state"]
         if state in ("running", "preempting"):
             alloc = by_id.get(j["allocation_id"]) if j["allocation_id"] else None
@@ -410,7 +413,8 @@ def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
                 out.append(Violation("job_placement", "running_without_allocation", job_id,
                                      f"queue says {state} on allocation {j['allocation_id']}, which placement does "
                                      "not have"))
-            elif single and alloc["released_at"] is not None and release_event.get(alloc["allocation_id"]) in queue_applied:
+            elif (single and alloc["released_at"] is not None and alloc["release_reason"] not in NOT_REQUEUED
+                  and release_event.get(alloc["allocation_id"]) in queue_applied):
                 out.append(Violation(
                     "job_placement", "running_after_release", job_id,
                     f"queue applied the release of {alloc['allocation_id']} ({alloc['release_reason']}) but the job "

@@ -207,8 +207,9 @@ class Load:
             ("training", "batch")), "gpus": self.rng.choice((1, 1, 1, 2, 2, 4)), "project": "chaos"}
 
     async def submit(self, body: dict, *, hold_s: float | None = None, cancel: bool = False,
-                     give_up_at: float | None = None) -> Job | None:
-        """POST until the platform says yes or no (same key every time, so a retry never makes a second job)."""
+                     give_up_at: float | None = None, max_delay_s: float = 2.0) -> Job | None:
+        """POST until the platform says yes or no (same key every time, so a retry never makes a second job).
+        Retries back off up to `max_delay_s` (the probe keeps it short: its answer is a measurement)."""
         key = f"chaos-{uuid.uuid4()}"
         self.stats.submitted += 1
         self.unresolved[key] = body
@@ -237,7 +238,7 @@ class Load:
             if give_up_at is not None and time.monotonic() > give_up_at:
                 return None  # stays unresolved: the final tally looks it up again
             await asyncio.sleep(delay)
-            delay = min(2.0, delay * 2)
+            delay = min(max_delay_s, delay * 2)
 
     async def _submit_loop(self) -> None:
         pending: set[asyncio.Task] = set()
@@ -458,7 +459,7 @@ class Chaos:
     async def _probe(self) -> bool:
         """A one-GPU job submitted at the fault: the platform serves again once it is granted."""
         job = await self.load.submit({"name": "chaos-probe", "team": "platform", "kind": "batch", "gpus": 1,
-                                      "project": "probe"}, hold_s=0.5)
+                                      "project": "probe"}, hold_s=0.5, max_delay_s=0.1)
         if job is None:
             return False
         while True:
