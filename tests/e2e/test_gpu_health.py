@@ -310,3 +310,22 @@ async def test_one_minute_rollups_reach_their_own_stream_for_every_node(platform
             assert all(0 <= g.utilization_avg_pct <= g.utilization_max_pct <= 100 for g in rolled.gpus)
     finally:
         await nc.close()
+
+
+def test_a_scrape_of_the_simulated_agent_has_dcgm_series_for_every_gpu(platform) -> None:  # type: ignore[no-untyped-def]
+    """Existing DCGM dashboards work against the agent: every GPU inventory knows has the DCGM-named series with
+    the `gpu`, `UUID` and `Hostname` labels dcgm-exporter uses, in a scrape that parses."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with platform.client() as api:
+        gpus = {g["uuid"]: (n["node"], g["index"]) for n in api.get("/v1/nodes").json()["items"] for g in n["gpus"]}
+    scrape = httpx.get(platform.reload()["metrics"]["agent"], timeout=10)
+    assert scrape.status_code == 200
+    seen: dict[str, dict[str, tuple[str, str]]] = {}
+    for family in text_string_to_metric_families(scrape.text):
+        for s in family.samples:
+            if s.name.startswith("DCGM_FI_DEV_"):
+                seen.setdefault(s.name, {})[s.labels["UUID"]] = (s.labels["Hostname"], s.labels["gpu"])
+    for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+                 "DCGM_FI_DEV_XID_ERRORS"):
+        assert {u: (node, str(i)) for u, (node, i) in gpus.items()} == seen[name], name
