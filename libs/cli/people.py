@@ -686,6 +686,36 @@ def cmd_quota_delete(args: argparse.Namespace, gp: GpupoolClient) -> int:
     return EXIT_OK
 
 
+def parse_until(text: str, now: datetime | None = None) -> datetime:
+    """An end date: ISO 8601 ('2026-12-24', '2026-12-24T18:00Z') or a duration from now ('7d', '12h')."""
+    now = now or datetime.now(UTC)
+    try:
+        return now + timedelta(seconds=parse_duration(text))
+    except UsageError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--until must be a date (2026-12-24) or a duration (7d), not {text!r}") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def cmd_quota_loan(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    request = gp.request_quota_loan(args.path, args.gpus, parse_until(args.until), args.reason, args.model)
+    emit(args, request, lambda: (f"asked for a loan of {args.gpus} {args.model} GPU(s) to {args.path} until "
+                                 f"{request['loan_until']}\n  a platform admin decides: gpupool approvals approve "
+                                 f"{request['approval_id']}"))
+    return EXIT_OK
+
+
+def cmd_quota_loans(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    loans = gp.list_quota_loans(active=args.active)
+    emit(args, loans, lambda: table(("PATH", "MODEL", "GPUS", "UNTIL", "ACTIVE", "GRANTED BY", "REASON"), [
+        (x["path"], x["gpu_model"], x["gpus"], x["until"], "yes" if x["active"] else "no", x["granted_by"],
+         _short(x["reason"], 40)) for x in loans]) if loans else "No quota loans.")
+    return EXIT_OK
+
+
 def cmd_priority_classes_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
     classes = gp.list_priority_classes()
     emit(args, raws(classes), lambda: table(
@@ -1267,7 +1297,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--org", help="the org it belongs to (default: default)")
 
     quota = group("quota", "quota entries of the org → team → project tree, in GPUs", "quota_command",
-                  "list,set,delete")
+                  "list,set,delete,loan,loans")
     add("list", cmd_quota_list, "every quota entry", quota)
     p = add("set", cmd_quota_set, "set one quota entry; fields not given keep their value (admins)", quota)
     p.add_argument("path", metavar="PATH", help="org, org/team or org/team/project, e.g. default/research")
@@ -1281,6 +1311,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add("delete", cmd_quota_delete, "remove one quota entry (admins)", quota)
     p.add_argument("path", metavar="PATH")
     p.add_argument("--model", default="*", help="GPU model, '*' (the default) for any model")
+    p = add("loan", cmd_quota_loan, "ask for extra guarantee until a date (team admins; a platform admin approves)",
+            quota)
+    p.add_argument("path", metavar="PATH", help="org/team or org/team/project, e.g. default/research")
+    p.add_argument("--gpus", type=int, required=True, help="extra guaranteed GPUs")
+    p.add_argument("--until", required=True, metavar="WHEN", help="a date (2026-12-24) or a duration (7d, 12h)")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--model", default="*", help="GPU model, '*' (the default) for any model")
+    p = add("loans", cmd_quota_loans, "quota loans granted", quota)
+    p.add_argument("--active", action="store_true", help="only those in force now")
 
     classes = group("priority-classes", "priority classes: higher value runs first", "pc_command", "list,set")
     add("list", cmd_priority_classes_list, "every priority class", classes)

@@ -22,6 +22,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
@@ -375,6 +376,16 @@ class GpupoolClient(ReportsApi):
 
     def delete_quota(self, path: str, gpu_model: str = "*") -> None:
         self.request("DELETE", "/v1/quotas", params={"path": path, "gpu_model": gpu_model})
+
+    def request_quota_loan(self, path: str, gpus: int, until: datetime, reason: str,
+                           gpu_model: str = "*") -> dict[str, Any]:
+        """Ask for `gpus` extra guaranteed GPUs on a quota entry until `until`: an approval request (kind `loan`)
+        that a platform admin approves or denies."""
+        return self._json("POST", "/v1/quota-loans", json_body={
+            "path": path, "gpu_model": gpu_model, "gpus": gpus, "until": until.isoformat(), "reason": reason})
+
+    def list_quota_loans(self, active: bool = False) -> list[dict[str, Any]]:
+        return self._json("GET", "/v1/quota-loans", params={"active": str(active).lower()})["items"]
 
     def list_priority_classes(self) -> list[PriorityClass]:
         return self._list(PriorityClass, "/v1/priority-classes")

@@ -297,6 +297,21 @@ class SetApprovalRule(Command):
     enabled: bool = True
 
 
+class RequestQuotaLoan(Command):
+    """Ask for extra guarantee on one quota entry until a date; a platform admin decides (approval flow)."""
+
+    path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org/team or org/team/project")
+    gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
+    gpus: int = Field(ge=1, le=100_000, description="extra guaranteed GPUs")
+    until: datetime = Field(description="the loan ends then (at most 90 days ahead)")
+    reason: str = Field(min_length=1, max_length=500)
+    requested_by: str = "anonymous"
+
+
+class ListQuotaLoans(Command):
+    active_only: bool = False
+
+
 class DecideApproval(Command):
     approval_id: str = Field(min_length=1, max_length=64)
     approve: bool
@@ -309,6 +324,7 @@ class ListApprovals(Command):
 
     team: str | None = None
     state: Literal["pending", "approved", "denied", "withdrawn"] | None = None
+    kind: Literal["job", "loan"] | None = None
     approval_id: str | None = Field(default=None, max_length=64)
     job_id: str | None = Field(default=None, max_length=64)
     limit: int = Field(default=100, ge=1, le=1000)

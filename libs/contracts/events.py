@@ -434,6 +434,7 @@ class QuotaSet(EventData):
     deleted: bool = False
     revision: int
     set_at: datetime
+    loaned: float = Field(default=0.0, description="part of `guaranteed` lent for a limited time (quota loans)")
 
 
 class PriorityClassSet(EventData):
@@ -494,7 +495,7 @@ class ApprovalRequested(EventData):
     entity_field: ClassVar[str] = "approval_id"
 
     approval_id: str
-    job_id: str
+    job_id: str = Field(description="empty for a quota loan")
     job_name: str
     team: str
     project: str
@@ -503,6 +504,10 @@ class ApprovalRequested(EventData):
     reasons: list[str]
     requested_by: str
     requested_at: datetime
+    kind: Literal["job", "loan"] = "job"
+    loan_path: str | None = Field(default=None, description="a loan: the quota entry it adds guarantee to")
+    loan_gpu_model: str | None = None
+    loan_until: datetime | None = None
 
 
 class ApprovalWithdrawn(EventData):
@@ -525,12 +530,13 @@ class ApprovalDecided(EventData):
     entity_field: ClassVar[str] = "approval_id"
 
     approval_id: str
-    job_id: str
+    job_id: str = Field(description="empty for a quota loan")
     team: str
     approved: bool
     comment: str = ""
     decided_by: str
     decided_at: datetime
+    kind: Literal["job", "loan"] = "job"
 
 
 class GpuSharingSet(EventData):

@@ -38,6 +38,7 @@ class Action(StrEnum):
     APPROVAL_DECIDE = "approval.decide"
     NODE_MANAGE = "node.manage"
     DECISION_READ = "decision.read"
+    QUOTA_LOAN_REQUEST = "quota_loan.request"
 
 
 ANY, TEAM = "any", "team"  # scope: every team, or only the principal's own team
@@ -59,6 +60,7 @@ POLICY: dict[Action, dict[Role, str]] = {
     Action.APPROVAL_DECIDE: {"platform-admin": ANY, "team-admin": TEAM},
     Action.NODE_MANAGE: {"platform-admin": ANY, "operator": ANY},
     Action.DECISION_READ: {"platform-admin": ANY, "operator": ANY},
+    Action.QUOTA_LOAN_REQUEST: {"platform-admin": ANY, "team-admin": TEAM},
 }
 
 # Roles a team admin may hand out inside their own team (never admin or operator).

@@ -5,6 +5,7 @@ The quota service owns all of it; these routes are request/reply to it plus an a
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
@@ -21,6 +22,8 @@ from libs.contracts.commands import (
     Empty,
     JobKind,
     ListApprovals,
+    ListQuotaLoans,
+    RequestQuotaLoan,
     SetApprovalRule,
     SetPriorityClass,
     SetQuota,
@@ -128,6 +131,7 @@ class RuleBody(BaseModel):
 @router.get("/approvals", summary="Approval requests (team-scoped callers see their team's)", tags=["approvals"])
 async def list_approvals(req: Request, caller: Caller, team: Annotated[str | None, Query(max_length=63)] = None,
                          state: Annotated[str | None, Query(pattern="^(pending|approved|denied|withdrawn)$")] = None,
+                         kind: Annotated[str | None, Query(pattern="^(job|loan)$")] = None,
                          job_id: Annotated[str | None, Query(max_length=64)] = None,
                          limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                          cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
@@ -135,7 +139,7 @@ async def list_approvals(req: Request, caller: Caller, team: Annotated[str | Non
     decided."""
     team = team_filter(caller, Action.JOB_READ, team)
     return await call(req, subjects.QUERY_QUOTA_APPROVALS, ListApprovals(team=team, state=state, job_id=job_id,
-                                                                       limit=limit, before=cursor))
+                                                                       kind=kind, limit=limit, before=cursor))
 
 
 async def _decide(req: Request, caller, approval_id: str, approve: bool, body: DecisionBody | None) -> dict:  # type: ignore[no-untyped-def]
@@ -144,6 +148,8 @@ async def _decide(req: Request, caller, approval_id: str, approve: bool, body: D
     if not found:
         raise ApiError(404, "ApprovalNotFound", f"no approval request {approval_id}")
     require(caller, Action.APPROVAL_DECIDE, found[0]["team"])
+    if found[0].get("kind") == "loan":  # lending guarantee changes the quota tree: platform admins only
+        require(caller, Action.QUOTA_MANAGE)
     comment = body.comment if body else ""
     decided = await call(req, subjects.CMD_QUOTA_DECIDE_APPROVAL, DecideApproval(
         approval_id=approval_id, approve=approve, comment=comment, decided_by=caller.subject))
@@ -162,6 +168,40 @@ async def approve(approval_id: Annotated[str, Path(max_length=64)], req: Request
 async def deny(approval_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
                body: DecisionBody | None = None) -> dict:
     return await _decide(req, caller, approval_id, False, body)
+
+
+class LoanBody(BaseModel):
+    """Extra guarantee for one entry of the quota tree until a date; a platform admin approves or denies it."""
+
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
+        {"path": "default/research", "gpu_model": "H100-80GB", "gpus": 8, "until": "2026-12-24T00:00:00Z",
+         "reason": "paper deadline"}]}}
+
+    path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org/team or org/team/project")
+    gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
+    gpus: int = Field(ge=1, le=100_000)
+    until: datetime = Field(description="when the loan ends (at most 90 days ahead); with a time zone")
+    reason: str = Field(min_length=1, max_length=500)
+
+
+@router.post("/quota-loans", status_code=201, summary="Ask for a time-boxed quota loan (goes to approval)",
+             tags=["approvals"])
+async def request_loan(body: LoanBody, req: Request, caller: Caller) -> dict:
+    """Team admins ask for their own team; the request appears in `GET /v1/approvals` (kind `loan`) and only a
+    platform admin may approve it. While approved and not over, the entry's effective guarantee includes it."""
+    parts = body.path.split("/")
+    require(caller, Action.QUOTA_LOAN_REQUEST, parts[1] if len(parts) > 1 else None)
+    result = await call(req, subjects.CMD_QUOTA_REQUEST_LOAN, RequestQuotaLoan(
+        path=body.path, gpu_model=body.gpu_model, gpus=body.gpus, until=body.until, reason=body.reason,
+        requested_by=caller.subject))
+    await record(req, caller, "quota_loan.request", result["approval_id"], None, result)
+    return result
+
+
+@router.get("/quota-loans", summary="Quota loans granted (active ones, or all)", tags=["approvals"])
+async def list_loans(req: Request, caller: Caller, active: bool = False) -> dict:
+    require(caller, Action.TEAM_READ)
+    return await call(req, subjects.QUERY_QUOTA_LOANS, ListQuotaLoans(active_only=active))
 
 
 @router.put("/approval-rules/{rule}", summary="Set an admission rule that requires approval", tags=["approvals"])

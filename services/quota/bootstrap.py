@@ -12,4 +12,5 @@ async def main() -> None:
     handlers = QuotaHandlers(runtime)
     await handlers.seed([t.strip() for t in settings.seed_teams.split(",") if t.strip()])
     await runtime.mount(routes(handlers))
+    runtime.background(handlers.sweep_loans(settings.loan_sweep_interval_s), "quota-loan-sweep")
     await runtime.run_until_signalled()

@@ -6,6 +6,10 @@ read model converges whatever order it sees changes in.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from datetime import timedelta
+
 from libs.contracts import subjects
 from libs.contracts.commands import (
     AdmitJob,
@@ -13,7 +17,9 @@ from libs.contracts.commands import (
     DecideApproval,
     Empty,
     ListApprovals,
+    ListQuotaLoans,
     Reply,
+    RequestQuotaLoan,
     SetApprovalRule,
     SetPriorityClass,
     SetQuota,
@@ -35,12 +41,16 @@ from services.quota import store
 from services.quota.domain import admit, approval_reasons
 
 CONSUMER = "quota"
+MAX_LOAN_DAYS = 90
+log = logging.getLogger(__name__)
 
 
 def _quota_event(row, *, deleted: bool = False, revision: int | None = None) -> QuotaSet:  # type: ignore[no-untyped-def]
+    """The entry as read models must hold it: `guaranteed` is the effective one (own + active loans)."""
+    loaned = row["loaned"] if "loaned" in row.keys() else 0.0  # noqa: SIM118 (asyncpg Record)
     return QuotaSet(path=row["path"], gpu_model=row["gpu_model"], guaranteed=row["guaranteed"],
                     borrowing_limit=row["borrowing_limit"], lending_limit=row["lending_limit"], weight=row["weight"],
-                    deleted=deleted, revision=revision or row["revision"], set_at=utcnow())
+                    deleted=deleted, revision=revision or row["revision"], set_at=utcnow(), loaned=loaned)
 
 
 def _view(row) -> dict:  # type: ignore[no-untyped-def]
@@ -83,7 +93,8 @@ class QuotaHandlers:
                 return Reply.success({"before": _view(before), "after": None})
             if cmd.lending_limit is not None and cmd.lending_limit > cmd.guaranteed:
                 return Reply.failure(422, "InvalidQuota", "a lending limit cannot exceed what is guaranteed")
-            row = await store.upsert_quota(uow.conn, cmd)
+            await store.upsert_quota(uow.conn, cmd)
+            row = await store.get_quota(uow.conn, cmd.path, cmd.gpu_model)  # effective: own + active loans
             await uow.emit(_quota_event(row))
         return Reply.success({"before": _view(before) if before else None, "after": _view(row)})
 
@@ -140,15 +151,73 @@ class QuotaHandlers:
                     return Reply.failure(404, "ApprovalNotFound", f"no approval request {cmd.approval_id}")
                 return Reply.failure(409, "AlreadyDecided", f"approval {cmd.approval_id} was already "
                                                             f"{existing['state']}")
-            await uow.emit(ApprovalDecided(approval_id=row["approval_id"], job_id=row["job_id"], team=row["team"],
-                                           approved=cmd.approve, comment=cmd.comment, decided_by=cmd.decided_by,
-                                           decided_at=row["decided_at"]))
+            if row["kind"] == "loan" and cmd.approve:
+                if row["loan_until"] <= utcnow():
+                    return Reply.failure(409, "LoanExpired", "the loan would already be over; ask again")
+                await store.grant_loan(uow.conn, row, cmd.decided_by)
+                entry = await store.get_quota(uow.conn, row["loan_path"], row["loan_gpu_model"])
+                await uow.emit(_quota_event(entry))
+            await uow.emit(ApprovalDecided(approval_id=row["approval_id"], job_id=row["job_id"] or "",
+                                           team=row["team"], approved=cmd.approve, comment=cmd.comment,
+                                           decided_by=cmd.decided_by, decided_at=row["decided_at"],
+                                           kind=row["kind"]))
         return Reply.success(_view(row))
+
+    async def request_loan(self, cmd: RequestQuotaLoan) -> Reply:
+        """A time-boxed quota loan goes through the approval flow: recorded here, decided by a platform admin."""
+        parts = cmd.path.split("/")
+        if len(parts) < 2:
+            return Reply.failure(422, "InvalidLoan", "a loan is for a team or a project (org/team[/project])")
+        now = utcnow()
+        if not now < cmd.until <= now + timedelta(days=MAX_LOAN_DAYS):
+            return Reply.failure(422, "InvalidLoan", f"until must be in the future and at most {MAX_LOAN_DAYS} days "
+                                                     f"ahead")
+        async with self.rt.uow() as uow:
+            team = await store.get_team(uow.conn, parts[1])
+            if team is None or team["org"] != parts[0]:
+                return Reply.failure(422, "UnknownTeam", f"no team {parts[1]} in org {parts[0]}")
+            reason = f"loan of {cmd.gpus} {cmd.gpu_model} GPU(s) to {cmd.path} until {cmd.until.isoformat()}: " \
+                     f"{cmd.reason}"
+            row = await store.insert_loan_request(
+                uow.conn, approval_id=uuid7(), job_name=f"quota loan for {cmd.path}", team=parts[1],
+                project=parts[2] if len(parts) > 2 else "default", gpus=cmd.gpus, reasons=[reason],
+                requested_by=cmd.requested_by, path=cmd.path, gpu_model=cmd.gpu_model, until=cmd.until)
+            await uow.emit(ApprovalRequested(
+                approval_id=row["approval_id"], job_id="", job_name=row["job_name"], team=row["team"],
+                project=row["project"], gpus=row["gpus"], priority_class="", reasons=list(row["reasons"]),
+                requested_by=row["requested_by"], requested_at=row["created_at"], kind="loan",
+                loan_path=cmd.path, loan_gpu_model=cmd.gpu_model, loan_until=cmd.until))
+        return Reply.success(_view(row))
+
+    async def loans(self, cmd: ListQuotaLoans) -> Reply:
+        async with self.rt.pool.acquire() as conn:
+            rows = await store.list_loans(conn, active_only=cmd.active_only)
+        return Reply.success({"items": [_view(r) for r in rows], "next": None})
+
+    async def expire_loans(self) -> int:
+        """End the loans whose date passed: the entry's effective guarantee drops back, announced as QuotaSet."""
+        async with self.rt.uow() as uow:
+            ended = await store.expire_loans(uow.conn)
+            for path, model in sorted({(r["path"], r["gpu_model"]) for r in ended}):
+                await store.touch_entry(uow.conn, path, model)
+                await uow.emit(_quota_event(await store.get_quota(uow.conn, path, model)))
+        for r in ended:
+            log.info("quota_loan_expired", extra={"loan_id": r["loan_id"], "path": r["path"]})
+        return len(ended)
+
+    async def sweep_loans(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.expire_loans()
+            except Exception as exc:  # the database is away: next round
+                log.warning("loan_sweep_failed", extra={"error": repr(exc)})
 
     async def approvals(self, cmd: ListApprovals) -> Reply:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_approvals(conn, team=cmd.team, state=cmd.state, approval_id=cmd.approval_id,
-                                              job_id=cmd.job_id, limit=cmd.limit + 1, before=cmd.before)
+                                              job_id=cmd.job_id, limit=cmd.limit + 1, before=cmd.before,
+                                              kind=cmd.kind)
             rules = await store.approval_rules(conn)
         return Reply.success({**page(rows, cmd.limit, _view, lambda item: item["approval_id"]),
                               "rules": [dict(r) for r in rules]})
@@ -187,6 +256,8 @@ def routes(h: QuotaHandlers) -> Routes:
             subjects.CMD_QUOTA_SET_APPROVAL_RULE: (SetApprovalRule, h.set_approval_rule),
             subjects.CMD_QUOTA_DECIDE_APPROVAL: (DecideApproval, h.decide_approval),
             subjects.QUERY_QUOTA_APPROVALS: (ListApprovals, h.approvals),
+            subjects.CMD_QUOTA_REQUEST_LOAN: (RequestQuotaLoan, h.request_loan),
+            subjects.QUERY_QUOTA_LOANS: (ListQuotaLoans, h.loans),
         },
         events={JobCancelled: h.on_job_cancelled},
     )

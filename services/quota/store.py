@@ -28,13 +28,15 @@ async def priority_class(conn: asyncpg.Connection, name: str) -> asyncpg.Record 
 
 async def team_quota_rows(conn: asyncpg.Connection, org: str, team: str) -> list[asyncpg.Record]:
     """The team's own entries and its org's (a team can never hold more than either allows)."""
-    return await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries WHERE path = $1 OR path = $2",
+    return await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries_effective WHERE path = $1 OR path = $2",
                             f"{org}/{team}", org)
 
 
 async def get_quota(conn: asyncpg.Connection, path: str, gpu_model: str) -> asyncpg.Record | None:
-    return await conn.fetchrow(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries WHERE path = $1 AND gpu_model = $2",
-                               path, gpu_model)
+    """The entry as placement must see it: its guarantee includes active loans (`loaned`, `base_guaranteed`)."""
+    return await conn.fetchrow(
+        f"SELECT {_QUOTA_COLUMNS}, base_guaranteed, loaned FROM quota_entries_effective WHERE path = $1 AND gpu_model = $2",
+        path, gpu_model)
 
 
 async def upsert_quota(conn: asyncpg.Connection, cmd: SetQuota) -> asyncpg.Record:
@@ -67,7 +69,7 @@ async def upsert_priority_class(conn: asyncpg.Connection, cmd: SetPriorityClass)
 
 async def policy(conn: asyncpg.Connection) -> dict[str, list[dict]]:
     teams = await conn.fetch("SELECT team, org, revision FROM teams ORDER BY team")
-    quotas = await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries ORDER BY path, gpu_model")
+    quotas = await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries_effective ORDER BY path, gpu_model")
     classes = await conn.fetch(f"SELECT {_CLASS_COLUMNS} FROM priority_classes ORDER BY value DESC, name")
     return {
         "teams": [dict(r) for r in teams],
@@ -78,21 +80,21 @@ async def policy(conn: asyncpg.Connection) -> dict[str, list[dict]]:
 
 async def list_teams(conn: asyncpg.Connection) -> list[dict]:
     teams = await conn.fetch("SELECT team, org FROM teams ORDER BY team")
-    quotas = await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries ORDER BY path, gpu_model")
+    quotas = await conn.fetch(f"SELECT {_QUOTA_COLUMNS}, loaned FROM quota_entries_effective ORDER BY path, gpu_model")
     out = []
     for t in teams:
         own = f"{t['org']}/{t['team']}"
         out.append({"team": t["team"], "org": t["org"], "quotas": [
             {"path": q["path"], "gpu_model": q["gpu_model"], "guaranteed": q["guaranteed"],
              "borrowing_limit": q["borrowing_limit"], "lending_limit": q["lending_limit"],
-             "over_quota_weight": q["weight"]}
+             "over_quota_weight": q["weight"], "loaned": q["loaned"]}
             for q in quotas if q["path"] == own or q["path"].startswith(own + "/")]})
     return out
 
 
 # --- approvals ----------------------------------------------------------------------------------------------------
 _APPROVAL_COLUMNS = ("approval_id, job_id, job_name, team, project, gpus, priority_class, reasons, requested_by, "
-                     "state, comment, decided_by, created_at, decided_at")
+                     "state, comment, decided_by, created_at, decided_at, kind, loan_path, loan_gpu_model, loan_until")
 
 
 async def approval_rules(conn: asyncpg.Connection) -> list[asyncpg.Record]:
@@ -132,13 +134,14 @@ async def get_approval(conn: asyncpg.Connection, approval_id: str) -> asyncpg.Re
 
 
 async def list_approvals(conn: asyncpg.Connection, *, team: str | None, state: str | None, approval_id: str | None,
-                         limit: int, job_id: str | None = None, before: str | None = None) -> list[asyncpg.Record]:
+                         limit: int, job_id: str | None = None, before: str | None = None,
+                         kind: str | None = None) -> list[asyncpg.Record]:
     return await conn.fetch(
         f"""SELECT {_APPROVAL_COLUMNS} FROM approval_requests
             WHERE ($1::text IS NULL OR team = $1) AND ($2::text IS NULL OR state = $2)
               AND ($3::text IS NULL OR approval_id = $3) AND ($5::text IS NULL OR job_id = $5)
-              AND ($6::text IS NULL OR approval_id < $6)
-            ORDER BY approval_id DESC LIMIT $4""", team, state, approval_id, limit, job_id, before)
+              AND ($6::text IS NULL OR approval_id < $6) AND ($7::text IS NULL OR kind = $7)
+            ORDER BY approval_id DESC LIMIT $4""", team, state, approval_id, limit, job_id, before, kind)
 
 
 async def withdraw_approval(conn: asyncpg.Connection, job_id: str, reason: str) -> asyncpg.Record | None:
@@ -146,3 +149,48 @@ async def withdraw_approval(conn: asyncpg.Connection, job_id: str, reason: str) 
     return await conn.fetchrow(
         f"""UPDATE approval_requests SET state = 'withdrawn', comment = $2, decided_at = now()
             WHERE job_id = $1 AND state = 'pending' RETURNING {_APPROVAL_COLUMNS}""", job_id, reason)
+
+
+# --- quota loans ----------------------------------------------------------------------------------------------------
+async def insert_loan_request(conn: asyncpg.Connection, **row: object) -> asyncpg.Record:
+    return await conn.fetchrow(
+        f"""INSERT INTO approval_requests (approval_id, job_id, job_name, team, project, gpus, priority_class,
+                                          reasons, requested_by, kind, loan_path, loan_gpu_model, loan_until)
+            VALUES ($1, NULL, $2, $3, $4, $5, '', $6, $7, 'loan', $8, $9, $10) RETURNING {_APPROVAL_COLUMNS}""",
+        row["approval_id"], row["job_name"], row["team"], row["project"], row["gpus"], row["reasons"],
+        row["requested_by"], row["path"], row["gpu_model"], row["until"])
+
+
+async def grant_loan(conn: asyncpg.Connection, approval: asyncpg.Record, granted_by: str) -> None:
+    """Lend the approved extra guarantee, creating the entry (guarantee 0) if the tree had none, and give the entry
+    a new revision so read models take its new effective guarantee."""
+    await conn.execute(
+        """INSERT INTO quota_loans (loan_id, path, gpu_model, gpus, until, reason, granted_by)
+           VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT DO NOTHING""",
+        approval["approval_id"], approval["loan_path"], approval["loan_gpu_model"], float(approval["gpus"]),
+        approval["loan_until"], "; ".join(approval["reasons"]), granted_by)
+    await touch_entry(conn, approval["loan_path"], approval["loan_gpu_model"])
+
+
+async def touch_entry(conn: asyncpg.Connection, path: str, gpu_model: str) -> None:
+    await conn.execute(
+        """INSERT INTO quota_entries (path, gpu_model, guaranteed) VALUES ($1, $2, 0)
+           ON CONFLICT (path, gpu_model) DO UPDATE SET revision = nextval('policy_revision'), updated_at = now()""",
+        path, gpu_model)
+
+
+async def expire_loans(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Loans whose date passed, marked so each end is announced once (rows locked, skipping a concurrent sweep)."""
+    return await conn.fetch(
+        """UPDATE quota_loans SET expired_at = now()
+           WHERE loan_id IN (SELECT loan_id FROM quota_loans WHERE expired_at IS NULL AND until <= now()
+                             FOR UPDATE SKIP LOCKED)
+           RETURNING loan_id, path, gpu_model, gpus, until""")
+
+
+async def list_loans(conn: asyncpg.Connection, *, active_only: bool) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT loan_id, path, gpu_model, gpus, until, reason, granted_by, granted_at, expired_at,
+                  (expired_at IS NULL AND until > now()) AS active
+           FROM quota_loans WHERE NOT $1 OR (expired_at IS NULL AND until > now()) ORDER BY granted_at DESC""",
+        active_only)

@@ -63,6 +63,8 @@ MATRIX: dict[str, tuple[int, ...]] = {
     "uncordon a node":                (1, 1, 0, 0, 0, 0),
     "set a GPU's sharing mode":       (1, 1, 0, 0, 0, 0),
     "list orphans":                   (1, 1, 1, 1, 1, 1),
+    "ask for a quota loan for own team": (1, 0, 1, 0, 0, 0),
+    "list quota loans":               (1, 1, 1, 1, 1, 1),
 }
 
 
@@ -143,6 +145,9 @@ def calls(admin: httpx.Client) -> dict[str, Callable[[httpx.Client], httpx.Respo
         "set a GPU's sharing mode": lambda c: c.put(f"/v1/nodes/{a_node(admin)}/gpus/0/sharing",
                                                     json={"mode": "exclusive"}),
         "list orphans": lambda c: c.get("/v1/orphans"),
+        "ask for a quota loan for own team": lambda c: c.post("/v1/quota-loans", json={
+            "path": f"default/{OWN}", "gpus": 1, "until": "2099-01-01T00:00:00Z", "reason": "matrix"}),
+        "list quota loans": lambda c: c.get("/v1/quota-loans"),
         "ask who am I": lambda c: c.get("/v1/whoami"),
         "explain own team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OWN)}/explain"),
         "explain another team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OTHER)}/explain"),

@@ -578,7 +578,7 @@ def test_completion_picks_up_the_new_commands():
     spec = people.completion_spec(build_parser())
     assert {"explain", "scale", "quota", "priority-classes", "approvals", "reclaim-policies"} <= set(spec[""]["words"])
     assert spec["teams"]["words"] == ["list", "create"]
-    assert spec["quota"]["words"] == ["list", "set", "delete"]
+    assert spec["quota"]["words"] == ["list", "set", "delete", "loan", "loans"]
     assert spec["approvals"]["words"] == ["list", "approve", "deny", "rule"]
     assert spec["approvals rule"]["words"] == list(people.APPROVAL_RULES)
     assert spec["reclaim-policies set"]["words"] == list(people.JOB_KINDS)
@@ -586,3 +586,14 @@ def test_completion_picks_up_the_new_commands():
     assert {"--gang-nodes", "--gpus-per-node", "--replicas", "--max-runtime"} <= set(spec["submit"]["takes_value"])
     assert {"--preemptible", "--no-preemptible"} <= set(spec["priority-classes set"]["options"])
     assert "awaiting_approval" in spec["jobs"]["choices"]["--state"]
+
+
+def test_loan_end_dates_are_dates_or_durations():
+    from datetime import UTC, datetime
+
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    assert people.parse_until("7d", now) == datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    assert people.parse_until("2026-12-24", now) == datetime(2026, 12, 24, tzinfo=UTC)
+    assert people.parse_until("2026-12-24T18:00Z", now) == datetime(2026, 12, 24, 18, 0, tzinfo=UTC)
+    with pytest.raises(people.UsageError, match="--until"):
+        people.parse_until("next week", now)
