@@ -12,4 +12,5 @@ async def main() -> None:
     handlers = QueueHandlers(runtime, settings)
     await runtime.mount(routes(handlers))
     runtime.background(handlers.report_queue_depth(), "queue-depth")
+    runtime.background(handlers.sweep_requeues(), "requeue-backoff")
     await runtime.run_until_signalled()

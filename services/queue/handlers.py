@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from datetime import timedelta
 
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
@@ -56,6 +57,15 @@ def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]
         gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], max_runtime_s=row["max_runtime_s"],
         gpu_fraction_milli=row["gpu_fraction_milli"], gpu_memory_mib=row["gpu_memory_mib"],
         mig_profile=row["mig_profile"], exclusive=row["exclusive"], submitted_by=row["submitted_by"])
+
+
+# Abnormal losses back off before the job is wanted again (a preemption or a scale-down does not).
+BACKED_OFF = frozenset({"NodeLost", "GpuQuarantined", "Drained"})
+
+
+def requeue_delay(attempts: int, base_s: float, max_s: float) -> float:
+    """Exponential back-off after the job's `attempts` earlier requeues: base, 2×base, 4×base, ... up to max."""
+    return min(max_s, base_s * 2 ** min(attempts, 20))
 
 
 class QueueHandlers:
@@ -290,10 +300,36 @@ class QueueHandlers:
                 await self._set_state(uow, row, "failed", data.reason,
                                       at=data.released_at, message=f"GPUs reclaimed: {data.reason}")
                 return
+            if data.reason in BACKED_OFF:
+                delay = requeue_delay(row["attempts"], self.settings.requeue_backoff_s,
+                                      self.settings.requeue_backoff_max_s)
+                back = data.released_at + timedelta(seconds=delay)
+                await self._set_state(uow, row, "pending", f"Requeued:{data.reason}", at=data.released_at,
+                                      message=f"requeued after {data.reason}; back in the queue at "
+                                              f"{back.isoformat()} (attempt {row['attempts'] + 1})",
+                                      allocation_id=None, node=None, cluster=None)
+                await store.set_requeue_at(uow.conn, data.job_id, back)  # the sweep wants it again then
+                return
             await self._set_state(uow, row, "pending", f"Requeued:{data.reason}",
                                   at=data.released_at, message=f"requeued after {data.reason}",
                                   allocation_id=None, node=None, cluster=None)
             await uow.emit(submitted_event(row))
+
+    async def release_due_requeues(self) -> int:
+        """Jobs whose requeue back-off is over are wanted by placement again."""
+        async with self.rt.uow() as uow:
+            rows = await store.due_requeues(uow.conn, utcnow())
+            for row in rows:
+                await uow.emit(submitted_event(row))
+        return len(rows)
+
+    async def sweep_requeues(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.requeue_sweep_interval_s)
+            try:
+                await self.release_due_requeues()
+            except Exception as exc:  # the database is away: next round
+                log.warning("requeue_sweep_failed", extra={"error": repr(exc)})
 
 
 def routes(h: QueueHandlers) -> Routes:

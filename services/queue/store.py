@@ -102,3 +102,16 @@ async def open_job_counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
         """SELECT team, priority_class, state, count(*) AS n FROM jobs
            WHERE state IN ('awaiting_approval', 'pending', 'running', 'preempting')
            GROUP BY team, priority_class, state""")
+
+
+async def set_requeue_at(conn: asyncpg.Connection, job_id: str, at: datetime | None) -> None:
+    await conn.execute("UPDATE jobs SET requeue_at = $2 WHERE job_id = $1", job_id, at)
+
+
+async def due_requeues(conn: asyncpg.Connection, now: datetime, limit: int = 100) -> list[asyncpg.Record]:
+    """Pending jobs whose back-off is over, locked (a concurrent replica skips them), their back-off cleared."""
+    return await conn.fetch(
+        f"""UPDATE jobs SET requeue_at = NULL
+            WHERE job_id IN (SELECT job_id FROM jobs WHERE requeue_at <= $1 AND state = 'pending'
+                             ORDER BY requeue_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+            RETURNING {_COLUMNS}""", now, limit)

@@ -19,7 +19,7 @@ FLEET_NODES = 2
 UP_ARGS = ["--fleet", "L40S*4;L40S*4",
            "--env", "agent:SIM_WORKLOADS=dev=idle,training=training,inference=inference,batch=training",
            "--env", "reclamation:SWEEP_INTERVAL_S=0.5", "--env", "inventory:NODE_LOST_AFTER_S=3",
-           "--env", "inventory:NODE_SWEEP_INTERVAL_S=0.5"]
+           "--env", "inventory:NODE_SWEEP_INTERVAL_S=0.5", "--env", "queue:REQUEUE_BACKOFF_S=2"]
 
 
 class ReclaimWatcher:
@@ -108,8 +108,12 @@ async def test_a_job_on_a_node_that_goes_silent_is_requeued_and_runs_elsewhere(p
                 await asyncio.sleep(0.1)
             second = allocations.of(AllocationGranted, job_id)[1][2]
             assert second.node != first.node
+            # an abnormal loss backs off before the job is wanted again (QUEUE:REQUEUE_BACKOFF_S, first loss: 1x)
+            assert (second.granted_at - released.released_at).total_seconds() >= 2.0
             job = wait_state(api, job_id, "running")
             assert job["attempts"] == 1
+            requeued = [h for h in api.get(f"/v1/jobs/{job_id}").json()["history"] if h["to"] == "pending"][-1]
+            assert requeued["reason"] == "Requeued:NodeLost"
             assert [h["to"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]][-3:] == [
                 "running", "pending", "running"]
             nodes = {n["node"]: n["state"] for n in api.get("/v1/nodes").json()["items"]}

@@ -114,3 +114,4 @@ def test_the_workload_environment_keeps_a_fraction_inside_its_share_through_mps(
     mig = workload_environment([AllocatedGpu(uuid="GPU-d", index=3, model="A100-80GB", share_milli=428,
                                              mig_profile="3g.40gb", mig_start=4)])
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in mig
+
