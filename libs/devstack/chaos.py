@@ -433,7 +433,7 @@ class Chaos:
         t0 = time.monotonic()
         try:
             waits = await getattr(self, f"_inject_{kind}")(target, r)
-            probe = asyncio.create_task(self._probe())
+            probe = asyncio.create_task(self._probe(r, t0))
             recovered = await asyncio.wait_for(asyncio.gather(probe, *waits), self.recovery_timeout_s)
             r.recovered = all(x is not False for x in recovered)
             r.recovery_s = round(time.monotonic() - t0, 2)
@@ -456,12 +456,13 @@ class Chaos:
         return CheckConfig.from_run_file(self.platform.data_dir / "run.json", outbox_max_age_s=30,
                                          lag_max_age_s=60, **overrides)
 
-    async def _probe(self) -> bool:
+    async def _probe(self, r: Round, t0: float) -> bool:
         """A one-GPU job submitted at the fault: the platform serves again once it is granted."""
         job = await self.load.submit({"name": "chaos-probe", "team": "platform", "kind": "batch", "gpus": 1,
                                       "project": "probe"}, hold_s=0.5, max_delay_s=0.1)
         if job is None:
             return False
+        r.note += f" probe accepted at {time.monotonic() - t0:.2f}s"
         while True:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                 r = await self.load.api.get(f"/v1/jobs/{job.job_id}")
