@@ -4,7 +4,7 @@
   gpupool down     stop a platform started by `gpupool up`
   gpupool status   where the running platform is and whether every service is ready
   gpupool sim      trace-replay simulator on the scheduling core (`gpupool sim --help`)
-  gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench inventory`, core/simulator)
+  gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench inventory`, `bench reclaim`, core/simulator)
   gpupool agent    the node agent: real NVML, or `--simulate N` nodes for development and load
   gpupool schemas  write the JSON Schema of every event type to a folder
   gpupool check    verify the platform's invariants from its stores and streams, read-only (`gpupool check --help`)
@@ -124,6 +124,10 @@ def cmd_bench(argv: list[str]) -> int:
         from libs.devstack.bench_platform import main as platform_main
 
         return platform_main(argv[1:])
+    if argv and argv[0] == "reclaim":
+        from libs.devstack.bench_reclaim import main as reclaim_main
+
+        return reclaim_main(argv[1:])
     if argv and argv[0] == "inventory":
         from libs.devstack.bench_inventory import main as inventory_main
 

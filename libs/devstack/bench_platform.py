@@ -43,15 +43,17 @@ def pct(xs: list[float], p: float) -> float:
 
 
 class Platform:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, fleet: str = FLEET, extra: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
+        self.fleet = fleet
+        self.extra = extra
 
     def __enter__(self) -> Platform:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
         self.out = open(self.data_dir / "up.out", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "libs.cli.main", "up", "--port", "0", "--data-dir", str(self.data_dir),
-             "--fleet", FLEET, "--telemetry-interval", "2", "--log-level", "WARNING"],
+             "--fleet", self.fleet, "--telemetry-interval", "2", "--log-level", "WARNING", *self.extra],
             env=env, stdout=self.out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while not (self.data_dir / "run.json").exists():
@@ -61,7 +63,7 @@ class Platform:
         self.run = json.loads((self.data_dir / "run.json").read_text())
         headers = {"Authorization": f"Bearer {self.run['admin_token']}"}
         with httpx.Client(base_url=self.run["gateway_url"], headers=headers) as api:
-            while len(api.get("/v1/nodes").json().get("items", [])) < 8:
+            while len(api.get("/v1/nodes").json().get("items", [])) < len(self.fleet.split(";")):
                 if time.monotonic() > deadline:
                     raise RuntimeError("fleet did not register")
                 time.sleep(0.2)
