@@ -300,9 +300,10 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
         "",
         f"### Saturation: {p['burst']} jobs from {p['clients']} concurrent clients",
         "",
-        f"Sustained submissions: **{m['burst_submitted_per_s']:.1f} jobs/s**; jobs granted per second "
-        f"{m['burst_started_per_s']:.1f}; all granted after {m['burst_all_started_s']:.1f} s; submit → granted p50 "
-        f"{ms(m['burst_latency_p50_s'])}, p99 {ms(m['burst_latency_p99_s'])}.",
+        f"Sustained through to a grant: **{m['burst_started_per_s']:.1f} jobs/s** (all granted after "
+        f"{m['burst_all_started_s']:.1f} s); submissions were accepted at {m['burst_submitted_per_s']:.1f} jobs/s, "
+        f"the rest of the gap is queueing; submit → granted p50 {ms(m['burst_latency_p50_s'])}, p99 "
+        f"{ms(m['burst_latency_p99_s'])}.",
         "",
         "CPU per job and memory per process during the saturation run (where the time goes):",
         "",
@@ -317,15 +318,20 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
     at = next((r for r in m["rates"] if r["rate"] == compare_rate), m["rates"][-1] if m["rates"] else None)
     lines += ["### Against the targets of issue #10", "",
               "| target | measured | met |", "| --- | --- | --- |",
-              f"| ≥ 300 jobs/s sustained | {m['burst_submitted_per_s']:.1f} jobs/s | "
-              f"{'yes' if m['burst_submitted_per_s'] >= 300 else 'no'} |"]
+              f"| ≥ 300 jobs/s sustained (submitted and granted) | {m['burst_started_per_s']:.1f} jobs/s granted "
+              f"({m['burst_submitted_per_s']:.1f}/s accepted) | {'yes' if m['burst_started_per_s'] >= 300 else 'no'} |"]
     if at is not None:
         lines += [f"| at 100 jobs/s: p50 < 20 ms | {ms(at['latency_p50_s'])} at {at['rate']:g}/s | "
                   f"{'yes' if at['rate'] >= 100 and at['latency_p50_s'] < 0.020 else 'no'} |",
                   f"| at 100 jobs/s: p99 < 100 ms | {ms(at['latency_p99_s'])} at {at['rate']:g}/s | "
                   f"{'yes' if at['rate'] >= 100 and at['latency_p99_s'] < 0.100 else 'no'} |"]
-    lines += ["", f"The saturation rate is CPU-bound: the platform needs about {total:.0f} ms of CPU per job over all "
-              f"its processes, and two cores give {2000 / max(total, 1e-9):.0f} jobs/s at most at that cost.", ""]
+    lines += ["", f"Where the time goes: the saturation rate is CPU-bound. Every job costs about {total:.0f} ms of "
+              f"CPU over all processes (table above: PostgreSQL for the ~20 small transactions a job's events cause "
+              f"across the services, then the queue, placement and the gateway, two HTTP calls per job), and two "
+              f"cores give {2000 / max(total, 1e-9):.0f} jobs/s at most at that cost; above the rate the platform "
+              f"keeps up with, the backlog, not the path, sets the latency. The levers are fewer and batched "
+              f"transactions per event (consumers that apply a fetched batch in one transaction, as inventory's "
+              f"telemetry consumer does) and fewer hops per job.", ""]
     if slurm:
         lines += ["### Side by side with Slurm (same machine, same command)", "",
                   "| measure | gpupool | Slurm peer | ratio |", "| --- | --- | --- | --- |"]
