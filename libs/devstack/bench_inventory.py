@@ -37,6 +37,7 @@ import nats
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from libs.devstack import benchdoc
 from libs.devstack.servers import ManagedServer, free_port, start_nats, start_postgres
 from libs.store.database import with_database
 
@@ -417,12 +418,7 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
 
 
 def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+    benchdoc.write_section(path, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

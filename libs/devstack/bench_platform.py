@@ -30,6 +30,8 @@ from pathlib import Path
 import httpx
 import nats
 
+from libs.devstack import benchdoc
+
 FLEET = ";".join(["H100-80GB*8"] * 8)
 
 
@@ -362,12 +364,7 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
 
 
 def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+    benchdoc.write_section(path, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from libs.devstack import benchdoc
 from libs.devstack.bench_platform import Platform
 
 BEGIN, END = "<!-- reclaim-benchmark:begin -->", "<!-- reclaim-benchmark:end -->"
@@ -112,12 +113,7 @@ def markdown(r: dict, command: str) -> str:
 
 
 def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+    benchdoc.write_section(path, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

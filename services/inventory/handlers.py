@@ -319,6 +319,19 @@ class InventoryHandlers:
                                  clusters=[r["cluster"] for r in found])
         return found[0]["cluster"], found[0]["node"]
 
+    async def _locked_gpu(self, conn, cmd):  # type: ignore[no-untyped-def]
+        """(cluster, node, the GPU's row locked for the change) for a command naming a node and a GPU index, or
+        the 404/409 reply."""
+        where = await self._resolve(conn, cmd)
+        if isinstance(where, Reply):
+            return where
+        cluster, node = where
+        gpu = await store.lock_gpu(conn, cluster, node, cmd.index)
+        if gpu is None:
+            return Reply.failure(404, "GpuNotFound", f"node {node} has no GPU {cmd.index}", node=node,
+                                 index=cmd.index)
+        return cluster, node, gpu
+
     async def cordon_node(self, cmd: CordonNode) -> Reply:
         """Idempotent: cordoning a cordoned node (or uncordoning an uncordoned one) changes nothing and emits
         nothing; a drain of a merely cordoned node still drains it."""
@@ -354,14 +367,10 @@ class InventoryHandlers:
     async def set_gpu_sharing(self, cmd: SetGpuSharing) -> Reply:
         now = utcnow()
         async with self.rt.uow() as uow:
-            where = await self._resolve(uow.conn, cmd)
-            if isinstance(where, Reply):
-                return where
-            cluster, node = where
-            gpu = await store.lock_gpu(uow.conn, cluster, node, cmd.index)
-            if gpu is None:
-                return Reply.failure(404, "GpuNotFound", f"node {node} has no GPU {cmd.index}", node=node,
-                                     index=cmd.index)
+            found = await self._locked_gpu(uow.conn, cmd)
+            if isinstance(found, Reply):
+                return found
+            cluster, node, gpu = found
             before = gpu["sharing"]
             if before != cmd.mode:
                 await store.set_sharing(uow.conn, gpu["uuid"], cmd.mode, cmd.by, now)
@@ -373,14 +382,10 @@ class InventoryHandlers:
     async def set_gpu_health(self, cmd: SetGpuHealth) -> Reply:
         now = utcnow()
         async with self.rt.uow() as uow:
-            where = await self._resolve(uow.conn, cmd)
-            if isinstance(where, Reply):
-                return where
-            cluster, node = where
-            gpu = await store.lock_gpu(uow.conn, cluster, node, cmd.index)
-            if gpu is None:
-                return Reply.failure(404, "GpuNotFound", f"node {node} has no GPU {cmd.index}", node=node,
-                                     index=cmd.index)
+            found = await self._locked_gpu(uow.conn, cmd)
+            if isinstance(found, Reply):
+                return found
+            cluster, node, gpu = found
             before = _health(gpu)
             moved = operator_step(before, cmd.action, now)
             if moved.changed:
