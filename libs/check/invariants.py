@@ -33,19 +33,9 @@ def stream_of(subject: str) -> str | None:
     """The stream that captures `subject` (gpupool's streams have disjoint `prefix.>` subjects)."""
     for spec in subjects.STREAMS:
         for pattern in spec.subjects:
-            if _matches(pattern, subject):
+            if subjects.matches(pattern, subject):
                 return spec.name
     return None
-
-
-def _matches(pattern: str, subject: str) -> bool:
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
 
 
 def held_us(start: datetime, end: datetime) -> int:

@@ -122,6 +122,17 @@ def health_ping(service: str) -> str:
     return f"gpupool.query.{service}.ping"
 
 
+def matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: `*` is one token, `>` one or more trailing tokens."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
 def token(value: str) -> str:
     """Make a value safe as one subject token: NATS reserves '.', '*', '>' and whitespace."""
     out = []

@@ -41,6 +41,7 @@ import nats
 
 from libs.check import CheckConfig, Report, check_async
 from libs.contracts import subjects
+from libs.devstack.servers import pid_alive
 
 SERVICES = ("inventory", "quota", "queue", "placement", "placement-2", "reclamation", "accounting", "gateway", "agent")
 FAULTS = (*(f"kill:{s}" for s in SERVICES), "restart:nats", "restart:postgres", "silence:node", "partition:agent",
@@ -473,7 +474,7 @@ class Chaos:
     async def _restarted(self, name: str, old_pid: int | None, ready_url: str | None = None) -> bool:
         while True:
             pid = self.platform.pid(name)
-            if pid and pid != old_pid and _alive(pid):
+            if pid and pid != old_pid and pid_alive(pid):
                 if ready_url is None:
                     return True
                 url = ready_url if "://" in ready_url else self.platform.service_url(ready_url) + "/readyz"
@@ -576,7 +577,7 @@ class Chaos:
         consumers = [(c.config.durable_name, c.config.filter_subjects or [c.config.filter_subject or ">"])
                      for c in await self.js.consumers_info(stream) if c.config.durable_name]
         expected = {(name, stream, seq) for subject, seq in published for name, filters in consumers
-                    if any(_matches(f, subject) for f in filters)}
+                    if any(subjects.matches(f, subject) for f in filters)}
         self.injected |= expected
         return expected
 
@@ -632,30 +633,8 @@ class Chaos:
             await self.nc.close()
 
 
-def _matches(pattern: str, subject: str) -> bool:
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
-
-
 def _node_up(n: dict) -> bool:
     return n.get("state") == "ready"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 def poison_message(rng: random.Random, i: int) -> bytes:

@@ -64,7 +64,7 @@ class ManagedServer:
     def is_running(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is None
-        return _pid_alive(self.pid)
+        return pid_alive(self.pid)
 
     def stop(self, timeout: float = 15) -> None:
         """Ask politely (``stop_signal``), wait up to ``timeout`` s, then SIGKILL. Idempotent."""
@@ -85,7 +85,7 @@ class ManagedServer:
             except subprocess.TimeoutExpired:
                 return False
         deadline = time.monotonic() + timeout
-        while _pid_alive(self.pid):
+        while pid_alive(self.pid):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
@@ -441,7 +441,7 @@ def _remove_stale_pidfile(data_dir: Path) -> None:
     except (IndexError, ValueError):
         pidfile.unlink(missing_ok=True)  # empty or torn file: a crash mid-write
         return
-    if _pid_alive(pid) and _is_postgres_for(pid, data_dir):
+    if pid_alive(pid) and _is_postgres_for(pid, data_dir):
         raise ServerStartError(f"a PostgreSQL server (pid {pid}) is already running on {data_dir}; "
                                f"stop it first (kill -INT {pid})")
     pidfile.unlink(missing_ok=True)
@@ -528,7 +528,10 @@ def _wait_ready(server: ManagedServer, probe, log_offset: int, timeout: float = 
         delay = min(delay * 1.5, 0.25)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Running (a zombie, killed but not yet reaped, is not)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -24,6 +24,7 @@ from libs.devstack.servers import (
     ManagedServer,
     ServerStartError,
     free_port,
+    pid_alive,
     start_nats,
     start_nats_cluster,
     start_postgres,
@@ -111,7 +112,7 @@ class Stack:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         existing = read_run_file(opts.data_dir)
-        if existing and _pid_alive(existing.get("pid", -1)):
+        if existing and pid_alive(existing.get("pid", -1)):
             raise RuntimeError(f"a gpupool stack is already running (pid {existing['pid']}); `gpupool down` first")
         try:
             self._start_servers(say)
@@ -339,13 +340,13 @@ def read_run_file(data_dir: Path) -> dict | None:
 def stop_running(data_dir: Path, timeout: float = 60) -> bool:
     """`gpupool down`: signal the supervisor that owns the stack and wait until it has stopped everything."""
     doc = read_run_file(data_dir)
-    if not doc or not _pid_alive(doc.get("pid", -1)):
+    if not doc or not pid_alive(doc.get("pid", -1)):
         return False
     os.kill(doc["pid"], signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _pid_alive(doc["pid"]) and time.monotonic() < deadline:
+    while pid_alive(doc["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return not _pid_alive(doc["pid"])
+    return not pid_alive(doc["pid"])
 
 
 def _admin_token(data_dir: Path) -> str:
@@ -359,20 +360,6 @@ def _admin_token(data_dir: Path) -> str:
     return token
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return True
 
 
 def _http_ok(url: str) -> bool:
