@@ -148,9 +148,9 @@ async def consumers(js: JetStreamContext) -> list[tuple[str, str, list[str], int
 
 
 def takes(filters: list[str], subject: str) -> bool:
-    from libs.check.invariants import _matches
+    from libs.contracts.subjects import matches
 
-    return any(_matches(f, subject) for f in filters)
+    return any(matches(f, subject) for f in filters)
 
 
 async def dead_letters(js: JetStreamContext) -> set[tuple[str, str, int]]:

@@ -32,14 +32,11 @@ def _resolve(doc: dict[str, Any], ref: str) -> Any:
     return node
 
 
-def _subject_matches(pattern: str, subject: str) -> bool:
-    p, s = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(p) == len(s)
+def test_subject_wildcards_match_as_nats_matches_them() -> None:
+    m = subjects.matches
+    assert m("gpupool.job.>", "gpupool.job.submitted") and m("gpupool.job.>", "gpupool.job.a.b")
+    assert not m("gpupool.job.>", "gpupool.job") and not m("gpupool.job.*", "gpupool.job.a.b")
+    assert m("gpupool.*.submitted", "gpupool.job.submitted") and not m("gpupool.job", "gpupool.job.x")
 
 
 def test_every_registered_event_type_has_a_schema() -> None:
@@ -76,7 +73,7 @@ def test_event_types_follow_the_naming_convention_and_registry_keys_match() -> N
 def test_every_event_subject_is_captured_by_exactly_one_stream() -> None:
     for cls in EVENT_TYPES.values():
         concrete = cls.event_subject.replace(">", "c1.n1")
-        owners = [s.name for s in subjects.STREAMS if any(_subject_matches(p, concrete) for p in s.subjects)]
+        owners = [s.name for s in subjects.STREAMS if any(subjects.matches(p, concrete) for p in s.subjects)]
         assert len(owners) == 1, f"{cls.__name__} on {concrete} is stored by {owners}"
         assert owners[0] != subjects.DLQ_STREAM.name
 
