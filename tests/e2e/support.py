@@ -75,9 +75,14 @@ def wait_state(api, job_id: str, state: str, timeout: float = 20) -> dict:  # ty
 
 
 def finish_all(api) -> None:  # type: ignore[no-untyped-def]
-    for state in ("running", "preempting", "pending"):
-        for job in api.get("/v1/jobs", params={"state": state, "limit": 1000}).json()["items"]:
+    """Cancel every unfinished job and wait until no GPU is held. Listed again until nothing is left: a job that
+    was pending when one state was listed may be running by the time the next one is."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        open_jobs = [job for state in ("running", "preempting", "pending")
+                     for job in api.get("/v1/jobs", params={"state": state, "limit": 1000}).json()["items"]]
+        for job in open_jobs:
             api.post(f"/v1/jobs/{job['job_id']}/cancel", json={"reason": "test cleanup"})
-    deadline = time.monotonic() + 20
-    while api.get("/v1/allocations", params={"active": "true"}).json()["items"] and time.monotonic() < deadline:
-        time.sleep(0.1)
+        if not open_jobs and not api.get("/v1/allocations", params={"active": "true"}).json()["items"]:
+            return
+        time.sleep(0.2)

@@ -30,6 +30,7 @@ UP_ARGS = ["--fleet", "L40S*4;L40S*4",
            "--env", "inventory:MAINTENANCE_INTERVAL_S=1", "--env", "inventory:ROLLUP_LATE_S=1",
            "--env", "inventory:ORPHAN_PROCESS_AFTER_S=2", "--env", "inventory:ORPHAN_NO_PROCESS_AFTER_S=3",
            "--env", "reclamation:SWEEP_INTERVAL_S=0.5", "--env", "reclamation:MAX_ABNORMAL_RESTARTS=1",
+           "--env", "queue:REQUEUE_BACKOFF_S=0.5",
            "--env", "agent:SIM_WORKLOADS=dev=dev,training=training,inference=inference,batch=training"]
 
 
