@@ -48,7 +48,9 @@ def test_the_waste_report_names_the_idle_third_that_reclamation_took_back(platfo
             waste = api.get("/v1/reports/waste", params={"from": start.isoformat()}).json()
             covered = {r["kind"]: r["telemetry_coverage_pct"] for r in eff["rows"]}
             named = {a["allocation_id"] for a in waste["idle_allocations"]}
-            if covered.get("training") and {allocation[j] for j in idle} <= named:
+            # a training job's first covered seconds can be its ramp-up, which looks idle: wait until the rollups
+            # cover enough of every allocation that the report has settled on the idle ones
+            if covered.get("training") and named == {allocation[j] for j in idle}:
                 break
             assert time.monotonic() < deadline, f"no rollups yet: {covered} {named}"
             time.sleep(1.0)
