@@ -10,7 +10,7 @@ text), and the prices behind the cost. Mixed into `GpupoolClient`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -181,13 +181,11 @@ def report_params(start: datetime | str | None = None, end: datetime | str | Non
 
 
 class ReportsApi:
-    """Report and cost-rate calls (needs the `_json` and `request` plumbing of GpupoolClient)."""
+    """Report and cost-rate calls, mixed into GpupoolClient, which provides the `_json` and `request` plumbing
+    declared here (annotations only: nothing to override, nothing that could be called by mistake)."""
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:  # pragma: no cover - provided by the client
-        raise NotImplementedError
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:  # pragma: no cover - provided by the client
-        raise NotImplementedError
+    _json: Callable[..., Any]
+    request: Callable[..., Any]
 
     def _report(self, name: str, params: dict[str, Any]) -> Any:
         return self._json("GET", f"/v1/reports/{name}", params=params)
