@@ -183,12 +183,15 @@ def decided_placements(plan: Plan, applied: set[str]) -> list[DecidedPlacement]:
     return out
 
 
-def workload_environment(gpus: list[AllocatedGpu]) -> dict[str, str]:
+def workload_environment(gpus: list[AllocatedGpu], allocation_id: str | None = None) -> dict[str, str]:
     """The environment that keeps a workload inside what it was granted. Whole GPUs: only those are visible. A
     fraction: CUDA MPS caps its share of the SMs (active thread percentage, rounded up) and the device memory it may
     pin (`<device>=<MiB>M`, device 0 of the ones it sees). A MIG slice: the agent creates the instance and reports
-    its own UUID, which is what the workload must see; the GPU's is given here as the parent."""
+    its own UUID, which is what the workload must see; the GPU's is given here as the parent. GPUPOOL_ALLOCATION_ID
+    lets the node agent tell which allocation a GPU process belongs to (it reads the process's environment)."""
     env = {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)}
+    if allocation_id:
+        env["GPUPOOL_ALLOCATION_ID"] = allocation_id
     fractions = [g for g in gpus if g.share_milli < 1000 and g.mig_profile is None]
     if fractions:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-fractions[0].share_milli // 10)))

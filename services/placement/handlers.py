@@ -401,7 +401,7 @@ class PlacementHandlers:
                     allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
                     project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
                     kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"],
-                    environment=workload_environment(alloc_gpus)))
+                    environment=workload_environment(alloc_gpus, allocation_id)))
                 allocation_ids.append(allocation_id)
             await store.refresh_satisfied(uow.conn, job_id)
         return allocation_ids

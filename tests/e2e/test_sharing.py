@@ -82,7 +82,8 @@ async def test_fractions_mig_slices_and_dev_defaults_share_gpus_without_overfill
                 # the limits CUDA MPS enforces travel with the grant
                 assert granted[job_id].environment == {
                     "CUDA_VISIBLE_DEVICES": frac_gpu["uuid"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(milli // 10),
-                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mem}M"}
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mem}M",
+                    "GPUPOOL_ALLOCATION_ID": granted[job_id].allocation_id}
             # 1000 milli are held: one more fraction cannot fit on the only fractional GPU and waits
             c = post(api, name="frac-c", gpu_fraction_milli=100, gpu_memory_mib=1024)
             assert explain_reason(api, c, "NoFeasibleNode")["state"] == "pending"

@@ -108,9 +108,9 @@ def test_the_workload_environment_keeps_a_fraction_inside_its_share_through_mps(
                                   AllocatedGpu(uuid="GPU-b", index=1, model="H100-80GB")])
     assert whole == {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
     frac = workload_environment([AllocatedGpu(uuid="GPU-c", index=2, model="L40S", share_milli=333,
-                                              memory_mib=12288)])
+                                              memory_mib=12288)], "alloc-1")
     assert frac == {"CUDA_VISIBLE_DEVICES": "GPU-c", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "34",
-                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"}
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M", "GPUPOOL_ALLOCATION_ID": "alloc-1"}
     mig = workload_environment([AllocatedGpu(uuid="GPU-d", index=3, model="A100-80GB", share_milli=428,
                                              mig_profile="3g.40gb", mig_start=4)])
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in mig
