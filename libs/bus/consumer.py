@@ -5,6 +5,12 @@ Outcomes of one message:
 - undecodable / invalid / `Poison` raised → copied to `gpupool.dlq.<consumer>` with the reason, then `term`;
 - any other exception → `nak` with exponential backoff, until `max_deliver` is reached, then dead-lettered.
 Messages are handled one at a time per consumer so events about one entity apply in stream order.
+
+Batched transactions (opt-in, `transaction=`): the messages of one fetch are handled inside one transaction that
+the factory opens (libs.store.unit_of_work.BatchTransaction: each handler's unit of work becomes a savepoint), so
+the batch pays one commit instead of one per message. A poison or failing message rolls back only its savepoint
+and is dead-lettered or nak'd as above; the others are acked only after the commit succeeded. If the commit fails
+nothing is acked: the handled messages are nak'd and redelivered, and the inbox makes applying them again a no-op.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -40,6 +47,9 @@ from libs.observability.tracing import extract_context, tracer
 log = logging.getLogger(__name__)
 
 Handler = Callable[[CloudEvent, EventData], Awaitable[None]]
+# Opens one transaction around a fetched batch; committing happens on a clean exit, and raising from the exit
+# (a failed commit) means nothing of the batch is durable.
+BatchTransactionFactory = Callable[[], AbstractAsyncContextManager[object]]
 
 
 class Poison(Exception):
@@ -69,10 +79,12 @@ def backoff_delay(spec: ConsumerSpec, num_delivered: int) -> float:
 
 
 class EventConsumer:
-    def __init__(self, js: JetStreamContext, spec: ConsumerSpec, handler: Handler) -> None:
+    def __init__(self, js: JetStreamContext, spec: ConsumerSpec, handler: Handler, *,
+                 transaction: BatchTransactionFactory | None = None) -> None:
         self.js = js
         self.spec = spec
         self.handler = handler
+        self.transaction = transaction
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._tracer = tracer(f"gpupool.bus.{spec.durable}")
@@ -126,6 +138,9 @@ class EventConsumer:
                 log.warning("fetch_failed", extra={"consumer": self.spec.durable, "error": repr(exc)})
                 await asyncio.sleep(0.5)
                 continue
+            if self.transaction is not None and len(msgs) > 1:
+                await self.handle_batch_in_transaction(msgs)
+                continue
             for msg in msgs:
                 try:
                     await self.handle_one(msg)
@@ -133,9 +148,52 @@ class EventConsumer:
                     # ack/nak/term or the dead-letter publish failed (NATS blip, DLQ stream missing): an escaping
                     # exception would end this task and silently stop the consumer. Keep going; the message is
                     # redelivered (nak now if we still can, else after ack_wait) and gets another try.
-                    log.exception("handle_failed", extra={"consumer": self.spec.durable, "error": repr(exc)})
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=backoff_delay(self.spec, msg.metadata.num_delivered))
+                    self._handle_failed(msg, exc)
+                    await self._nak_quietly(msg)
+
+    def _handle_failed(self, msg: Msg, exc: Exception) -> None:
+        log.exception("handle_failed", exc_info=exc, extra={"consumer": self.spec.durable, "error": repr(exc)})
+
+    async def _nak_quietly(self, msg: Msg) -> None:
+        with contextlib.suppress(Exception):
+            await msg.nak(delay=backoff_delay(self.spec, msg.metadata.num_delivered))
+
+    async def handle_batch_in_transaction(self, msgs: list[Msg]) -> None:
+        """Apply `msgs` in order inside one transaction; ack the handled ones only once it committed."""
+        assert self.transaction is not None
+        consumer = self.spec.durable
+        handled: list[tuple[Msg, float]] = []
+        started = 0  # messages whose handling began (a failure to open the transaction starts none)
+        try:
+            async with self.transaction():
+                for msg in msgs:
+                    started += 1
+                    began = time.perf_counter()
+                    try:
+                        if await self.apply(msg):
+                            handled.append((msg, time.perf_counter() - began))
+                    except Exception as exc:  # settling it (nak/term/dead-letter) failed: as in the loop above
+                        self._handle_failed(msg, exc)
+                        await self._nak_quietly(msg)
+        except Exception as exc:
+            # Not committed: nothing of this batch is acked. Handled and not yet started messages come back.
+            log.warning("batch_commit_failed", extra={"consumer": consumer, "error": repr(exc),
+                                                      "messages": len(handled) + len(msgs) - started})
+            BUS_MESSAGES.labels(consumer=consumer, outcome="retried").inc(len(handled) + len(msgs) - started)
+            for msg, _ in handled:
+                await self._nak_quietly(msg)
+            for msg in msgs[started:]:
+                await self._nak_quietly(msg)
+            return
+        for msg, took in handled:
+            try:
+                await msg.ack()
+            except Exception as exc:  # a blip: the message is redelivered after ack_wait, the inbox skips it
+                log.warning("ack_failed", extra={"consumer": consumer, "error": repr(exc)})
+                continue
+            BUS_HANDLE_SECONDS.labels(consumer=consumer).observe(took)
+        if handled:
+            BUS_MESSAGES.labels(consumer=consumer, outcome="handled").inc(len(handled))
 
     async def report_lag(self) -> None:
         info = await self.js.consumer_info(self.spec.stream, self.spec.durable)
@@ -144,6 +202,14 @@ class EventConsumer:
 
     async def handle_one(self, msg: Msg) -> None:
         started = time.perf_counter()
+        if await self.apply(msg):
+            await msg.ack()
+            BUS_MESSAGES.labels(consumer=self.spec.durable, outcome="handled").inc()
+            BUS_HANDLE_SECONDS.labels(consumer=self.spec.durable).observe(time.perf_counter() - started)
+
+    async def apply(self, msg: Msg) -> bool:
+        """Decode and handle one message. True: the handler succeeded and the message awaits its ack. False: it
+        was settled here (dead-lettered, or nak'd for a retry)."""
         consumer = self.spec.durable
         if msg.metadata.num_delivered > 1:
             BUS_REDELIVERIES.labels(consumer=consumer).inc()
@@ -158,30 +224,28 @@ class EventConsumer:
                 data = decode_data(event)
             except InvalidEnvelope as exc:
                 await self.dead_letter(msg, "InvalidMessage", str(exc))
-                return
+                return False
             span.set_attribute("cloudevents.event_id", event.id)
             span.set_attribute("cloudevents.event_type", event.type)
             try:
                 await self.handler(event, data)
             except Poison as exc:
                 await self.dead_letter(msg, exc.reason, str(exc))
-                return
+                return False
             except Exception as exc:
                 delivered = msg.metadata.num_delivered
                 span.record_exception(exc)
                 if delivered >= self.spec.max_deliver:
                     await self.dead_letter(msg, "MaxDeliveriesExceeded", repr(exc))
-                    return
+                    return False
                 delay = backoff_delay(self.spec, delivered)
                 log.warning("handler_failed_will_retry", exc_info=exc,
                             extra={"consumer": consumer, "event_id": event.id, "delivered": delivered,
                                    "retry_in_s": delay})
                 BUS_MESSAGES.labels(consumer=consumer, outcome="retried").inc()
                 await msg.nak(delay=delay)
-                return
-            await msg.ack()
-            BUS_MESSAGES.labels(consumer=consumer, outcome="handled").inc()
-            BUS_HANDLE_SECONDS.labels(consumer=consumer).observe(time.perf_counter() - started)
+                return False
+            return True
 
     async def dead_letter(self, msg: Msg, reason: str, error: str) -> None:
         """Park the original bytes with why, then `term` so JetStream never redelivers it."""

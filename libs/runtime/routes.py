@@ -27,6 +27,9 @@ class Routes:
     # optional: a whole fetched batch of telemetry in one call (idempotent, high-volume consumers); `telemetry`
     # still handles one message at a time when a batch fails, so poison is isolated
     telemetry_batch: BatchHandler | None = None
+    # opt-in: the event (and per-message telemetry) consumers apply each fetched batch in one transaction, a
+    # savepoint per message (libs.bus.consumer); the service's README says why its handlers allow it
+    batched: bool = False
 
     def event_subjects(self) -> tuple[str, ...]:
         return tuple(sorted({cls.event_subject for cls in self.events}))

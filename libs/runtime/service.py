@@ -21,7 +21,7 @@ from typing import Any
 from libs.bus.batch import BatchConsumer
 from libs.bus.connection import connect, ensure_streams
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
-from libs.bus.publisher import publish_raw
+from libs.bus.publisher import publish_raw, publish_raw_batch
 from libs.bus.rpc import serve
 from libs.contracts import subjects
 from libs.contracts.commands import Command, Empty
@@ -34,7 +34,7 @@ from libs.runtime.settings import ServiceSettings
 from libs.store.database import Pool, create_pool, database_name, ensure_database, with_database
 from libs.store.migrations import migrate, package_migrations, store_migrations
 from libs.store.outbox_relay import OutboxRelay
-from libs.store.unit_of_work import UnitOfWork
+from libs.store.unit_of_work import BatchTransaction, UnitOfWork
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class ServiceRuntime:
             await ensure_database(with_database(dsn, "postgres"), database_name(dsn))
             self.pool = await create_pool(dsn)
             await migrate(self.pool, store_migrations() + package_migrations(self.name, self.migrations_package))
-            self.relay = OutboxRelay(self.pool, functools.partial(publish_raw, self.js), self.name)
+            self.relay = OutboxRelay(self.pool, functools.partial(publish_raw, self.js), self.name,
+                                     publish_batch=functools.partial(publish_raw_batch, self.js))
             self.relay.start()
         self.http = OpsEndpoint(self.settings.http_host, self.settings.http_port, self.ready)
         port = await self.http.start()
@@ -106,10 +107,17 @@ class ServiceRuntime:
         assert self.pool is not None, f"{self.name} has no database"
         return UnitOfWork(self.pool, self.source, on_commit=self.relay.wake if self.relay else None)
 
+    def batch_transaction(self) -> BatchTransaction:
+        assert self.pool is not None, f"{self.name} has no database"
+        return BatchTransaction(self.pool)
+
     async def consume(self, durable: str, filter_subjects: tuple[str, ...], handler: Handler, *,
-                      stream: str = EVENTS_STREAM.name, **spec: Any) -> EventConsumer:
+                      stream: str = EVENTS_STREAM.name, batched: bool = False, **spec: Any) -> EventConsumer:
+        """`batched`: apply each fetched batch in one transaction (libs.bus.consumer); only for handlers whose
+        database work all goes through units of work (see libs.store.unit_of_work)."""
         consumer = EventConsumer(self.js, ConsumerSpec(stream=stream, durable=durable,
-                                                       filter_subjects=filter_subjects, **spec), handler)
+                                                       filter_subjects=filter_subjects, **spec), handler,
+                                 transaction=self.batch_transaction if batched else None)
         await consumer.start()
         self.consumers.append(consumer)
         return consumer
@@ -122,7 +130,7 @@ class ServiceRuntime:
         for subject, (command, handler) in routes.commands.items():
             await self.serve(subject, command, handler)
         if routes.events:
-            await self.consume(self.name, routes.event_subjects(), routes.dispatch)
+            await self.consume(self.name, routes.event_subjects(), routes.dispatch, batched=routes.batched)
         if routes.telemetry is not None and routes.telemetry_batch is not None:
             consumer = BatchConsumer(self.js, ConsumerSpec(
                 stream=TELEMETRY_STREAM.name, durable=f"{self.name}-telemetry", filter_subjects=(subjects.TELEMETRY_ALL,),
@@ -131,7 +139,7 @@ class ServiceRuntime:
             self.consumers.append(consumer)
         elif routes.telemetry is not None:
             await self.consume(f"{self.name}-telemetry", (subjects.TELEMETRY_ALL,), routes.dispatch_telemetry,
-                               stream=TELEMETRY_STREAM.name, max_deliver=3, batch=256)
+                               stream=TELEMETRY_STREAM.name, max_deliver=3, batch=256, batched=routes.batched)
 
     def on_shutdown(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run `hook` during shutdown, after consumers stopped and before the NATS connection drains."""

@@ -1,9 +1,19 @@
 """Unit of work: one transaction that holds a state change, the events it emits (outbox) and, for consumers,
-the inbox row that makes handling an event idempotent. Either all of it commits or none of it does."""
+the inbox row that makes handling an event idempotent. Either all of it commits or none of it does.
+
+Batched consumers: a consumer that applies a fetched batch of messages opens a `BatchTransaction`; every unit of
+work started in that task on the same pool then runs as a savepoint of the batch's transaction, so a failing
+message rolls back only its own effects and the batch pays one commit (one WAL flush) instead of one per message.
+Whatever must wait for durability (waking the outbox relay, work that reads what was committed or calls other
+services) runs after the batch's real commit.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import asyncpg
@@ -12,6 +22,77 @@ from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import EventData, subject_for
 from libs.observability.tracing import current_traceparent
 
+log = logging.getLogger(__name__)
+
+AfterCommit = Callable[[], Awaitable[object]]
+
+_batch: contextvars.ContextVar[BatchTransaction | None] = contextvars.ContextVar("gpupool_batch_tx", default=None)
+
+
+class BatchTransaction:
+    """One database transaction around the handling of a batch of consumed messages (see the module docstring).
+
+    Entered by the consumer's task only; the connection it holds is used by that task's units of work and never
+    by another task (a task a handler spawns inherits the context variable but not the right to the connection).
+    On exit: commit (or roll back on an exception), release the connection, then run what units of work deferred
+    to after the commit. An exception from the commit propagates: the consumer then acknowledges nothing."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.conn: asyncpg.Connection
+        self._on_commit: list[Callable[[], None]] = []
+        self._after_commit: list[AfterCommit] = []
+        self._task: asyncio.Task[object] | None = None
+        self._open = False
+
+    async def __aenter__(self) -> BatchTransaction:
+        self.conn = await self.pool.acquire()
+        try:
+            self._tx = self.conn.transaction()
+            await self._tx.start()
+        except BaseException:
+            await self.pool.release(self.conn)
+            raise
+        self._task = asyncio.current_task()
+        self._open = True
+        self._token = _batch.set(self)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self._open = False
+        _batch.reset(self._token)
+        try:
+            if exc_type is None:
+                await self._tx.commit()
+            else:
+                await self._tx.rollback()
+        finally:
+            await self.pool.release(self.conn)
+        if exc_type is not None:
+            return
+        for callback in dict.fromkeys(self._on_commit):  # one relay wake per batch, not one per message
+            callback()
+        for work in self._after_commit:
+            await _run_after_commit(work)
+
+    def serves(self, pool: asyncpg.Pool) -> bool:
+        """Whether a unit of work on `pool` started now belongs to this batch."""
+        return self._open and pool is self.pool and asyncio.current_task() is self._task
+
+
+def current_batch(pool: asyncpg.Pool) -> BatchTransaction | None:
+    batch = _batch.get()
+    return batch if batch is not None and batch.serves(pool) else None
+
+
+async def _run_after_commit(work: AfterCommit) -> None:
+    # The state change is durable already; a failure here is the follow-up's (its own retry path covers it).
+    try:
+        await work()
+    except Exception:
+        log.exception("after_commit_failed")
+
 
 class UnitOfWork:
     def __init__(self, pool: asyncpg.Pool, source: str, on_commit: Callable[[], None] | None = None) -> None:
@@ -19,16 +100,37 @@ class UnitOfWork:
         self._source = source
         self._on_commit = on_commit
         self._emitted: list[CloudEvent] = []
+        self._after_commit: list[AfterCommit] = []
+        self._batch: BatchTransaction | None = None
         self.conn: asyncpg.Connection
 
     async def __aenter__(self) -> UnitOfWork:
+        self._batch = current_batch(self._pool)
+        if self._batch is not None:
+            self.conn = self._batch.conn
+            self._tx = self.conn.transaction()  # nested: a SAVEPOINT of the batch's transaction
+            await self._tx.start()
+            return self
         self.conn = await self._pool.acquire()
-        self._tx = self.conn.transaction()
-        await self._tx.start()
+        try:
+            self._tx = self.conn.transaction()
+            await self._tx.start()
+        except BaseException:
+            await self._pool.release(self.conn)
+            raise
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        if self._batch is not None:
+            if exc_type is None:
+                await self._tx.commit()  # RELEASE SAVEPOINT: durable only with the batch's commit
+                if self._emitted and self._on_commit is not None:
+                    self._batch._on_commit.append(self._on_commit)
+                self._batch._after_commit.extend(self._after_commit)
+            else:
+                await self._tx.rollback()  # ROLLBACK TO SAVEPOINT: the batch's other messages stay
+            return
         try:
             if exc_type is None:
                 await self._tx.commit()
@@ -36,12 +138,27 @@ class UnitOfWork:
                 await self._tx.rollback()
         finally:
             await self._pool.release(self.conn)
-        if exc_type is None and self._emitted and self._on_commit is not None:
-            self._on_commit()
+        if exc_type is None:
+            if self._emitted and self._on_commit is not None:
+                self._on_commit()
+            for work in self._after_commit:
+                await _run_after_commit(work)
 
     @property
     def emitted(self) -> list[CloudEvent]:
         return list(self._emitted)
+
+    @property
+    def batched(self) -> bool:
+        """True when this unit of work is a savepoint of a consumer's batch transaction."""
+        return self._batch is not None
+
+    def after_commit(self, work: AfterCommit) -> None:
+        """Run `work` once this unit of work is durable: right after its commit, or, inside a batch, after the
+        batch's commit. Use it for follow-ups that read committed state through another connection or call other
+        services (inside a batch those would not see this change yet, or would hold the batch's locks meanwhile).
+        Nothing runs if the unit of work rolls back; a failing follow-up is logged, not raised."""
+        self._after_commit.append(work)
 
     async def emit(self, data: EventData) -> CloudEvent:
         """Write the event into the outbox inside this transaction; the relay publishes it after commit."""
