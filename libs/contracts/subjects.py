@@ -41,10 +41,13 @@ RECLAIM_WARNED = "gpupool.reclaim.warned"
 RECLAIM_DECIDED = "gpupool.reclaim.decided"
 ALLOCATION_PREEMPTING = "gpupool.allocation.preempting"
 DECISION_CYCLE = "gpupool.decision.cycle"
+AGENT_MIG_APPLIED = "gpupool.agent.mig_applied"
+AGENT_FRACTION_EXCEEDED = "gpupool.agent.fraction_exceeded"
+AGENT_ALL = "gpupool.agent.>"
 ALLOCATION_ALL = "gpupool.allocation.>"
 JOB_ALL = "gpupool.job.>"
 
-EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage", "decision")
+EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage", "decision", "agent")
 
 # --- telemetry (JetStream stream TELEMETRY) -------------------------------------------------------------------
 TELEMETRY_ALL = "gpupool.telemetry.>"

@@ -26,9 +26,11 @@ def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
 
         return [(settings.node, RealNvml())]
     fleet = parse_fleet(settings.sim_fleet)
+    mig_models = {m.strip() for m in settings.sim_mig.split(",") if m.strip()}
     return [
         (f"{settings.sim_node_prefix}-{i}",
-         SimulatedNvml(f"{settings.sim_node_prefix}-{i}", models, seed=settings.seed + i, clock=time.time))
+         SimulatedNvml(f"{settings.sim_node_prefix}-{i}", models, seed=settings.seed + i, clock=time.time,
+                       mig_mode=[j for j, m in enumerate(models) if m in mig_models]))
         for i, models in enumerate(fleet)
     ]
 
@@ -41,7 +43,9 @@ async def main() -> None:
                        password=settings.nats_password)
     await ensure_streams(nc.jetstream())
     workloads = dict(p.split("=", 1) for p in settings.sim_workloads.split(",") if "=" in p)
-    agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s, workloads=workloads)
+    agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s, workloads=workloads,
+                        fraction_policy=settings.fraction_policy, stop_grace_s=settings.fraction_stop_grace_s,
+                        apply_mig=settings.apply_mig)
               for node, backend in build_backends(settings)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -27,7 +27,12 @@ class AgentSettings(BaseSettings):
     seed: int = 7
     sim_workloads: str = Field(default="training=training,inference=inference,dev=dev,batch=training",
                                description="Simulated load per job kind on allocated GPUs (kind=workload,...)")
+    sim_mig: str = Field(default="", description="Simulated GPU models that start in MIG mode (comma-separated)")
     interval_s: float = Field(default=2.0, gt=0, description="Seconds between telemetry samples")
+    fraction_policy: Literal["report", "stop"] = Field(
+        default="report", description="A process over its fraction's memory: report it, or stop it too")
+    fraction_stop_grace_s: float = Field(default=10.0, ge=0, description="SIGTERM → SIGKILL grace when stopping")
+    apply_mig: bool = Field(default=True, description="Create/destroy MIG instances as allocations come and go")
     http_host: str = "127.0.0.1"
     http_port: int = 0
     log_level: str = "INFO"

@@ -1,12 +1,17 @@
-"""Translating NVML readings into the wire contracts (registration command and telemetry event)."""
+"""Translating NVML readings into the wire contracts (registration, telemetry), and deciding what to apply on the
+node: which MIG instances to create or destroy, which processes exceed their fraction. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
 from libs.contracts.commands import RegisterNode
-from libs.contracts.events import GpuSpec, GpuTelemetry, TelemetrySampled
-from services.agent.nvml_types import GpuSample, NodeInfo
+from libs.contracts.events import AllocatedGpu, GpuSpec, GpuTelemetry, TelemetrySampled
+from libs.core import mig as migcat
+from services.agent.nvml_types import GpuProcess, GpuSample, MigInstance, NodeInfo
 
 AGENT_VERSION = "0.1.0"
 
@@ -41,3 +46,162 @@ def telemetry(cluster: str, node: str, samples: list[GpuSample], at: float) -> T
 
 def _pct(value: float | None) -> float:
     return 0.0 if value is None else max(0.0, min(100.0, value))
+
+
+# --- applying what placement decided --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LiveAllocation:
+    """What the agent needs of a live allocation on its node (from a grant, or from placement's list at start)."""
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    kind: str
+    gpus: tuple[AllocatedGpu, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WantedMig:
+    allocation_id: str
+    gpu_index: int
+    profile: str
+    start: int
+    slots: int | None  # memory slots it spans (None: a profile the catalogue does not know for the model)
+
+
+@dataclass(frozen=True, slots=True)
+class MigStep:
+    op: Literal["create", "destroy"]
+    gpu_index: int
+    profile: str
+    start: int
+    allocation_id: str | None  # the allocation a creation serves
+
+
+@dataclass(frozen=True, slots=True)
+class MigBlocked:
+    """A change the agent will not make now (retried on the next convergence): `allocation_id` None means a
+    stale instance it could not remove."""
+
+    allocation_id: str | None
+    gpu_index: int
+    profile: str
+    start: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlan:
+    steps: tuple[MigStep, ...]  # destructions first, then creations
+    blocked: tuple[MigBlocked, ...]
+    present: dict[str, MigInstance]  # allocation → its instance that already exists
+
+
+@dataclass(frozen=True, slots=True)
+class ShareLimit:
+    """A fraction's memory promise on one GPU (what CUDA_MPS_PINNED_DEVICE_MEM_LIMIT says)."""
+
+    allocation: LiveAllocation
+    gpu_uuid: str
+    gpu_index: int
+    limit_mib: int
+
+
+def wanted_mig(allocations: Iterable[LiveAllocation]) -> list[WantedMig]:
+    out = []
+    for a in allocations:
+        for g in a.gpus:
+            if g.mig_profile is not None and g.mig_start is not None:
+                p = migcat.profile(g.model, g.mig_profile)
+                out.append(WantedMig(a.allocation_id, g.index, g.mig_profile, g.mig_start, p.slots if p else None))
+    return out
+
+
+def _mask(start: int, slots: int | None) -> int:
+    return ((1 << (slots or 1)) - 1) << start
+
+
+def plan_mig(wanted: Iterable[WantedMig], layout: dict[int, tuple[MigInstance, ...] | None],
+             processes: Iterable[GpuProcess]) -> MigPlan:
+    """Desired instances (one per live MIG allocation) against the instances each GPU has. Safe by construction:
+    an instance with processes is never destroyed (InstanceBusy), a GPU with a process outside its instances is
+    not touched at all (ProcessesOutsideLayout), a creation waits while its slots hold another instance
+    (SlotInUse), and a GPU not in MIG mode is never switched (MigModeDisabled: that needs an idle GPU and a reset,
+    an operator's step). Pure and idempotent: applying the plan and planning again gives no steps."""
+    by_gpu: dict[int, list[WantedMig]] = {}
+    for w in wanted:
+        by_gpu.setdefault(w.gpu_index, []).append(w)
+    procs = list(processes)
+    steps_destroy: list[MigStep] = []
+    steps_create: list[MigStep] = []
+    blocked: list[MigBlocked] = []
+    present: dict[str, MigInstance] = {}
+    for index in sorted(set(by_gpu) | {i for i, inst in layout.items() if inst}):
+        wants = sorted(by_gpu.get(index, []), key=lambda w: (w.start, w.allocation_id))
+        actual = layout.get(index)
+        if actual is None:
+            blocked += [MigBlocked(w.allocation_id, index, w.profile, w.start,
+                                   "MigModeDisabled" if index in layout else "UnknownGpu") for w in wants]
+            continue
+        unknown = [w for w in wants if w.slots is None]
+        blocked += [MigBlocked(w.allocation_id, index, w.profile, w.start, "UnknownProfile") for w in unknown]
+        wants = [w for w in wants if w.slots is not None]
+        wanted_keys = {(w.profile, w.start) for w in wants}
+        uuids = {m.uuid for m in actual}
+        gpu_procs = [p for p in procs if p.gpu_index == index]
+        busy = {p.mig_uuid for p in gpu_procs if p.mig_uuid}
+        outside = any(p.mig_uuid is None or p.mig_uuid not in uuids for p in gpu_procs)
+        kept = [m for m in actual if (m.profile, m.start) in wanted_keys]
+        stale = [m for m in actual if (m.profile, m.start) not in wanted_keys]
+        for w in wants:
+            match = next((m for m in kept if (m.profile, m.start) == (w.profile, w.start)), None)
+            if match is not None:
+                present.setdefault(w.allocation_id, match)
+        missing = [w for w in wants if w.allocation_id not in present]
+        if outside and (stale or missing):
+            blocked += [MigBlocked(None, index, m.profile, m.start or 0, "ProcessesOutsideLayout") for m in stale]
+            blocked += [MigBlocked(w.allocation_id, index, w.profile, w.start, "ProcessesOutsideLayout")
+                        for w in missing]
+            continue
+        occupied = 0
+        for m in kept:
+            occupied |= _mask(m.start or 0, m.size)
+        for m in stale:
+            if m.uuid in busy:
+                blocked.append(MigBlocked(None, index, m.profile, m.start or 0, "InstanceBusy"))
+                occupied |= _mask(m.start or 0, m.size)
+            else:
+                steps_destroy.append(MigStep("destroy", index, m.profile, m.start or 0, None))
+        for w in missing:
+            m = _mask(w.start, w.slots)
+            if occupied & m:
+                blocked.append(MigBlocked(w.allocation_id, index, w.profile, w.start, "SlotInUse"))
+                continue
+            occupied |= m
+            steps_create.append(MigStep("create", index, w.profile, w.start, w.allocation_id))
+    return MigPlan(tuple(steps_destroy + steps_create), tuple(blocked), present)
+
+
+def share_limits(allocations: Iterable[LiveAllocation]) -> list[ShareLimit]:
+    """Fractions with a memory promise (MIG slices are limited by the hardware, whole GPUs by their size)."""
+    return [ShareLimit(a, g.uuid, g.index, g.memory_mib)
+            for a in allocations for g in a.gpus
+            if g.share_milli < 1000 and g.mig_profile is None and g.memory_mib]
+
+
+def fraction_violations(limits: Iterable[ShareLimit], processes: Iterable[GpuProcess],
+                        reported: set[tuple[str, int]]) -> list[tuple[ShareLimit, GpuProcess]]:
+    """Processes of a fraction using more GPU memory than the fraction was promised, each (allocation, pid) once:
+    `reported` holds those already reported. Per process, as CUDA MPS applies its pinned memory limit per client.
+    A process whose allocation or memory is unknown cannot be judged and is skipped."""
+    by_key = {(lim.allocation.allocation_id, lim.gpu_uuid): lim for lim in limits}
+    out = []
+    for p in processes:
+        if p.allocation_id is None or p.used_memory_mib is None:
+            continue
+        lim = by_key.get((p.allocation_id, p.gpu_uuid))
+        if lim is None or p.used_memory_mib <= lim.limit_mib or (p.allocation_id, p.pid) in reported:
+            continue
+        out.append((lim, p))
+    return out

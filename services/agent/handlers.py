@@ -1,5 +1,7 @@
-"""One node agent: register with inventory, then stream NVML samples. For the simulated backend it also follows
-allocation events so simulated GPUs get busy when a job lands on them (allocated vs actually used is real)."""
+"""One node agent: register with inventory, then stream NVML samples. It follows the allocations on its node and
+applies what placement decided: MIG instances created with their grant and destroyed with their release, fractions
+watched against their memory limit (reported, or stopped by policy). The simulated backend also gets workloads when
+a job lands on its GPUs, so allocated vs actually used is real."""
 
 from __future__ import annotations
 
@@ -8,22 +10,89 @@ import contextlib
 import json
 import logging
 import time
+import uuid as uuidlib
 import zlib
+from collections import OrderedDict
+from typing import Literal
+
+from prometheus_client import Counter
 
 from libs.bus.connection import Message, NatsClient
 from libs.bus.publisher import publish_event
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import ListAllocations
-from libs.contracts.envelope import InvalidEnvelope, parse_envelope
-from libs.contracts.events import AllocationGranted, AllocationReleased, decode_data
+from libs.contracts.envelope import InvalidEnvelope, parse_envelope, utcnow
+from libs.contracts.events import (
+    AllocatedGpu,
+    AllocationGranted,
+    AllocationReleased,
+    EventData,
+    FractionExceeded,
+    MigApplied,
+    decode_data,
+)
+from libs.core import mig as migcat
 from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
-from services.agent.domain import registration, telemetry
+from services.agent.domain import (
+    LiveAllocation,
+    fraction_violations,
+    plan_mig,
+    registration,
+    share_limits,
+    telemetry,
+    wanted_mig,
+)
 from services.agent.nvml_sim import SimulatedNvml
-from services.agent.nvml_types import GpuSample, NodeInfo, NvmlBackend
+from services.agent.nvml_types import GpuSample, MigError, MigInstance, NodeInfo, NvmlBackend
 
 log = logging.getLogger(__name__)
 SOURCE = "/gpupool/agent"
+_EVENT_NS = uuidlib.UUID("2f0c7c35-1f4e-4d0e-8f77-6a3b5f0c9e21")  # event ids derived from what they report
+
+MIG_OPERATIONS = Counter("gpupool_agent_mig_operations_total", "MIG instances created or destroyed by the agent",
+                         ["operation", "outcome"])
+FRACTION_EXCEEDED = Counter("gpupool_agent_fraction_exceeded_total",
+                            "Processes found over their fraction's memory limit, by the action taken", ["action"])
+PROCESSES_KILLED = Counter("gpupool_agent_processes_killed_total",
+                           "Processes stopped for exceeding their fraction that needed SIGKILL after the grace")
+SNAPSHOT_PAGES = 50  # at most 50,000 live allocations read at start
+
+
+class _Snapshot:
+    """Placement's live allocations, fetched once for every simulated node of a process: a node reuses a fetch
+    that started after it subscribed to allocation events (so it missed nothing), else starts a new one."""
+
+    def __init__(self) -> None:
+        self.started = -1.0
+        self.task: asyncio.Task[list[dict]] | None = None
+
+
+_SNAPSHOTS: dict[int, _Snapshot] = {}
+
+
+async def _fetch_live(nc: NatsClient) -> list[dict]:
+    items: list[dict] = []
+    after: str | None = None
+    for _ in range(SNAPSHOT_PAGES):
+        reply = await request(nc, subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS,
+                              ListAllocations(active=True, limit=1000, after=after), timeout=2.0)
+        if not reply.ok:
+            raise ServiceUnavailable(f"list_allocations refused: {reply.error}")
+        result = reply.result or {}
+        items += result.get("items", [])
+        after = result.get("next")
+        if not after:
+            break
+    return items
+
+
+async def live_snapshot(nc: NatsClient, subscribed_at: float) -> list[dict]:
+    snap = _SNAPSHOTS.setdefault(id(nc), _Snapshot())
+    if snap.task is None or snap.started < subscribed_at or (snap.task.done() and snap.task.exception()):
+        snap.started = time.monotonic()
+        snap.task = asyncio.ensure_future(_fetch_live(nc))
+    return await asyncio.shield(snap.task)
 
 
 _REGISTERING: asyncio.Semaphore | None = None
@@ -39,8 +108,23 @@ def _registering() -> asyncio.Semaphore:
 
 class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
-                 metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None) -> None:
+                 metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
+                 fraction_policy: Literal["report", "stop"] = "report", stop_grace_s: float = 10.0,
+                 apply_mig: bool = True) -> None:
         self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
+        self.fraction_policy = fraction_policy
+        self.stop_grace_s = stop_grace_s
+        self.apply_mig = apply_mig
+        self.live: dict[str, LiveAllocation] = {}  # allocations on this node, from grants and the start-up query
+        self.released: OrderedDict[str, None] = OrderedDict()  # recent releases: a late snapshot cannot revive them
+        self.synced = False  # the start-up query answered: only then may stale MIG instances be destroyed
+        self.mig_reported: dict[str, tuple[str, str | None]] = {}  # allocation → last (action, reason) published
+        self.mig_owner: dict[tuple[int, int], LiveAllocation] = {}  # (GPU, start) → allocation its instance serves
+        self.mig_of: dict[str, MigInstance] = {}  # allocation → its instance
+        self.fraction_reported: set[tuple[str, int]] = set()  # (allocation, pid) already reported
+        self.stopping: dict[int, float] = {}  # pid → when SIGKILL follows the SIGTERM
+        self.converge_pending = False  # something could not be applied yet: try again on the next sample
+        self._converging = asyncio.Lock()
         self.silent_until = 0.0  # simulated "node goes silent" fault: no samples (no heartbeat) until then
         self.nc = nc
         self.js = nc.jetstream()
@@ -54,11 +138,14 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.backend.open()
+        sync: asyncio.Task[None] | None = None
         try:
+            subscribed_at = time.monotonic()
+            await self.nc.subscribe(subjects.ALLOCATION_ALL, cb=self._on_allocation)
             await self.register(stop)
             if isinstance(self.backend, SimulatedNvml):
-                await self.follow_allocations()
                 await self.nc.subscribe(subjects.SIM_FAULT, cb=self._on_fault)
+            sync = asyncio.create_task(self.sync_allocations(stop, subscribed_at))
             # A fixed cadence, not "sleep after each sample": a slow publish must not stretch the interval. Nodes
             # of a simulated fleet start at different phases, as a real fleet does, instead of all at once.
             next_at = time.monotonic() + self.phase_s()
@@ -71,10 +158,15 @@ class NodeAgent:
                         break
                 if time.monotonic() >= self.silent_until:
                     await self.sample_once()
+                await self.enforce()
+                if self.converge_pending:
+                    await self.converge()
                 next_at += self.interval_s
                 if next_at < time.monotonic():  # fell behind (overloaded): skip, never burst to catch up
                     next_at = time.monotonic() + self.interval_s
         finally:
+            if sync is not None:
+                sync.cancel()
             self.backend.close()
 
     def phase_s(self) -> float:
@@ -123,18 +215,6 @@ class NodeAgent:
         except Exception as exc:  # metrics must never stop telemetry
             log.warning("dcgm_metrics_update_failed", extra={"node": self.node, "error": repr(exc)})
 
-    async def follow_allocations(self) -> None:
-        assert isinstance(self.backend, SimulatedNvml)
-        sim = self.backend
-        await self.nc.subscribe(subjects.ALLOCATION_ALL, cb=self._on_allocation)
-        with contextlib.suppress(ServiceUnavailable):
-            reply = await request(self.nc, subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS,
-                                  ListAllocations(active=True, limit=1000), timeout=2.0)
-            for item in (reply.result or {}).get("items", []) if reply.ok else []:
-                if item["node"] == self.node and item["cluster"] == self.cluster:
-                    for gpu in item["gpus"]:
-                        sim.set_workload(gpu["uuid"], "training")
-
     async def _on_fault(self, msg: Message) -> None:
         """Fault injection for the simulated fleet (development and tests only; never on the real backend):
         {"node": ..., "fault": "silence", "seconds": N} or {"node": ..., "gpu": i, "fault": "xid79" | ...} with the
@@ -150,11 +230,40 @@ class NodeAgent:
             self.silent_until = time.monotonic() + float(doc.get("seconds", 30))
             log.warning("sim_fault_silence", extra={"node": self.node, "seconds": doc.get("seconds", 30)})
         elif "gpu" in doc:
-            options = {k: doc[k] for k in ("seconds", "xid", "count") if isinstance(doc.get(k), int | float)}
+            options = {k: doc[k] for k in ("seconds", "xid", "count", "factor")
+                       if isinstance(doc.get(k), int | float)}
             with contextlib.suppress(KeyError, ValueError, IndexError, TypeError):
                 self.backend.inject_fault(int(doc["gpu"]), str(doc["fault"]), **options)
                 log.warning("sim_fault_injected", extra={"node": self.node, "gpu": doc["gpu"], "fault": doc["fault"],
                                                          **options})
+
+    async def sync_allocations(self, stop: asyncio.Event, subscribed_at: float) -> None:
+        """The start-up query of placement's live allocations, so a restarted agent converges to them; retried
+        with back-off (2 s → 30 s) until placement answers."""
+        delay = 2.0
+        while not stop.is_set():
+            try:
+                items = await live_snapshot(self.nc, subscribed_at)
+            except ServiceUnavailable as exc:
+                log.warning("allocation_sync_retry", extra={"node": self.node, "error": str(exc)})
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                delay = min(30.0, delay * 2)
+                continue
+            for item in items:
+                if item.get("node") != self.node or item.get("cluster") != self.cluster:
+                    continue
+                if item["allocation_id"] in self.released or item["allocation_id"] in self.live:
+                    continue
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    self.live[item["allocation_id"]] = LiveAllocation(
+                        allocation_id=item["allocation_id"], job_id=item["job_id"], team=item["team"],
+                        project=item["project"], kind="",
+                        gpus=tuple(AllocatedGpu.model_validate(g) for g in item["gpus"]))
+            self.synced = True
+            log.info("allocations_synced", extra={"node": self.node, "live": len(self.live)})
+            await self.converge()
+            return
 
     async def _on_allocation(self, msg: Message) -> None:
         try:
@@ -165,8 +274,182 @@ class NodeAgent:
             return
         if data.node != self.node or data.cluster != self.cluster:
             return
+        if isinstance(data, AllocationGranted):
+            if data.allocation_id in self.released:
+                return
+            self.live[data.allocation_id] = LiveAllocation(
+                allocation_id=data.allocation_id, job_id=data.job_id, team=data.team, project=data.project,
+                kind=data.kind, gpus=tuple(data.gpus))
+        else:
+            self.live.pop(data.allocation_id, None)
+            self.released[data.allocation_id] = None
+            while len(self.released) > 10_000:
+                self.released.popitem(last=False)
+            if isinstance(self.backend, SimulatedNvml):
+                self.backend.end_allocation(data.allocation_id)  # its processes exit with it
+        await self.converge()
+
+    # ---- applying what placement decided -------------------------------------------------------------------
+
+    async def converge(self) -> None:
+        """Bring the node to what the live allocations say (idempotent: a replay or a restart changes nothing that
+        is already right). Whatever cannot be applied now is retried on the next sample."""
+        async with self._converging:
+            pending = False
+            if self.apply_mig:
+                try:
+                    pending = await self._converge_mig()
+                except Exception as exc:  # NVML trouble must never stop telemetry
+                    log.warning("mig_converge_failed", extra={"node": self.node, "error": repr(exc)})
+                    pending = True
+            if isinstance(self.backend, SimulatedNvml):
+                self._drive_simulation()
+            self.converge_pending = pending
+
+    async def _converge_mig(self) -> bool:
+        layout = self.backend.mig_layout()
+        wanted = wanted_mig(self.live.values())
+        if not wanted and not any(layout.values()):
+            return False
+        plan = plan_mig(wanted, layout, self.backend.processes())
+        pending = False
+        for allocation_id, inst in plan.present.items():
+            alloc = self.live[allocation_id]
+            self.mig_owner[(self._gpu_of(alloc, inst.profile), inst.start or 0)] = alloc
+            await self._report_mig(alloc, inst.profile, inst.start or 0, "created", inst)
+        for step in plan.steps:
+            if step.op == "destroy" and not self.synced:
+                pending = True  # until placement told us what is live, an instance may belong to a grant we missed
+                continue
+            try:
+                if step.op == "destroy":
+                    self.backend.destroy_mig_instance(step.gpu_index, step.start)
+                    owner = self.mig_owner.pop((step.gpu_index, step.start), None)
+                    log.info("mig_instance_destroyed", extra={"node": self.node, "gpu": step.gpu_index,
+                                                              "profile": step.profile, "start": step.start})
+                    if owner is not None and owner.allocation_id not in self.live:
+                        self.mig_of.pop(owner.allocation_id, None)
+                        await self._report_mig(owner, step.profile, step.start, "destroyed", None)
+                else:
+                    alloc = self.live[step.allocation_id or ""]
+                    inst = self.backend.create_mig_instance(step.gpu_index, step.profile, step.start)
+                    self.mig_owner[(step.gpu_index, step.start)] = alloc
+                    log.info("mig_instance_created", extra={"node": self.node, "gpu": step.gpu_index,
+                                                            "profile": step.profile, "start": step.start,
+                                                            "mig_uuid": inst.uuid})
+                    await self._report_mig(alloc, step.profile, step.start, "created", inst)
+                MIG_OPERATIONS.labels(operation=step.op, outcome="ok").inc()
+            except Exception as exc:  # MigError or NVML's: reported, retried on the next convergence
+                MIG_OPERATIONS.labels(operation=step.op, outcome="failed").inc()
+                pending = True
+                reason = exc.reason if isinstance(exc, MigError) else f"{type(exc).__name__}: {exc}"[:200]
+                log.warning("mig_step_failed", extra={"node": self.node, "op": step.op, "gpu": step.gpu_index,
+                                                      "profile": step.profile, "start": step.start, "reason": reason})
+                if step.op == "create" and step.allocation_id in self.live:
+                    await self._report_mig(self.live[step.allocation_id], step.profile, step.start, "failed",
+                                           None, reason)
+        for b in plan.blocked:
+            pending = True
+            if b.allocation_id is not None and b.allocation_id in self.live:
+                await self._report_mig(self.live[b.allocation_id], b.profile, b.start, "failed", None, b.reason)
+        return pending
+
+    @staticmethod
+    def _gpu_of(alloc: LiveAllocation, profile: str) -> int:
+        return next((g.index for g in alloc.gpus if g.mig_profile == profile), alloc.gpus[0].index)
+
+    async def _report_mig(self, alloc: LiveAllocation, profile: str, start: int,
+                          action: Literal["created", "destroyed", "failed"], inst: MigInstance | None,
+                          reason: str | None = None) -> None:
+        """One MigApplied per outcome of an allocation (a failure again only when its reason changes)."""
+        if self.mig_reported.get(alloc.allocation_id) == (action, reason):
+            return
+        if inst is not None:
+            self.mig_of[alloc.allocation_id] = inst
+        gpu = next((g for g in alloc.gpus if g.mig_profile == profile and g.mig_start == start), alloc.gpus[0])
+        event = MigApplied(allocation_id=alloc.allocation_id, job_id=alloc.job_id, team=alloc.team,
+                           project=alloc.project, cluster=self.cluster, node=self.node, gpu_uuid=gpu.uuid,
+                           gpu_index=gpu.index, profile=profile, start=start, action=action,
+                           mig_uuid=inst.uuid if inst else None, reason=reason, applied_at=utcnow())
+        if await self._publish(event, f"mig/{alloc.allocation_id}/{action}/{reason}"):
+            self.mig_reported[alloc.allocation_id] = (action, reason)
+
+    async def enforce(self) -> None:
+        """Every sample: each fraction's processes against its memory limit. Over it: FractionExceeded once per
+        (allocation, process), and with policy `stop` the process gets SIGTERM, then SIGKILL after the grace."""
+        limits = share_limits(self.live.values())
+        if not limits and not self.stopping and not self.fraction_reported:
+            return
+        try:
+            procs = self.backend.processes()
+        except Exception as exc:  # NVML trouble must never stop telemetry
+            log.warning("process_listing_failed", extra={"node": self.node, "error": repr(exc)})
+            return
+        now = time.monotonic()
+        for lim, proc in fraction_violations(limits, procs, self.fraction_reported):
+            action: Literal["reported", "stopped"] = "reported"
+            if self.fraction_policy == "stop":
+                try:
+                    self.backend.stop_process(proc.pid)
+                    self.stopping[proc.pid] = now + self.stop_grace_s
+                    action = "stopped"
+                except ProcessLookupError:
+                    continue  # it exited on its own
+                except OSError as exc:
+                    log.warning("process_stop_failed", extra={"node": self.node, "pid": proc.pid,
+                                                              "error": repr(exc)})
+            self.fraction_reported.add((lim.allocation.allocation_id, proc.pid))
+            FRACTION_EXCEEDED.labels(action=action).inc()
+            log.warning("fraction_exceeded", extra={"node": self.node, "allocation": lim.allocation.allocation_id,
+                                                    "pid": proc.pid, "used_mib": proc.used_memory_mib,
+                                                    "limit_mib": lim.limit_mib, "action": action})
+            a = lim.allocation
+            await self._publish(FractionExceeded(
+                allocation_id=a.allocation_id, job_id=a.job_id, team=a.team, project=a.project, cluster=self.cluster,
+                node=self.node, gpu_uuid=lim.gpu_uuid, gpu_index=lim.gpu_index, pid=proc.pid,
+                used_mib=proc.used_memory_mib or 0, limit_mib=lim.limit_mib, action=action, detected_at=utcnow()),
+                f"fraction/{a.allocation_id}/{proc.pid}/{lim.gpu_uuid}")
+        alive = {p.pid for p in procs}
+        for pid, deadline in list(self.stopping.items()):
+            if pid not in alive:
+                del self.stopping[pid]
+            elif now >= deadline:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    self.backend.stop_process(pid, force=True)
+                    PROCESSES_KILLED.inc()
+                    log.warning("process_killed", extra={"node": self.node, "pid": pid})
+                del self.stopping[pid]
+        self.fraction_reported = {k for k in self.fraction_reported if k[1] in alive}
+
+    async def _publish(self, data: EventData, identity: str) -> bool:
+        """Directly to JetStream (the agent has no outbox); the id derives from what is reported, so a replay
+        within the stream's duplicate window is dropped."""
+        event = data.to_cloudevent(SOURCE, event_id=str(uuidlib.uuid5(_EVENT_NS, identity)))
+        try:
+            await publish_event(self.js, data.event_subject, event)
+            return True
+        except Exception as exc:
+            log.warning("agent_event_publish_failed", extra={"node": self.node, "type": data.event_type,
+                                                             "error": repr(exc)})
+            return False
+
+    def _drive_simulation(self) -> None:
+        """Simulated processes for the live allocations: a whole GPU's workload, a fraction's or a MIG slice's own
+        process (a MIG one once its instance exists). Started once per allocation and GPU (the simulator keeps
+        that), so a process that was stopped or emptied by a fault stays so."""
         assert isinstance(self.backend, SimulatedNvml)
-        kind = self.workloads.get(data.kind, "training") if isinstance(data, AllocationGranted) else None
-        for gpu in data.gpus:
-            with contextlib.suppress(KeyError, ValueError):
-                self.backend.set_workload(gpu.uuid, kind)
+        for alloc in self.live.values():
+            kind = self.workloads.get(alloc.kind, "training")
+            for g in alloc.gpus:
+                limit: float | None = g.memory_mib
+                mig_uuid = None
+                if g.mig_profile is not None:
+                    inst = self.mig_of.get(alloc.allocation_id)
+                    if inst is None:
+                        continue
+                    mig_uuid = inst.uuid
+                    p = migcat.profile(g.model, g.mig_profile)
+                    limit = p.memory_mib if p else None
+                with contextlib.suppress(KeyError, ValueError):
+                    self.backend.start_allocation(g.uuid, alloc.allocation_id, kind, share_milli=g.share_milli,
+                                                  limit_mib=limit, mig_uuid=mig_uuid)

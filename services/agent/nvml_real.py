@@ -11,9 +11,12 @@ testable without a GPU.
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import math
 import os
 import re
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -24,7 +27,9 @@ from services.agent.nvml_types import (
     XID_DEGRADED,
     XID_FAILED,
     GpuInfo,
+    GpuProcess,
     GpuSample,
+    MigError,
     MigInstance,
     NodeInfo,
     SbeRateTracker,
@@ -156,6 +161,29 @@ def _read_text_file(path: str) -> str:
         return fh.read()
 
 
+def _read_bytes_file(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+ALLOCATION_ENV = b"GPUPOOL_ALLOCATION_ID="
+
+# GPU-instance compute slices → the compute-instance profile that spans the whole GPU instance.
+_CI_PROFILE_FOR_SLICES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
+                          3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE", 4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
+                          6: "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE", 7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE",
+                          8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE"}
+
+
+def allocation_from_environ(raw: bytes) -> str | None:
+    """GPUPOOL_ALLOCATION_ID from a /proc/<pid>/environ image (NUL-separated KEY=VALUE entries)."""
+    for entry in raw.split(b"\0"):
+        if entry.startswith(ALLOCATION_ENV):
+            value = entry[len(ALLOCATION_ENV):].decode(errors="replace").strip()
+            return value or None
+    return None
+
+
 def _host_memory_mib() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // _MIB
@@ -179,6 +207,9 @@ class RealNvml:
         sysfs_root: str = "/sys",
         cpu_count: int | None = None,
         memory_total_mib: int | None = None,
+        read_bytes: Callable[[str], bytes] = _read_bytes_file,
+        proc_root: str = "/proc",
+        kill: Callable[[int, int], None] = os.kill,
     ) -> None:
         if nvml is None:
             import pynvml
@@ -191,6 +222,9 @@ class RealNvml:
         self._sysfs_root = sysfs_root.rstrip("/")
         self._cpu_count = cpu_count
         self._memory_total_mib = memory_total_mib
+        self._read_bytes = read_bytes
+        self._proc_root = proc_root.rstrip("/")
+        self._kill = kill
         self._missing = tuple(
             cls for n in _MISSING_ERROR_NAMES if isinstance(cls := getattr(nvml, n, None), type)
         ) + (AttributeError,)
@@ -264,6 +298,163 @@ class RealNvml:
         new_xids = self._drain_xid_events()
         now = self._clock()
         return [self._sample_gpu(info, new_xids.get(info.index, ()), now) for info in self._infos]
+
+    # ---- applying placement's decisions ----------------------------------------------------------------------
+
+    def mig_layout(self) -> dict[int, tuple[MigInstance, ...] | None]:
+        """Read now (instances change under the agent's hands); a GPU NVML cannot read is left out."""
+        self._require_open()
+        out: dict[int, tuple[MigInstance, ...] | None] = {}
+        for info in self._infos:
+            try:
+                enabled, instances = self._read_mig(self._handles[info.index])
+            except self._nvml_error:
+                continue
+            out[info.index] = instances if enabled else None
+        return out
+
+    def create_mig_instance(self, index: int, profile: str, start: int) -> MigInstance:
+        """nvmlDeviceCreateGpuInstanceWithPlacement at `start`, then one compute instance spanning it (rolled back
+        if that fails). NVML's refusals come back as MigError with the error's name as reason."""
+        self._require_open()
+        nv = self._nvml
+        handle = self._handles[index]
+        try:
+            mode = self._guard("nvmlDeviceGetMigMode", handle)
+            if not mode or mode[0] != self._const("NVML_DEVICE_MIG_ENABLE", 1):
+                raise MigError("MigModeDisabled", f"GPU {index} is not in MIG mode")
+            prof = self._gi_profile(handle, profile)
+            if prof is None:
+                raise MigError("UnknownProfile", f"GPU {index} has no MIG profile {profile}")
+            size = self._placements(handle, int(prof.id)).get(start)
+            if size is None:
+                raise MigError("InvalidPlacement", f"{profile} cannot be placed at memory slot {start}")
+            placement = nv.c_nvmlGpuInstancePlacement_t()
+            placement.start, placement.size = start, size
+            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, int(prof.id), ctypes.byref(placement))
+            try:
+                slices = int(prof.sliceCount)
+                ci_profile = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, self._const(_CI_PROFILE_FOR_SLICES.get(slices, ""), slices - 1),
+                    self._const("NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
+                nv.nvmlGpuInstanceCreateComputeInstance(gi, int(ci_profile.id))
+            except BaseException:
+                self._guard("nvmlGpuInstanceDestroy", gi)
+                raise
+        except self._nvml_error as exc:
+            raise MigError(type(exc).__name__.removeprefix("NVMLError_"), str(exc)) from exc
+        instances = self._refresh_mig(index)
+        return next((m for m in instances if m.start == start),
+                    MigInstance(profile=profile, start=start, size=size, uuid=""))
+
+    def destroy_mig_instance(self, index: int, start: int) -> None:
+        """Its compute instances first, then the GPU instance; NVML refuses (InUse) while processes run there."""
+        self._require_open()
+        nv = self._nvml
+        handle = self._handles[index]
+        try:
+            gpu_instances: dict[int, Any] = {}
+            compute: list[Any] = []
+            for i in range(self._guard("nvmlDeviceGetMaxMigDeviceCount", handle, default=0) or 0):
+                mig = self._guard("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+                if mig is None:
+                    continue
+                gi_id = int(nv.nvmlDeviceGetGpuInstanceId(mig))
+                gi = gpu_instances.get(gi_id) or nv.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+                if int(nv.nvmlGpuInstanceGetInfo(gi).placement.start) != start:
+                    continue
+                gpu_instances[gi_id] = gi
+                compute.append(nv.nvmlGpuInstanceGetComputeInstanceById(gi, nv.nvmlDeviceGetComputeInstanceId(mig)))
+            for ci in compute:
+                nv.nvmlComputeInstanceDestroy(ci)
+            for gi in gpu_instances.values():
+                nv.nvmlGpuInstanceDestroy(gi)
+        except self._nvml_error as exc:
+            raise MigError(type(exc).__name__.removeprefix("NVMLError_"), str(exc)) from exc
+        self._refresh_mig(index)
+
+    def processes(self) -> list[GpuProcess]:
+        """Every process on every GPU with its memory (per MIG device on a GPU in MIG mode) and the allocation
+        named by GPUPOOL_ALLOCATION_ID in its environment (/proc/<pid>/environ: the agent needs the host's pid
+        namespace and the right to read it, i.e. root)."""
+        self._require_open()
+        out: list[GpuProcess] = []
+        for info in self._infos:
+            handle = self._handles[info.index]
+            try:
+                seen: dict[int, tuple[int | None, str | None]] = {}
+                if self._mig_enabled(handle):
+                    for i in range(self._guard("nvmlDeviceGetMaxMigDeviceCount", handle, default=0) or 0):
+                        mig = self._guard("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+                        if mig is None:
+                            continue
+                        mig_uuid = _to_str(self._guard("nvmlDeviceGetUUID", mig, default=""))
+                        for pid, mem in self._running(mig).items():
+                            seen[pid] = (mem, mig_uuid or None)
+                for pid, mem in self._running(handle).items():
+                    seen.setdefault(pid, (mem, None))
+            except self._nvml_error:
+                continue  # a GPU that stopped answering has no processes we could judge
+            out += [GpuProcess(pid=pid, gpu_uuid=info.uuid, gpu_index=info.index, used_memory_mib=mem,
+                               mig_uuid=mig_uuid, allocation_id=self._allocation_of(pid))
+                    for pid, (mem, mig_uuid) in sorted(seen.items())]
+        return out
+
+    def stop_process(self, pid: int, *, force: bool = False) -> None:
+        if pid <= 1:
+            raise ValueError(f"refusing to signal pid {pid}")
+        self._kill(pid, signal.SIGKILL if force else signal.SIGTERM)
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        mode = self._guard("nvmlDeviceGetMigMode", handle)
+        return bool(mode) and mode[0] == self._const("NVML_DEVICE_MIG_ENABLE", 1)
+
+    def _running(self, handle: Any) -> dict[int, int | None]:
+        """pid → used GPU memory in MiB (None when NVML does not say) from the compute and graphics lists."""
+        out: dict[int, int | None] = {}
+        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            for proc in self._guard(fn, handle, default=None) or ():
+                pid = int(getattr(proc, "pid", 0))
+                used = getattr(proc, "usedGpuMemory", None)
+                mib = int(used) // _MIB if isinstance(used, int) else None
+                prev = out.get(pid)
+                out[pid] = mib if prev is None else max(prev, mib or 0)
+        return out
+
+    def _allocation_of(self, pid: int) -> str | None:
+        try:
+            return allocation_from_environ(self._read_bytes(f"{self._proc_root}/{pid}/environ"))
+        except OSError:
+            return None  # gone, or not ours to read
+
+    def _gi_profile(self, handle: Any, name: str) -> Any:
+        """The GPU-instance profile info whose name is `name` (e.g. "3g.40gb")."""
+        for profile_enum in range(self._const("NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):
+            info = self._guard("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile_enum)
+            if info is None:
+                continue
+            label = _mig_profile_name(info)
+            if label is None and getattr(info, "memorySizeMB", None):
+                label = f"{info.sliceCount}g.{math.ceil(int(info.memorySizeMB) / 1024)}gb"
+            if label == name:
+                return info
+        return None
+
+    def _placements(self, handle: Any, profile_id: int) -> dict[int, int]:
+        """Allowed start slot → size for a GPU-instance profile (what `nvidia-smi mig -lgipp` prints)."""
+        nv = self._nvml
+        array = (nv.c_nvmlGpuInstancePlacement_t * 16)()
+        count = ctypes.c_uint(16)
+        nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
+        return {int(array[i].start): int(array[i].size) for i in range(count.value)}
+
+    def _refresh_mig(self, index: int) -> tuple[MigInstance, ...]:
+        """Re-read one GPU's instances after a change, so node_info() (registration) shows the layout as it is."""
+        enabled, instances = self._read_mig(self._handles[index])
+        self._infos[index] = dataclasses.replace(self._infos[index], mig_mode=enabled, mig_instances=instances)
+        if self._node is not None:
+            self._node = dataclasses.replace(self._node, gpus=tuple(self._infos))
+        return instances
 
     # ---- guarded calls -----------------------------------------------------------
 

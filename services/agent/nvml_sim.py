@@ -23,11 +23,14 @@ import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from libs.core import mig as migcat
 from services.agent.nvml_types import (
     XID_DEGRADED,
     XID_FAILED,
     GpuInfo,
+    GpuProcess,
     GpuSample,
+    MigError,
     MigInstance,
     NodeInfo,
     SbeRateTracker,
@@ -36,7 +39,7 @@ from services.agent.nvml_types import (
 
 WORKLOAD_KINDS = ("idle", "training", "inference", "dev")
 FAULT_KINDS = ("xid79", "off_bus", "xid48", "dbe", "sbe_storm", "ecc_storm", "ecc_burst", "xid_storm", "thermal",
-               "xid13", "reset", "rogue_process", "no_process")
+               "xid13", "reset", "rogue_process", "no_process", "memory_hog")
 # What each fault means on the simulated GPU:
 #   xid79 / off_bus     the GPU falls off the bus: Xid 79, then nothing readable, latched until a reset
 #   xid48 / dbe         an uncorrectable (double-bit) ECC error with Xid 48; pages pending retirement
@@ -47,6 +50,7 @@ FAULT_KINDS = ("xid79", "off_bus", "xid48", "dbe", "sbe_storm", "ecc_storm", "ec
 #   reset               a GPU reset: faults, latched Xids and volatile ECC counters cleared
 #   rogue_process       a process starts on the GPU though no allocation holds it (an orphan)
 #   no_process          the GPU's processes exit though its allocation stays (an allocation without process)
+#   memory_hog          the GPU's share processes (fractions, MIG) grow to `factor` (default 1.5) times their limit
 
 
 TAU_S = 40.0  # thermal time constant
@@ -126,13 +130,30 @@ class _Workload:
 
 
 @dataclass(slots=True)
+class _ShareProcess:
+    """A simulated process of a fractional or MIG allocation: its own workload and memory, within its limit until
+    a memory_hog fault makes it grow past it."""
+
+    pid: int
+    allocation_id: str
+    workload: _Workload
+    limit_mib: float
+    share: float  # the part of the GPU's compute it drives (utilisation weight)
+    mig_uuid: str | None
+    target_mib: float
+    used_mib: float = 0.0
+
+
+@dataclass(slots=True)
 class _GpuState:
     index: int
     spec: GpuSpec
     uuid: str
     rng: random.Random
     workload: _Workload | None = None
+    workload_allocation: str | None = None  # the whole-GPU allocation that put the workload there
     workload_generation: int = 0
+    procs: list[_ShareProcess] = field(default_factory=list)
     memory_used_mib: float = 0.0
     temperature_c: float = 0.0
     faults: set[str] = field(default_factory=set)
@@ -163,6 +184,7 @@ class SimulatedNvml:
         memory_total_mib: int = 2 * 1024 * 1024,
         driver_version: str = "550.90.07",
         cuda_driver_version: str = "12.4",
+        mig_mode: Sequence[int] = (),
     ) -> None:
         unknown = [m for m in gpu_models if m not in GPU_SPECS]
         if unknown:
@@ -188,6 +210,12 @@ class SimulatedNvml:
             state.temperature_c = AMBIENT_C + spec.thermal_resistance * spec.idle_w
             self._gpus.append(state)
         self._by_uuid = {g.uuid: g for g in self._gpus}
+        for index in mig_mode:  # an operator enabled MIG mode before the agent started: no instances yet
+            if not self._gpu(index).spec.mig_profiles:
+                raise ValueError(f"{self._gpu(index).spec.model} does not support MIG")
+            self._gpu(index).mig = ()
+        self._next_pid = 4000
+        self._started: set[tuple[str, str]] = set()  # (allocation, GPU uuid) that ever got a process
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -208,24 +236,29 @@ class SimulatedNvml:
 
     # ---- controls ----------------------------------------------------------------
 
-    def set_workload(self, uuid: str, kind: str | None) -> None:
+    def set_workload(self, uuid: str, kind: str | None, allocation_id: str | None = None) -> None:
         """Put a workload on a GPU (None = free). Memory then ramps, it is not instant."""
         gpu = self._gpu_by_uuid(uuid)
         if kind is not None and kind not in WORKLOAD_KINDS:
             raise ValueError(f"unknown workload kind {kind!r}; expected one of {WORKLOAD_KINDS} or None")
         if kind is None:
             gpu.workload = None
+            gpu.workload_allocation = None
             return
+        gpu.workload = self._new_workload(gpu, kind, gpu.spec.memory_total_mib)
+        gpu.workload_allocation = allocation_id
+
+    def _new_workload(self, gpu: _GpuState, kind: str, memory_mib: float) -> _Workload:
         gpu.workload_generation += 1
         gen = gpu.workload_generation
         u = lambda tag: _unit(self._seed, gpu.uuid, gen, tag)  # noqa: E731
         fraction = {
-            "idle": (512 + 1024 * u("mem")) / gpu.spec.memory_total_mib,
+            "idle": min(1.0, (512 + 1024 * u("mem")) / memory_mib),
             "training": 0.85 + 0.10 * u("mem"),
             "inference": 0.45 + 0.25 * u("mem"),
             "dev": 0.10 + 0.20 * u("mem"),
         }[kind]
-        gpu.workload = _Workload(
+        return _Workload(
             kind=kind,
             started_at=self._clock(),
             memory_fraction=fraction,
@@ -234,7 +267,69 @@ class SimulatedNvml:
             generation=gen,
         )
 
-    def inject_fault(self, index: int, kind: str, *, seconds: float = 30.0, xid: int = 31, count: int = 50) -> None:
+    def start_allocation(self, uuid: str, allocation_id: str, kind: str, *, share_milli: int = 1000,
+                         limit_mib: float | None = None, mig_uuid: str | None = None) -> int | None:
+        """The process an allocation runs on a GPU: a whole GPU gets the GPU's workload, a fraction or a MIG slice
+        its own process using part of `limit_mib`. Only the first call per (allocation, GPU) starts anything, so a
+        replay never restarts a process that exited, was stopped, or was emptied by a fault. Returns the pid."""
+        gpu = self._gpu_by_uuid(uuid)
+        if kind not in WORKLOAD_KINDS:
+            raise ValueError(f"unknown workload kind {kind!r}; expected one of {WORKLOAD_KINDS}")
+        if (allocation_id, uuid) in self._started:
+            return None
+        self._started.add((allocation_id, uuid))
+        if share_milli >= 1000 and mig_uuid is None:
+            self.set_workload(uuid, kind, allocation_id)
+            return self._workload_pid(gpu, 0)
+        limit = float(limit_mib if limit_mib else gpu.spec.memory_total_mib * share_milli / 1000)
+        workload = self._new_workload(gpu, kind, limit)
+        self._next_pid += 1
+        gpu.procs.append(_ShareProcess(pid=self._next_pid, allocation_id=allocation_id, workload=workload,
+                                       limit_mib=limit, share=share_milli / 1000, mig_uuid=mig_uuid,
+                                       target_mib=workload.memory_fraction * limit))
+        return self._next_pid
+
+    def end_allocation(self, allocation_id: str) -> None:
+        """The allocation was released: its processes exit and free their memory."""
+        for gpu in self._gpus:
+            gpu.procs = [p for p in gpu.procs if p.allocation_id != allocation_id]
+            if gpu.workload_allocation == allocation_id:
+                gpu.workload = None
+                gpu.workload_allocation = None
+
+    def processes(self) -> list[GpuProcess]:
+        self._require_open()
+        out: list[GpuProcess] = []
+        for gpu in self._gpus:
+            if gpu.lost:
+                continue
+            if gpu.workload is not None:
+                n = 2 if gpu.workload.kind == "inference" else 1
+                for i in range(n):
+                    out.append(GpuProcess(pid=self._workload_pid(gpu, i), gpu_uuid=gpu.uuid, gpu_index=gpu.index,
+                                          used_memory_mib=int(gpu.memory_used_mib / n),
+                                          allocation_id=gpu.workload_allocation))
+            out += [GpuProcess(pid=p.pid, gpu_uuid=gpu.uuid, gpu_index=gpu.index, used_memory_mib=int(p.used_mib),
+                               mig_uuid=p.mig_uuid, allocation_id=p.allocation_id) for p in gpu.procs]
+        return out
+
+    def stop_process(self, pid: int, *, force: bool = False) -> None:
+        """The process exits at once (a simulated process never ignores SIGTERM) and its memory is freed."""
+        for gpu in self._gpus:
+            if any(p.pid == pid for p in gpu.procs):
+                gpu.procs = [p for p in gpu.procs if p.pid != pid]
+                return
+            if gpu.workload is not None and pid in (self._workload_pid(gpu, 0), self._workload_pid(gpu, 1)):
+                gpu.workload = None
+                gpu.memory_used_mib = 0.0
+                return
+        raise ProcessLookupError(pid)
+
+    def _workload_pid(self, gpu: _GpuState, i: int) -> int:
+        return 100_000 + gpu.index * 1000 + (gpu.workload_generation % 100) * 2 + i
+
+    def inject_fault(self, index: int, kind: str, *, seconds: float = 30.0, xid: int = 31, count: int = 50,
+                     factor: float = 1.5) -> None:
         gpu = self._gpu(index)
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
@@ -247,6 +342,11 @@ class SimulatedNvml:
             return
         if kind == "no_process":
             gpu.workload = None
+            gpu.procs = []
+            return
+        if kind == "memory_hog":
+            for p in gpu.procs:
+                p.target_mib = min(float(gpu.spec.memory_total_mib), factor * p.limit_mib)
             return
         if kind == "ecc_burst":
             gpu.sbe += max(1, count)
@@ -314,6 +414,37 @@ class SimulatedNvml:
             instances.append(MigInstance(profile=profile, start=start, size=size, uuid=mig_uuid))
         gpu.mig = tuple(sorted(instances, key=lambda m: m.start or 0))
 
+    def mig_layout(self) -> dict[int, tuple[MigInstance, ...] | None]:
+        return {g.index: g.mig for g in self._gpus}
+
+    def create_mig_instance(self, index: int, profile: str, start: int) -> MigInstance:
+        """Follows the same catalogue as the scheduler (libs.core.mig): allowed starts, disjoint slots, at most
+        seven compute slices."""
+        gpu = self._gpu(index)
+        if gpu.mig is None:
+            raise MigError("MigModeDisabled", f"GPU {index} is not in MIG mode")
+        p = migcat.profile(gpu.spec.model, profile)
+        if p is None:
+            raise MigError("UnknownProfile", f"{profile} is not a MIG profile of {gpu.spec.model}")
+        if start not in p.starts:
+            raise MigError("InvalidPlacement", f"{profile} cannot start at slot {start}")
+        layout = [(m.profile, m.start or 0) for m in gpu.mig]
+        if not migcat.valid_layout(gpu.spec.model, [*layout, (profile, start)]):
+            raise MigError("InsufficientResources", f"{profile}@{start} does not fit next to {layout}")
+        mig_uuid = "MIG-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{gpu.uuid}/{start}/{profile}"))
+        instance = MigInstance(profile=profile, start=start, size=p.slots, uuid=mig_uuid)
+        gpu.mig = tuple(sorted((*gpu.mig, instance), key=lambda m: m.start or 0))
+        return instance
+
+    def destroy_mig_instance(self, index: int, start: int) -> None:
+        gpu = self._gpu(index)
+        found = [m for m in gpu.mig or () if m.start == start]
+        if not found:
+            return
+        if any(p.mig_uuid == found[0].uuid for p in gpu.procs):
+            raise MigError("InUse", f"MIG instance at slot {start} of GPU {index} has running processes")
+        gpu.mig = tuple(m for m in gpu.mig or () if m.start != start)
+
     # ---- NvmlBackend -----------------------------------------------------------
 
     def node_info(self) -> NodeInfo:
@@ -358,9 +489,8 @@ class SimulatedNvml:
 
     # ---- dynamics ----------------------------------------------------------------
 
-    def _utilization(self, gpu: _GpuState, now: float) -> tuple[float, float]:
+    def _utilization(self, gpu: _GpuState, w: _Workload | None, now: float) -> tuple[float, float]:
         """(gpu util %, memory-bandwidth util %) the workload asks for at time ``now``."""
-        w = gpu.workload
         if w is None:
             return 0.0, 0.0
         rng = gpu.rng
@@ -409,10 +539,18 @@ class SimulatedNvml:
         step = rate * dt
         gpu.memory_used_mib += _clamp(target - gpu.memory_used_mib, -step, step)
 
-        util, mem_util = (0.0, 0.0) if gpu.lost else self._utilization(gpu, now)
+        util, mem_util = (0.0, 0.0) if gpu.lost else self._utilization(gpu, w, now)
+        for p in gpu.procs:  # share processes ramp within (or, hogging, past) their limit and add their load
+            p_target = 0.0 if gpu.lost else p.target_mib
+            p_step = spec.memory_total_mib / (15.0 if p_target > p.used_mib else 3.0) * dt
+            p.used_mib += _clamp(p_target - p.used_mib, -p_step, p_step)
+            if not gpu.lost:
+                p_util, p_mem = self._utilization(gpu, p.workload, now)
+                util, mem_util = min(100.0, util + p.share * p_util), min(100.0, mem_util + p.share * p_mem)
+        memory_used = min(float(spec.memory_total_mib), gpu.memory_used_mib + sum(p.used_mib for p in gpu.procs))
         noise = gpu.rng.gauss(0, 0.01 * spec.tdp_w * (0.2 + util / 100.0))
         power = spec.idle_w + util / 100.0 * (spec.tdp_w - spec.idle_w) + noise
-        if gpu.memory_used_mib > 0:
+        if memory_used > 0:
             power += 0.02 * spec.tdp_w  # contexts resident keep the GPU out of its deepest idle state
         if gpu.lost:
             power = 0.0
@@ -461,6 +599,7 @@ class SimulatedNvml:
         )
         mig_on = gpu.mig is not None
         procs = 0 if gpu.lost or w is None else (2 if w.kind == "inference" else 1)
+        procs += 0 if gpu.lost else len(gpu.procs)
         return GpuSample(
             uuid=gpu.uuid,
             index=gpu.index,
@@ -468,7 +607,7 @@ class SimulatedNvml:
             # NVML does not report whole-GPU utilization for a MIG-enabled GPU.
             utilization_gpu_pct=None if mig_on else round(util, 1),
             utilization_memory_pct=None if mig_on else round(mem_util, 1),
-            memory_used_mib=int(gpu.memory_used_mib),
+            memory_used_mib=int(memory_used),
             memory_total_mib=spec.memory_total_mib,
             temperature_c=temperature,
             power_w=None if gpu.lost else round(power, 1),

@@ -94,6 +94,26 @@ class NodeInfo:
     gpus: tuple[GpuInfo, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process using a GPU, as the agent enforces against: its memory and the allocation it belongs to."""
+
+    pid: int
+    gpu_uuid: str  # the physical GPU
+    gpu_index: int
+    used_memory_mib: int | None  # None when NVML cannot say (no permission, WDDM)
+    mig_uuid: str | None = None  # the MIG device it runs in; None = directly on the GPU
+    allocation_id: str | None = None  # GPUPOOL_ALLOCATION_ID from its environment; None = unknown
+
+
+class MigError(RuntimeError):
+    """A MIG change the GPU refused; `reason` is a short CamelCase word for events (e.g. MigModeDisabled)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @runtime_checkable
 class NvmlBackend(Protocol):
     def open(self) -> None: ...
@@ -103,6 +123,26 @@ class NvmlBackend(Protocol):
     def node_info(self) -> NodeInfo: ...
 
     def sample(self) -> list[GpuSample]: ...
+
+    # ---- what placement decided, applied (both backends) ----
+
+    def mig_layout(self) -> dict[int, tuple[MigInstance, ...] | None]:
+        """Each GPU's current MIG instances, read now; None for a GPU not in MIG mode."""
+        ...
+
+    def create_mig_instance(self, index: int, profile: str, start: int) -> MigInstance:
+        """A GPU instance of `profile` at memory slot `start` with one compute instance spanning it."""
+        ...
+
+    def destroy_mig_instance(self, index: int, start: int) -> None:
+        """Destroy the instance at `start` (its compute instances first); nothing there is not an error."""
+        ...
+
+    def processes(self) -> list[GpuProcess]: ...
+
+    def stop_process(self, pid: int, *, force: bool = False) -> None:
+        """SIGTERM (SIGKILL with `force`); ProcessLookupError when it is gone."""
+        ...
 
 
 # --------------------------------------------------------------------------- health

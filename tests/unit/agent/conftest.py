@@ -57,6 +57,7 @@ class FakeGpu:
     mig_enabled: bool = False
     mig: list[dict[str, Any]] = field(default_factory=list)
     pids: tuple[int, ...] = (4242,)
+    proc_mem_mib: dict[int, int] = field(default_factory=dict)  # pid → used MiB (absent: NVML cannot say)
     throttle_mask: int = 0
     not_supported: set[str] = field(default_factory=set)  # function names raising NotSupported
     lost: bool = False
@@ -77,6 +78,9 @@ class FakeNvml(SimpleNamespace):
         self.init_error: BaseException | None = None
         self.registered: list[int] = []
         self.calls: list[str] = []
+        self.c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
+        self.mig_ops: list[tuple] = []  # what was asked of the MIG API, in order
+        self.fail_ci_create: BaseException | None = None
 
     # ---- helpers
     def _gpu(self, fn: str, handle: Any) -> FakeGpu:
@@ -178,18 +182,37 @@ class FakeNvml(SimpleNamespace):
         self._gpu("nvmlDeviceGetMaxMigDeviceCount", h)
         return 7
 
+    # An H100-80GB's GPU-instance profiles: enum → (profile id, compute slices, memory MB, name, allowed starts,
+    # memory slots), as `nvidia-smi mig -lgip` / `-lgipp` list them.
+    GI_PROFILES = {
+        pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: (19, 1, 9856, b"MIG 1g.10gb", range(0, 7), 1),
+        pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: (15, 1, 19968, b"MIG 1g.20gb", range(0, 8, 2), 2),
+        pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: (14, 2, 19968, b"MIG 2g.20gb", range(0, 6, 2), 2),
+        pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: (9, 3, 40192, b"MIG 3g.40gb", (0, 4), 4),
+        pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: (5, 4, 40192, b"MIG 4g.40gb", (0,), 4),
+        pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: (0, 7, 80384, b"MIG 7g.80gb", (0,), 8),
+    }
+
+    def _gi_row(self, profile_id: int) -> tuple:
+        return next(r for r in self.GI_PROFILES.values() if r[0] == profile_id)
+
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, i: int) -> dict[str, Any]:
         g = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", h)
-        if i >= len(g.mig):
+        devices = [m for m in g.mig if m.get("ci", True)]  # a MIG device is a compute instance
+        if i >= len(devices):
             raise pynvml.NVMLError_NotFound()
-        return {**g.mig[i], "parent_gpu": g}
+        return {**devices[i], "parent_gpu": g}
 
     def nvmlDeviceGetGpuInstanceId(self, mig: dict[str, Any]) -> int:
         return mig["gi_id"]
 
+    def nvmlDeviceGetComputeInstanceId(self, mig: dict[str, Any]) -> int:
+        return 0
+
     def nvmlDeviceGetGpuInstanceById(self, h: int, gi_id: int) -> Any:
         g = self._gpu("nvmlDeviceGetGpuInstanceById", h)
-        return next(m for m in g.mig if m["gi_id"] == gi_id)
+        gi = next(m for m in g.mig if m["gi_id"] == gi_id)
+        return {**gi, "parent_gpu": g}
 
     def nvmlGpuInstanceGetInfo(self, gi: dict[str, Any]) -> Any:
         return SimpleNamespace(
@@ -197,8 +220,66 @@ class FakeNvml(SimpleNamespace):
         )
 
     def nvmlDeviceGetGpuInstanceProfileInfoById(self, h: int, profile_id: int) -> Any:
-        names = {19: b"MIG 1g.10gb", 9: b"MIG 3g.40gb"}
-        return SimpleNamespace(name=names[profile_id])
+        return SimpleNamespace(name=self._gi_row(profile_id)[3])
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: int, profile: int) -> Any:
+        self._gpu("nvmlDeviceGetGpuInstanceProfileInfo", h)
+        if profile not in self.GI_PROFILES:
+            raise pynvml.NVMLError_NotSupported()
+        pid, slices, mem, name, _, _ = self.GI_PROFILES[profile]
+        return SimpleNamespace(id=pid, sliceCount=slices, memorySizeMB=mem, name=name)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, h: int, profile_id: int, array: Any, count: Any) -> int:
+        self._gpu("nvmlDeviceGetGpuInstancePossiblePlacements", h)
+        _, _, _, _, starts, size = self._gi_row(profile_id)
+        n = count._obj  # a byref(c_uint): how many fit in `array`
+        for i, start in enumerate(starts):
+            array[i].start, array[i].size = start, size
+        n.value = len(starts)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: int, profile_id: int, placement: Any) -> dict[str, Any]:
+        g = self._gpu("nvmlDeviceCreateGpuInstanceWithPlacement", h)
+        start, size = placement._obj.start, placement._obj.size  # passed by reference, as the C API wants
+        self.mig_ops.append(("create_gi", h, profile_id, start, size))
+        if not g.mig_enabled:
+            raise pynvml.NVMLError_NotSupported()
+        for m in g.mig:
+            if m["start"] < start + size and start < m["start"] + m["size"]:
+                raise pynvml.NVMLError_InsufficientResources()
+        gi = {"uuid": f"MIG-{g.uuid}-{start}", "gi_id": max([m["gi_id"] for m in g.mig], default=0) + 1,
+              "profile_id": profile_id, "start": start, "size": size, "ci": False}
+        g.mig.append(gi)
+        return {**gi, "parent_gpu": g}
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: dict[str, Any], profile: int, eng: int) -> Any:
+        self.mig_ops.append(("ci_profile", gi["gi_id"], profile, eng))
+        return SimpleNamespace(id=100 + profile)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: dict[str, Any], profile_id: int) -> dict[str, Any]:
+        self.mig_ops.append(("create_ci", gi["gi_id"], profile_id))
+        if self.fail_ci_create is not None:
+            raise self.fail_ci_create
+        entry = next(m for m in gi["parent_gpu"].mig if m["gi_id"] == gi["gi_id"])
+        entry["ci"] = True
+        return {"gi_id": gi["gi_id"], "parent_gpu": gi["parent_gpu"]}
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: dict[str, Any], ci_id: int) -> dict[str, Any]:
+        return {"gi_id": gi["gi_id"], "ci_id": ci_id, "parent_gpu": gi["parent_gpu"]}
+
+    def nvmlComputeInstanceDestroy(self, ci: dict[str, Any]) -> int:
+        self.mig_ops.append(("destroy_ci", ci["gi_id"]))
+        entry = next(m for m in ci["parent_gpu"].mig if m["gi_id"] == ci["gi_id"])
+        if entry.get("pids"):
+            raise pynvml.NVMLError_InUse()
+        entry["ci"] = False
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceDestroy(self, gi: dict[str, Any]) -> int:
+        self.mig_ops.append(("destroy_gi", gi["gi_id"]))
+        g = gi["parent_gpu"]
+        g.mig[:] = [m for m in g.mig if m["gi_id"] != gi["gi_id"]]
+        return pynvml.NVML_SUCCESS
 
     # ---- telemetry
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
@@ -233,9 +314,14 @@ class FakeNvml(SimpleNamespace):
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", h).throttle_mask
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         g = self._gpu("nvmlDeviceGetComputeRunningProcesses", h)
-        return [SimpleNamespace(pid=p, usedGpuMemory=None) for p in g.pids]
+        mib = 1024 * 1024
+        if isinstance(h, dict):  # a MIG device: the processes in that instance
+            return [SimpleNamespace(pid=p, usedGpuMemory=m * mib) for p, m in (h.get("pids") or {}).items()]
+        in_mig = [(p, m) for inst in g.mig for p, m in (inst.get("pids") or {}).items()]
+        return ([SimpleNamespace(pid=p, usedGpuMemory=g.proc_mem_mib[p] * mib if p in g.proc_mem_mib else None)
+                 for p in g.pids] + [SimpleNamespace(pid=p, usedGpuMemory=None) for p, _ in in_mig])
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[Any]:
         self._gpu("nvmlDeviceGetGraphicsRunningProcesses", h)
