@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform as host
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -85,6 +87,7 @@ class ProcessMeter:
     together), read from /proc, so a phase can be charged to the processes that did the work."""
 
     def __init__(self, run: dict) -> None:
+        self.run = run
         self.pids = {n: s["pid"] for n, s in run["services"].items() if s.get("pid")}
         self.pids.update({n: s["pid"] for n, s in run["servers"].items() if s.get("pid")})
 
@@ -135,25 +138,36 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
     completions: list[asyncio.Task] = []
     errors: list[str] = []
 
+    finished: set[str] = set()
+    all_finished = asyncio.Event()
+
     async def on_granted(msg) -> None:  # type: ignore[no-untyped-def]
         job_id = json.loads(msg.data)["data"]["job_id"]
         if job_id in granted:
             return
         granted[job_id] = time.monotonic()
-        if complete:
-            completions.append(asyncio.create_task(finish(job_id)))
         if len(granted) >= jobs:
             done.set()
 
+    async def on_started(msg) -> None:  # type: ignore[no-untyped-def]
+        """Complete a job once the queue has marked it running (`job.started`): completing on the grant event
+        raced the queue and retried 409s, which charged the gateway for requests a real client would not send."""
+        job_id = json.loads(msg.data)["data"]["job_id"]
+        if complete and job_id not in finished:
+            finished.add(job_id)
+            completions.append(asyncio.create_task(finish(job_id)))
+            if len(finished) >= jobs:
+                all_finished.set()
+
     async def finish(job_id: str) -> None:
-        """The grant event can reach us before the queue has marked the job running: retry the 409."""
-        for _ in range(200):
+        for _ in range(200):  # a 409 can still happen after a redelivered event; retry it
             status, _ = await api.call("POST", f"/v1/jobs/{job_id}/complete")
             if status != 409:
                 return
             await asyncio.sleep(0.02)
 
     await nc.subscribe("gpupool.allocation.granted", cb=on_granted)
+    await nc.subscribe("gpupool.job.started", cb=on_started)
     await nc.flush()
     started = time.monotonic()
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -183,26 +197,77 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
         raise RuntimeError(f"only {len(granted)} of {jobs} jobs were granted ({len(submitted)} submitted; "
                            f"errors: {errors[:3]})") from None
     all_started_s = time.monotonic() - started
+    if complete:  # the last grants' job.started events are still on their way
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_finished.wait(), timeout=30)
     await asyncio.gather(*completions, return_exceptions=True)
     await nc.close()
     await api.close()
     latencies = [granted[j] - t for j, t in submitted.items() if j in granted]
     return {"jobs": jobs, "rate": rate, "submit_s": submit_s, "all_started_s": all_started_s,
             "started_per_s": jobs / all_started_s, "submitted_per_s": jobs / submit_s,
-            "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99), "errors": len(errors)}
+            "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99), "errors": len(errors),
+            "http_requests": api.calls}
 
 
-def measured(meter: ProcessMeter, phase) -> dict:  # type: ignore[no-untyped-def]
-    """Run a phase; add the CPU each process spent during it and the memory each held at its end."""
+class Profiler:
+    """`py-spy record` attached to every Python service process for one phase (`--profile DIR`), so a run shows
+    where each process spends its CPU. Sampling runs on the same cores, so a profiled run's rates are lower; its
+    CPU table is still charged per process. Without py-spy installed, profiling is skipped with a note."""
+
+    def __init__(self, directory: Path, fmt: str = "flamegraph", rate: int = 50,
+                 only: tuple[str, ...] = ()) -> None:
+        self.directory, self.fmt, self.rate, self.only = directory, fmt, rate, only
+        self.exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, run: dict, label: str) -> None:
+        if self.exe is None:
+            print("[bench] --profile: py-spy is not installed (pip install py-spy); not profiling", flush=True)
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        suffix = {"flamegraph": "svg", "speedscope": "json", "raw": "txt", "chrometrace": "json"}[self.fmt]
+        for name, svc in run["services"].items():
+            if not svc.get("pid") or (self.only and name not in self.only):
+                continue
+            out = self.directory / f"{label}-{name}.{suffix}"
+            self.procs.append(subprocess.Popen(
+                [self.exe, "record", "--pid", str(svc["pid"]), "--rate", str(self.rate), "--nonblocking",
+                 "--format", self.fmt, "--output", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs = []
+
+
+def measured(meter: ProcessMeter, phase, profiler: Profiler | None = None, label: str = "") -> dict:  # type: ignore[no-untyped-def]
+    """Run a phase; add the CPU each process spent during it and the memory each held at its end, and the CPU of
+    this process (the load generator and its NATS subscriber, which share the machine with the platform)."""
+    if profiler is not None:
+        profiler.start(meter.run, label)
     before = meter.sample()
-    result = asyncio.run(phase)
+    own = time.process_time()
+    try:
+        result = asyncio.run(phase)
+    finally:
+        if profiler is not None:
+            profiler.stop()
+    result["loadgen_cpu_s"] = round(time.process_time() - own, 3)
     after = meter.sample()
     result["cpu_s"] = {n: round(after[n][0] - before[n][0], 3) for n in after if n in before}
     result["rss_mib"] = {n: round(after[n][1], 1) for n in after}
     return result
 
 
-def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, clients: int) -> dict:
+def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, clients: int,
+                  profiler: Profiler | None = None) -> dict:
     results: list[dict] = []
     for r in range(runs):
         with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp, Platform(Path(tmp)) as platform:
@@ -212,9 +277,10 @@ def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, cli
                 n = max(20, int(rate * seconds))
                 print(f"[bench] run {r + 1}/{runs}: {n} jobs open-loop at {rate:g}/s", flush=True)
                 run["rates"].append(measured(meter, drive(platform.run, n, rate=rate, clients=clients,
-                                                          complete=True)))
+                                                          complete=True), profiler, f"run{r + 1}-rate{rate:g}"))
             print(f"[bench] run {r + 1}/{runs}: saturation, {burst} instant jobs, {clients} clients", flush=True)
-            run["burst"] = measured(meter, drive(platform.run, burst, rate=None, clients=clients, complete=True))
+            run["burst"] = measured(meter, drive(platform.run, burst, rate=None, clients=clients, complete=True),
+                                    profiler, f"run{r + 1}-burst")
             results.append(run)
     med = lambda xs: statistics.median(xs)  # noqa: E731
     rate_rows = []
@@ -239,6 +305,8 @@ def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, cli
                                      for n in names},
             "burst_rss_mib": {n: med([b["rss_mib"].get(n, 0.0) for b in bursts]) for n in names},
             "burst_wall_s": med([b["all_started_s"] for b in bursts]),
+            "burst_loadgen_cpu_ms_per_job": med([1000 * b.get("loadgen_cpu_s", 0.0) / b["jobs"] for b in bursts]),
+            "burst_http_requests_per_job": med([b.get("http_requests", 0) / b["jobs"] for b in bursts]),
         },
         "params": {"runs": runs, "burst": burst, "rates": rates, "seconds": seconds, "clients": clients,
                    "fleet": "8 nodes x 8 GPUs (simulated)"},
@@ -317,6 +385,11 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
         lines.append(f"| {name} | {cpu[name]:.2f} | {m['burst_rss_mib'].get(name, 0):.0f} |")
     total = sum(cpu.values())
     lines += [f"| **all** | **{total:.1f}** | **{sum(m['burst_rss_mib'].values()):.0f}** |", ""]
+    if "burst_loadgen_cpu_ms_per_job" in m:
+        lines += [f"Not in the table: the load generator itself (HTTP client and NATS subscriber, on the same cores) "
+                  f"used {m['burst_loadgen_cpu_ms_per_job']:.2f} ms CPU per job; it sent "
+                  f"{m['burst_http_requests_per_job']:.2f} HTTP requests per job (submit, then complete once the "
+                  f"queue reports the job started).", ""]
     at = next((r for r in m["rates"] if r["rate"] == compare_rate), m["rates"][-1] if m["rates"] else None)
     lines += ["### Against the targets of issue #10", "",
               "| target | measured | met |", "| --- | --- | --- |",
@@ -383,9 +456,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"),
                         help="markdown file whose platform section is (re)written")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="record a py-spy CPU profile of each Python service during each phase into DIR "
+                             "(needs py-spy; sampling shares the cores, so profiled runs are slower)")
+    parser.add_argument("--profile-format", default="flamegraph",
+                        choices=["flamegraph", "speedscope", "raw", "chrometrace"],
+                        help="py-spy output format (raw: collapsed stacks, one line each, easy to grep)")
+    parser.add_argument("--profile-only", default="", help="comma-separated services to profile (default: all)")
     args = parser.parse_args(argv)
     rates = [float(x) for x in args.rates.split(",") if x.strip()]
-    result = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients)
+    profiler = (Profiler(args.profile, args.profile_format,
+                         only=tuple(x.strip() for x in args.profile_only.split(",") if x.strip()))
+                if args.profile else None)
+    result = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, profiler)
     paced = max(20, int(args.compare_rate * args.seconds))
     slurm = run_slurm_peer(args.burst, paced, args.compare_rate, args.clients) if args.slurm else None
     result["slurm"] = slurm

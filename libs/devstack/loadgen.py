@@ -82,12 +82,14 @@ class Client:
         parts = urlsplit(base_url)
         self.host, self.port, self.token = parts.hostname or "127.0.0.1", parts.port or 80, token
         self.free: asyncio.Queue[Connection] = asyncio.Queue()
+        self.calls = 0  # requests sent, so the gateway's CPU can be charged per request as well as per job
         for _ in range(size):
             self.free.put_nowait(Connection(self.host, self.port, token))
 
     async def call(self, method: str, path: str, body: Any = None,
                    headers: dict[str, str] | None = None) -> tuple[int, Any]:
         conn = await self.free.get()
+        self.calls += 1
         try:
             return await conn.call(method, path, body, headers)
         except (OSError, HttpError, asyncio.IncompleteReadError, ValueError):
