@@ -3,21 +3,36 @@
 - the bootstrap admin token from settings (how the first admin gets in; rotate it by restarting with a new one),
 - API tokens `gpt_<id>.<secret>` minted by `POST /v1/tokens` (hash stored, expiry, revocation),
 - OIDC/JWT access tokens, validated against the configured issuer, audience and JWKS, when OIDC is configured.
+
+Verified tokens are cached for `token_cache_s`, so a busy client costs no database round trip (API tokens) or
+signature check in a thread (JWTs) per request. An API token's secret is still checked against its hash and its
+expiry against the clock on every request. Revocation stays immediate: PostgreSQL announces every change that can
+withdraw a token (migration 0002, whoever made it), each gateway drops its copy on the announcement, and while that
+announcement channel is down nothing is cached. A change's announcement and a lookup in flight are ordered by a
+generation counter, so a lookup that raced a revocation is never cached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import hmac
 import logging
+import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from libs.store.database import Pool
 from services.gateway import store
 from services.gateway.config import GatewaySettings
-from services.gateway.domain import ROLES, Principal, secret_matches, split_token
+from services.gateway.domain import ROLES, Principal, hash_secret, split_token
 
 log = logging.getLogger(__name__)
+
+TOUCH_EVERY_S = 60.0  # last_used_at is for people: at most one write a minute per token
+CACHE_SIZE = 10_000
 
 
 class AuthError(Exception):
@@ -26,16 +41,106 @@ class AuthError(Exception):
         self.reason = reason
 
 
+@dataclass(slots=True)
+class _Verified:
+    principal: Principal
+    secret_hash: str
+    expires_at: datetime | None
+    fresh_until: float  # time.monotonic()
+    touched_at: float
+
+
 class Authenticator:
     def __init__(self, settings: GatewaySettings, pool: Pool) -> None:
         self.settings = settings
         self.pool = pool
+        self.cache_s = settings.token_cache_s
+        self.lookups = 0  # API-token lookups in the database (each cache miss): what the cache saves
+        self._tokens: dict[str, _Verified] = {}
+        self._jwts: dict[bytes, tuple[Principal, float]] = {}
+        self._generation = 0  # bumped by every announced change: a lookup that spans one is not cached
+        self._listener: Any = None  # the pooled connection that LISTENs, while it does
+        self._stop_listening: Any = None
+        self._reconnect: asyncio.Task[None] | None = None
+        self._closed = False
         self._jwks = None
         if settings.oidc_jwks_url:
             import jwt
 
             self._jwks = jwt.PyJWKClient(settings.oidc_jwks_url, cache_keys=True, lifespan=300)
 
+    # --- the change announcements --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Listen for token changes; API tokens are cached only while this listens."""
+        if self.cache_s <= 0:
+            return
+        try:
+            await self._listen()
+        except Exception as exc:  # the gateway still serves, uncached, and keeps trying
+            log.warning("token_listener_failed", extra={"error": str(exc)})
+            self._schedule_reconnect()
+
+    async def _listen(self) -> None:
+        conn = await self.pool.acquire()
+        try:
+            self._stop_listening = await store.listen_token_changes(conn, self.forget, self._lost)
+        except BaseException:
+            await self.pool.release(conn)
+            raise
+        self._listener = conn
+        self._generation += 1
+
+    def _lost(self) -> None:
+        log.warning("token_listener_lost")
+        dead, self._listener = self._listener, None
+        self._invalidate_all()
+        if dead is not None:  # its pool slot comes back once the pool sees it closed
+            asyncio.get_running_loop().create_task(self._release_quietly(dead))
+        if not self._closed:
+            self._schedule_reconnect()
+
+    def _schedule_reconnect(self) -> None:
+        if self._reconnect is None or self._reconnect.done():
+            self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _release_quietly(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            await self.pool.release(conn)
+
+    async def _reconnect_loop(self) -> None:
+        delay = 0.5
+        while not self._closed and self._listener is None:
+            await asyncio.sleep(delay)
+            try:
+                await self._listen()
+            except Exception as exc:
+                log.warning("token_listener_failed", extra={"error": str(exc)})
+                delay = min(delay * 2, 10.0)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnect
+        conn, self._listener = self._listener, None
+        self._invalidate_all()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self._stop_listening()
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn)
+
+    def forget(self, token_id: str) -> None:
+        """Drop a token's cached verification (it was revoked or changed)."""
+        self._generation += 1
+        self._tokens.pop(token_id, None)
+
+    def _invalidate_all(self) -> None:
+        self._generation += 1
+        self._tokens.clear()
+
+    # --- verification ---------------------------------------------------------------------------------------------
     async def authenticate(self, token: str) -> Principal:
         if not token:
             raise AuthError("Unauthenticated", "send Authorization: Bearer <token>")
@@ -46,22 +151,60 @@ class Authenticator:
         if parts is not None:
             return await self._api_token(*parts)
         if self._jwks is not None and token.count(".") == 2:
-            return await asyncio.to_thread(self._oidc, token)
+            key = hashlib.sha256(token.encode()).digest()
+            hit = self._jwts.get(key)
+            if hit is not None and hit[1] > time.monotonic():
+                return hit[0]
+            principal, exp = await asyncio.to_thread(self._oidc, token)
+            if self.cache_s > 0:
+                # never past the token's own expiry (wall clock, read as a monotonic deadline)
+                until = time.monotonic() + min(self.cache_s, exp - time.time())
+                self._remember(self._jwts, key, (principal, until))
+            return principal
         raise AuthError("InvalidToken", "the bearer token is not valid")
 
     async def _api_token(self, token_id: str, secret: str) -> Principal:
+        now = time.monotonic()
+        hit = self._tokens.get(token_id)
+        if hit is not None and hit.fresh_until > now:
+            if not hmac.compare_digest(hash_secret(secret), hit.secret_hash):
+                raise AuthError("InvalidToken", "the bearer token is not valid")
+            if hit.expires_at is not None and hit.expires_at <= datetime.now(UTC):
+                self._tokens.pop(token_id, None)
+                raise AuthError("TokenExpired", "this token has expired")
+            if now - hit.touched_at >= TOUCH_EVERY_S:
+                hit.touched_at = now
+                async with self.pool.acquire() as conn:
+                    await store.touch_token(conn, token_id)
+            return hit.principal
+        generation = self._generation if self._listener is not None else None
+        self.lookups += 1
         async with self.pool.acquire() as conn:
             row = await store.find_token(conn, token_id)
-            if row is None or not secret_matches(secret, row["secret_hash"]):
+            if row is None or not hmac.compare_digest(hash_secret(secret), row["secret_hash"]):
                 raise AuthError("InvalidToken", "the bearer token is not valid")
             if row["revoked_at"] is not None:
                 raise AuthError("TokenRevoked", "this token was revoked")
             if row["expires_at"] is not None and row["expires_at"] <= datetime.now(UTC):
                 raise AuthError("TokenExpired", "this token has expired")
             await store.touch_token(conn, token_id)
-        return Principal(subject=row["name"], role=row["role"], team=row["team"], via="token", token_id=token_id)
+        principal = Principal(subject=row["name"], role=row["role"], team=row["team"], via="token",
+                              token_id=token_id)
+        if generation is not None and generation == self._generation and self._listener is not None \
+                and self.cache_s > 0:
+            now = time.monotonic()
+            self._remember(self._tokens, token_id, _Verified(principal, row["secret_hash"], row["expires_at"],
+                                                             now + self.cache_s, now))
+        return principal
 
-    def _oidc(self, token: str) -> Principal:
+    @staticmethod
+    def _remember(cache: dict, key: Any, value: Any) -> None:
+        if len(cache) >= CACHE_SIZE:
+            cache.pop(next(iter(cache)))  # the oldest entry
+        cache[key] = value
+
+    def _oidc(self, token: str) -> tuple[Principal, float]:
+        """The principal and the token's expiry (epoch seconds)."""
         import jwt
 
         s = self.settings
@@ -80,5 +223,5 @@ class Authenticator:
         if role not in ROLES:
             raise AuthError("InvalidToken", f"the identity token carries an unknown role {role!r}")
         team = claims.get(s.oidc_team_claim)
-        return Principal(subject=str(claims["sub"]), role=role, team=team if isinstance(team, str) else None,
-                         via="oidc")
+        return (Principal(subject=str(claims["sub"]), role=role, team=team if isinstance(team, str) else None,
+                          via="oidc"), float(claims["exp"]))

@@ -112,9 +112,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.state.pool = await create_pool(dsn, max_size=20)
         await migrate(app.state.pool, store_migrations() + package_migrations("gateway", "services.gateway"))
         app.state.authenticator = Authenticator(settings, app.state.pool)
+        await app.state.authenticator.start()
         try:
             yield
         finally:
+            await app.state.authenticator.close()
             await app.state.nc.drain()
             await app.state.pool.close()
 

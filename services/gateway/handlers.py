@@ -388,6 +388,7 @@ async def revoke_token(token_id: Annotated[str, Path(max_length=64)], req: Reque
         revoked = await store.revoke_token(conn, token_id)
         await record(req, caller, "token.revoke", token_id, {"revoked_at": None},
                      {"revoked_at": revoked["revoked_at"].isoformat()}, conn=conn)
+    req.app.state.authenticator.forget(token_id)  # at once here; other replicas on PostgreSQL's announcement
     return Response(status_code=204)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -62,3 +63,26 @@ async def list_audit(conn: asyncpg.Connection, *, action: str | None, limit: int
         """SELECT id, at, actor, actor_role, action, target, before::text, after::text, trace_id FROM audit_log
            WHERE ($1::text IS NULL OR action = $1) AND ($2::bigint IS NULL OR id < $2)
            ORDER BY id DESC LIMIT $3""", action, before_id, limit)
+
+
+TOKEN_CHANNEL = "gpupool_gateway_tokens"  # see migrations/0002_token_changes.sql
+
+
+async def listen_token_changes(conn: asyncpg.Connection, on_change: Callable[[str], None],
+                               on_lost: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    """Call `on_change(token_id)` for every change that can withdraw a token, `on_lost()` if the connection dies
+    (from then on nothing is announced to this gateway). Returns what stops listening, before the connection goes
+    back to the pool."""
+    def lost(_conn: Any) -> None:
+        on_lost()
+
+    def changed(_conn: Any, _pid: int, _channel: str, token_id: str) -> None:
+        on_change(token_id)
+
+    async def stop() -> None:
+        conn.remove_termination_listener(lost)
+        await conn.remove_listener(TOKEN_CHANNEL, changed)
+
+    conn.add_termination_listener(lost)
+    await conn.add_listener(TOKEN_CHANNEL, changed)
+    return stop

@@ -3,6 +3,7 @@ served over HTTP on loopback (the same path a real identity provider takes)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -58,8 +59,32 @@ async def auth(pg_database: str, jwks_url: str):  # type: ignore[no-untyped-def]
     await migrate(pool, store_migrations() + package_migrations("gateway", "services.gateway"))
     settings = GatewaySettings(admin_token="bootstrap-secret", oidc_issuer=ISSUER, oidc_audience=AUDIENCE,
                                oidc_jwks_url=jwks_url, database_url=pg_database)
-    yield Authenticator(settings, pool)
+    authenticator = Authenticator(settings, pool)
+    await authenticator.start()
+    yield authenticator
+    await authenticator.close()
     await pool.close()
+
+
+async def refused_within(auth: Authenticator, token: str, seconds: float = 5.0) -> AuthError:
+    """The caching gateway learns of a change made elsewhere from PostgreSQL's announcement, moments later."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            await auth.authenticate(token)
+        except AuthError as exc:
+            return exc
+        assert time.monotonic() < deadline, "the token still authenticates"
+        await asyncio.sleep(0.01)
+
+
+async def new_token(auth: Authenticator, **fields: object) -> tuple[str, str]:
+    token_id, token, secret_hash = mint_token()
+    values = {"name": "bob", "role": "member", "team": "research", "expires_at": None, **fields}
+    async with auth.pool.acquire() as conn:
+        await store.insert_token(conn, token_id=token_id, secret_hash=secret_hash, created_by="test",
+                                 **values)  # type: ignore[arg-type]
+    return token_id, token
 
 
 def sign(key: rsa.RSAPrivateKey, **claims: object) -> str:
@@ -82,9 +107,7 @@ async def test_api_token_authenticates_until_revoked_or_expired(auth) -> None:  
     assert (principal.subject, principal.role, principal.team) == ("bob", "member", "research")
     async with auth.pool.acquire() as conn:
         await store.revoke_token(conn, token_id)
-    with pytest.raises(AuthError) as revoked:
-        await auth.authenticate(token)
-    assert revoked.value.reason == "TokenRevoked"
+    assert (await refused_within(auth, token)).reason == "TokenRevoked"
 
     old_id, old_token, old_hash = mint_token()
     async with auth.pool.acquire() as conn:
@@ -127,3 +150,78 @@ async def test_oidc_tokens_with_wrong_audience_issuer_signature_or_expiry_are_re
         with pytest.raises(AuthError) as refused:
             await auth.authenticate(token)
         assert refused.value.reason == reason, name
+
+
+async def test_a_verified_token_is_reused_without_a_lookup_but_its_secret_is_checked_every_time(auth) -> None:  # type: ignore[no-untyped-def]
+    token_id, token = await new_token(auth)
+    for _ in range(20):
+        assert (await auth.authenticate(token)).subject == "bob"
+    assert auth.lookups == 1
+    with pytest.raises(AuthError) as bad:
+        await auth.authenticate(token[:-3] + "abc")
+    assert bad.value.reason == "InvalidToken"
+
+
+async def test_a_revocation_made_in_sql_reaches_a_gateway_that_cached_the_token(auth) -> None:  # type: ignore[no-untyped-def]
+    token_id, token = await new_token(auth)
+    await auth.authenticate(token)
+    await auth.authenticate(token)
+    assert auth.lookups == 1  # cached
+    async with auth.pool.acquire() as conn:
+        await conn.execute("UPDATE api_tokens SET revoked_at = now() WHERE token_id = $1", token_id)
+    assert (await refused_within(auth, token, seconds=2.0)).reason == "TokenRevoked"
+    _, other = await new_token(auth, name="carol")
+    await auth.authenticate(other)
+    async with auth.pool.acquire() as conn:  # deleting a token withdraws it too
+        await conn.execute("DELETE FROM api_tokens WHERE name = 'carol'")
+    assert (await refused_within(auth, other, seconds=2.0)).reason == "InvalidToken"
+
+
+async def test_a_cached_token_stops_working_when_it_expires(auth) -> None:  # type: ignore[no-untyped-def]
+    _, token = await new_token(auth, expires_at=datetime.now(UTC) + timedelta(seconds=1.5))
+    await auth.authenticate(token)
+    await asyncio.sleep(1.6)
+    with pytest.raises(AuthError) as expired:
+        await auth.authenticate(token)
+    assert expired.value.reason == "TokenExpired"
+    assert auth.lookups == 1  # decided from the cached expiry, not a new lookup
+
+
+async def test_without_the_change_announcements_nothing_is_cached_until_they_are_back(auth) -> None:  # type: ignore[no-untyped-def]
+    token_id, token = await new_token(auth)
+    await auth.authenticate(token)
+    async with auth.pool.acquire() as conn:
+        killed = await conn.fetchval(
+            """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+               WHERE datname = current_database() AND query LIKE 'LISTEN%'""")
+    assert killed == 1
+    deadline = time.monotonic() + 5
+    while True:  # the listening connection dies; its replacement starts listening after a short back-off
+        before = auth.lookups
+        await auth.authenticate(token)
+        if auth.lookups > before:
+            break
+        assert time.monotonic() < deadline, "the gateway kept using its cache after losing the announcements"
+        await asyncio.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while True:  # back to cached once the listener is back
+        await auth.authenticate(token)
+        before = auth.lookups
+        await auth.authenticate(token)
+        if auth.lookups == before:
+            break
+        assert time.monotonic() < deadline, "the gateway did not listen again"
+        await asyncio.sleep(0.1)
+    async with auth.pool.acquire() as conn:
+        await store.revoke_token(conn, token_id)
+    assert (await refused_within(auth, token, seconds=2.0)).reason == "TokenRevoked"
+
+
+async def test_a_verified_oidc_token_is_reused_until_it_expires(auth, signing_key) -> None:  # type: ignore[no-untyped-def]
+    token = sign(signing_key, exp=int(time.time()) + 2)
+    assert (await auth.authenticate(token)).subject == "alice"
+    assert (await auth.authenticate(token)).subject == "alice"
+    await asyncio.sleep(2.2)
+    with pytest.raises(AuthError) as expired:
+        await auth.authenticate(token)
+    assert expired.value.reason == "TokenExpired"
