@@ -1,0 +1,157 @@
+"""The node agent's loop logic on the simulated backend, events captured where they would be published: it follows
+grants and releases, converges MIG instances (never destroying before it knows what is live), and enforces fraction
+limits by policy, once per process."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+from libs.contracts.events import (
+    AllocatedGpu,
+    AllocationGranted,
+    AllocationReleased,
+    EventData,
+    FractionExceeded,
+    MigApplied,
+)
+from services.agent.handlers import NodeAgent
+from services.agent.nvml_sim import SimulatedNvml
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class CapturingAgent(NodeAgent):
+    def __init__(self, backend: SimulatedNvml, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(SimpleNamespace(jetstream=lambda: None), backend, "local", "n0", 1.0, **kwargs)
+        self.published: list[EventData] = []
+
+    async def _publish(self, data: EventData, identity: str) -> bool:
+        self.published.append(data)
+        return True
+
+
+class Msg:
+    def __init__(self, data: EventData) -> None:
+        self.data = data.to_cloudevent("/gpupool/placement").model_dump_json().encode()
+
+
+def grant(allocation_id: str, gpu: AllocatedGpu, kind: str = "training") -> Msg:
+    return Msg(AllocationGranted(allocation_id=allocation_id, job_id=f"job-{allocation_id}", team="t", project="p",
+                                 cluster="local", node="n0", gpus=[gpu], granted_at=T0, kind=kind))
+
+
+def release(allocation_id: str, gpu: AllocatedGpu) -> Msg:
+    return Msg(AllocationReleased(allocation_id=allocation_id, job_id=f"job-{allocation_id}", team="t", project="p",
+                                  cluster="local", node="n0", gpus=[gpu], granted_at=T0, released_at=T0,
+                                  reason="JobCompleted"))
+
+
+def sim(clock, models, **kwargs) -> SimulatedNvml:  # type: ignore[no-untyped-def]
+    backend = SimulatedNvml("n0", models, seed=3, clock=clock, **kwargs)
+    backend.open()
+    return backend
+
+
+async def test_a_mig_grant_creates_its_instance_once_and_its_release_destroys_it(clock) -> None:
+    backend = sim(clock, ["A100-80GB"], mig_mode=[0])
+    agent = CapturingAgent(backend)
+    agent.synced = True
+    gpu = AllocatedGpu(uuid=backend.node_info().gpus[0].uuid, index=0, model="A100-80GB", share_milli=428,
+                       mig_profile="3g.40gb", mig_start=4)
+    await agent._on_allocation(grant("a", gpu))
+    await agent._on_allocation(grant("a", gpu))  # a replay changes nothing
+    [inst] = backend.mig_layout()[0]
+    assert (inst.profile, inst.start) == ("3g.40gb", 4)
+    created = [e for e in agent.published if isinstance(e, MigApplied)]
+    assert [(e.action, e.mig_uuid, e.start) for e in created] == [("created", inst.uuid, 4)]
+    assert any(p.mig_uuid == inst.uuid and p.allocation_id == "a" for p in backend.processes())
+    await agent._on_allocation(release("a", gpu))
+    assert backend.mig_layout()[0] == ()
+    assert [e.action for e in agent.published if isinstance(e, MigApplied)] == ["created", "destroyed"]
+
+
+async def test_before_the_start_up_query_answered_no_instance_is_destroyed(clock) -> None:
+    backend = sim(clock, ["A100-80GB"], mig_mode=[0])
+    backend.create_mig_instance(0, "1g.10gb", 0)  # from an allocation the agent has not heard of yet
+    agent = CapturingAgent(backend)
+    await agent.converge()
+    assert len(backend.mig_layout()[0]) == 1 and agent.converge_pending
+    agent.synced = True
+    await agent.converge()
+    assert backend.mig_layout()[0] == () and not agent.converge_pending
+
+
+async def test_a_mig_grant_on_a_gpu_not_in_mig_mode_is_reported_failed_once(clock) -> None:
+    backend = sim(clock, ["A100-80GB"])
+    agent = CapturingAgent(backend)
+    gpu = AllocatedGpu(uuid=backend.node_info().gpus[0].uuid, index=0, model="A100-80GB", share_milli=142,
+                       mig_profile="1g.10gb", mig_start=0)
+    await agent._on_allocation(grant("a", gpu))
+    await agent.converge()
+    failed = [e for e in agent.published if isinstance(e, MigApplied)]
+    assert [(e.action, e.reason) for e in failed] == [("failed", "MigModeDisabled")]
+    assert backend.mig_layout()[0] is None and agent.converge_pending
+
+
+async def grown_fraction(clock, policy: str) -> tuple[CapturingAgent, SimulatedNvml]:  # type: ignore[no-untyped-def]
+    backend = sim(clock, ["L40S"])
+    agent = CapturingAgent(backend, fraction_policy=policy, stop_grace_s=5)
+    gpu = AllocatedGpu(uuid=backend.node_info().gpus[0].uuid, index=0, model="L40S", share_milli=300,
+                       memory_mib=8192)
+    await agent._on_allocation(grant("f", gpu))
+    for _ in range(20):
+        clock.advance(1)
+        backend.sample()
+        await agent.enforce()
+    assert not [e for e in agent.published if isinstance(e, FractionExceeded)]  # inside its limit
+    backend.inject_fault(0, "memory_hog", factor=2)
+    for _ in range(10):
+        clock.advance(1)
+        backend.sample()
+        await agent.enforce()
+    return agent, backend
+
+
+async def test_policy_report_reports_an_overgrown_process_once_and_leaves_it_running(clock) -> None:
+    agent, backend = await grown_fraction(clock, "report")
+    [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
+    assert (event.allocation_id, event.limit_mib, event.action) == ("f", 8192, "reported") and event.used_mib > 8192
+    assert [p.pid for p in backend.processes()] == [event.pid]
+
+
+async def test_policy_stop_stops_the_process_and_frees_its_memory(clock) -> None:
+    agent, backend = await grown_fraction(clock, "stop")
+    [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
+    assert event.action == "stopped"
+    assert backend.processes() == [] and agent.stopping == {}
+
+
+async def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace(clock, monkeypatch) -> None:
+    import services.agent.handlers as handlers
+
+    signals: list[tuple[int, bool]] = []
+
+    class Stubborn(SimulatedNvml):
+        def stop_process(self, pid: int, *, force: bool = False) -> None:
+            signals.append((pid, force))
+            if force:
+                super().stop_process(pid, force=True)
+
+    backend = Stubborn("n0", ["L40S"], seed=3, clock=clock)
+    backend.open()
+    agent = CapturingAgent(backend, fraction_policy="stop", stop_grace_s=5)
+    monotonic = [100.0]
+    monkeypatch.setattr(handlers.time, "monotonic", lambda: monotonic[0])
+    gpu = AllocatedGpu(uuid=backend.node_info().gpus[0].uuid, index=0, model="L40S", share_milli=300,
+                       memory_mib=8192)
+    await agent._on_allocation(grant("f", gpu))
+    backend.inject_fault(0, "memory_hog", factor=2)
+    for _ in range(12):
+        clock.advance(1)
+        monotonic[0] += 1
+        backend.sample()
+        await agent.enforce()
+    [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
+    assert signals == [(event.pid, False), (event.pid, True)]
+    assert backend.processes() == []
