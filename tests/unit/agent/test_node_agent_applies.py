@@ -155,3 +155,17 @@ async def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace(clock
     [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
     assert signals == [(event.pid, False), (event.pid, True)]
     assert backend.processes() == []
+
+
+def test_the_agent_may_publish_its_events_and_the_gateway_relays_every_event_entity() -> None:
+    from libs.contracts import subjects
+    from libs.devstack.nats_auth import load_users
+
+    users = {u.name: u for u in load_users()}
+    for subject in (subjects.AGENT_MIG_APPLIED, subjects.AGENT_FRACTION_EXCEEDED):
+        assert any(subjects.matches(p, subject) for p in users["agent"].publish), subject
+        assert not any(subjects.matches(p, subject) for p in users["placement"].publish), subject
+        assert any(subjects.matches(s, subject) for s in users["gateway"].subscribe), subject
+    for entity in subjects.EVENT_ENTITIES:  # GET /v1/events subscribes to each
+        assert f"gpupool.{entity}.>" in users["gateway"].subscribe, entity
+    assert any(subjects.matches(s, subjects.AGENT_MIG_APPLIED) for s in subjects.EVENTS_STREAM.subjects)
