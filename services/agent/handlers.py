@@ -89,7 +89,8 @@ async def _fetch_live(nc: NatsClient) -> list[dict]:
 
 async def live_snapshot(nc: NatsClient, subscribed_at: float) -> list[dict]:
     snap = _SNAPSHOTS.setdefault(id(nc), _Snapshot())
-    if snap.task is None or snap.started < subscribed_at or (snap.task.done() and snap.task.exception()):
+    failed = snap.task is not None and snap.task.done() and (snap.task.cancelled() or snap.task.exception())
+    if snap.task is None or snap.started < subscribed_at or failed:
         snap.started = time.monotonic()
         snap.task = asyncio.ensure_future(_fetch_live(nc))
     return await asyncio.shield(snap.task)
