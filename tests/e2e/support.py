@@ -13,6 +13,31 @@ from libs.contracts.events import decode_data
 TERMINAL_WAIT_S = 20
 
 
+def eventually(probe, what: str, timeout: float = 30.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
+    """Poll `probe` until it returns something truthy and return that; fail naming `what` after `timeout` s.
+    One poller for every e2e module: events cross several processes, so a test waits for the outcome, bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+async def eventually_async(probe, what: str, timeout: float = 30.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """`eventually` for tests that must keep their event loop running while they wait (NATS watchers)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
 class AllocationWatcher:
     """A plain core-NATS subscriber on gpupool.allocation.>, as any other system would subscribe."""
 

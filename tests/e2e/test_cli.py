@@ -4,10 +4,10 @@ submitting through watching to cancelling a job, and the newer commands (explain
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
+from support import eventually
 
 from libs.cli.main import main
 from libs.client import GpupoolClient, GpupoolError
@@ -22,12 +22,7 @@ def gp(platform):  # type: ignore[no-untyped-def]
 
 
 def wait_for_state(gp: GpupoolClient, job_id: str, state: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gp.get_job(job_id).state == state:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} never reached {state}: {gp.get_job(job_id).state}")
+    eventually(lambda: gp.get_job(job_id).state == state, f"job {job_id} to reach {state}", timeout_s)
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -72,14 +67,6 @@ def test_client_errors_and_idempotent_submit(gp):
     assert gp.get_job(first.job_id).state == "cancelled"
 
 
-def wait_for(predicate, what: str, timeout_s: float = 30):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def test_explain_scale_quota_and_approvals_through_the_cli(platform, gp, capsys):
     cli.url, cli.token = platform.gateway, platform.run["admin_token"]
@@ -91,12 +78,12 @@ def test_explain_scale_quota_and_approvals_through_the_cli(platform, gp, capsys)
     assert code == 0, err
     service = json.loads(out)
     assert service["replicas"] == 2
-    wait_for(lambda: len(gp.list_allocations(job_id=service["job_id"], active=True)) == 2, "2 replicas")
+    eventually(lambda: len(gp.list_allocations(job_id=service["job_id"], active=True)) == 2, "2 replicas")
     code, out, _ = cli(capsys, "explain", service["job_id"])
     assert code == 0 and "Placement:" in out and "2 running of 2 wanted" in out
     code, out, _ = cli(capsys, "scale", service["job_id"], "--replicas", "3")
     assert code == 0 and out.startswith(f"job {service['job_id']} scaled to 3 replica(s)")
-    wait_for(lambda: len(gp.list_allocations(job_id=service["job_id"], active=True)) == 3, "3 replicas")
+    eventually(lambda: len(gp.list_allocations(job_id=service["job_id"], active=True)) == 3, "3 replicas")
     code, out, _ = cli(capsys, "explain", service["job_id"], "-o", "json")
     placement = json.loads(out)["placement"]
     assert code == 0 and placement["replicas_running"] == 3 and len(placement["allocations"]) == 3

@@ -17,7 +17,6 @@ import io
 import json
 import os
 import statistics
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -39,7 +38,7 @@ from dashboard_fleet import (
     wait_for_nodes,
 )
 from dashboard_synthetic import SyntheticPool
-from support import wait_state
+from support import eventually, wait_state
 
 try:
     from playwright.sync_api import expect
@@ -129,16 +128,6 @@ def go(page, route: str) -> None:  # type: ignore[no-untyped-def]
     page.evaluate(f"location.hash = {json.dumps('#/' + route)}")
     wait_ready(page, route.split("/")[0])
 
-
-def eventually(probe, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def stat_value(page, stat_id: str) -> int:  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 import pytest
-from support import AllocationWatcher, finish_all, wait_state
+from support import AllocationWatcher, eventually_async, finish_all, wait_state
 
 from libs.contracts.events import AllocationGranted, AllocationReleased
 
@@ -26,12 +26,6 @@ def reason(api, job_id: str) -> str:  # type: ignore[no-untyped-def]
     return api.get(f"/v1/jobs/{job_id}/explain").json()["placement"].get("reason")
 
 
-async def eventually(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
-        await asyncio.sleep(0.05)
-
 
 async def test_a_gang_is_placed_all_or_nothing_while_short_jobs_backfill_without_delaying_it(platform) -> None:  # type: ignore[no-untyped-def]
     async with AllocationWatcher(platform.nats_url) as watcher:
@@ -43,11 +37,11 @@ async def test_a_gang_is_placed_all_or_nothing_while_short_jobs_backfill_without
                 await watcher.wait_for(AllocationGranted, job_id)
 
             gang = post_job(api, name="gang", kind="training", gpus=16, gang_nodes=2, gpus_per_node=8)
-            await eventually(lambda: reason(api, gang) == "WaitingForGang")
+            await eventually_async(lambda: reason(api, gang) == "WaitingForGang", "the gang to wait for its nodes", timeout=10)
             backfill = post_job(api, name="short", gpus=2, max_runtime_s=30)
             _, _, small = await watcher.wait_for(AllocationGranted, backfill)
             blocker = post_job(api, name="unbounded", gpus=2)
-            await eventually(lambda: reason(api, blocker) == "ReservedForGang")
+            await eventually_async(lambda: reason(api, blocker) == "ReservedForGang", "the blocker to be held back for the gang", timeout=10)
             assert watcher.of(AllocationGranted, gang) == [], "no member of the gang may start alone"
             assert watcher.of(AllocationGranted, blocker) == []
 
@@ -65,7 +59,7 @@ async def test_a_gang_is_placed_all_or_nothing_while_short_jobs_backfill_without
 
             api.post(f"/v1/jobs/{gang}/complete")
             _, _, released = await watcher.wait_for(AllocationReleased, gang)
-            await eventually(lambda: len(watcher.of(AllocationReleased, gang)) == 2)
+            await eventually_async(lambda: len(watcher.of(AllocationReleased, gang)) == 2, "both gang allocations released", timeout=10)
             finish_all(api)
 
 
@@ -75,17 +69,17 @@ async def test_an_inference_service_scaled_from_2_to_4_gets_2_more_allocations_a
             finish_all(api)
             service = post_job(api, name="chat", kind="inference", gpus=1, replicas=2,
                                priority_class="production-inference")
-            await eventually(lambda: len(watcher.of(AllocationGranted, service)) == 2)
+            await eventually_async(lambda: len(watcher.of(AllocationGranted, service)) == 2, "2 replicas granted", timeout=10)
             scaled = api.patch(f"/v1/jobs/{service}", json={"replicas": 4})
             assert scaled.status_code == 200 and scaled.json()["replicas"] == 4
-            await eventually(lambda: len(watcher.of(AllocationGranted, service)) == 4)
+            await eventually_async(lambda: len(watcher.of(AllocationGranted, service)) == 4, "4 replicas granted", timeout=10)
             replicas = sorted(d.replica for _, _, d in watcher.of(AllocationGranted, service))
             assert replicas == [0, 1, 2, 3]
             live = api.get("/v1/allocations", params={"job_id": service, "active": "true"}).json()["items"]
             assert len(live) == 4
 
             api.patch(f"/v1/jobs/{service}", json={"replicas": 1})
-            await eventually(lambda: len(watcher.of(AllocationReleased, service)) == 3)
+            await eventually_async(lambda: len(watcher.of(AllocationReleased, service)) == 3, "3 replica releases", timeout=10)
             gone = sorted((d.replica, d.reason) for _, _, d in watcher.of(AllocationReleased, service))
             assert gone == [(1, "ScaledDown"), (2, "ScaledDown"), (3, "ScaledDown")]
             explained = api.get(f"/v1/jobs/{service}/explain").json()["placement"]
@@ -196,7 +190,7 @@ async def test_approval_requests_are_announced_explained_and_withdrawn_when_thei
                 assert explained["placement"]["reason"] == "AwaitingApproval"
                 assert "more than 4 GPUs" in explained["placement"]["message"]
                 assert explained["approval"]["approval_id"] == held["approval_id"]
-                await eventually(lambda: len(log.of(ApprovalRequested, job_id=held["job_id"])) == 1)
+                await eventually_async(lambda: len(log.of(ApprovalRequested, job_id=held["job_id"])) == 1, "the approval request event", timeout=10)
                 assert log.of(ApprovalRequested, job_id=held["job_id"])[0].reasons == ["more than 4 GPUs"]
 
                 # cursor pagination over the approvals, newest first
@@ -207,14 +201,14 @@ async def test_approval_requests_are_announced_explained_and_withdrawn_when_thei
                 assert ids == sorted(ids, reverse=True) and {j["approval_id"] for j in jobs} <= set(ids)
 
                 assert api.post(f"/v1/jobs/{held['job_id']}/cancel").status_code == 200
-                await eventually(lambda: len(log.of(ApprovalWithdrawn, job_id=held["job_id"])) == 1)
+                await eventually_async(lambda: len(log.of(ApprovalWithdrawn, job_id=held["job_id"])) == 1, "the approval withdrawn event", timeout=10)
                 [request] = api.get("/v1/approvals", params={"job_id": held["job_id"]}).json()["items"]
                 assert request["state"] == "withdrawn"
                 late = api.post(f"/v1/approvals/{held['approval_id']}/approve")
                 assert late.status_code == 409 and late.json()["reason"] == "AlreadyDecided"
 
                 # every transition of the job's state machine was an event, in order
-                await eventually(lambda: len(log.of(JobStateChanged, job_id=held["job_id"])) == 2)
+                await eventually_async(lambda: len(log.of(JobStateChanged, job_id=held["job_id"])) == 2, "two state changes of the held job", timeout=10)
                 moves = [(e.previous, e.current, e.reason) for e in log.of(JobStateChanged, job_id=held["job_id"])]
                 assert moves == [(None, "awaiting_approval", "AwaitingApproval"),
                                  ("awaiting_approval", "cancelled", "CancelledByUser")]
@@ -222,6 +216,6 @@ async def test_approval_requests_are_announced_explained_and_withdrawn_when_thei
                 api.put("/v1/approval-rules/gpus_over", json={"value": "4", "enabled": False})
                 finish_all(api)
             ran = post_job(api, name="runs", gpus=1)
-            await eventually(lambda: [e.current for e in log.of(JobStateChanged, job_id=ran)] == ["pending", "running"])
+            await eventually_async(lambda: [e.current for e in log.of(JobStateChanged, job_id=ran)] == ["pending", "running"], "pending → running", timeout=10)
             api.post(f"/v1/jobs/{ran}/complete")
-            await eventually(lambda: [e.current for e in log.of(JobStateChanged, job_id=ran)][-1] == "completed")
+            await eventually_async(lambda: [e.current for e in log.of(JobStateChanged, job_id=ran)][-1] == "completed", "the job completed", timeout=10)

@@ -3,12 +3,11 @@ facts) combined by the gateway with placement's live allocations, on `gpupool up
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
+from support import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -25,16 +24,6 @@ def get_pool(api: httpx.Client) -> dict[str, Any]:
 def by_model(pool: dict[str, Any]) -> dict[str, dict[str, int]]:
     return {m["model"]: m for m in pool["all"]["models"]}
 
-
-def eventually(probe: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def assert_consistent(pool: dict[str, Any]) -> None:
