@@ -429,5 +429,8 @@ def routes(h: AccountingHandlers) -> Routes:
             GpuHealthChanged: h.on_gpu_health_changed,
             OrphanDetected: h.on_orphan_detected,
         },
+        # every event handler is one unit of work and nothing else: safe to apply a fetched batch in one
+        # transaction (README: "Batched event handling"; the rollup consumer stays one message per transaction)
+        batched=True,
     )
 

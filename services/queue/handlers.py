@@ -348,4 +348,7 @@ def routes(h: QueueHandlers) -> Routes:
             ApprovalDecided: h.on_approval_decided,
             AllocationReleased: h.on_allocation_released,
         },
+        # every event handler is one unit of work and nothing else (no pool reads, RPCs or publishes): safe to
+        # apply a fetched batch in one transaction (README: "Batched event handling")
+        batched=True,
     )

@@ -260,4 +260,5 @@ def routes(h: QuotaHandlers) -> Routes:
             subjects.QUERY_QUOTA_LOANS: (ListQuotaLoans, h.loans),
         },
         events={JobCancelled: h.on_job_cancelled},
+        batched=True,  # its one event handler is a single unit of work (README: "Batched event handling")
     )

@@ -79,7 +79,7 @@ class ReclamationHandlers:
             for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
                 await self._abnormal(uow, tracker, "NodeLost", f"node {data.node} stopped reporting at "
                                                                f"{data.last_seen_at.isoformat()}")
-        await self.release_decided()
+            uow.after_commit(self.release_decided)
 
     async def on_gpu_health_changed(self, event: CloudEvent, data: GpuHealthChanged) -> None:
         """A quarantined GPU must not keep running work: release every allocation holding it."""
@@ -93,7 +93,7 @@ class ReclamationHandlers:
                 await self._abnormal(uow, tracker, "GpuQuarantined",
                                      f"GPU {data.gpu_index} on {data.node} was quarantined ({data.reason or 'failed'}"
                                      f"{': ' + ', '.join(data.reasons) if data.reasons else ''})")
-        await self.release_decided()
+            uow.after_commit(self.release_decided)
 
     async def on_node_cordoned(self, event: CloudEvent, data: NodeCordoned) -> None:
         """A drain takes the node's allocations back; a plain cordon leaves running work alone."""
@@ -105,7 +105,7 @@ class ReclamationHandlers:
             for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
                 await self._abnormal(uow, tracker, "Drained", f"node {data.node} is being drained"
                                                               f"{' (' + data.reason + ')' if data.reason else ''}")
-        await self.release_decided()
+            uow.after_commit(self.release_decided)
 
     async def _abnormal(self, uow, tracker, cause: str, message: str) -> None:  # type: ignore[no-untyped-def]
         """Decide an abnormal reclaim, counting the job's attempts: requeued with the cause as reason, or failed
@@ -168,7 +168,9 @@ class ReclamationHandlers:
         return False
 
     async def release_decided(self) -> None:
-        """Ask placement to release everything decided and not yet released (retried each sweep)."""
+        """Ask placement to release everything decided and not yet released (retried each sweep). Event handlers
+        run it after their commit (`uow.after_commit`): it reads through its own connection and calls placement,
+        so inside a batch it would neither see the batch's decisions nor leave the batch's locks alone."""
         async with self.rt.pool.acquire() as conn:
             pending = await store.reclaiming(conn)
         for row in pending:
@@ -224,4 +226,7 @@ def routes(h: ReclamationHandlers) -> Routes:
             NodeCordoned: h.on_node_cordoned,
         },
         telemetry=h.on_telemetry,
+        # event and telemetry handlers are single units of work; the release RPC waits for the commit
+        # (README: "Batched event handling")
+        batched=True,
     )

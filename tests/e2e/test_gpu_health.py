@@ -131,7 +131,8 @@ async def test_a_gpu_off_the_bus_under_a_job_is_quarantined_and_the_job_requeued
             assert (event.state, event.reason) == ("quarantined", "GpuLost")
             _, _, released = await allocations.wait_for(AllocationReleased, job_id)
             assert released.reason == "GpuQuarantined"
-            (decided,) = watch.of("ReclaimDecided", lambda e: e.job_id == job_id)
+            # reclamation's relay and placement's publish independently: the release may be seen first
+            (decided,) = await watch.wait("ReclaimDecided", lambda e: e.job_id == job_id, timeout=10)
             assert decided.attempt == 1 and "quarantined" in decided.message
             deadline = time.monotonic() + 30
             while len(allocations.of(AllocationGranted, job_id)) < 2:
