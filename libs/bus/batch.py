@@ -3,6 +3,10 @@ effects are idempotent (telemetry): one transaction per batch instead of one per
 
 If the batch handler fails, each message of the batch is retried through the one-at-a-time path
 (`EventConsumer.handle_one`), so a poison message is still isolated, dead-lettered and never blocks the stream.
+
+When the consumer's subjects carry exactly one event type (telemetry), each message is decoded in one pass into an
+envelope whose `data` is already that type's payload (no intermediate dicts: half the decoding CPU); a message that
+does not fit goes through the general two-step decode, which names what is wrong with it.
 """
 
 from __future__ import annotations
@@ -11,13 +15,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import cache
+from typing import Any, Literal
 
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from pydantic import ValidationError, create_model
 
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, parse_envelope
-from libs.contracts.events import EventData, decode_data
+from libs.contracts.events import EVENT_TYPES, EventData, decode_data
 from libs.observability.metrics import BUS_HANDLE_SECONDS, BUS_MESSAGES
 
 log = logging.getLogger(__name__)
@@ -25,11 +32,37 @@ log = logging.getLogger(__name__)
 BatchHandler = Callable[[list[tuple[CloudEvent, EventData]]], Awaitable[None]]
 
 
+@cache
+def typed_envelope(cls: type[EventData]) -> type[CloudEvent]:
+    """A CloudEvent whose `type` must be `cls`'s and whose `data` is validated straight into `cls`."""
+    return create_model(f"{cls.__name__}Envelope", __base__=CloudEvent,
+                        type=(Literal[cls.event_type], ...), data=(cls, ...))  # type: ignore[call-overload]
+
+
+def only_event_type(filter_subjects: tuple[str, ...]) -> type[EventData] | None:
+    """The one event type published on exactly these subjects, if there is one."""
+    found = [cls for cls in EVENT_TYPES.values() if cls.event_subject in filter_subjects]
+    return found[0] if len(found) == 1 and set(filter_subjects) == {found[0].event_subject} else None
+
+
 class BatchConsumer(EventConsumer):
     def __init__(self, js: JetStreamContext, spec: ConsumerSpec, batch_handler: BatchHandler,
                  handler: Handler) -> None:
         super().__init__(js, spec, handler)
         self.batch_handler = batch_handler
+        expected = only_event_type(spec.filter_subjects)
+        self._typed: Any = typed_envelope(expected) if expected is not None else None
+
+    def decode(self, raw: bytes) -> tuple[CloudEvent, EventData]:
+        """(envelope, payload); raises InvalidEnvelope. On the one-pass path `event.data` is the payload itself."""
+        if self._typed is not None:
+            try:
+                event = self._typed.model_validate_json(raw)
+                return event, event.data
+            except ValidationError:
+                pass  # not the expected shape: the general decode says why (or decodes another type)
+        event = parse_envelope(raw)
+        return event, decode_data(event)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
@@ -53,8 +86,7 @@ class BatchConsumer(EventConsumer):
         good, decoded = [], []
         for msg in msgs:
             try:
-                event = parse_envelope(msg.data)
-                decoded.append((event, decode_data(event)))
+                decoded.append(self.decode(msg.data))
                 good.append(msg)
             except InvalidEnvelope as exc:
                 await self.dead_letter(msg, "InvalidMessage", str(exc))

@@ -66,6 +66,9 @@ def assess(sample: GpuTelemetry, prev_sbe: int | None, prev_dbe: int | None, rul
     """What one sample says about its GPU, the worst first. Xids count from `xid_events` (new since the previous
     sample), not from the agent's latched reasons, so one Xid is one warning; fatal conditions the agent keeps
     reporting (a GPU off the bus, a latched fatal Xid, uncorrectable ECC) stay fatal for as long as they last."""
+    if (not sample.xid_events and not sample.health_reasons and sample.ecc_volatile_dbe <= (prev_dbe or 0)
+            and (prev_sbe is None or sample.ecc_volatile_sbe - prev_sbe < rules.sbe_burst)):
+        return CLEAN  # nearly every sample: nothing below could fire
     fatal: list[tuple[str, str]] = []
     warn: list[tuple[str, str]] = []
     for xid in sorted(set(sample.xid_events)):
@@ -123,6 +126,12 @@ def _enter(h: GpuHealth, state: str, reason: str, at: datetime, details: tuple[s
 
 def _later(a: datetime | None, b: datetime) -> datetime:
     return b if a is None or b > a else a
+
+
+def moves(state: str, signal: Signal) -> bool:
+    """Whether `step` can change anything for a GPU in `state`: a clean sample leaves a healthy GPU as it is (the
+    common case, which then needs no GpuHealth built at all)."""
+    return state != HEALTHY or signal.level != "clean"
 
 
 def step(h: GpuHealth, signal: Signal, at: datetime, rules: HealthRules) -> HealthStep:
@@ -184,56 +193,7 @@ def node_recovers(state: str, last_seen_before: datetime, sampled_at: datetime, 
 
 
 # --- one-minute rollups -------------------------------------------------------------------------------------------
-ROLLUP_WINDOW_S = 60
-
-
-def window_start(at: datetime) -> datetime:
-    return at.replace(second=0, microsecond=0)
-
-
-@dataclass(slots=True)
-class RollupPartial:
-    """Sums over some samples of one GPU in one minute; added to the stored row, turned into a GpuRollup when the
-    minute is closed."""
-
-    cluster: str
-    node: str
-    index: int
-    samples: int = 0
-    util_sum: float = 0.0
-    util_max: float = 0.0
-    mem_sum: float = 0.0
-    mem_max: int = 0
-    power_sum: float = 0.0
-    power_n: int = 0
-    temp_max: float | None = None
-    procs_max: int = 0
-
-    def add(self, s: GpuTelemetry) -> None:
-        self.samples += 1
-        self.util_sum += s.utilization_gpu_pct
-        self.util_max = max(self.util_max, s.utilization_gpu_pct)
-        self.mem_sum += s.memory_used_mib
-        self.mem_max = max(self.mem_max, s.memory_used_mib)
-        if s.power_w is not None:
-            self.power_sum += s.power_w
-            self.power_n += 1
-        if s.temperature_c is not None:
-            self.temp_max = s.temperature_c if self.temp_max is None else max(self.temp_max, s.temperature_c)
-        self.procs_max = max(self.procs_max, s.process_count)
-
-
-def rollup_partials(samples: Iterable[tuple[str, str, datetime, GpuTelemetry]]) -> dict[tuple[str, datetime],
-                                                                                          RollupPartial]:
-    """(cluster, node, sampled_at, GPU sample) → partial sums per (GPU uuid, minute)."""
-    out: dict[tuple[str, datetime], RollupPartial] = {}
-    for cluster, node, at, s in samples:
-        key = (s.uuid, window_start(at))
-        part = out.get(key)
-        if part is None:
-            part = out[key] = RollupPartial(cluster, node, s.index)
-        part.add(s)
-    return out
+ROLLUP_WINDOW_S = 60  # store.apply_samples bins samples into minutes (date_bin)
 
 
 def gpu_rollup(row: Mapping[str, Any]) -> GpuRollup:

@@ -32,7 +32,6 @@ from libs.contracts.events import (
     GpuHealthChanged,
     GpuSharingSet,
     GpuSpec,
-    GpuTelemetry,
     NodeCordoned,
     NodeLost,
     NodeRecovered,
@@ -57,10 +56,10 @@ from services.inventory.domain import (
     assess,
     gpu_rollup,
     lost_cutoff,
+    moves,
     node_recovers,
     operator_step,
     pool_view,
-    rollup_partials,
     step,
 )
 
@@ -148,30 +147,33 @@ class InventoryHandlers:
             samples = sorted(((d.sampled_at, d.cluster, d.node, g) for _, d in batch if (d.cluster, d.node) in nodes
                               for g in d.gpus), key=lambda s: s[0])
             gpus = await store.batch_gpus(uow.conn, sorted({s[3].uuid for s in samples}))
-            fresh: list[tuple[str, str, datetime, GpuTelemetry]] = []
-            latest: dict[str, tuple[datetime, GpuTelemetry]] = {}
+            fresh: list[store.SampleRow] = []
             health: dict[str, tuple[GpuHealth, bool]] = {}
             counters: dict[str, tuple[datetime | None, int | None, int | None]] = {
                 u: (r["sampled_at"], r["ecc_volatile_sbe"], r["ecc_volatile_dbe"]) for u, r in gpus.items()}
             for at, cluster, node, sample in samples:
                 row = gpus.get(sample.uuid)
-                if row is None or (row["cluster"], row["node"]) != (cluster, node):
+                if row is None or row["cluster"] != cluster or row["node"] != node:
                     continue  # a GPU the node never registered (or one that moved): nothing to attach it to
                 last_at, sbe, dbe = counters[sample.uuid]
                 if last_at is not None and at <= last_at:
                     continue  # applied before (a redelivery) or older than what we have
                 counters[sample.uuid] = (at, sample.ecc_volatile_sbe, sample.ecc_volatile_dbe)
-                fresh.append((cluster, node, at, sample))
-                latest[sample.uuid] = (at, sample)
-                h, changed = health.get(sample.uuid, (_health(row), False))
-                moved = step(h, assess(sample, sbe, dbe, self.rules), at, self.rules)
+                fresh.append(store.sample_row(cluster, node, at, sample))
+                signal = assess(sample, sbe, dbe, self.rules)
+                known = health.get(sample.uuid)
+                if not moves(known[0].state if known else row["state"], signal):
+                    continue  # a clean sample of a healthy GPU: nearly all of them
+                h = known[0] if known else _health(row)
+                moved = step(h, signal, at, self.rules)
                 if moved.changed:
                     await self._announce(uow, row, h, moved, at)
                 if moved.dirty:
                     health[sample.uuid] = (moved.health, True)
-            if latest:
-                await store.upsert_latest(uow.conn, list(latest.values()))
-                await store.add_rollups(uow.conn, rollup_partials(fresh))
+                elif known is None:
+                    health[sample.uuid] = (h, False)
+            if fresh:
+                await store.apply_samples(uow.conn, fresh)
             dirty = [_health_row(u, h) for u, (h, d) in health.items() if d]
             if dirty:
                 await store.save_gpu_health(uow.conn, dirty)

@@ -9,7 +9,6 @@ import asyncpg
 
 from libs.contracts.commands import RegisterNode
 from libs.contracts.events import GpuTelemetry
-from services.inventory.domain import RollupPartial
 
 
 async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime) -> asyncpg.Record | None:
@@ -95,51 +94,56 @@ async def save_gpu_health(conn: asyncpg.Connection, rows: list[tuple]) -> None:
            WHERE uuid = $1""", rows)
 
 
-async def upsert_latest(conn: asyncpg.Connection, samples: list[tuple[datetime, GpuTelemetry]]) -> None:
-    """Latest wins (one sample per GPU: the batch's newest); an older sample arriving late never overwrites a
-    newer one. Also keeps since when the GPU has run processes and when it last did."""
-    await conn.execute(
-        """INSERT INTO gpu_telemetry_latest AS l (uuid, sampled_at, utilization_gpu_pct, utilization_memory_pct,
-               memory_used_mib, temperature_c, power_w, sm_clock_mhz, ecc_volatile_sbe, ecc_volatile_dbe, xid_last,
-               throttle_reasons, process_count, procs_since, last_process_at)
-           SELECT u.uuid, u.at, u.util, u.mutil, u.mem, u.temp, u.power, u.clock, u.sbe, u.dbe, u.xid,
-                  coalesce(string_to_array(nullif(u.throttle, ''), ','), '{}'), u.procs,
-                  CASE WHEN u.procs > 0 THEN u.at END, CASE WHEN u.procs > 0 THEN u.at END
-           FROM unnest($1::text[], $2::timestamptz[], $3::real[], $4::real[], $5::int[], $6::real[], $7::real[],
-                       $8::int[], $9::bigint[], $10::bigint[], $11::int[], $12::text[], $13::int[])
-                AS u(uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid, throttle, procs)
-           ON CONFLICT (uuid) DO UPDATE SET sampled_at = EXCLUDED.sampled_at,
-               utilization_gpu_pct = EXCLUDED.utilization_gpu_pct,
-               utilization_memory_pct = EXCLUDED.utilization_memory_pct,
-               memory_used_mib = EXCLUDED.memory_used_mib, temperature_c = EXCLUDED.temperature_c,
-               power_w = EXCLUDED.power_w, sm_clock_mhz = EXCLUDED.sm_clock_mhz,
-               ecc_volatile_sbe = EXCLUDED.ecc_volatile_sbe, ecc_volatile_dbe = EXCLUDED.ecc_volatile_dbe,
-               xid_last = coalesce(EXCLUDED.xid_last, l.xid_last),
-               throttle_reasons = EXCLUDED.throttle_reasons, process_count = EXCLUDED.process_count,
-               procs_since = CASE WHEN EXCLUDED.process_count > 0 THEN coalesce(l.procs_since, EXCLUDED.sampled_at)
-                             END,
-               last_process_at = CASE WHEN EXCLUDED.process_count > 0 THEN EXCLUDED.sampled_at
-                                 ELSE l.last_process_at END
-           WHERE l.sampled_at < EXCLUDED.sampled_at""",
-        [s.uuid for _, s in samples], [at for at, _ in samples], [s.utilization_gpu_pct for _, s in samples],
-        [s.utilization_memory_pct for _, s in samples], [s.memory_used_mib for _, s in samples],
-        [s.temperature_c for _, s in samples], [s.power_w for _, s in samples], [s.sm_clock_mhz for _, s in samples],
-        [s.ecc_volatile_sbe for _, s in samples], [s.ecc_volatile_dbe for _, s in samples],
-        [s.xid_events[-1] if s.xid_events else None for _, s in samples],
-        [",".join(s.throttle_reasons) for _, s in samples], [s.process_count for _, s in samples])
+# One GPU sample as apply_samples takes it (columns in this order).
+SampleRow = tuple[str, datetime, str, str, int, float, float, int, float | None, float | None, int | None, int, int,
+                  int | None, str, int]
 
 
-async def add_rollups(conn: asyncpg.Connection, partials: dict[tuple[str, datetime], RollupPartial]) -> None:
-    """Add each partial to its (GPU, minute) row; a minute already emitted is closed and takes nothing more."""
-    if not partials:
-        return
-    keys, parts = list(partials), list(partials.values())
+def sample_row(cluster: str, node: str, at: datetime, s: GpuTelemetry) -> SampleRow:
+    return (s.uuid, at, cluster, node, s.index, s.utilization_gpu_pct, s.utilization_memory_pct, s.memory_used_mib,
+            s.temperature_c, s.power_w, s.sm_clock_mhz, s.ecc_volatile_sbe, s.ecc_volatile_dbe,
+            s.xid_events[-1] if s.xid_events else None, ",".join(s.throttle_reasons), s.process_count)
+
+
+async def apply_samples(conn: asyncpg.Connection, rows: list[SampleRow]) -> None:
+    """New GPU samples, in one statement: each GPU's latest row takes its newest sample (an older sample arriving
+    late never overwrites a newer one; since when the GPU has run processes, and when it last did, are kept), and
+    every sample adds to its GPU's one-minute rollup row (a minute already emitted is closed and takes nothing
+    more). Sums and maxima are computed here rather than in Python: per sample that is the cheaper place."""
     await conn.execute(
-        """INSERT INTO gpu_rollups AS r (uuid, window_start, cluster, node, idx, samples, util_sum, util_max, mem_sum,
-                                        mem_max, power_sum, power_n, temp_max, procs_max)
-           SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::int[], $6::int[],
-                                $7::float8[], $8::real[], $9::float8[], $10::int[], $11::float8[], $12::int[],
-                                $13::real[], $14::int[])
+        """WITH s AS (
+               SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::int[],
+                                    $6::float8[], $7::float8[], $8::int[], $9::float8[], $10::float8[], $11::int[],
+                                    $12::bigint[], $13::bigint[], $14::int[], $15::text[], $16::int[])
+                    AS u(uuid, at, cluster, node, idx, util, mutil, mem, temp, power, clock, sbe, dbe, xid,
+                         throttle, procs)),
+           latest AS (
+               INSERT INTO gpu_telemetry_latest AS l (uuid, sampled_at, utilization_gpu_pct, utilization_memory_pct,
+                   memory_used_mib, temperature_c, power_w, sm_clock_mhz, ecc_volatile_sbe, ecc_volatile_dbe,
+                   xid_last, throttle_reasons, process_count, procs_since, last_process_at)
+               SELECT DISTINCT ON (uuid) uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid,
+                      coalesce(string_to_array(nullif(throttle, ''), ','), '{}'), procs,
+                      CASE WHEN procs > 0 THEN at END, CASE WHEN procs > 0 THEN at END
+               FROM s ORDER BY uuid, at DESC
+               ON CONFLICT (uuid) DO UPDATE SET sampled_at = EXCLUDED.sampled_at,
+                   utilization_gpu_pct = EXCLUDED.utilization_gpu_pct,
+                   utilization_memory_pct = EXCLUDED.utilization_memory_pct,
+                   memory_used_mib = EXCLUDED.memory_used_mib, temperature_c = EXCLUDED.temperature_c,
+                   power_w = EXCLUDED.power_w, sm_clock_mhz = EXCLUDED.sm_clock_mhz,
+                   ecc_volatile_sbe = EXCLUDED.ecc_volatile_sbe, ecc_volatile_dbe = EXCLUDED.ecc_volatile_dbe,
+                   xid_last = coalesce(EXCLUDED.xid_last, l.xid_last),
+                   throttle_reasons = EXCLUDED.throttle_reasons, process_count = EXCLUDED.process_count,
+                   procs_since = CASE WHEN EXCLUDED.process_count > 0
+                                      THEN coalesce(l.procs_since, EXCLUDED.sampled_at) END,
+                   last_process_at = CASE WHEN EXCLUDED.process_count > 0 THEN EXCLUDED.sampled_at
+                                     ELSE l.last_process_at END
+               WHERE l.sampled_at < EXCLUDED.sampled_at)
+           INSERT INTO gpu_rollups AS r (uuid, window_start, cluster, node, idx, samples, util_sum, util_max, mem_sum,
+                                         mem_max, power_sum, power_n, temp_max, procs_max)
+           SELECT uuid, date_bin('1 minute', at, timestamptz '2000-01-01 00:00:00+00'), cluster, node, idx,
+                  count(*), sum(util), max(util), sum(mem), max(mem), coalesce(sum(power), 0), count(power),
+                  max(temp), max(procs)
+           FROM s GROUP BY 1, 2, 3, 4, 5
            ON CONFLICT (uuid, window_start) DO UPDATE SET samples = r.samples + EXCLUDED.samples,
                util_sum = r.util_sum + EXCLUDED.util_sum, util_max = greatest(r.util_max, EXCLUDED.util_max),
                mem_sum = r.mem_sum + EXCLUDED.mem_sum, mem_max = greatest(r.mem_max, EXCLUDED.mem_max),
@@ -147,11 +151,7 @@ async def add_rollups(conn: asyncpg.Connection, partials: dict[tuple[str, dateti
                temp_max = greatest(r.temp_max, EXCLUDED.temp_max),
                procs_max = greatest(r.procs_max, EXCLUDED.procs_max)
            WHERE NOT r.emitted""",
-        [k[0] for k in keys], [k[1] for k in keys], [p.cluster for p in parts], [p.node for p in parts],
-        [p.index for p in parts], [p.samples for p in parts], [p.util_sum for p in parts],
-        [p.util_max for p in parts], [p.mem_sum for p in parts], [p.mem_max for p in parts],
-        [p.power_sum for p in parts], [p.power_n for p in parts], [p.temp_max for p in parts],
-        [p.procs_max for p in parts])
+        *map(list, zip(*rows, strict=True)))
 
 
 async def mark_lost(conn: asyncpg.Connection, cutoff: datetime, now: datetime) -> list[asyncpg.Record]:

@@ -17,8 +17,10 @@ from services.inventory.domain import (
     SUSPECT,
     GpuHealth,
     HealthRules,
+    HealthStep,
     Signal,
     assess,
+    moves,
     operator_step,
     step,
 )
@@ -180,3 +182,22 @@ def test_signals_while_quarantined_only_move_the_recheck_window() -> None:
     h = step(GpuHealth(), FATAL, at(0), RULES).health
     s = step(h, WARN, at(5), RULES)
     assert not s.changed and s.dirty and s.health.state == QUARANTINED and s.health.last_signal_at == at(5)
+
+
+def test_a_clean_sample_moves_only_gpus_that_are_not_healthy() -> None:
+    """The telemetry path skips `step` when `moves` says so: that must never skip a real move."""
+    clean = assess(sample(ecc_volatile_sbe=5, ecc_volatile_dbe=1), 0, 1, RULES)
+    assert clean is CLEAN
+    assert not moves(HEALTHY, clean)
+    for h in (GpuHealth(), GpuHealth(since=at(0), last_signal_at=at(-5000), strikes=0, last_strike_at=at(-9000))):
+        assert step(h, clean, at(10_000), RULES) == HealthStep(h, False, False)
+    assert all(moves(state, clean) for state in (SUSPECT, QUARANTINED, PROBATION))
+    assert moves(HEALTHY, WARN) and moves(HEALTHY, FATAL)
+
+
+@pytest.mark.parametrize("over, prev_sbe, prev_dbe", [
+    ({"xid_events": [13]}, 0, 0), ({"ecc_volatile_dbe": 2}, 0, 1), ({"ecc_volatile_dbe": 1}, None, None),
+    ({"ecc_volatile_sbe": 10}, 0, 0), ({"health_reasons": ["gpu_lost"]}, 0, 0),
+])
+def test_the_quick_clean_check_never_hides_a_signal(over, prev_sbe, prev_dbe) -> None:  # type: ignore[no-untyped-def]
+    assert assess(sample(**over), prev_sbe, prev_dbe, RULES) is not CLEAN

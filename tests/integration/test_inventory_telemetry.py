@@ -1,0 +1,150 @@
+"""Inventory's telemetry path against real NATS and PostgreSQL: a fetched batch applies every new sample once (the
+minute's rollup counts each, the latest row is the newest), applying it again changes nothing, and a bad message
+in the telemetry stream is dead-lettered while the good ones around it apply."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nats.js import JetStreamContext
+from waiting import eventually
+
+from libs.bus.publisher import publish_event, publish_raw
+from libs.bus.rpc import request
+from libs.contracts import subjects
+from libs.contracts.commands import RegisterNode
+from libs.contracts.envelope import CloudEvent
+from libs.contracts.events import GpuSpec, GpuTelemetry, JobSubmitted, TelemetrySampled
+from libs.contracts.subjects import DLQ_STREAM
+from libs.runtime.service import ServiceRuntime
+from services.inventory.config import InventorySettings
+from services.inventory.handlers import InventoryHandlers
+from services.inventory.handlers import routes as inventory_routes
+
+CLUSTER = "c1"
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing")]
+
+
+@pytest.fixture
+async def inventory(nats_url: str, pg_database: str,
+                    js: JetStreamContext) -> AsyncIterator[tuple[ServiceRuntime, InventoryHandlers]]:
+    settings = InventorySettings(nats_url=nats_url, database_url=pg_database, http_port=0, log_level="WARNING",
+                                 node_lost_after_s=30, node_sweep_interval_s=3600, instance="inv-telemetry-test",
+                                 maintenance_interval_s=3600, rollup_late_s=0)
+    rt = ServiceRuntime("inventory", settings, migrations_package="services.inventory")
+    await rt.start()
+    handlers = InventoryHandlers(rt, settings)
+    await rt.mount(inventory_routes(handlers))
+    try:
+        yield rt, handlers
+    finally:
+        await rt.shutdown()
+
+
+async def register(rt: ServiceRuntime, node: str, gpus: int = 2) -> None:
+    cmd = RegisterNode(cluster=CLUSTER, node=node, hostname=node, cpu_count=64, memory_mib=512 * 1024,
+                       gpus=[GpuSpec(uuid=f"GPU-{node}-{i}", index=i, model="H100-80GB", memory_mib=81559)
+                             for i in range(gpus)])
+    reply = await request(rt.nc, subjects.CMD_INVENTORY_REGISTER_NODE, cmd, timeout=5)
+    assert reply.ok, reply
+
+
+def sample(node: str, at: datetime, util: float, *, gpus: int = 2, power: float | None = 100.0,
+           procs: int = 0) -> TelemetrySampled:
+    return TelemetrySampled(cluster=CLUSTER, node=node, sampled_at=at, gpus=[
+        GpuTelemetry(uuid=f"GPU-{node}-{i}", index=i, utilization_gpu_pct=util, utilization_memory_pct=1.0,
+                     memory_used_mib=1000 * (i + 1) + int(util), memory_total_mib=81559, power_w=power,
+                     temperature_c=40.0 + util / 10, process_count=procs, throttle_reasons=["sw_power_cap"])
+        for i in range(gpus)])
+
+
+def as_batch(samples: list[TelemetrySampled]) -> list[tuple[CloudEvent, TelemetrySampled]]:
+    return [(s.to_cloudevent("/gpupool/agent"), s) for s in samples]
+
+
+async def test_a_batch_applies_each_new_sample_once_and_applying_it_again_changes_nothing(
+        inventory) -> None:  # type: ignore[no-untyped-def]
+    rt, handlers = inventory
+    await register(rt, "a")
+    await register(rt, "b", gpus=1)
+    minute = (datetime.now(UTC) - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    # out of order, two nodes interleaved, one sample without power, the last one in the next minute
+    batch = as_batch([sample("a", minute + timedelta(seconds=20), 30.0, procs=2),
+                      sample("b", minute + timedelta(seconds=1), 5.0, gpus=1),
+                      sample("a", minute + timedelta(seconds=10), 10.0, power=None),
+                      sample("a", minute + timedelta(seconds=50), 80.0, procs=1),
+                      sample("a", minute + timedelta(seconds=61), 50.0)])
+    await handlers.on_telemetry_batch(batch)
+    assert handlers.samples_applied == 4 * 2 + 1
+
+    async def state() -> tuple[list, list]:
+        async with rt.pool.acquire() as conn:
+            rollups = await conn.fetch(
+                "SELECT uuid, window_start, samples, util_sum, util_max, mem_sum, mem_max, power_sum, power_n, "
+                "temp_max, procs_max FROM gpu_rollups ORDER BY uuid, window_start")
+            latest = await conn.fetch(
+                "SELECT uuid, sampled_at, utilization_gpu_pct, power_w, process_count, procs_since, "
+                "last_process_at, throttle_reasons FROM gpu_telemetry_latest ORDER BY uuid")
+        return [tuple(r) for r in rollups], [tuple(r) for r in latest]
+
+    rollups, latest = await state()
+    next_minute = minute + timedelta(minutes=1)
+    assert rollups == [
+        ("GPU-a-0", minute, 3, 120.0, 80.0, 3120.0, 1080, 200.0, 2, 48.0, 2),
+        ("GPU-a-0", next_minute, 1, 50.0, 50.0, 1050.0, 1050, 100.0, 1, 45.0, 0),
+        ("GPU-a-1", minute, 3, 120.0, 80.0, 6120.0, 2080, 200.0, 2, 48.0, 2),
+        ("GPU-a-1", next_minute, 1, 50.0, 50.0, 2050.0, 2050, 100.0, 1, 45.0, 0),
+        ("GPU-b-0", minute, 1, 5.0, 5.0, 1005.0, 1005, 100.0, 1, 40.5, 0),
+    ]
+    newest = minute + timedelta(seconds=61)
+    assert latest[0] == ("GPU-a-0", newest, 50.0, 100.0, 0, None, None, ["sw_power_cap"])
+    assert latest[2][:2] == ("GPU-b-0", minute + timedelta(seconds=1))
+
+    await handlers.on_telemetry_batch(batch)  # redelivered: every sample is at most as new as the stored one
+    assert handlers.samples_applied == 9
+    assert await state() == (rollups, latest)
+
+    # a later sample with processes: running since then; the earlier minute is unchanged
+    later = minute + timedelta(seconds=70)
+    await handlers.on_telemetry_batch(as_batch([sample("a", later, 60.0, procs=3)]))
+    rollups2, latest2 = await state()
+    assert latest2[0][4:7] == (3, later, later)
+    assert rollups2[0] == rollups[0] and rollups2[1][2] == 2
+
+
+async def dead_letters(js: JetStreamContext) -> list[str]:
+    state = (await js.stream_info(DLQ_STREAM.name)).state
+    if not state.messages:
+        return []
+    return sorted([(await js.get_msg(DLQ_STREAM.name, s)).headers["Gpupool-Dlq-Reason"]
+                   for s in range(state.first_seq, state.last_seq + 1)])
+
+
+async def test_bad_messages_in_the_telemetry_stream_are_dead_lettered_and_the_good_ones_apply(
+        inventory, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
+    rt, handlers = inventory
+    await register(rt, "p")
+    now = datetime.now(UTC)
+    subject = subjects.telemetry(CLUSTER, "p")
+    headers = {"Nats-Msg-Id": "", "Content-Type": "application/cloudevents+json"}
+    await publish_event(js, subject, sample("p", now - timedelta(seconds=3), 10.0).to_cloudevent("/gpupool/agent"))
+    await publish_raw(js, subject, b"{not json", {**headers, "Nats-Msg-Id": "garbage"})
+    bad = sample("p", now - timedelta(seconds=2), 10.0).to_cloudevent("/gpupool/agent")
+    payload = bad.model_copy(update={"data": {**bad.data, "gpus": [{**bad.data["gpus"][0],
+                                                                    "utilization_gpu_pct": 150.0}]}})
+    await publish_raw(js, subject, payload.to_json(), {**headers, "Nats-Msg-Id": "out-of-range"})
+    job = JobSubmitted(job_id="j", name="n", team="t", project="default", kind="training",
+                       priority_class="normal", priority=1, gpus=1, submitted_at=now)
+    await publish_event(js, subject, job.to_cloudevent("/gpupool/test"))  # valid, but not a telemetry sample
+    await publish_event(js, subject, sample("p", now - timedelta(seconds=1), 20.0).to_cloudevent("/gpupool/agent"))
+
+    async def settled() -> bool:
+        return handlers.samples_applied == 2 * 2 and len(await dead_letters(js)) == 3
+
+    await eventually(settled, timeout=20, what="good samples applied, bad ones dead-lettered")
+    assert await dead_letters(js) == ["InvalidMessage", "InvalidMessage", "UnsupportedEventType"]
+    async with rt.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT utilization_gpu_pct FROM gpu_telemetry_latest WHERE uuid = 'GPU-p-0'") \
+            == 20.0
