@@ -3,6 +3,7 @@ loop. Any number of replicas may run: all consume events into the shared read mo
 scheduling cycles."""
 
 from libs.bus.lease import LeaderLease
+from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers, routes
@@ -15,7 +16,14 @@ async def main() -> None:
     lease = LeaderLease(runtime.js, "placement", runtime.instance, ttl_s=settings.lease_ttl_s,
                         renew_every_s=settings.lease_renew_s, replicas=settings.stream_replicas)
     handlers = PlacementHandlers(runtime, settings, lease)
-    await runtime.mount(routes(handlers))
+    table = routes(handlers)
+    await runtime.mount(Routes(commands=table.commands))
+    # Events: one durable shared by the replicas, each fetched batch applied in one transaction (a savepoint per
+    # event; every handler's writes go through a unit of work and wake the cycle only after the commit). A short
+    # ack_wait: a message handed to a replica that died comes back within seconds, not half a minute; a batch of
+    # `consumer_batch` small handlers is acked well inside it (and a redelivery would be skipped by the inbox).
+    await runtime.consume(runtime.name, table.event_subjects(), table.dispatch, batched=True,
+                          ack_wait_s=settings.consumer_ack_wait_s, batch=settings.consumer_batch)
     runtime.background(handlers.reconcile_policy(), "policy-reconcile")
     runtime.background(lease.run(), "leader-lease")
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")

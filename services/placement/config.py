@@ -12,7 +12,14 @@ class PlacementSettings(ServiceSettings):
     cycle_interval_s: float = Field(default=1.0, description="Longest wait between scheduling cycles")
     cycle_gather_s: float = Field(default=0.005, ge=0, le=1,
                                   description="After a wake-up, wait this long for more events before a cycle")
+    cycle_gather_max_s: float = Field(default=0.05, ge=0, le=1,
+                                      description="Under load a cycle waits as long as the previous one took, "
+                                                  "at most this long, so that it handles more jobs at once")
     policy: str = "default"
+    consumer_ack_wait_s: float = Field(default=5.0, ge=1, description="Events not acked within this are redelivered "
+                                                                        "(to another replica if this one died)")
+    consumer_batch: int = Field(default=32, ge=1, le=256,
+                                description="Events fetched and applied in one transaction")
     preemption_grace_s: float = Field(default=30.0, ge=0, description="Checkpoint time a preempted job gets")
     min_runtime_s: float = Field(default=300.0, ge=0, description="Never preempt work younger than this (unless "
                                                                   "its priority class says otherwise)")

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -80,6 +81,7 @@ from services.placement.domain import (
 
 log = logging.getLogger(__name__)
 CONSUMER = "placement"
+PRUNE_EVERY = 50  # decisions beyond the retention are deleted every this many records (a busy queue records often)
 
 
 class PlacementHandlers:
@@ -90,14 +92,22 @@ class PlacementHandlers:
         self._kick = asyncio.Event()
         self._last_reasons_digest: str | None = None
         self._reasons_written: dict[str, tuple[str, str]] = {}
+        self._recorded = 0
+        # the earliest preemption deadline the last cycle saw (None: none; False: not known yet)
+        self._next_deadline: Any = False
         self._tracer = tracer("gpupool.placement")
+
+    async def _wake(self) -> None:
+        """Wake the scheduling loop once a change is committed (inside a consumer's batch transaction, after the
+        batch's commit: a cycle started sooner would not see it)."""
+        self._kick.set()
 
     # --- events that change the read model --------------------------------------------------------------------
     async def on_node_registered(self, event: CloudEvent, data: NodeRegistered) -> None:
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id):
                 await store.upsert_node(uow.conn, data)
-        self._kick.set()
 
     async def on_node_lost(self, event: CloudEvent, data: NodeLost) -> None:
         """Stop placing on a node that stopped reporting. Its allocations stay as they are: releasing them is
@@ -109,9 +119,9 @@ class PlacementHandlers:
     async def on_node_recovered(self, event: CloudEvent, data: NodeRecovered) -> None:
         """Back, and schedulable again unless an operator cordoned it meanwhile (inventory says which)."""
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id):
                 await store.set_node_schedulable(uow.conn, data.cluster, data.node, not data.cordoned)
-        self._kick.set()
 
     async def on_node_cordoned(self, event: CloudEvent, data: NodeCordoned) -> None:
         """No new work on a cordoned (or draining) node; taking its allocations back is reclamation's part."""
@@ -122,29 +132,29 @@ class PlacementHandlers:
     async def on_node_uncordoned(self, event: CloudEvent, data: NodeUncordoned) -> None:
         """Schedulable again only if the node is also reporting (an uncordoned lost node waits to recover)."""
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id):
                 await store.set_node_schedulable(uow.conn, data.cluster, data.node, data.node_state == "ready")
-        self._kick.set()
 
     async def on_gpu_health_changed(self, event: CloudEvent, data: GpuHealthChanged) -> None:
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id):
                 await store.set_gpu_health(uow.conn, data.gpu_uuid, data.current)
-        self._kick.set()
 
     async def on_gpu_sharing_set(self, event: CloudEvent, data: GpuSharingSet) -> None:
         """New placements follow the new mode; what is held stays where it is (never moved)."""
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id) and not await store.set_gpu_sharing(
                     uow.conn, data.gpu_uuid, data.mode):
                 log.warning("sharing_for_unknown_gpu", extra={"gpu_uuid": data.gpu_uuid, "node": data.node})
-        self._kick.set()
 
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id):
                 await store.add_pending(uow.conn, data, event.traceparent)
-        self._kick.set()
 
     async def on_job_completed(self, event: CloudEvent, data: JobCompleted) -> None:
         await self._job_finished(event, data.job_id, "JobCompleted", data.completed_at)
@@ -154,22 +164,22 @@ class PlacementHandlers:
 
     async def _job_finished(self, event: CloudEvent, job_id: str, reason: str, at) -> None:
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if not await uow.first_time(CONSUMER, event.id):
                 return
             await self._release(uow, job_id, reason, at)
             await store.mark_finished(uow.conn, job_id)
-        self._kick.set()
 
     async def on_job_scaled(self, event: CloudEvent, data: JobScaled) -> None:
         """More replicas: the missing ones become pending units. Fewer: the highest-numbered ones go."""
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             if not await uow.first_time(CONSUMER, event.id):
                 return
             if not await store.set_replicas(uow.conn, data.job_id, data.replicas):
                 return
             await self._release(uow, data.job_id, "ScaledDown", utcnow(), min_replica=data.replicas)
             await store.refresh_satisfied(uow.conn, data.job_id)
-        self._kick.set()
 
     async def _release(self, uow, job_id: str, reason: str, at, **which) -> int:  # type: ignore[no-untyped-def]
         """Release the job's live allocations (or `which` of them) with their events, in the caller's unit of
@@ -187,18 +197,18 @@ class PlacementHandlers:
     # --- the policy, learned from the quota service ----------------------------------------------------------
     async def on_team_created(self, event: CloudEvent, data: TeamCreated) -> None:
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             await store.upsert_team(uow.conn, data.team, data.org, data.revision)  # revision-guarded: idempotent
-        self._kick.set()
 
     async def on_quota_set(self, event: CloudEvent, data: QuotaSet) -> None:
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             await store.upsert_quota(uow.conn, data)
-        self._kick.set()
 
     async def on_priority_class_set(self, event: CloudEvent, data: PriorityClassSet) -> None:
         async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
             await store.upsert_priority_class(uow.conn, data)
-        self._kick.set()
 
     async def reconcile_policy(self) -> None:
         """At start, catch up with the quota service's whole policy (events keep it current afterwards). Rows
@@ -231,22 +241,30 @@ class PlacementHandlers:
 
     # --- the scheduling cycle ----------------------------------------------------------------------------------
     async def scheduling_loop(self) -> None:
+        took = 0.0
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=self.settings.cycle_interval_s)
-            # let the events of a burst gather: one cycle for many of them instead of one each
-            await asyncio.sleep(self.settings.cycle_gather_s)
+            # Let the events of a burst gather: one cycle for many of them instead of one each. Under load, wait as
+            # long as the last cycle took (capped): cycles then use at most about half of the time and each one
+            # handles more jobs, while an idle queue still gets its cycle after `cycle_gather_s`.
+            await asyncio.sleep(max(self.settings.cycle_gather_s, min(took, self.settings.cycle_gather_max_s)))
             self._kick.clear()
             if self.lease is not None and not self.lease.is_leader:
+                took = 0.0
                 continue  # a follower keeps its read model current and waits for the lease
+            started = time.perf_counter()
             try:
-                await self.release_due_preemptions()
+                if self._next_deadline is False or (self._next_deadline is not None
+                                                    and self._next_deadline <= utcnow()):
+                    await self.release_due_preemptions()
                 await self.run_cycle()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("scheduling_cycle_failed")
                 await asyncio.sleep(0.5)
+            took = time.perf_counter() - started
 
     async def run_cycle(self) -> int:
         started = time.perf_counter()
@@ -256,78 +274,67 @@ class PlacementHandlers:
         return max(placed, 0)
 
     async def _cycle(self) -> int:
-        """Snapshot → core.schedule → apply each unit (a job, a gang, or one replica) in its own transaction. The
-        database constraints are the verifier: a stale placement is refused whole, never double-allocated.
-        Returns the units placed, or -1 when there was nothing to schedule."""
-        async with self.rt.pool.acquire() as conn:
-            state = await store.load_state(conn)
-        nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
-        report_holdings(running, state["quotas"], state["teams"])
-        live: dict[str, set[int]] = defaultdict(set)
-        for r in running:
-            live[r["job_id"]].add(r["replica"])
-        # A unit whose victims are still checkpointing waits for them instead of choosing more victims.
-        waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
-        requests = [q for q in build_requests(state["pending"], live, offered_models(gpus),
-                                              self.settings.dev_fraction_milli, self.settings.dev_gpu_memory_mib)
-                    if q.job_id not in waiting]
-        if not requests:
-            PENDING_UNITS.clear()
-            return -1
-        policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
-                              self.settings.min_runtime_s)
-        snapshot, now = build_snapshot(nodes, gpus, running), time.time()
-        with self._tracer.start_as_current_span("scheduling cycle", attributes={
-                "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
-            plan = schedule(snapshot, requests, policy, now=now, clock=time.perf_counter)
-            span.set_attribute("gpupool.placements", len(plan.placements))
-            span.set_attribute("gpupool.preemptions", len(plan.preemptions))
-        if plan.preemptions:
-            await self.start_preemptions(plan.preemptions)
-        models = {g["uuid"]: g["model"] for g in gpus}
-        traces = {r["job_id"]: r["traceparent"] for r in state["pending"]}
-        units: dict[str, list[Placement]] = defaultdict(list)
-        for p in plan.placements:
-            units[p.job_id].append(p)
-        placed = 0
-        applied: set[str] = set()
-        for unit, placements in units.items():
-            job_id, replica = split_unit(unit)
-            parent = extract_context({"traceparent": traces[job_id]} if traces.get(job_id) else {})
-            try:
-                with self._tracer.start_as_current_span("place job", context=parent,
-                                                        attributes={"gpupool.job_id": job_id}):
-                    allocation_ids = await self._apply(job_id, replica, placements, models)
-            except store.AllocationConflict as exc:
-                log.warning("placement_refused_by_store", extra={"job_id": job_id, "error": str(exc)})
-                SCHEDULING_DECISIONS.labels(outcome="refused_by_store").inc()
-                continue
-            if allocation_ids:
-                placed += 1
-                SCHEDULING_DECISIONS.labels(outcome="placed").inc()
-                applied.add(unit)
-                log.info("job_placed", extra={"job_id": job_id, "allocation_ids": allocation_ids,
-                                              "nodes": sorted({p.node for p in placements})})
-        report_plan(plan)
-        reasons = {split_unit(r.job_id)[0]: (r.reason, r.message) for r in plan.pending}
-        # write only what changed: a backlog keeps the same reasons cycle after cycle
-        changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
-        if changed:
-            async with self.rt.pool.acquire() as conn:
-                await store.record_pending_reasons(conn, changed)
-        self._reasons_written = reasons
-        await self._record_decision(snapshot, requests, policy, now, plan, applied, state["policy_revision"])
-        return placed
+        """Snapshot → core.schedule → apply, in one transaction: the snapshot is one statement, the placements are
+        written together (a unit the store refuses is rolled back alone, see `_apply_units`), then the changed
+        pending reasons and the decision. The database constraints are the verifier: a stale placement is refused
+        whole, never double-allocated. Returns the units placed, or -1 when there was nothing to schedule."""
+        async with self.rt.uow() as uow:
+            state = await store.load_state(uow.conn)
+            nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
+            deadlines = [r["preempt_deadline"] for r in running if r["preempt_deadline"] is not None]
+            self._next_deadline = min(deadlines) if deadlines else None
+            report_holdings(running, state["quotas"], state["teams"])
+            live: dict[str, set[int]] = defaultdict(set)
+            for r in running:
+                live[r["job_id"]].add(r["replica"])
+            # A unit whose victims are still checkpointing waits for them instead of choosing more victims.
+            waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
+            requests = [q for q in build_requests(state["pending"], live, offered_models(gpus),
+                                                  self.settings.dev_fraction_milli, self.settings.dev_gpu_memory_mib)
+                        if q.job_id not in waiting]
+            if not requests:
+                PENDING_UNITS.clear()
+                return -1
+            policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
+                                  self.settings.min_runtime_s)
+            snapshot, now = build_snapshot(nodes, gpus, running), time.time()
+            with self._tracer.start_as_current_span("scheduling cycle", attributes={
+                    "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
+                plan = schedule(snapshot, requests, policy, now=now, clock=time.perf_counter)
+                span.set_attribute("gpupool.placements", len(plan.placements))
+                span.set_attribute("gpupool.preemptions", len(plan.preemptions))
+            if plan.preemptions:
+                await self.start_preemptions(plan.preemptions)
+            units: dict[str, list[Placement]] = defaultdict(list)
+            for p in plan.placements:
+                units[p.job_id].append(p)
+            written = await self._apply_units(uow, units, {g["uuid"]: g["model"] for g in gpus},
+                                              {r["job_id"]: r["traceparent"] for r in state["pending"]}) if units else []
+            applied = {u.unit for u in written}
+            report_plan(plan)
+            reasons = {split_unit(r.job_id)[0]: (r.reason, r.message) for r in plan.pending}
+            # write only what changed: a backlog keeps the same reasons cycle after cycle
+            changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
+            if changed:
+                await store.record_pending_reasons(uow.conn, changed)
+            await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
+                                        state["policy_revision"])
+        self._reasons_written = reasons  # committed
+        for u in written:
+            SCHEDULING_DECISIONS.labels(outcome="placed").inc()
+            log.info("job_placed", extra={"job_id": u.job_id, "allocation_ids": [a[0] for a in u.allocations],
+                                          "nodes": sorted({a[6] for a in u.allocations})})
+        return len(applied)
 
-    async def _record_decision(self, snapshot, requests, policy, now: float, plan, applied: set[str],  # type: ignore[no-untyped-def]
+    async def _record_decision(self, uow, snapshot, requests, policy, now: float, plan, applied: set[str],  # type: ignore[no-untyped-def]
                                policy_revision: int | None) -> None:
         """Publish what the cycle decided with the versions it read, and keep its whole input so the cycle can be
-        scheduled again. A cycle that only repeats the previous one's reasons is not recorded (an idle queue
-        would otherwise write one every tick)."""
+        scheduled again (in the cycle's transaction: recorded exactly when its placements commit). A cycle that
+        only repeats the previous one's reasons is not recorded (an idle queue would otherwise write one every
+        tick)."""
         reasons_digest = codec.reasons_digest(plan)
         if not plan.placements and not plan.preemptions and reasons_digest == self._last_reasons_digest:
             return
-        self._last_reasons_digest = reasons_digest
         inputs = codec.dumps({"snapshot": snapshot, "pending": tuple(requests), "policy": policy, "now": now})
         cycle_id = uuid7()
         decided = SchedulingCycleDecided(
@@ -340,13 +347,15 @@ class PlacementHandlers:
             preemptions=[DecidedPreemption(victim=v.job_id, preemptor=v.preemptor, reason=v.reason)
                          for v in plan.preemptions],
             pending_by_reason=dict(Counter(r.reason for r in plan.pending)))
-        async with self.rt.uow() as uow:
-            await store.record_decision(
-                uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
-                input_digest=decided.input_digest, plan_digest=decided.plan_digest,
-                input_gz=gzip.compress(inputs.encode(), compresslevel=1), plan_json=codec.dumps(plan),
-                summary=decided.model_dump_json(), keep=self.settings.decision_retention)
-            await uow.emit(decided)
+        await store.record_decision(
+            uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
+            input_digest=decided.input_digest, plan_digest=decided.plan_digest,
+            input_gz=gzip.compress(inputs.encode(), compresslevel=1), plan_json=codec.dumps(plan),
+            summary=decided.model_dump_json(),
+            keep=self.settings.decision_retention if self._recorded % PRUNE_EVERY == 0 else None)
+        await uow.emit(decided)
+        self._recorded += 1
+        self._last_reasons_digest = reasons_digest
 
     async def start_preemptions(self, preemptions: tuple[Preemption, ...]) -> None:
         """Decide was the core's job; acting is ours: each victim gets the checkpoint signal now and loses its GPUs
@@ -382,29 +391,51 @@ class PlacementHandlers:
             self._kick.set()
         return len(due)
 
-    async def _apply(self, job_id: str, replica: int | None, placements: list[Placement],
-                     models: dict[str, str]) -> list[str]:
-        """Commit one unit (all of a gang's nodes, or one replica) with its AllocationGranted events."""
-        async with self.rt.uow() as uow:
-            job = await store.claim_job(uow.conn, job_id)
-            if job is None:
-                return []
-            now = utcnow()
-            allocation_ids = []
-            for p in sorted(placements, key=lambda p: p.replica):
-                allocation_id = uuid7()
-                member = replica if replica is not None else p.replica
-                alloc_gpus, mig_slots = allocated_gpus(p, models)
-                await store.insert_allocation(uow.conn, allocation_id, job, member, p.cluster, p.node, alloc_gpus,
-                                              now, mig_slots)
-                await uow.emit(AllocationGranted(
-                    allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
-                    project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
-                    kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"],
-                    environment=workload_environment(alloc_gpus, allocation_id)))
-                allocation_ids.append(allocation_id)
-            await store.refresh_satisfied(uow.conn, job_id)
-        return allocation_ids
+    async def _apply_units(self, uow, units: dict[str, list[Placement]], models: dict[str, str],  # type: ignore[no-untyped-def]
+                           traces: dict[str, str | None]) -> list[_Unit]:
+        """Write a cycle's units (a job, all of a gang's nodes, or one replica) with their AllocationGranted events
+        in the cycle's transaction: all of them in a few multi-row statements, under a savepoint. If the store
+        refuses that (a stale plan: a GPU already held, a replica already placed), the savepoint is rolled back
+        and each unit is tried under its own, so a refused unit is left out whole and the others still commit.
+        Returns the units written."""
+        applied: list[_Unit] = []
+        jobs = await store.claim_jobs(uow.conn, sorted({split_unit(u)[0] for u in units}))
+        now = utcnow()
+        prepared = [_Unit.of(unit, placements, jobs[split_unit(unit)[0]], models, now)
+                    for unit, placements in units.items() if split_unit(unit)[0] in jobs]
+        try:
+            async with uow.conn.transaction():
+                await self._write_units(uow, prepared, traces)
+            applied = prepared
+        except store.AllocationConflict:
+            for u in prepared:
+                try:
+                    async with uow.conn.transaction():
+                        await self._write_units(uow, [u], traces)
+                    applied.append(u)
+                except store.AllocationConflict as exc:
+                    log.warning("placement_refused_by_store", extra={"job_id": u.job_id, "unit": u.unit,
+                                                                      "error": str(exc)})
+                    SCHEDULING_DECISIONS.labels(outcome="refused_by_store").inc()
+        if applied:
+            await store.refresh_satisfied_many(uow.conn, sorted({u.job_id for u in applied}))
+        return applied
+
+    async def _write_units(self, uow, units: list[_Unit], traces: dict[str, str | None]) -> None:  # type: ignore[no-untyped-def]
+        def span(u: _Unit):  # type: ignore[no-untyped-def]
+            # the grant joins the submission's trace (its traceparent was kept with the wanted job)
+            parent = extract_context({"traceparent": traces[u.job_id]} if traces.get(u.job_id) else {})
+            return self._tracer.start_as_current_span("place job", context=parent,
+                                                      attributes={"gpupool.job_id": u.job_id})
+
+        # one unit (the usual cycle when the queue keeps up): its inserts belong to its trace too
+        with span(units[0]) if len(units) == 1 else contextlib.nullcontext():
+            await store.insert_allocations(uow.conn, [a for u in units for a in u.allocations],
+                                           [g for u in units for g in u.gpus])
+            for u in units:
+                with span(u) if len(units) > 1 else contextlib.nullcontext():
+                    for granted in u.granted:
+                        await uow.emit(granted)
 
     async def release_allocation(self, cmd: ReleaseAllocation) -> Reply:
         """Reclamation's decision, acted on by the only writer of allocations. Idempotent: an allocation already
@@ -459,6 +490,35 @@ class PlacementHandlers:
                     "gpus": json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]}
 
         return Reply.success(page(rows, cmd.limit, view, lambda item: item["allocation_id"]))
+
+
+@dataclass
+class _Unit:
+    """One unit of a plan, ready to write: its allocation and GPU rows and the events that announce them."""
+    unit: str
+    job_id: str
+    allocations: list[tuple]
+    gpus: list[tuple]
+    granted: list[AllocationGranted]
+
+    @classmethod
+    def of(cls, unit: str, placements: list[Placement], job: Any, models: dict[str, str], now: Any) -> _Unit:
+        job_id, replica = split_unit(unit)
+        out = cls(unit, job_id, [], [], [])
+        for p in sorted(placements, key=lambda p: p.replica):
+            allocation_id = uuid7()
+            member = replica if replica is not None else p.replica
+            alloc_gpus, mig_slots = allocated_gpus(p, models)
+            out.allocations.append((allocation_id, job_id, member, job["team"], job["project"], p.cluster, p.node,
+                                    now, job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"]))
+            out.gpus += [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile,
+                          g.mig_start, mig_slots.get(g.uuid)) for g in alloc_gpus]
+            out.granted.append(AllocationGranted(
+                allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
+                project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
+                kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"],
+                environment=workload_environment(alloc_gpus, allocation_id)))
+        return out
 
 
 def report_holdings(running: Iterable[Any], quotas: Iterable[Any], teams: Iterable[Any]) -> None:

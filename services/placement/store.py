@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -11,6 +13,7 @@ from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered, Pr
 _ALLOCATION = "allocation_id, job_id, replica, team, project, cluster, node, granted_at, released_at"
 # what an allocation holds of one GPU, as AllocatedGpu's fields
 _HELD = ("gpu_uuid AS uuid, gpu_index AS index, model, share_milli, memory_mib, mig_profile, mig_start")
+_HELD_FIELDS = ("uuid", "index", "model", "share_milli", "memory_mib", "mig_profile", "mig_start")
 
 
 def held_gpu(row: asyncpg.Record) -> AllocatedGpu:
@@ -62,61 +65,83 @@ async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str) -> No
 # --- wanted jobs ------------------------------------------------------------------------------------------------
 async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent: str | None) -> bool:
     """Want the job (again, after a requeue). False when it already finished, or still holds GPUs (a late or
-    repeated submission is ignored)."""
-    if await conn.fetchval("SELECT 1 FROM finished_jobs WHERE job_id = $1", data.job_id):
-        return False
-    if await conn.fetchval("SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL", data.job_id):
-        return False
-    await conn.execute(
+    repeated submission is ignored). One statement: the checks and the upsert in one round trip."""
+    return await conn.fetchval(
         """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
                                     priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s,
                                     gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)
-           ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL""",
+           SELECT $1::text, $2::text, $3::text, $4::int, $5::text[], $6::int, $7::timestamptz, $8::text, $9::text,
+                  $10::text, $11::int, $12::int, $13::int, $14::float8, $15::int, $16::int, $17::text, $18::bool
+           WHERE NOT EXISTS (SELECT 1 FROM finished_jobs WHERE job_id = $1)
+             AND NOT EXISTS (SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL)
+           ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL
+           RETURNING true""",
         data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at,
         traceparent, data.priority_class, data.kind, data.gang_nodes, data.gpus_per_node, data.replicas,
-        data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive)
-    return True
+        data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive) is not None
 
 
-async def load_state(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]]:
-    """Everything one scheduling cycle reads, in one repeatable-read snapshot."""
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        return {
-            "nodes": await conn.fetch("SELECT cluster, node, schedulable FROM nodes ORDER BY cluster, node"),
-            "gpus": await conn.fetch("SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing FROM gpus"),
-            "running": await conn.fetch(
-                """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
-                          a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s,
-                          coalesce(p.replicas, 1) AS replicas,
-                          array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
-                          min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
-                          array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
-                          array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
-                   FROM allocations a JOIN allocation_gpus g USING (allocation_id)
-                        LEFT JOIN pending_jobs p USING (job_id)
-                   WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas"""),
-            "pending": await conn.fetch(
-                """SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at,
-                          traceparent, gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli,
-                          gpu_memory_mib, mig_profile, exclusive
-                   FROM pending_jobs WHERE NOT satisfied"""),
-            "teams": await conn.fetch("SELECT team, org FROM policy_teams"),
-            "quotas": await conn.fetch(
-                """SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
-                   WHERE NOT deleted"""),
-            "classes": await conn.fetch("SELECT name, value, preemptible, min_runtime_s FROM policy_priority_classes"),
-            "policy_revision": await conn.fetchval(
-                """SELECT greatest((SELECT max(revision) FROM policy_teams), (SELECT max(revision) FROM policy_quotas),
-                                   (SELECT max(revision) FROM policy_priority_classes))"""),
-        }
+_STATE = """
+SELECT json_build_object(
+  'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
+            FROM (SELECT cluster, node, schedulable FROM nodes) n),
+  'gpus', (SELECT coalesce(json_agg(g), '[]')
+           FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing FROM gpus) g),
+  'running', (SELECT coalesce(json_agg(r), '[]') FROM (
+      SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
+             a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s,
+             coalesce(p.replicas, 1) AS replicas,
+             array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
+             min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
+             array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
+             array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
+      FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
+      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas) r),
+  'pending', (SELECT coalesce(json_agg(q), '[]') FROM (
+      SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
+             gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile,
+             exclusive
+      FROM pending_jobs WHERE NOT satisfied) q),
+  'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
+  'quotas', (SELECT coalesce(json_agg(q), '[]') FROM (
+      SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
+      WHERE NOT deleted) q),
+  'classes', (SELECT coalesce(json_agg(c), '[]')
+              FROM (SELECT name, value, preemptible, min_runtime_s FROM policy_priority_classes) c),
+  'policy_revision', greatest((SELECT max(revision) FROM policy_teams), (SELECT max(revision) FROM policy_quotas),
+                              (SELECT max(revision) FROM policy_priority_classes))
+)::text"""
+_FLOATS = {"quotas": ("guaranteed", "borrowing_limit", "lending_limit", "weight"), "classes": ("min_runtime_s",),
+           "running": ("max_runtime_s",), "pending": ("max_runtime_s",)}
+_TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at",)}
 
 
-async def claim_job(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
-    """Lock the wanted job for placing; None if it is no longer wanted or already satisfied."""
-    return await conn.fetchrow(
+async def load_state(conn: asyncpg.Connection) -> dict[str, Any]:
+    """Everything one scheduling cycle reads, as one statement: one consistent snapshot in one round trip (the
+    cycle runs it every time it wakes, so the number of round trips is what it costs). Rows come back as dicts
+    with the columns' Python types (timestamps as datetimes, double precision as floats)."""
+    state = json.loads(await conn.fetchval(_STATE))
+    for part, names in _FLOATS.items():
+        for row in state[part]:
+            for name in names:
+                if row[name] is not None:
+                    row[name] = float(row[name])
+    for part, names in _TIMES.items():
+        for row in state[part]:
+            for name in names:
+                if row[name] is not None:
+                    row[name] = datetime.fromisoformat(row[name])
+    return state
+
+
+async def claim_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, asyncpg.Record]:
+    """Lock the wanted jobs a cycle is about to place. A job no longer wanted or already satisfied is left out, and
+    so is one whose row another transaction holds right now (an event about it being applied): it waits for the
+    next cycle instead of this cycle waiting for that transaction."""
+    rows = await conn.fetch(
         """SELECT job_id, team, project, priority, priority_class, kind, replicas, max_runtime_s FROM pending_jobs
-           WHERE job_id = $1 AND NOT satisfied FOR UPDATE""", job_id)
+           WHERE job_id = ANY($1::text[]) AND NOT satisfied ORDER BY job_id FOR UPDATE SKIP LOCKED""", job_ids)
+    return {r["job_id"]: r for r in rows}
 
 
 async def refresh_satisfied(conn: asyncpg.Connection, job_id: str, *, after_release: bool = False) -> bool:
@@ -129,57 +154,86 @@ async def refresh_satisfied(conn: asyncpg.Connection, job_id: str, *, after_rele
            WHERE job_id = $1 AND (NOT $2 OR p.replicas > 1) RETURNING satisfied""", job_id, after_release))
 
 
+async def refresh_satisfied_many(conn: asyncpg.Connection, job_ids: list[str]) -> None:
+    """refresh_satisfied for the jobs a cycle placed, in one statement."""
+    await conn.execute(
+        """UPDATE pending_jobs p SET satisfied = (SELECT count(*) FROM allocations a
+                                                 WHERE a.job_id = p.job_id AND a.released_at IS NULL) >= p.replicas
+           WHERE job_id = ANY($1::text[])""", job_ids)
+
+
 async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> bool:
     return await conn.fetchval("UPDATE pending_jobs SET replicas = $2 WHERE job_id = $1 RETURNING 1",
                                job_id, replicas) is not None
 
 
-async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: asyncpg.Record, replica: int,
-                            cluster: str, node: str, gpus: list[AllocatedGpu], granted_at: datetime,
-                            mig_slots: dict[str, int]) -> None:
+async def insert_allocations(conn: asyncpg.Connection, allocations: list[tuple], gpus: list[tuple]) -> None:
+    """Insert allocations and the GPU shares they hold, all in two pipelined statements (one round trip each).
+    `allocations`: (allocation_id, job_id, replica, team, project, cluster, node, granted_at, priority,
+    priority_class, kind, max_runtime_s); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
+    mig_profile, mig_start, mig_slots). Any refusal (a GPU held, a replica already placed) fails them all."""
     try:
-        await conn.execute(
+        await conn.executemany(
             """INSERT INTO allocations (allocation_id, job_id, replica, team, project, cluster, node, granted_at,
                                        priority, priority_class, kind, max_runtime_s)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)""",
-            allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
-            job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"])
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)""", allocations)
         await conn.executemany(
             """INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model, share_milli, memory_mib,
                                            mig_profile, mig_start, mig_slots)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)""",
-            [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start,
-              mig_slots.get(g.uuid)) for g in gpus])
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)""", gpus)
     except asyncpg.UniqueViolationError as exc:
         raise AllocationConflict(str(exc)) from exc
 
 
+async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: asyncpg.Record, replica: int,
+                            cluster: str, node: str, gpus: list[AllocatedGpu], granted_at: datetime,
+                            mig_slots: dict[str, int]) -> None:
+    await insert_allocations(
+        conn, [(allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
+                job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"])],
+        [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start,
+          mig_slots.get(g.uuid)) for g in gpus])
+
+
 async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[str, str, str]]) -> None:
-    await conn.executemany("UPDATE pending_jobs SET reason = $2, message = $3 WHERE job_id = $1", reasons)
+    """(job_id, reason, message) for each job whose reason changed, in one statement."""
+    await conn.execute(
+        """UPDATE pending_jobs p SET reason = r.reason, message = r.message
+           FROM unnest($1::text[], $2::text[], $3::text[]) AS r(job_id, reason, message) WHERE p.job_id = r.job_id""",
+        [j for j, _, _ in reasons], [r for _, r, _ in reasons], [m for _, _, m in reasons])
 
 
 async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *,
                   replica: int | None = None, min_replica: int | None = None,
-                  allocation_id: str | None = None) -> list[tuple[asyncpg.Record, list[asyncpg.Record]]]:
-    """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation)."""
-    allocs = await conn.fetch(
-        f"""UPDATE allocations SET released_at = $2, release_reason = $3
-            WHERE job_id = $1 AND released_at IS NULL AND ($4::int IS NULL OR replica = $4)
-              AND ($5::int IS NULL OR replica >= $5) AND ($6::text IS NULL OR allocation_id = $6)
-            RETURNING {_ALLOCATION}""", job_id, at, reason, replica, min_replica, allocation_id)
-    out = []
-    for alloc in sorted(allocs, key=lambda a: a["replica"]):
-        gpus = await conn.fetch(
-            f"UPDATE allocation_gpus SET live = false WHERE allocation_id = $1 RETURNING {_HELD}",
-            alloc["allocation_id"])
-        out.append((alloc, [held_gpu(g) for g in sorted(gpus, key=lambda g: g["index"])]))
+                  allocation_id: str | None = None) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
+    """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation) and their
+    GPUs, in one statement."""
+    rows = await conn.fetch(
+        f"""WITH a AS (
+                UPDATE allocations SET released_at = $2, release_reason = $3
+                WHERE job_id = $1 AND released_at IS NULL AND ($4::int IS NULL OR replica = $4)
+                  AND ($5::int IS NULL OR replica >= $5) AND ($6::text IS NULL OR allocation_id = $6)
+                RETURNING {_ALLOCATION}),
+            g AS (
+                UPDATE allocation_gpus SET live = false FROM a WHERE allocation_gpus.allocation_id = a.allocation_id
+                RETURNING allocation_gpus.allocation_id, {_HELD})
+            SELECT a.*, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start
+            FROM a LEFT JOIN g USING (allocation_id) ORDER BY a.replica, a.allocation_id, g.index""",
+        job_id, at, reason, replica, min_replica, allocation_id)
+    out: list[tuple[asyncpg.Record, list[AllocatedGpu]]] = []
+    for row in rows:
+        if not out or out[-1][0]["allocation_id"] != row["allocation_id"]:
+            out.append((row, []))
+        if row["uuid"] is not None:
+            out[-1][1].append(AllocatedGpu(**{k: row[k] for k in _HELD_FIELDS}))
     return out
 
 
 async def mark_finished(conn: asyncpg.Connection, job_id: str) -> None:
     """The job is over: never want it again (even if a late submission event shows up)."""
-    await conn.execute("INSERT INTO finished_jobs (job_id) VALUES ($1) ON CONFLICT DO NOTHING", job_id)
-    await conn.execute("DELETE FROM pending_jobs WHERE job_id = $1", job_id)
+    await conn.execute(
+        """WITH f AS (INSERT INTO finished_jobs (job_id) VALUES ($1) ON CONFLICT DO NOTHING)
+           DELETE FROM pending_jobs WHERE job_id = $1""", job_id)
 
 
 async def is_wanted(conn: asyncpg.Connection, job_id: str) -> bool:
@@ -306,14 +360,17 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
 # --- decisions (recorded cycles) ----------------------------------------------------------------------------------
 async def record_decision(conn: asyncpg.Connection, *, cycle_id: str, decided_at: datetime, policy: str,
                           input_digest: str, plan_digest: str, input_gz: bytes, plan_json: str, summary: str,
-                          keep: int) -> None:
+                          keep: int | None) -> None:
+    """Record a cycle; with `keep`, also drop all but the newest `keep` (callers prune now and then, not on every
+    record)."""
     await conn.execute(
         """INSERT INTO decisions (cycle_id, decided_at, policy, input_digest, plan_digest, input_gz, plan_json,
                                   summary) VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb)""",
         cycle_id, decided_at, policy, input_digest, plan_digest, input_gz, plan_json, summary)
-    await conn.execute(
-        """DELETE FROM decisions WHERE cycle_id < (SELECT cycle_id FROM decisions ORDER BY cycle_id DESC
-                                                    OFFSET $1 LIMIT 1)""", keep - 1)
+    if keep is not None:
+        await conn.execute(
+            """DELETE FROM decisions WHERE cycle_id < (SELECT cycle_id FROM decisions ORDER BY cycle_id DESC
+                                                        OFFSET $1 LIMIT 1)""", keep - 1)
 
 
 async def list_decisions(conn: asyncpg.Connection, *, limit: int, before: str | None) -> list[asyncpg.Record]:
