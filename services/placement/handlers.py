@@ -167,8 +167,7 @@ class PlacementHandlers:
             uow.after_commit(self._wake)
             if not await uow.first_time(CONSUMER, event.id):
                 return
-            await self._release(uow, job_id, reason, at)
-            await store.mark_finished(uow.conn, job_id)
+            await self._release(uow, job_id, reason, at, finished=True)  # and never want it again
 
     async def on_job_scaled(self, event: CloudEvent, data: JobScaled) -> None:
         """More replicas: the missing ones become pending units. Fewer: the highest-numbered ones go."""

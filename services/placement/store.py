@@ -204,10 +204,11 @@ async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[s
 
 
 async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *,
-                  replica: int | None = None, min_replica: int | None = None,
-                  allocation_id: str | None = None) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
+                  replica: int | None = None, min_replica: int | None = None, allocation_id: str | None = None,
+                  finished: bool = False) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
     """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation) and their
-    GPUs, in one statement."""
+    GPUs, in one statement. `finished`: the job is over; the same statement remembers it in `finished_jobs` (a late
+    or redelivered submission never places it) and stops wanting it."""
     rows = await conn.fetch(
         f"""WITH a AS (
                 UPDATE allocations SET released_at = $2, release_reason = $3
@@ -216,10 +217,12 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
                 RETURNING {_ALLOCATION}),
             g AS (
                 UPDATE allocation_gpus SET live = false FROM a WHERE allocation_gpus.allocation_id = a.allocation_id
-                RETURNING allocation_gpus.allocation_id, {_HELD})
+                RETURNING allocation_gpus.allocation_id, {_HELD}),
+            f AS (INSERT INTO finished_jobs (job_id) SELECT $1 WHERE $7 ON CONFLICT DO NOTHING),
+            d AS (DELETE FROM pending_jobs WHERE $7 AND job_id = $1)
             SELECT a.*, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start
             FROM a LEFT JOIN g USING (allocation_id) ORDER BY a.replica, a.allocation_id, g.index""",
-        job_id, at, reason, replica, min_replica, allocation_id)
+        job_id, at, reason, replica, min_replica, allocation_id, finished)
     out: list[tuple[asyncpg.Record, list[AllocatedGpu]]] = []
     for row in rows:
         if not out or out[-1][0]["allocation_id"] != row["allocation_id"]:
@@ -227,13 +230,6 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
         if row["uuid"] is not None:
             out[-1][1].append(AllocatedGpu(**{k: row[k] for k in _HELD_FIELDS}))
     return out
-
-
-async def mark_finished(conn: asyncpg.Connection, job_id: str) -> None:
-    """The job is over: never want it again (even if a late submission event shows up)."""
-    await conn.execute(
-        """WITH f AS (INSERT INTO finished_jobs (job_id) VALUES ($1) ON CONFLICT DO NOTHING)
-           DELETE FROM pending_jobs WHERE job_id = $1""", job_id)
 
 
 async def is_wanted(conn: asyncpg.Connection, job_id: str) -> bool:

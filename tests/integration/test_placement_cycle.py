@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from libs.cli.decisions import replay
 from libs.contracts.commands import GetDecision
 from libs.contracts.envelope import uuid7
-from libs.contracts.events import AllocatedGpu, GpuSpec, JobSubmitted, NodeRegistered
+from libs.contracts.events import AllocatedGpu, GpuSpec, JobCompleted, JobSubmitted, NodeRegistered
 from libs.runtime.service import ServiceRuntime
 from services.placement import handlers as handlers_module
 from services.placement import store
@@ -162,3 +162,24 @@ async def test_an_event_applied_in_a_consumer_batch_wakes_the_cycle_only_after_t
         assert not h._kick.is_set()  # a cycle now would not see the job yet
     assert h._kick.is_set()
     assert await h.run_cycle() == 1
+
+
+async def test_a_completed_job_releases_its_gpus_and_a_late_submission_never_brings_it_back(placement) -> None:  # type: ignore[no-untyped-def]
+    rt, h = placement
+    await want(rt, job("done", gpus=2))
+    assert await h.run_cycle() == 1
+    held = (await holdings(rt))["done"]
+    await h.on_job_completed(JobCompleted(job_id="done", team="ml", completed_at=NOW).to_cloudevent("/gpupool/queue"),
+                             JobCompleted(job_id="done", team="ml", completed_at=NOW))
+    assert await holdings(rt) == {}
+    assert rt.pool is not None
+    released = [json.loads(r["payload"])["data"] for r in await rt.pool.fetch(
+        "SELECT payload FROM outbox WHERE subject = 'gpupool.allocation.released'")]
+    assert [(r["job_id"], r["reason"], sorted(g["uuid"] for g in r["gpus"])) for r in released] == [
+        ("done", "JobCompleted", held)]
+    assert len(held) == 2
+    assert await rt.pool.fetchval("SELECT count(*) FROM pending_jobs") == 0
+    late = job("done", gpus=2)
+    await h.on_job_submitted(late.to_cloudevent("/gpupool/queue"), late)
+    assert await rt.pool.fetchval("SELECT count(*) FROM pending_jobs") == 0
+    assert await h.run_cycle() == 0
