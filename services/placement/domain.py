@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
+from uuid import uuid4
 
 from libs.contracts.events import AllocatedGpu, DecidedPlacement
 from libs.core import (
@@ -21,6 +25,7 @@ from libs.core import (
     QuotaEntry,
     QuotaTree,
     Snapshot,
+    codec,
 )
 from libs.core import mig as migcat
 
@@ -198,3 +203,56 @@ def workload_environment(gpus: list[AllocatedGpu], allocation_id: str | None = N
         if fractions[0].memory_mib:
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={fractions[0].memory_mib}M"
     return env
+
+
+class DecisionEncoder:
+    """`codec.dumps` of a cycle's input and plan, exactly (same text, same digests), reusing the JSON of the items
+    seen in recent cycles: the pool, what runs and the backlog barely change from one cycle to the next, and
+    encoding them again was most of what recording a decision cost. Call `turn()` after each recorded cycle: what
+    that cycle did not use is forgotten."""
+
+    def __init__(self) -> None:
+        self._old: dict[Any, str] = {}
+        self._new: dict[Any, str] = {}
+        self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
+
+    def turn(self) -> None:
+        self._old, self._new = self._new, {}
+
+    def _item(self, value: Any) -> str:
+        try:
+            text = self._new.get(value)
+            if text is None:
+                text = self._old.get(value) or codec.dumps(value)
+                self._new[value] = text
+            return text
+        except TypeError:  # not hashable
+            return codec.dumps(value)
+
+    def _list(self, values: Iterable[Any]) -> str:
+        return "[" + ",".join(self._item(v) for v in values) + "]"
+
+    def _compose(self, value: Any, lists: dict[str, tuple]) -> str:
+        text = codec.dumps(value)
+        for name, values in lists.items():
+            text = text.replace(json.dumps(self._token + name), self._list(values), 1)
+        return text
+
+    def input_json(self, snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> str:
+        """codec.dumps({"snapshot": snapshot, "pending": tuple(pending), "policy": policy, "now": now})."""
+        lists: dict[str, tuple] = {"nodes": snapshot.nodes, "pending": tuple(pending)}
+        swap: dict[str, Any] = {"nodes": self._token + "nodes"}
+        if snapshot.running:  # an empty field equal to its default is left out of the encoding
+            lists["running"], swap["running"] = snapshot.running, self._token + "running"
+        return self._compose({"snapshot": dataclasses.replace(snapshot, **swap), "pending": self._token + "pending",
+                              "policy": policy, "now": now}, lists)
+
+    def plan_json(self, plan: Plan) -> str:
+        """codec.dumps(plan)."""
+        return self._compose(dataclasses.replace(plan, pending=self._token + "pending"), {"pending": plan.pending})
+
+    def plan_digest(self, plan: Plan) -> str:
+        """codec.plan_digest(plan)."""
+        parts = (codec.dumps(plan.placements), self._list(plan.pending), codec.dumps(plan.preemptions),
+                 codec.dumps(plan.mig_reconfigs), codec.dumps(plan.reservations))
+        return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()

@@ -69,6 +69,7 @@ from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
+    DecisionEncoder,
     allocated_gpus,
     build_policy,
     build_requests,
@@ -93,6 +94,7 @@ class PlacementHandlers:
         self._last_reasons_digest: str | None = None
         self._reasons_written: dict[str, tuple[str, str]] = {}
         self._recorded = 0
+        self._encoder = DecisionEncoder()
         # the earliest preemption deadline the last cycle saw (None: none; False: not known yet)
         self._next_deadline: Any = False
         self._tracer = tracer("gpupool.placement")
@@ -334,11 +336,11 @@ class PlacementHandlers:
         reasons_digest = codec.reasons_digest(plan)
         if not plan.placements and not plan.preemptions and reasons_digest == self._last_reasons_digest:
             return
-        inputs = codec.dumps({"snapshot": snapshot, "pending": tuple(requests), "policy": policy, "now": now})
+        inputs = self._encoder.input_json(snapshot, requests, policy, now)
         cycle_id = uuid7()
         decided = SchedulingCycleDecided(
             cycle_id=cycle_id, decided_at=utcnow(), policy=policy.name,
-            input_digest=hashlib.sha256(inputs.encode()).hexdigest(), plan_digest=codec.plan_digest(plan),
+            input_digest=hashlib.sha256(inputs.encode()).hexdigest(), plan_digest=self._encoder.plan_digest(plan),
             versions={"policy_revision": policy_revision or 0, "nodes": len(snapshot.nodes),
                       "gpus": sum(len(n.gpus) for n in snapshot.nodes), "running": len(snapshot.running),
                       "pending_units": len(requests)},
@@ -349,12 +351,13 @@ class PlacementHandlers:
         await store.record_decision(
             uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
             input_digest=decided.input_digest, plan_digest=decided.plan_digest,
-            input_gz=gzip.compress(inputs.encode(), compresslevel=1), plan_json=codec.dumps(plan),
+            input_gz=gzip.compress(inputs.encode(), compresslevel=1), plan_json=self._encoder.plan_json(plan),
             summary=decided.model_dump_json(),
             keep=self.settings.decision_retention if self._recorded % PRUNE_EVERY == 0 else None)
         await uow.emit(decided)
         self._recorded += 1
         self._last_reasons_digest = reasons_digest
+        self._encoder.turn()
 
     async def start_preemptions(self, preemptions: tuple[Preemption, ...]) -> None:
         """Decide was the core's job; acting is ours: each victim gets the checkpoint signal now and loses its GPUs
