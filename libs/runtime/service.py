@@ -66,7 +66,8 @@ class ServiceRuntime:
         if self.migrations_package is not None:
             dsn = self.settings.database_url
             await ensure_database(with_database(dsn, "postgres"), database_name(dsn))
-            self.pool = await create_pool(dsn)
+            # services keep no session state on pooled connections (migrate unlocks its session lock itself)
+            self.pool = await create_pool(dsn, reset_session=False)
             await migrate(self.pool, store_migrations() + package_migrations(self.name, self.migrations_package))
             self.relay = OutboxRelay(self.pool, functools.partial(publish_raw, self.js), self.name,
                                      publish_batch=functools.partial(publish_raw_batch, self.js))

@@ -46,13 +46,24 @@ async def ensure_database(admin_dsn: str, database: str) -> None:
         await conn.close()
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
+                      reset_session: bool = True) -> asyncpg.Pool:
     """A connection pool; when traces are exported, every query becomes a CLIENT span of the operation that ran
-    it (OpenTelemetry database semantic conventions)."""
+    it (OpenTelemetry database semantic conventions).
+
+    `reset_session=False` skips asyncpg's reset query on every release (`pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL`), one round trip per unit of work: only for pools whose users leave no session state
+    behind (no LISTEN, SET or session-level advisory lock still held at release). An open transaction is still
+    rolled back on release either way."""
     init = _trace_queries if exporting() else None
-    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, command_timeout=30, init=init)
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, command_timeout=30, init=init,
+                                     reset=None if reset_session else _keep_session)
     assert pool is not None
     return pool
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool release without the reset query (asyncpg has already rolled back any open transaction)."""
 
 
 _db_tracer = tracer("gpupool.store")

@@ -100,6 +100,7 @@ class UnitOfWork:
         self._source = source
         self._on_commit = on_commit
         self._emitted: list[CloudEvent] = []
+        self._unwritten: list[tuple[str, str, bytes, str | None]] = []  # outbox rows not yet inserted
         self._after_commit: list[AfterCommit] = []
         self._batch: BatchTransaction | None = None
         self.conn: asyncpg.Connection
@@ -122,6 +123,12 @@ class UnitOfWork:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        if exc_type is None and self._unwritten:
+            try:
+                await self._write_outbox()
+            except BaseException as write_exc:
+                await self.__aexit__(type(write_exc), write_exc, write_exc.__traceback__)
+                raise
         if self._batch is not None:
             if exc_type is None:
                 await self._tx.commit()  # RELEASE SAVEPOINT: durable only with the batch's commit
@@ -161,14 +168,26 @@ class UnitOfWork:
         self._after_commit.append(work)
 
     async def emit(self, data: EventData) -> CloudEvent:
-        """Write the event into the outbox inside this transaction; the relay publishes it after commit."""
+        """Put the event into the outbox inside this transaction; the relay publishes it after commit. The rows
+        are inserted together when the unit of work ends, in emit order (one statement, not one per event)."""
         traceparent = current_traceparent()
         event = data.to_cloudevent(self._source, traceparent=traceparent)
-        await self.conn.execute(
-            "INSERT INTO outbox (event_id, subject, payload, traceparent) VALUES ($1, $2, $3, $4)",
-            event.id, subject_for(data), event.to_json(), traceparent)
+        self._unwritten.append((event.id, subject_for(data), event.to_json(), traceparent))
         self._emitted.append(event)
         return event
+
+    async def _write_outbox(self) -> None:
+        rows, self._unwritten = self._unwritten, []
+        if len(rows) == 1:
+            await self.conn.execute(
+                "INSERT INTO outbox (event_id, subject, payload, traceparent) VALUES ($1, $2, $3, $4)", *rows[0])
+            return
+        # WITH ORDINALITY: seq follows emit order, which is the order the relay publishes in
+        await self.conn.execute(
+            """INSERT INTO outbox (event_id, subject, payload, traceparent)
+               SELECT e, s, p, t FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[])
+                   WITH ORDINALITY AS r(e, s, p, t, n) ORDER BY n""",
+            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
 
     async def first_time(self, consumer: str, event_id: str) -> bool:
         """Record (consumer, event id) in the inbox. False means this event was already applied: skip it."""

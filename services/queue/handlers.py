@@ -177,22 +177,21 @@ class QueueHandlers:
                 return refuse_transition(job_id, row["state"], target)
             if not can_transition(row["state"], target):
                 return refuse_transition(job_id, row["state"], target)
-            await self._set_state(uow, row, target, reason, at=now, message=message)
+            updated = await self._set_state(uow, row, target, reason, at=now, message=message)
             if target == "completed":
                 await uow.emit(JobCompleted(job_id=job_id, team=row["team"], completed_at=now))
             else:
                 await uow.emit(JobCancelled(job_id=job_id, team=row["team"], reason=message or reason,
                                             cancelled_at=now))
-            updated = await store.get_job(uow.conn, job_id)
         log.info("job_finished", extra={"job_id": job_id, "state": target})
         return Reply.success(store.to_view(updated).model_dump(mode="json"))
 
     async def _set_state(self, uow, row, target: str, reason: str, *, at, message: str | None = None,  # type: ignore[no-untyped-def]
-                         **fields) -> None:
+                         **fields):
         """One transition of the state machine: the row, its history entry and its JobStateChanged event, in the
-        caller's transaction."""
-        await store.set_state(uow.conn, row["job_id"], row["state"], target, reason, at=at, message=message,
-                              **fields)
+        caller's transaction. Returns the updated job."""
+        updated = await store.set_state(uow.conn, row["job_id"], row["state"], target, reason, at=at,
+                                        message=message, **fields)
         JOB_TRANSITIONS.labels(to_state=target, reason=reason.split(":")[0]).inc()
         if target == "running" and row["state"] == "pending":
             QUEUE_WAIT_SECONDS.labels(team=row["team"], priority_class=row["priority_class"]).observe(
@@ -201,6 +200,7 @@ class QueueHandlers:
         await uow.emit(JobStateChanged(
             job_id=row["job_id"], team=row["team"], project=row["project"], kind=row["kind"], previous=row["state"],
             current=target, reason=reason, message=message, attempts=row["attempts"] + (1 if requeue else 0), at=at))
+        return updated
 
     async def report_queue_depth(self) -> None:
         """/metrics: open jobs by team, class and state, recounted every metrics interval."""

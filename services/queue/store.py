@@ -24,26 +24,26 @@ async def find_by_idempotency_key(conn: asyncpg.Connection, key: str) -> asyncpg
 
 
 async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.Record:
-    row = await conn.fetchrow(
-        f"""INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
-                             submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
-                             gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
-                             mig_profile, exclusive)
-            VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23)
-            ON CONFLICT (idempotency_key) DO NOTHING
-            RETURNING {_COLUMNS}""",
+    """The job and its first history entry in one statement (one round trip); None if the idempotency key was
+    taken meanwhile (nothing written)."""
+    return await conn.fetchrow(
+        f"""WITH j AS (
+              INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
+                                submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
+                                gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
+                                mig_profile, exclusive, approval_id)
+              VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23,$24)
+              ON CONFLICT (idempotency_key) DO NOTHING
+              RETURNING {_COLUMNS}),
+            h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
+                  SELECT job_id, NULL, state, $25 FROM j)
+            SELECT * FROM j""",
         job["job_id"], job["name"], job["team"], job["project"], job["kind"], job["priority_class"],
         job["priority"], job["gpus"], job["gpu_models"], job["submitted_by"], job["submitted_at"],
         job["idempotency_key"], job["request_hash"], job.get("message", "waiting for placement"), job["gang_nodes"],
         job["gpus_per_node"], job["replicas"], job["max_runtime_s"], job["state"], job["gpu_fraction_milli"],
-        job["gpu_memory_mib"], job["mig_profile"], job["exclusive"])
-    if row is not None:
-        await record_history(conn, job["job_id"], None, job["state"],
-                             "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted")
-        if job.get("approval_id"):
-            await conn.execute("UPDATE jobs SET approval_id = $2 WHERE job_id = $1", job["job_id"],
-                               job["approval_id"])
-    return row
+        job["gpu_memory_mib"], job["mig_profile"], job["exclusive"], job.get("approval_id"),
+        "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted")
 
 
 async def get_job(conn: asyncpg.Connection, job_id: str, *, for_update: bool = False) -> asyncpg.Record | None:
@@ -62,9 +62,10 @@ async def list_jobs(conn: asyncpg.Connection, *, team: str | None, state: str | 
 
 
 async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target: str, reason: str, *,
-                    at: datetime, message: str | None = None, **fields: Any) -> None:
+                    at: datetime, message: str | None = None, **fields: Any) -> asyncpg.Record:
+    """The transition and its history entry in one statement (one round trip); returns the updated job."""
     sets = ["state = $2", "message = $3"]
-    args: list[Any] = [job_id, target, message]
+    args: list[Any] = [job_id, target, message, current, reason]
     if target == "running":
         sets.append(f"started_at = ${len(args) + 1}")
         args.append(at)
@@ -77,8 +78,11 @@ async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target:
         if column in fields:
             sets.append(f"{column} = ${len(args) + 1}")
             args.append(fields[column])
-    await conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = $1", *args)
-    await record_history(conn, job_id, current, target, reason)
+    return await conn.fetchrow(
+        f"""WITH u AS (UPDATE jobs SET {', '.join(sets)} WHERE job_id = $1 RETURNING {_COLUMNS}),
+                 h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
+                       SELECT job_id, $4::text, $2::text, $5::text FROM u)
+            SELECT * FROM u""", *args)
 
 
 async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> None:

@@ -302,6 +302,28 @@ async def test_a_unit_of_work_in_a_task_spawned_inside_a_batch_uses_its_own_tran
     assert await db.fetchval("SELECT count(*) FROM effects WHERE job_id = 'task'") == 1
 
 
+async def test_events_emitted_in_one_unit_of_work_are_written_together_in_emit_order(db: asyncpg.Pool) -> None:
+    async with UnitOfWork(db, "/gpupool/test") as uow:
+        ids = [(await uow.emit(job(f"j-{n}"))).id for n in range(7)]
+    async with BatchTransaction(db):  # and as a savepoint of a batch
+        async with UnitOfWork(db, "/gpupool/test") as uow:
+            ids += [(await uow.emit(job(f"k-{n}"))).id for n in range(3)]
+    rows = await db.fetch("SELECT event_id, subject FROM outbox ORDER BY seq")
+    assert [r["event_id"] for r in rows] == ids
+    assert {r["subject"] for r in rows} == {subjects.JOB_SUBMITTED}
+
+
+async def test_a_failing_unit_of_work_in_a_batch_leaves_no_outbox_row(db: asyncpg.Pool) -> None:
+    async with BatchTransaction(db):
+        with pytest.raises(RuntimeError):
+            async with UnitOfWork(db, "/gpupool/test") as uow:
+                await uow.emit(job("gone"))
+                raise RuntimeError("handler failed after emitting")
+        async with UnitOfWork(db, "/gpupool/test") as uow:
+            kept = await uow.emit(job("kept"))
+    assert [r["event_id"] for r in await db.fetch("SELECT event_id FROM outbox")] == [kept.id]
+
+
 # --- pipelined outbox relay ------------------------------------------------------------------------------------
 async def stream_ids(js: JetStreamContext) -> list[str]:
     state = (await js.stream_info(EVENTS_STREAM.name)).state
