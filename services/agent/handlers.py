@@ -11,9 +11,11 @@ import json
 import logging
 import time
 import uuid as uuidlib
+import weakref
 import zlib
 from collections import OrderedDict
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 from prometheus_client import Counter
 
@@ -107,6 +109,58 @@ def _registering() -> asyncio.Semaphore:
     return _REGISTERING
 
 
+def allocation_route(msg: Message) -> tuple[tuple[str, str], AllocationGranted | AllocationReleased] | None:
+    """(cluster, node) a grant or release is for, with the event; None for anything else."""
+    try:
+        data = decode_data(parse_envelope(msg.data))
+    except (InvalidEnvelope, json.JSONDecodeError):
+        return None
+    if not isinstance(data, AllocationGranted | AllocationReleased):
+        return None
+    return (data.cluster, data.node), data
+
+
+def fault_route(msg: Message) -> tuple[str, dict[str, Any]] | None:
+    """The node a simulated fault names, with the fault; None for a malformed message."""
+    try:
+        doc = json.loads(msg.data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
+        return None
+    return doc["node"], doc
+
+
+class _Router:
+    """One core-NATS subscription per connection and subject, handing each message to the agent of the node it is
+    for: a simulated fleet of 1,000 nodes in one process would otherwise decode every event 1,000 times."""
+
+    def __init__(self, parse: Callable[[Message], tuple[Any, Any] | None]) -> None:
+        self.parse = parse
+        self.handlers: dict[Any, Callable[[Any], Awaitable[None]]] = {}
+
+    async def dispatch(self, msg: Message) -> None:
+        routed = self.parse(msg)
+        if routed is not None:
+            handler = self.handlers.get(routed[0])
+            if handler is not None:
+                await handler(routed[1])
+
+
+_routers: weakref.WeakKeyDictionary[Any, dict[str, _Router]] = weakref.WeakKeyDictionary()
+
+
+async def route(nc: Any, subject: str, parse: Callable[[Message], tuple[Any, Any] | None], key: Any,
+                handler: Callable[[Any], Awaitable[None]]) -> None:
+    """Have `handler` called with the parsed message whenever `parse` says a message on `subject` is for `key`."""
+    routers = _routers.setdefault(nc, {})
+    router = routers.get(subject)
+    if router is None:
+        router = routers[subject] = _Router(parse)  # before the await: concurrent callers share it
+        await nc.subscribe(subject, cb=router.dispatch)
+    router.handlers[key] = handler
+
+
 class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
@@ -142,10 +196,11 @@ class NodeAgent:
         sync: asyncio.Task[None] | None = None
         try:
             subscribed_at = time.monotonic()
-            await self.nc.subscribe(subjects.ALLOCATION_ALL, cb=self._on_allocation)
+            await route(self.nc, subjects.ALLOCATION_ALL, allocation_route, (self.cluster, self.node),
+                        self.apply_allocation)
             await self.register(stop)
             if isinstance(self.backend, SimulatedNvml):
-                await self.nc.subscribe(subjects.SIM_FAULT, cb=self._on_fault)
+                await route(self.nc, subjects.SIM_FAULT, fault_route, self.node, self.apply_fault)
             sync = asyncio.create_task(self.sync_allocations(stop, subscribed_at))
             # A fixed cadence, not "sleep after each sample": a slow publish must not stretch the interval. Nodes
             # of a simulated fleet start at different phases, as a real fleet does, instead of all at once.
@@ -217,15 +272,14 @@ class NodeAgent:
             log.warning("dcgm_metrics_update_failed", extra={"node": self.node, "error": repr(exc)})
 
     async def _on_fault(self, msg: Message) -> None:
+        routed = fault_route(msg)
+        if routed is not None and routed[0] == self.node:
+            await self.apply_fault(routed[1])
+
+    async def apply_fault(self, doc: dict[str, Any]) -> None:
         """Fault injection for the simulated fleet (development and tests only; never on the real backend):
         {"node": ..., "fault": "silence", "seconds": N} or {"node": ..., "gpu": i, "fault": "xid79" | ...} with the
         GPU fault's optional `seconds`, `xid` or `count` (services/agent/nvml_sim.py lists the faults)."""
-        try:
-            doc = json.loads(msg.data)
-        except ValueError:
-            return
-        if doc.get("node") != self.node:
-            return
         assert isinstance(self.backend, SimulatedNvml)
         if doc.get("fault") == "silence":
             self.silent_until = time.monotonic() + float(doc.get("seconds", 30))
@@ -267,14 +321,12 @@ class NodeAgent:
             return
 
     async def _on_allocation(self, msg: Message) -> None:
-        try:
-            data = decode_data(parse_envelope(msg.data))
-        except (InvalidEnvelope, json.JSONDecodeError):
-            return
-        if not isinstance(data, AllocationGranted | AllocationReleased):
-            return
-        if data.node != self.node or data.cluster != self.cluster:
-            return
+        routed = allocation_route(msg)
+        if routed is not None and routed[0] == (self.cluster, self.node):
+            await self.apply_allocation(routed[1])
+
+    async def apply_allocation(self, data: AllocationGranted | AllocationReleased) -> None:
+        """A grant or release on this node: record it and converge the GPUs to the live allocations."""
         if isinstance(data, AllocationGranted):
             if data.allocation_id in self.released:
                 return

@@ -169,3 +169,35 @@ def test_the_agent_may_publish_its_events_and_the_gateway_relays_every_event_ent
     for entity in subjects.EVENT_ENTITIES:  # GET /v1/events subscribes to each
         assert f"gpupool.{entity}.>" in users["gateway"].subscribe, entity
     assert any(subjects.matches(s, subjects.AGENT_MIG_APPLIED) for s in subjects.EVENTS_STREAM.subjects)
+
+
+async def test_a_fleet_in_one_process_subscribes_once_per_subject_and_each_event_reaches_only_its_node(clock) -> None:
+    from services.agent.handlers import allocation_route, fault_route, route
+
+    class OneConnection:
+        def __init__(self) -> None:
+            self.subscriptions: dict[str, object] = {}
+
+        async def subscribe(self, subject: str, cb) -> None:  # type: ignore[no-untyped-def]
+            assert subject not in self.subscriptions, f"{subject} subscribed twice"
+            self.subscriptions[subject] = cb
+
+    nc = OneConnection()
+    seen: dict[str, list[str]] = {"n0": [], "n1": []}
+    for node in seen:
+        async def on_event(data, node=node) -> None:  # type: ignore[no-untyped-def]
+            seen[node].append(data.allocation_id)
+
+        async def on_fault(doc, node=node) -> None:  # type: ignore[no-untyped-def]
+            seen[node].append(doc["fault"])
+
+        await route(nc, "gpupool.allocation.>", allocation_route, ("local", node), on_event)
+        await route(nc, "gpupool.sim.fault", fault_route, node, on_fault)
+    assert set(nc.subscriptions) == {"gpupool.allocation.>", "gpupool.sim.fault"}
+
+    gpu = AllocatedGpu(uuid="GPU-x", index=0, model="H100-80GB")
+    await nc.subscriptions["gpupool.allocation.>"](grant("a", gpu))  # for n0 (cluster local)
+    await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b'{"node": "n1", "gpu": 0, "fault": "xid13"}'))
+    await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b'{"node": "n7", "fault": "silence"}'))
+    await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b"not json"))
+    assert seen == {"n0": ["a"], "n1": ["xid13"]}
