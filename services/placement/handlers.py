@@ -318,9 +318,13 @@ class PlacementHandlers:
             changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
             if changed:
                 await store.record_pending_reasons(uow.conn, changed)
-            await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
-                                        state["policy_revision"])
-        self._reasons_written = reasons  # committed
+            recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
+                                                   state["policy_revision"])
+        # committed: remember what is now in the store
+        self._reasons_written = reasons
+        if recorded is not None:
+            self._last_reasons_digest = recorded
+            self._encoder.turn()
         for u in written:
             SCHEDULING_DECISIONS.labels(outcome="placed").inc()
             log.info("job_placed", extra={"job_id": u.job_id, "allocation_ids": [a[0] for a in u.allocations],
@@ -328,14 +332,14 @@ class PlacementHandlers:
         return len(applied)
 
     async def _record_decision(self, uow, snapshot, requests, policy, now: float, plan, applied: set[str],  # type: ignore[no-untyped-def]
-                               policy_revision: int | None) -> None:
+                               policy_revision: int | None) -> str | None:
         """Publish what the cycle decided with the versions it read, and keep its whole input so the cycle can be
         scheduled again (in the cycle's transaction: recorded exactly when its placements commit). A cycle that
         only repeats the previous one's reasons is not recorded (an idle queue would otherwise write one every
-        tick)."""
+        tick). Returns the digest of the reasons recorded, None if nothing was."""
         reasons_digest = codec.reasons_digest(plan)
         if not plan.placements and not plan.preemptions and reasons_digest == self._last_reasons_digest:
-            return
+            return None
         inputs = self._encoder.input_json(snapshot, requests, policy, now)
         cycle_id = uuid7()
         decided = SchedulingCycleDecided(
@@ -356,8 +360,7 @@ class PlacementHandlers:
             keep=self.settings.decision_retention if self._recorded % PRUNE_EVERY == 0 else None)
         await uow.emit(decided)
         self._recorded += 1
-        self._last_reasons_digest = reasons_digest
-        self._encoder.turn()
+        return reasons_digest
 
     async def start_preemptions(self, preemptions: tuple[Preemption, ...]) -> None:
         """Decide was the core's job; acting is ours: each victim gets the checkpoint signal now and loses its GPUs
