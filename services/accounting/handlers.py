@@ -119,10 +119,9 @@ class AccountingHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             await store.lock_gpus(uow.conn, (g.uuid for g in data.gpus))
-            user = await store.job_user(uow.conn, data.job_id)
-            kind = await store.interval_kind(uow.conn, data.allocation_id)
+            user, kind, job_kind = await store.release_context(uow.conn, data.job_id, data.allocation_id)
             if kind is None:  # granted before accounting listened: the release alone says enough
-                kind = await store.job_kind(uow.conn, data.job_id)
+                kind = job_kind
                 await store.insert_intervals(uow.conn, data, user=user, kind=kind, granted_at=data.granted_at,
                                              released_at=data.released_at, reason=data.reason,
                                              idle_util_pct=self.idle_pct)

@@ -35,6 +35,15 @@ async def job_kind(conn: asyncpg.Connection, job_id: str) -> str:
     return await conn.fetchval("SELECT kind FROM jobs WHERE job_id = $1", job_id) or "unknown"
 
 
+async def release_context(conn: asyncpg.Connection, job_id: str, allocation_id: str) -> tuple[str, str | None, str]:
+    """(user, kind recorded at the grant or None if accounting never saw it, the job's kind) in one round trip."""
+    row = await conn.fetchrow(
+        """SELECT (SELECT user_name FROM jobs WHERE job_id = $1) AS user_name,
+                  (SELECT kind FROM gpu_intervals WHERE allocation_id = $2 LIMIT 1) AS interval_kind,
+                  (SELECT kind FROM jobs WHERE job_id = $1) AS job_kind""", job_id, allocation_id)
+    return row["user_name"] or "unknown", row["interval_kind"], row["job_kind"] or "unknown"
+
+
 async def interval_kind(conn: asyncpg.Connection, allocation_id: str) -> str | None:
     """The job kind recorded when the allocation was granted; None if accounting never saw the grant."""
     return await conn.fetchval("SELECT kind FROM gpu_intervals WHERE allocation_id = $1 LIMIT 1", allocation_id)
@@ -43,11 +52,10 @@ async def interval_kind(conn: asyncpg.Connection, allocation_id: str) -> str | N
 async def open_wait(conn: asyncpg.Connection, *, job_id: str, entered_at: datetime, team: str, demand_milli: int,
                     gpu_model: str) -> bool:
     """Start a wait unless the job is already waiting (a repeated submission event changes nothing)."""
-    waiting = await conn.fetchval("SELECT 1 FROM queue_waits WHERE job_id = $1 AND ended_at IS NULL", job_id)
-    if waiting:
-        return False
     inserted = await conn.fetchval(
-        """INSERT INTO queue_waits (job_id, entered_at, team, demand_milli, gpu_model) VALUES ($1,$2,$3,$4,$5)
+        """INSERT INTO queue_waits (job_id, entered_at, team, demand_milli, gpu_model)
+           SELECT $1::text, $2::timestamptz, $3::text, $4::bigint, $5::text
+           WHERE NOT EXISTS (SELECT 1 FROM queue_waits WHERE job_id = $1::text AND ended_at IS NULL)
            ON CONFLICT DO NOTHING RETURNING 1""", job_id, entered_at, team, demand_milli, gpu_model)
     return inserted is not None
 
@@ -70,8 +78,12 @@ def _lock_keys(gpu_uuids: Iterable[str]) -> list[int]:
 
 
 async def lock_gpus(conn: asyncpg.Connection, gpu_uuids: Iterable[str]) -> None:
-    for key in _lock_keys(gpu_uuids):
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+    """All of them in one statement; unnest yields the (sorted) keys in array order, so they lock in that order."""
+    keys = _lock_keys(gpu_uuids)
+    if len(keys) == 1:
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", keys[0])
+    elif keys:
+        await conn.execute("SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k", keys)
 
 
 async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
@@ -81,14 +93,26 @@ async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, u
     rows = [(data.allocation_id, slot, g.uuid, g.index, data.job_id, data.team, data.project, user, kind,
              data.cluster, data.node, g.model, g.share_milli, g.mig_profile or "", sharing_of(g), granted_at,
              released_at, reason) for slot, g in enumerate(data.gpus)]
-    exists = await conn.fetchval("SELECT 1 FROM gpu_intervals WHERE allocation_id = $1 LIMIT 1", data.allocation_id)
-    if exists or not rows:
+    if not rows:
         return False
-    await conn.executemany(
-        """INSERT INTO gpu_intervals (allocation_id, slot, gpu_uuid, gpu_index, job_id, team, project, user_name,
-                                      kind, cluster, node, gpu_model, share_milli, mig_profile, sharing, granted_at,
-                                      released_at, release_reason)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)""", rows)
+    # one statement: nothing is written if the allocation's rows exist already (a redelivered grant)
+    inserted = await conn.fetchval(
+        """WITH ins AS (
+             INSERT INTO gpu_intervals (allocation_id, slot, gpu_uuid, gpu_index, job_id, team, project, user_name,
+                                        kind, cluster, node, gpu_model, share_milli, mig_profile, sharing,
+                                        granted_at, released_at, release_reason)
+             SELECT $1::text, s.slot, s.uuid, s.idx, $5::text, $6::text, $7::text, $8::text, $9::text, $10::text,
+                    $11::text, s.model, s.share, s.mig, s.sharing, $16::timestamptz, $17::timestamptz, $18::text
+             FROM unnest($2::int[], $3::text[], $4::int[], $12::text[], $13::int[], $14::text[], $15::text[])
+                  AS s(slot, uuid, idx, model, share, mig, sharing)
+             WHERE NOT EXISTS (SELECT 1 FROM gpu_intervals WHERE allocation_id = $1::text)
+             RETURNING 1)
+           SELECT count(*) FROM ins""",
+        data.allocation_id, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], data.job_id,
+        data.team, data.project, user, kind, data.cluster, data.node, [r[11] for r in rows],
+        [r[12] for r in rows], [r[13] for r in rows], [r[14] for r in rows], granted_at, released_at, reason)
+    if not inserted:
+        return False
     await conn.execute(
         """UPDATE gpu_intervals g SET covered_us = x.cov, util_us = x.util, idle_us = x.idle
            FROM (SELECT i.slot, SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,

@@ -111,15 +111,14 @@ class QuotaHandlers:
         """Reject, admit, or admit pending a person's approval (the request is recorded here, keyed by the job id
         the queue will use, so a retried submission finds the same request)."""
         async with self.rt.pool.acquire() as conn:
-            team = await store.get_team(conn, cmd.team)
-            klass = await store.priority_class(conn, cmd.priority_class)
-            entries = await store.team_quota_rows(conn, team["org"], cmd.team) if team else []
-            reply = admit(cmd, team=team, priority_class=klass, quota_entries=entries)
-            if not reply.ok or cmd.job_id is None:
-                return reply
-            reasons = approval_reasons(cmd, await store.approval_rules(conn))
-            if not reasons:
-                return reply
+            inputs = await store.admission_inputs(conn, cmd.team, cmd.priority_class)
+        reply = admit(cmd, team=inputs["team"], priority_class=inputs["priority_class"],
+                      quota_entries=inputs["entries"])
+        if not reply.ok or cmd.job_id is None:
+            return reply
+        reasons = approval_reasons(cmd, inputs["rules"])
+        if not reasons:
+            return reply
         async with self.rt.uow() as uow:
             row = await store.insert_approval(
                 uow.conn, approval_id=uuid7(), job_id=cmd.job_id, job_name=cmd.job_name, team=cmd.team,

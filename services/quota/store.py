@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from libs.contracts.commands import SetPriorityClass, SetQuota
@@ -26,10 +28,33 @@ async def priority_class(conn: asyncpg.Connection, name: str) -> asyncpg.Record 
     return await conn.fetchrow(f"SELECT {_CLASS_COLUMNS} FROM priority_classes WHERE name = $1", name)
 
 
-async def team_quota_rows(conn: asyncpg.Connection, org: str, team: str) -> list[asyncpg.Record]:
-    """The team's own entries and its org's (a team can never hold more than either allows)."""
-    return await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries_effective WHERE path = $1 OR path = $2",
-                            f"{org}/{team}", org)
+async def admission_inputs(conn: asyncpg.Connection, team: str, priority_class: str) -> dict[str, Any]:
+    """Everything admission reads, in one round trip (it runs for every submitted job): the team, the priority
+    class, the team's own and its org's effective quota entries (a team can never hold more than either allows),
+    and the approval rules."""
+    row = await conn.fetchrow(
+        """SELECT t.team, t.org, c.name, c.value, c.preemptible,
+                  e.models, e.guaranteed, e.borrowing, r.rules, r.rule_values, r.enabled
+           FROM (SELECT 1) one
+           LEFT JOIN teams t ON t.team = $1
+           LEFT JOIN priority_classes c ON c.name = $2
+           LEFT JOIN LATERAL (
+               SELECT array_agg(q.gpu_model) AS models, array_agg(q.guaranteed) AS guaranteed,
+                      array_agg(q.borrowing_limit) AS borrowing
+               FROM quota_entries_effective q WHERE q.path = t.org || '/' || t.team OR q.path = t.org) e ON true
+           CROSS JOIN LATERAL (
+               SELECT array_agg(rule ORDER BY rule) AS rules, array_agg(value ORDER BY rule) AS rule_values,
+                      array_agg(enabled ORDER BY rule) AS enabled FROM approval_rules) r""", team, priority_class)
+    return {
+        "team": {"team": row["team"], "org": row["org"]} if row["team"] is not None else None,
+        "priority_class": {"name": row["name"], "value": row["value"], "preemptible": row["preemptible"]}
+        if row["name"] is not None else None,
+        "entries": [{"gpu_model": m, "guaranteed": g, "borrowing_limit": b}
+                    for m, g, b in zip(row["models"] or [], row["guaranteed"] or [], row["borrowing"] or [],
+                                       strict=True)],
+        "rules": [{"rule": r, "value": v, "enabled": e}
+                  for r, v, e in zip(row["rules"] or [], row["rule_values"] or [], row["enabled"] or [], strict=True)],
+    }
 
 
 async def get_quota(conn: asyncpg.Connection, path: str, gpu_model: str) -> asyncpg.Record | None:
