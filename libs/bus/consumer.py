@@ -47,6 +47,10 @@ from libs.observability.tracing import extract_context, tracer
 log = logging.getLogger(__name__)
 
 Handler = Callable[[CloudEvent, EventData], Awaitable[None]]
+# At most this many messages per batch transaction: every message's savepoint that writes takes a subtransaction
+# id, and past 64 in one transaction PostgreSQL's per-backend cache overflows, which slows every other session's
+# snapshots while it lasts. A larger fetch is applied in several transactions, in order.
+MAX_MESSAGES_PER_TRANSACTION = 48
 # Opens one transaction around a fetched batch; committing happens on a clean exit, and raising from the exit
 # (a failed commit) means nothing of the batch is durable.
 BatchTransactionFactory = Callable[[], AbstractAsyncContextManager[object]]
@@ -139,7 +143,8 @@ class EventConsumer:
                 await asyncio.sleep(0.5)
                 continue
             if self.transaction is not None and len(msgs) > 1:
-                await self.handle_batch_in_transaction(msgs)
+                for start in range(0, len(msgs), MAX_MESSAGES_PER_TRANSACTION):
+                    await self.handle_batch_in_transaction(msgs[start:start + MAX_MESSAGES_PER_TRANSACTION])
                 continue
             for msg in msgs:
                 try:

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 AfterCommit = Callable[[], Awaitable[object]]
 
 _batch: contextvars.ContextVar[BatchTransaction | None] = contextvars.ContextVar("gpupool_batch_tx", default=None)
+_SAVEPOINT = "gpupool_uow"
 
 
 class BatchTransaction:
@@ -44,6 +45,9 @@ class BatchTransaction:
         self._after_commit: list[AfterCommit] = []
         self._task: asyncio.Task[object] | None = None
         self._open = False
+        # Savepoints of units of work that succeeded and are not released yet: releasing one costs a round trip,
+        # so it rides along with the next savepoint's creation (or the commit, which releases everything).
+        self._unreleased = 0
 
     async def __aenter__(self) -> BatchTransaction:
         self.conn = await self.pool.acquire()
@@ -75,6 +79,20 @@ class BatchTransaction:
             callback()
         for work in self._after_commit:
             await _run_after_commit(work)
+
+    async def savepoint(self) -> None:
+        await self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; " * self._unreleased + f"SAVEPOINT {_SAVEPOINT}")
+        self._unreleased = 0
+
+    def savepoint_done(self) -> None:
+        self._unreleased += 1
+
+    async def rollback_to_savepoint(self) -> None:
+        """Undo the innermost open unit of work. Unreleased savepoints at this point are of units of work nested
+        in it (a sibling's were released when this one began): release them first so the name means this one."""
+        await self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; " * self._unreleased +
+                                f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
+        self._unreleased = 0
 
     def serves(self, pool: asyncpg.Pool) -> bool:
         """Whether a unit of work on `pool` started now belongs to this batch."""
@@ -109,8 +127,7 @@ class UnitOfWork:
         self._batch = current_batch(self._pool)
         if self._batch is not None:
             self.conn = self._batch.conn
-            self._tx = self.conn.transaction()  # nested: a SAVEPOINT of the batch's transaction
-            await self._tx.start()
+            await self._batch.savepoint()  # a SAVEPOINT of the batch's transaction
             return self
         self.conn = await self._pool.acquire()
         try:
@@ -131,12 +148,12 @@ class UnitOfWork:
                 raise
         if self._batch is not None:
             if exc_type is None:
-                await self._tx.commit()  # RELEASE SAVEPOINT: durable only with the batch's commit
+                self._batch.savepoint_done()  # durable only with the batch's commit
                 if self._emitted and self._on_commit is not None:
                     self._batch._on_commit.append(self._on_commit)
                 self._batch._after_commit.extend(self._after_commit)
             else:
-                await self._tx.rollback()  # ROLLBACK TO SAVEPOINT: the batch's other messages stay
+                await self._batch.rollback_to_savepoint()  # the batch's other messages stay
             return
         try:
             if exc_type is None:

@@ -20,7 +20,7 @@ from nats.js.errors import NoStreamResponseError
 from waiting import eventually
 
 from libs.bus.connection import connect, ensure_streams
-from libs.bus.consumer import ConsumerSpec, EventConsumer, Poison
+from libs.bus.consumer import MAX_MESSAGES_PER_TRANSACTION, ConsumerSpec, EventConsumer, Poison
 from libs.bus.publisher import publish_event, publish_raw, publish_raw_batch
 from libs.contracts import subjects
 from libs.contracts.envelope import CloudEvent
@@ -161,6 +161,21 @@ async def test_a_fetched_batch_applies_in_one_transaction_and_every_message_is_a
     assert len({r["txid"] for r in rows}) == 1  # one transaction: one commit for six messages
     assert CountingBatch.committed == 1
     assert await db.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'batched'") == 6
+
+
+async def test_a_large_fetch_is_applied_in_transactions_of_bounded_size_in_order(
+        db: asyncpg.Pool, js: JetStreamContext) -> None:
+    ids = await publish_jobs(js, [f"j-{n}" for n in range(110)])
+    consumer = EventConsumer(js, spec("large", batch=128), applier(db, "large"),
+                             transaction=lambda: CountingBatch(db))
+    await run_consumer(js, consumer, lambda: settled(js, "large"), "all acked")
+    rows = await db.fetch("SELECT event_id, txid FROM effects ORDER BY n")
+    assert [r["event_id"] for r in rows] == ids
+    per_tx: dict[int, int] = {}
+    for r in rows:
+        per_tx[r["txid"]] = per_tx.get(r["txid"], 0) + 1
+    assert max(per_tx.values()) <= MAX_MESSAGES_PER_TRANSACTION  # PostgreSQL's subtransaction cache holds 64
+    assert len(per_tx) < 110 // 2  # still batched
 
 
 async def test_without_a_batch_transaction_each_message_commits_on_its_own(
@@ -322,6 +337,37 @@ async def test_a_failing_unit_of_work_in_a_batch_leaves_no_outbox_row(db: asyncp
         async with UnitOfWork(db, "/gpupool/test") as uow:
             kept = await uow.emit(job("kept"))
     assert [r["event_id"] for r in await db.fetch("SELECT event_id FROM outbox")] == [kept.id]
+
+
+async def test_nested_units_of_work_in_a_batch_roll_back_with_the_one_that_failed(db: asyncpg.Pool) -> None:
+    async def effect(uow: UnitOfWork, name: str) -> None:
+        await uow.conn.execute("INSERT INTO effects (event_id, job_id, txid) VALUES ($1, $1, txid_current())", name)
+
+    async with BatchTransaction(db):
+        async with UnitOfWork(db, "/gpupool/test") as uow:
+            await effect(uow, "first")
+        with pytest.raises(RuntimeError):
+            async with UnitOfWork(db, "/gpupool/test") as outer:
+                await effect(outer, "outer")
+                async with UnitOfWork(db, "/gpupool/test") as inner:
+                    await effect(inner, "inner")
+                raise RuntimeError("the outer one fails after the inner one succeeded")
+        async with UnitOfWork(db, "/gpupool/test") as outer:
+            await effect(outer, "outer-2")
+            with pytest.raises(asyncpg.DivisionByZeroError):
+                async with UnitOfWork(db, "/gpupool/test") as inner:
+                    await effect(inner, "inner-2")
+                    await inner.conn.execute("SELECT 1/0")
+            await effect(outer, "after-inner-2")  # the failed inner one left the outer usable
+        for n in range(3):
+            async with UnitOfWork(db, "/gpupool/test") as uow:
+                await effect(uow, f"many-{n}")
+        with pytest.raises(RuntimeError):
+            async with UnitOfWork(db, "/gpupool/test") as uow:
+                await effect(uow, "last")
+                raise RuntimeError("rolls back to its own savepoint, not to an earlier sibling's")
+    rows = [r["event_id"] for r in await db.fetch("SELECT event_id FROM effects ORDER BY n")]
+    assert rows == ["first", "outer-2", "after-inner-2", "many-0", "many-1", "many-2"]
 
 
 # --- pipelined outbox relay ------------------------------------------------------------------------------------
