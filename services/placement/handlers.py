@@ -422,25 +422,26 @@ class PlacementHandlers:
                     log.warning("placement_refused_by_store", extra={"job_id": u.job_id, "unit": u.unit,
                                                                       "error": str(exc)})
                     SCHEDULING_DECISIONS.labels(outcome="refused_by_store").inc()
+        # the events only of what the store took (outside the savepoints: whether the unit of work writes an
+        # event at once or with its commit, a refused unit's never reaches the outbox)
+        for u in applied:
+            with self._place_span(u, traces):
+                for granted in u.granted:
+                    await uow.emit(granted)
         if applied:
             await store.refresh_satisfied_many(uow.conn, sorted({u.job_id for u in applied}))
         return applied
 
-    async def _write_units(self, uow, units: list[_Unit], traces: dict[str, str | None]) -> None:  # type: ignore[no-untyped-def]
-        def span(u: _Unit):  # type: ignore[no-untyped-def]
-            # the grant joins the submission's trace (its traceparent was kept with the wanted job)
-            parent = extract_context({"traceparent": traces[u.job_id]} if traces.get(u.job_id) else {})
-            return self._tracer.start_as_current_span("place job", context=parent,
-                                                      attributes={"gpupool.job_id": u.job_id})
+    def _place_span(self, u: _Unit, traces: dict[str, str | None]):  # type: ignore[no-untyped-def]
+        # the grant joins the submission's trace (its traceparent was kept with the wanted job)
+        parent = extract_context({"traceparent": traces[u.job_id]} if traces.get(u.job_id) else {})
+        return self._tracer.start_as_current_span("place job", context=parent, attributes={"gpupool.job_id": u.job_id})
 
+    async def _write_units(self, uow, units: list[_Unit], traces: dict[str, str | None]) -> None:  # type: ignore[no-untyped-def]
         # one unit (the usual cycle when the queue keeps up): its inserts belong to its trace too
-        with span(units[0]) if len(units) == 1 else contextlib.nullcontext():
+        with self._place_span(units[0], traces) if len(units) == 1 else contextlib.nullcontext():
             await store.insert_allocations(uow.conn, [a for u in units for a in u.allocations],
                                            [g for u in units for g in u.gpus])
-            for u in units:
-                with span(u) if len(units) > 1 else contextlib.nullcontext():
-                    for granted in u.granted:
-                        await uow.emit(granted)
 
     async def release_allocation(self, cmd: ReleaseAllocation) -> Reply:
         """Reclamation's decision, acted on by the only writer of allocations. Idempotent: an allocation already
