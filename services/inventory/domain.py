@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from libs.contracts.events import GpuRollup, GpuTelemetry
@@ -193,7 +193,14 @@ def node_recovers(state: str, last_seen_before: datetime, sampled_at: datetime, 
 
 
 # --- one-minute rollups -------------------------------------------------------------------------------------------
-ROLLUP_WINDOW_S = 60  # store.apply_samples bins samples into minutes (date_bin)
+ROLLUP_WINDOW_S = 60  # store.apply_samples bins samples into these minutes (date_bin from a whole minute, UTC)
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MINUTE = timedelta(seconds=ROLLUP_WINDOW_S)
+
+
+def minute_of(at: datetime) -> int:
+    """Which rollup minute a sample taken `at` belongs to (the same minutes as store.apply_samples)."""
+    return (at - _EPOCH) // _MINUTE
 
 
 def gpu_rollup(row: Mapping[str, Any]) -> GpuRollup:

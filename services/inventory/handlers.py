@@ -56,6 +56,7 @@ from services.inventory.domain import (
     assess,
     gpu_rollup,
     lost_cutoff,
+    minute_of,
     moves,
     node_recovers,
     operator_step,
@@ -147,7 +148,9 @@ class InventoryHandlers:
             samples = sorted(((d.sampled_at, d.cluster, d.node, g) for _, d in batch if (d.cluster, d.node) in nodes
                               for g in d.gpus), key=lambda s: s[0])
             gpus = await store.batch_gpus(uow.conn, sorted({s[3].uuid for s in samples}))
-            fresh: list[store.SampleRow] = []
+            # samples to apply, in rounds of at most one per GPU (more only when a node's backlog is in the batch)
+            rounds: list[tuple[list[store.SampleRow], list[str]]] = []
+            taken: dict[str, int] = {}
             health: dict[str, tuple[GpuHealth, bool]] = {}
             counters: dict[str, tuple[datetime | None, int | None, int | None]] = {
                 u: (r["sampled_at"], r["ecc_volatile_sbe"], r["ecc_volatile_dbe"]) for u, r in gpus.items()}
@@ -159,7 +162,12 @@ class InventoryHandlers:
                 if last_at is not None and at <= last_at:
                     continue  # applied before (a redelivery) or older than what we have
                 counters[sample.uuid] = (at, sample.ecc_volatile_sbe, sample.ecc_volatile_dbe)
-                fresh.append(store.sample_row(cluster, node, at, sample))
+                k = taken[sample.uuid] = taken.get(sample.uuid, -1) + 1
+                if k == len(rounds):
+                    rounds.append(([], []))
+                rounds[k][0].append(store.sample_row(at, sample))
+                if last_at is not None and minute_of(last_at) != minute_of(at):
+                    rounds[k][1].append(sample.uuid)
                 signal = assess(sample, sbe, dbe, self.rules)
                 known = health.get(sample.uuid)
                 if not moves(known[0].state if known else row["state"], signal):
@@ -172,13 +180,14 @@ class InventoryHandlers:
                     health[sample.uuid] = (moved.health, True)
                 elif known is None:
                     health[sample.uuid] = (h, False)
-            if fresh:
-                await store.apply_samples(uow.conn, fresh)
+            for rows, rolled in rounds:
+                await store.apply_samples(uow.conn, rows, rolled)
+            applied = sum(len(rows) for rows, _ in rounds)
             dirty = [_health_row(u, h) for u, (h, d) in health.items() if d]
             if dirty:
                 await store.save_gpu_health(uow.conn, dirty)
-        self.samples_applied += len(fresh)
-        GPU_SAMPLES.inc(len(fresh))
+        self.samples_applied += applied
+        GPU_SAMPLES.inc(applied)
         done = utcnow()
         for _, d in batch:
             SAMPLE_LAG.observe(max(0.0, (done - d.sampled_at).total_seconds()))
@@ -231,6 +240,8 @@ class InventoryHandlers:
         now = now or utcnow()
         closed_before = now - timedelta(seconds=ROLLUP_WINDOW_S + self.settings.rollup_late_s)
         out: list[TelemetryRolledUp] = []
+        async with self.rt.uow() as uow:
+            await store.finish_open_minutes(uow.conn, closed_before)
         while True:
             async with self.rt.uow() as uow:
                 rows = await store.closed_rollups(uow.conn, closed_before, limit=4096)

@@ -95,63 +95,87 @@ async def save_gpu_health(conn: asyncpg.Connection, rows: list[tuple]) -> None:
 
 
 # One GPU sample as apply_samples takes it (columns in this order).
-SampleRow = tuple[str, datetime, str, str, int, float, float, int, float | None, float | None, int | None, int, int,
-                  int | None, str, int]
+SampleRow = tuple[str, datetime, float, float, int, float | None, float | None, int | None, int, int, int | None, str,
+                  int]
 
 
-def sample_row(cluster: str, node: str, at: datetime, s: GpuTelemetry) -> SampleRow:
-    return (s.uuid, at, cluster, node, s.index, s.utilization_gpu_pct, s.utilization_memory_pct, s.memory_used_mib,
-            s.temperature_c, s.power_w, s.sm_clock_mhz, s.ecc_volatile_sbe, s.ecc_volatile_dbe,
+def sample_row(at: datetime, s: GpuTelemetry) -> SampleRow:
+    return (s.uuid, at, s.utilization_gpu_pct, s.utilization_memory_pct, s.memory_used_mib, s.temperature_c,
+            s.power_w, s.sm_clock_mhz, s.ecc_volatile_sbe, s.ecc_volatile_dbe,
             s.xid_events[-1] if s.xid_events else None, ",".join(s.throttle_reasons), s.process_count)
 
 
-async def apply_samples(conn: asyncpg.Connection, rows: list[SampleRow]) -> None:
-    """New GPU samples, in one statement: each GPU's latest row takes its newest sample (an older sample arriving
-    late never overwrites a newer one; since when the GPU has run processes, and when it last did, are kept), and
-    every sample adds to its GPU's one-minute rollup row (a minute already emitted is closed and takes nothing
-    more). Sums and maxima are computed here rather than in Python: per sample that is the cheaper place."""
+_ROLLUP_ADD = """ON CONFLICT (uuid, window_start) DO UPDATE SET samples = r.samples + EXCLUDED.samples,
+                   util_sum = r.util_sum + EXCLUDED.util_sum, util_max = greatest(r.util_max, EXCLUDED.util_max),
+                   mem_sum = r.mem_sum + EXCLUDED.mem_sum, mem_max = greatest(r.mem_max, EXCLUDED.mem_max),
+                   power_sum = r.power_sum + EXCLUDED.power_sum, power_n = r.power_n + EXCLUDED.power_n,
+                   temp_max = greatest(r.temp_max, EXCLUDED.temp_max),
+                   procs_max = greatest(r.procs_max, EXCLUDED.procs_max)
+               WHERE NOT r.emitted"""  # a minute already emitted is closed and takes nothing more
+
+
+async def apply_samples(conn: asyncpg.Connection, rows: list[SampleRow], rolled: list[str]) -> None:
+    """New GPU samples, at most one per GPU (each newer than its GPU's stored one; the caller holds their nodes'
+    locks), in one statement. Each GPU's latest row takes the sample (keeping since when the GPU has run processes,
+    and when it last did) and adds it to the sums of its open minute, kept on that row. `rolled`: the GPUs whose
+    sample starts a later minute than their previous one — the minute their row holds is over, and moves to
+    gpu_rollups first. (A row's open minute is always that of its `sampled_at`, or none once the rollup pass took it:
+    the caller knows from the previous sample which rows roll over, so no other row is read.)"""
     await conn.execute(
-        """WITH s AS (
-               SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::int[],
-                                    $6::float8[], $7::float8[], $8::int[], $9::float8[], $10::float8[], $11::int[],
-                                    $12::bigint[], $13::bigint[], $14::int[], $15::text[], $16::int[])
-                    AS u(uuid, at, cluster, node, idx, util, mutil, mem, temp, power, clock, sbe, dbe, xid,
-                         throttle, procs)),
-           latest AS (
-               INSERT INTO gpu_telemetry_latest AS l (uuid, sampled_at, utilization_gpu_pct, utilization_memory_pct,
-                   memory_used_mib, temperature_c, power_w, sm_clock_mhz, ecc_volatile_sbe, ecc_volatile_dbe,
-                   xid_last, throttle_reasons, process_count, procs_since, last_process_at)
-               SELECT DISTINCT ON (uuid) uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid,
-                      coalesce(string_to_array(nullif(throttle, ''), ','), '{}'), procs,
-                      CASE WHEN procs > 0 THEN at END, CASE WHEN procs > 0 THEN at END
-               FROM s ORDER BY uuid, at DESC
-               ON CONFLICT (uuid) DO UPDATE SET sampled_at = EXCLUDED.sampled_at,
-                   utilization_gpu_pct = EXCLUDED.utilization_gpu_pct,
-                   utilization_memory_pct = EXCLUDED.utilization_memory_pct,
-                   memory_used_mib = EXCLUDED.memory_used_mib, temperature_c = EXCLUDED.temperature_c,
-                   power_w = EXCLUDED.power_w, sm_clock_mhz = EXCLUDED.sm_clock_mhz,
-                   ecc_volatile_sbe = EXCLUDED.ecc_volatile_sbe, ecc_volatile_dbe = EXCLUDED.ecc_volatile_dbe,
-                   xid_last = coalesce(EXCLUDED.xid_last, l.xid_last),
-                   throttle_reasons = EXCLUDED.throttle_reasons, process_count = EXCLUDED.process_count,
-                   procs_since = CASE WHEN EXCLUDED.process_count > 0
-                                      THEN coalesce(l.procs_since, EXCLUDED.sampled_at) END,
-                   last_process_at = CASE WHEN EXCLUDED.process_count > 0 THEN EXCLUDED.sampled_at
-                                     ELSE l.last_process_at END
-               WHERE l.sampled_at < EXCLUDED.sampled_at)
-           INSERT INTO gpu_rollups AS r (uuid, window_start, cluster, node, idx, samples, util_sum, util_max, mem_sum,
-                                         mem_max, power_sum, power_n, temp_max, procs_max)
-           SELECT uuid, date_bin('1 minute', at, timestamptz '2000-01-01 00:00:00+00'), cluster, node, idx,
-                  count(*), sum(util), max(util), sum(mem), max(mem), coalesce(sum(power), 0), count(power),
-                  max(temp), max(procs)
-           FROM s GROUP BY 1, 2, 3, 4, 5
-           ON CONFLICT (uuid, window_start) DO UPDATE SET samples = r.samples + EXCLUDED.samples,
-               util_sum = r.util_sum + EXCLUDED.util_sum, util_max = greatest(r.util_max, EXCLUDED.util_max),
-               mem_sum = r.mem_sum + EXCLUDED.mem_sum, mem_max = greatest(r.mem_max, EXCLUDED.mem_max),
-               power_sum = r.power_sum + EXCLUDED.power_sum, power_n = r.power_n + EXCLUDED.power_n,
-               temp_max = greatest(r.temp_max, EXCLUDED.temp_max),
-               procs_max = greatest(r.procs_max, EXCLUDED.procs_max)
-           WHERE NOT r.emitted""",
-        *map(list, zip(*rows, strict=True)))
+        f"""WITH finished AS (
+               INSERT INTO gpu_rollups AS r (uuid, window_start, cluster, node, idx, samples, util_sum, util_max,
+                                             mem_sum, mem_max, power_sum, power_n, temp_max, procs_max)
+               SELECT l.uuid, l.win_start, g.cluster, g.node, g.idx, l.win_samples, l.win_util_sum, l.win_util_max,
+                      l.win_mem_sum, l.win_mem_max, l.win_power_sum, l.win_power_n, l.win_temp_max, l.win_procs_max
+               FROM gpu_telemetry_latest l JOIN gpus g USING (uuid)
+               WHERE l.uuid = ANY($14::text[]) AND l.win_start IS NOT NULL
+               {_ROLLUP_ADD})
+           INSERT INTO gpu_telemetry_latest AS l (uuid, sampled_at, utilization_gpu_pct, utilization_memory_pct,
+               memory_used_mib, temperature_c, power_w, sm_clock_mhz, ecc_volatile_sbe, ecc_volatile_dbe, xid_last,
+               throttle_reasons, process_count, procs_since, last_process_at, win_start, win_samples, win_util_sum,
+               win_util_max, win_mem_sum, win_mem_max, win_power_sum, win_power_n, win_temp_max, win_procs_max)
+           SELECT uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid,
+                  coalesce(string_to_array(nullif(throttle, ''), ','), '{{}}'), procs,
+                  CASE WHEN procs > 0 THEN at END, CASE WHEN procs > 0 THEN at END,
+                  date_bin('1 minute', at, timestamptz '2000-01-01 00:00:00+00'), 1, util, util, mem, mem,
+                  coalesce(power, 0), (power IS NOT NULL)::int, temp, procs
+           FROM unnest($1::text[], $2::timestamptz[], $3::float8[], $4::float8[], $5::int[], $6::float8[],
+                       $7::float8[], $8::int[], $9::bigint[], $10::bigint[], $11::int[], $12::text[], $13::int[])
+                AS u(uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid, throttle, procs)
+           ON CONFLICT (uuid) DO UPDATE SET sampled_at = EXCLUDED.sampled_at,
+               utilization_gpu_pct = EXCLUDED.utilization_gpu_pct,
+               utilization_memory_pct = EXCLUDED.utilization_memory_pct,
+               memory_used_mib = EXCLUDED.memory_used_mib, temperature_c = EXCLUDED.temperature_c,
+               power_w = EXCLUDED.power_w, sm_clock_mhz = EXCLUDED.sm_clock_mhz,
+               ecc_volatile_sbe = EXCLUDED.ecc_volatile_sbe, ecc_volatile_dbe = EXCLUDED.ecc_volatile_dbe,
+               xid_last = coalesce(EXCLUDED.xid_last, l.xid_last),
+               throttle_reasons = EXCLUDED.throttle_reasons, process_count = EXCLUDED.process_count,
+               procs_since = CASE WHEN EXCLUDED.process_count > 0 THEN coalesce(l.procs_since, EXCLUDED.sampled_at)
+                             END,
+               last_process_at = CASE WHEN EXCLUDED.process_count > 0 THEN EXCLUDED.sampled_at
+                                 ELSE l.last_process_at END,
+               win_start = EXCLUDED.win_start,
+               win_samples = EXCLUDED.win_samples + CASE WHEN l.win_start = EXCLUDED.win_start
+                                                         THEN l.win_samples ELSE 0 END,
+               win_util_sum = EXCLUDED.win_util_sum + CASE WHEN l.win_start = EXCLUDED.win_start
+                                                           THEN l.win_util_sum ELSE 0 END,
+               win_util_max = CASE WHEN l.win_start = EXCLUDED.win_start
+                                   THEN greatest(l.win_util_max, EXCLUDED.win_util_max) ELSE EXCLUDED.win_util_max END,
+               win_mem_sum = EXCLUDED.win_mem_sum + CASE WHEN l.win_start = EXCLUDED.win_start
+                                                         THEN l.win_mem_sum ELSE 0 END,
+               win_mem_max = CASE WHEN l.win_start = EXCLUDED.win_start
+                                  THEN greatest(l.win_mem_max, EXCLUDED.win_mem_max) ELSE EXCLUDED.win_mem_max END,
+               win_power_sum = EXCLUDED.win_power_sum + CASE WHEN l.win_start = EXCLUDED.win_start
+                                                             THEN l.win_power_sum ELSE 0 END,
+               win_power_n = EXCLUDED.win_power_n + CASE WHEN l.win_start = EXCLUDED.win_start
+                                                         THEN l.win_power_n ELSE 0 END,
+               win_temp_max = CASE WHEN l.win_start = EXCLUDED.win_start
+                                   THEN greatest(l.win_temp_max, EXCLUDED.win_temp_max) ELSE EXCLUDED.win_temp_max END,
+               win_procs_max = CASE WHEN l.win_start = EXCLUDED.win_start
+                                    THEN greatest(l.win_procs_max, EXCLUDED.win_procs_max)
+                                    ELSE EXCLUDED.win_procs_max END
+           WHERE l.sampled_at < EXCLUDED.sampled_at""",
+        *map(list, zip(*rows, strict=True)), rolled)
 
 
 async def mark_lost(conn: asyncpg.Connection, cutoff: datetime, now: datetime) -> list[asyncpg.Record]:
@@ -370,6 +394,37 @@ async def list_orphans(conn: asyncpg.Connection, *, cluster: str | None, open_on
 
 
 # --- rollups ------------------------------------------------------------------------------------------------------
+async def finish_open_minutes(conn: asyncpg.Connection, closed_before: datetime) -> int:
+    """Move every open minute that started before `closed_before` (its GPU sent nothing later yet: silent, or a
+    long interval) from the latest rows into gpu_rollups. Their nodes are locked first, as telemetry locks them
+    while it merges into these rows, and only those GPUs are moved (the second statement reads after the locks)."""
+    nodes = await conn.fetch(
+        """SELECT n.cluster, n.node FROM nodes n
+           WHERE (n.cluster, n.node) IN (SELECT g.cluster, g.node FROM gpu_telemetry_latest l JOIN gpus g USING (uuid)
+                                         WHERE l.win_start < $1)
+           ORDER BY n.cluster, n.node FOR UPDATE OF n""", closed_before)
+    if not nodes:
+        return 0
+    status = await conn.execute(
+        f"""WITH over AS (
+               SELECT l.uuid, l.win_start, g.cluster, g.node, g.idx, l.win_samples, l.win_util_sum, l.win_util_max,
+                      l.win_mem_sum, l.win_mem_max, l.win_power_sum, l.win_power_n, l.win_temp_max, l.win_procs_max
+               FROM gpu_telemetry_latest l JOIN gpus g USING (uuid)
+                    JOIN unnest($2::text[], $3::text[]) AS k(cluster, node) ON (g.cluster, g.node) = (k.cluster, k.node)
+               WHERE l.win_start < $1),
+           moved AS (
+               INSERT INTO gpu_rollups AS r (uuid, window_start, cluster, node, idx, samples, util_sum, util_max,
+                                             mem_sum, mem_max, power_sum, power_n, temp_max, procs_max)
+               SELECT * FROM over
+               {_ROLLUP_ADD})
+           UPDATE gpu_telemetry_latest l SET win_start = NULL, win_samples = 0, win_util_sum = 0, win_util_max = 0,
+               win_mem_sum = 0, win_mem_max = 0, win_power_sum = 0, win_power_n = 0, win_temp_max = NULL,
+               win_procs_max = 0
+           FROM over WHERE l.uuid = over.uuid""",
+        closed_before, [n["cluster"] for n in nodes], [n["node"] for n in nodes])
+    return int(status.split()[-1])
+
+
 async def closed_rollups(conn: asyncpg.Connection, closed_before: datetime, limit: int) -> list[asyncpg.Record]:
     """Minutes that ended before `closed_before` and were not emitted yet, locked (skipping rows a concurrent
     closer holds), ordered so one node's minute comes together."""
@@ -389,14 +444,6 @@ async def mark_emitted(conn: asyncpg.Connection, keys: list[tuple[str, datetime]
 async def prune_rollups(conn: asyncpg.Connection, before: datetime) -> int:
     status = await conn.execute("DELETE FROM gpu_rollups WHERE emitted AND window_start < $1", before)
     return int(status.split()[-1])
-
-
-async def rollups(conn: asyncpg.Connection, cluster: str, node: str, since: datetime) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        """SELECT uuid, window_start, idx, samples, util_sum, util_max, mem_sum, mem_max, power_sum, power_n,
-                  temp_max, procs_max, emitted
-           FROM gpu_rollups WHERE cluster = $1 AND node = $2 AND window_start >= $3 ORDER BY window_start, idx""",
-        cluster, node, since)
 
 
 # --- the pool view ------------------------------------------------------------------------------------------------

@@ -81,9 +81,15 @@ async def test_a_batch_applies_each_new_sample_once_and_applying_it_again_change
 
     async def state() -> tuple[list, list]:
         async with rt.pool.acquire() as conn:
+            # finished minutes, and each GPU's open one (kept on its latest row until it is over)
             rollups = await conn.fetch(
-                "SELECT uuid, window_start, samples, util_sum, util_max, mem_sum, mem_max, power_sum, power_n, "
-                "temp_max, procs_max FROM gpu_rollups ORDER BY uuid, window_start")
+                """SELECT uuid, window_start, samples, util_sum, util_max, mem_sum, mem_max, power_sum, power_n,
+                          temp_max, procs_max FROM gpu_rollups
+                   UNION ALL
+                   SELECT uuid, win_start, win_samples, win_util_sum, win_util_max, win_mem_sum, win_mem_max,
+                          win_power_sum, win_power_n, win_temp_max, win_procs_max
+                   FROM gpu_telemetry_latest WHERE win_start IS NOT NULL
+                   ORDER BY uuid, window_start""")
             latest = await conn.fetch(
                 "SELECT uuid, sampled_at, utilization_gpu_pct, power_w, process_count, procs_since, "
                 "last_process_at, throttle_reasons FROM gpu_telemetry_latest ORDER BY uuid")
@@ -99,19 +105,36 @@ async def test_a_batch_applies_each_new_sample_once_and_applying_it_again_change
         ("GPU-b-0", minute, 1, 5.0, 5.0, 1005.0, 1005, 100.0, 1, 40.5, 0),
     ]
     newest = minute + timedelta(seconds=61)
-    assert latest[0] == ("GPU-a-0", newest, 50.0, 100.0, 0, None, None, ["sw_power_cap"])
+    # the newest sample runs nothing (not running since anything) but the one at :50 did (the last time any)
+    assert latest[0] == ("GPU-a-0", newest, 50.0, 100.0, 0, None, minute + timedelta(seconds=50), ["sw_power_cap"])
     assert latest[2][:2] == ("GPU-b-0", minute + timedelta(seconds=1))
 
     await handlers.on_telemetry_batch(batch)  # redelivered: every sample is at most as new as the stored one
     assert handlers.samples_applied == 9
     assert await state() == (rollups, latest)
 
-    # a later sample with processes: running since then; the earlier minute is unchanged
+    # a later sample with processes: running since then; it joins its minute, the earlier minute is unchanged
     later = minute + timedelta(seconds=70)
     await handlers.on_telemetry_batch(as_batch([sample("a", later, 60.0, procs=3)]))
     rollups2, latest2 = await state()
     assert latest2[0][4:7] == (3, later, later)
-    assert rollups2[0] == rollups[0] and rollups2[1][2] == 2
+    assert rollups2[0] == rollups[0] and rollups2[1][2:5] == (2, 110.0, 60.0)
+
+    # both minutes are over: closing emits them with every sample counted once, open ones included
+    emitted = {(e.node, e.window_start): {g.uuid: g for g in e.gpus} for e in await handlers.close_rollups()}
+    assert set(emitted) == {("a", minute), ("a", next_minute), ("b", minute)}
+    first, second = emitted[("a", minute)]["GPU-a-0"], emitted[("a", next_minute)]["GPU-a-0"]
+    assert (first.samples, first.utilization_avg_pct, first.power_avg_w, first.process_count_max) == (3, 40.0, 100.0, 2)
+    assert (second.samples, second.utilization_avg_pct, second.process_count_max) == (2, 55.0, 3)
+    assert emitted[("b", minute)]["GPU-b-0"].samples == 1
+    assert (await state())[0] == rollups2  # moved to gpu_rollups, not changed
+    await handlers.on_telemetry_batch(batch)  # a late redelivery after they were emitted: nothing moves
+    assert await handlers.close_rollups() == []
+    # the next sample starts a new minute on a row whose open minute the rollup pass already took: that one alone
+    await handlers.on_telemetry_batch(as_batch([sample("a", minute + timedelta(seconds=130), 20.0, gpus=1)]))
+    (third,) = await handlers.close_rollups()
+    assert (third.window_start, [(g.uuid, g.samples, g.utilization_avg_pct) for g in third.gpus]) == (
+        minute + timedelta(minutes=2), [("GPU-a-0", 1, 20.0)])
 
 
 async def dead_letters(js: JetStreamContext) -> list[str]:
