@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -97,7 +97,7 @@ class OutboxRelay:
         recorded *in the committed transaction*, then the error is raised (raising inside the transaction block
         would roll that bookkeeping back and leave published rows unmarked)."""
         failure: Exception | None = None
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, _marking_transaction(conn):
             rows = await conn.fetch(
                 """SELECT seq, event_id, subject, payload, traceparent FROM outbox
                    WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED""",
@@ -142,6 +142,22 @@ class OutboxRelay:
             n = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
         OUTBOX_PENDING.labels(service=self.service).set(n)
         return int(n)
+
+
+@contextlib.asynccontextmanager
+async def _marking_transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """The relay's transaction commits without waiting for its WAL flush (`synchronous_commit off`, and in the
+    same round trip as BEGIN): all it makes durable is "these rows were published", and losing that to a crash is
+    the crash-between-publish-and-mark case above (republished under the same Nats-Msg-Id, dropped as duplicates).
+    The rows themselves were committed durably by the units of work that wrote them."""
+    await conn.execute("BEGIN; SET LOCAL synchronous_commit TO off")
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await conn.execute("ROLLBACK")
+        raise
+    await conn.execute("COMMIT")
 
 
 def _message(row: asyncpg.Record) -> tuple[str, bytes, dict[str, str]]:

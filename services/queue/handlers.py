@@ -286,10 +286,10 @@ class QueueHandlers:
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
         """A release the user did not ask for (node lost, reclaimed) sends a running job back to the queue."""
+        if data.reason in NOT_REQUEUED:
+            return  # nothing to do, so nothing to remember either (most releases: every finished job's)
         async with self.rt.uow() as uow:
             if not await uow.first_time(CONSUMER, event.id):
-                return
-            if data.reason in NOT_REQUEUED:
                 return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is None or row["state"] in TERMINAL or row["allocation_id"] != data.allocation_id:
