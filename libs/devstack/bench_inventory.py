@@ -76,6 +76,11 @@ class Level:
     note: str = ""
     catch_up: dict[str, float] = field(default_factory=dict)
 
+    def cpu_us_per_gpu_sample(self, component: str) -> float:
+        """CPU microseconds `component` spent per GPU sample ingested: what the fleet costs it, far less sensitive to
+        other work on a shared machine than the rates."""
+        return 1e4 * self.cpu_pct.get(component, 0.0) / self.ingested_per_s if self.ingested_per_s else float("nan")
+
     @property
     def keeps_up(self) -> bool:
         grew = self.backlog_end - self.backlog_start
@@ -374,9 +379,9 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
         "it, and only inventory consumes telemetry.",
         "",
         "| GPUs (nodes) | published GPU samples/s | ingested GPU samples/s | lag p50 | lag p99 | backlog start → end "
-        "| keeps up | CPU % inventory / PostgreSQL / NATS / agents | peak RSS MiB inventory / PostgreSQL "
-        "| catch-up: inventory alone drains |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| keeps up | CPU % inventory / PostgreSQL / NATS / agents | CPU µs per GPU sample inventory / PostgreSQL / "
+        "NATS / agents | peak RSS MiB inventory / PostgreSQL | catch-up: inventory alone drains |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for lv in levels:
         c, r = lv.cpu_pct, lv.rss_mib
@@ -384,7 +389,9 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
             f"| {lv.gpus:,} ({lv.nodes:,}) | {lv.published_per_s:,.0f} | {lv.ingested_per_s:,.0f} | "
             f"{lv.lag_p50_s:.2f} s | {lv.lag_p99_s:.2f} s | {lv.backlog_start:,} → {lv.backlog_end:,} | "
             f"{'yes' if lv.keeps_up else '**no**'} | {c.get('inventory', 0):.0f} / {c.get('postgresql', 0):.0f} / "
-            f"{c.get('nats', 0):.0f} / {c.get('agents', 0):.0f} | {r.get('inventory', 0):.0f} / "
+            f"{c.get('nats', 0):.0f} / {c.get('agents', 0):.0f} | "
+            f"{' / '.join(f'{lv.cpu_us_per_gpu_sample(k):.1f}' for k in ('inventory', 'postgresql', 'nats', 'agents'))}"
+            f" | {r.get('inventory', 0):.0f} / "
             f"{r.get('postgresql', 0):.0f} | {_catch_up(lv)} |")
     lines.append("")
     notes = [f"- {lv.gpus:,} GPUs: {lv.note}." for lv in levels if lv.note]
@@ -410,9 +417,12 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
                     "run on their own nodes, as they do in a real fleet.")
     lines += [verdict, *([""] + notes if notes else []), *(["", note] if note else []), "",
               "Inventory applies each fetched batch (up to 256 node samples) in one transaction: lock the batch's "
-              "nodes, read their GPUs' health state, upsert the newest sample per GPU, add to the minute's rollups, "
-              "store only GPUs whose health state moved. Lag is the age of a sample when its batch committed, so it includes time queued "
-              "in JetStream; the backlog is what JetStream holds for inventory's consumer.",
+              "nodes, read their GPUs' health state and previous sample, then one statement writes each GPU's "
+              "latest sample and adds it to its open minute's sums on the same row (a finished minute moves to the "
+              "rollups table), and only GPUs whose health state moved are stored. Lag is the age of a sample when "
+              "its batch committed, so it includes time queued in JetStream; the backlog is what JetStream holds "
+              "for inventory's consumer. CPU per GPU sample is each component's CPU time over the window divided by "
+              "the GPU samples ingested.",
               END]
     return "\n".join(lines)
 

@@ -69,3 +69,12 @@ def test_cpu_of_a_group_counts_survivors_by_difference_and_newcomers_whole() -> 
     from libs.devstack.bench_inventory import cpu_used
 
     assert cpu_used({1: 10.0, 2: 5.0}, {1: 12.5, 3: 1.0}) == 3.5  # pid 2 exited (missed), pid 3 is new
+
+
+def test_cpu_per_gpu_sample_is_cpu_time_over_samples_ingested() -> None:
+    lv = level(ingested_per_s=10_000.0, cpu_pct={"inventory": 20.0, "postgresql": 9.0})
+    assert lv.cpu_us_per_gpu_sample("inventory") == pytest.approx(20.0)  # 0.2 CPU s/s over 10,000 samples/s
+    assert lv.cpu_us_per_gpu_sample("postgresql") == pytest.approx(9.0)
+    assert lv.cpu_us_per_gpu_sample("nats") == 0.0
+    assert math.isnan(level(ingested_per_s=0.0).cpu_us_per_gpu_sample("inventory"))
+    assert "| 20.0 / 9.0 / 0.0 / 0.0 |" in markdown([lv], "cmd", (0.0, 0.0, 0.0))
