@@ -119,6 +119,10 @@ QUERY_RECLAMATION_LIST_TRACKED = "gpupool.query.reclamation.list_tracked"
 # Fault injection for the simulated agent fleet (core NATS, development and tests only).
 SIM_FAULT = "gpupool.sim.fault"
 
+# A placement replica that committed a change while another holds the lease tells the leader (core NATS, no payload,
+# every replica subscribes; only the leader acts): otherwise the leader would wait for its cycle interval.
+PLACEMENT_WAKE = "gpupool.internal.placement.wake"
+
 
 def health_ping(service: str) -> str:
     """Each service answers here so `gpupool up` and the gateway's /readyz can see it is alive on the bus."""

@@ -3,6 +3,7 @@ loop. Any number of replicas may run: all consume events into the shared read mo
 scheduling cycles."""
 
 from libs.bus.lease import LeaderLease
+from libs.contracts import subjects
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.placement.config import PlacementSettings
@@ -24,6 +25,7 @@ async def main() -> None:
     # `consumer_batch` small handlers is acked well inside it (and a redelivery would be skipped by the inbox).
     await runtime.consume(runtime.name, table.event_subjects(), table.dispatch, batched=True,
                           ack_wait_s=settings.consumer_ack_wait_s, batch=settings.consumer_batch)
+    await runtime.nc.subscribe(subjects.PLACEMENT_WAKE, cb=handlers.on_leader_wake)  # every replica: see _wake
     runtime.background(handlers.reconcile_policy(), "policy-reconcile")
     runtime.background(lease.run(), "leader-lease")
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")

@@ -101,8 +101,19 @@ class PlacementHandlers:
 
     async def _wake(self) -> None:
         """Wake the scheduling loop once a change is committed (inside a consumer's batch transaction, after the
-        batch's commit: a cycle started sooner would not see it)."""
+        batch's commit: a cycle started sooner would not see it). A follower wakes the leader too: replicas share
+        one durable consumer, so the leader does not see the events a follower applied."""
         self._kick.set()
+        if self.lease is not None and not self.lease.is_leader:
+            try:
+                await self.rt.nc.publish(subjects.PLACEMENT_WAKE, b"")
+            except Exception as exc:  # the leader's interval cycle still comes
+                log.warning("leader_wake_failed", extra={"error": repr(exc)})
+
+    async def on_leader_wake(self, _msg: Any) -> None:
+        """Another replica committed a change: the leader schedules now, not at its next interval."""
+        if self.lease is None or self.lease.is_leader:
+            self._kick.set()
 
     # --- events that change the read model --------------------------------------------------------------------
     async def on_node_registered(self, event: CloudEvent, data: NodeRegistered) -> None:
