@@ -20,11 +20,11 @@ from typing import Any, Literal
 from prometheus_client import Counter
 
 from libs.bus.connection import Message, NatsClient
-from libs.bus.publisher import publish_event
+from libs.bus.publisher import MSG_ID_HEADER, publish_event, publish_raw
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import ListAllocations
-from libs.contracts.envelope import InvalidEnvelope, parse_envelope, utcnow
+from libs.contracts.envelope import InvalidEnvelope, parse_envelope, utcnow, uuid7
 from libs.contracts.events import (
     AllocatedGpu,
     AllocationGranted,
@@ -35,6 +35,7 @@ from libs.contracts.events import (
     decode_data,
 )
 from libs.core import mig as migcat
+from libs.observability.tracing import inject_headers
 from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
 from services.agent.domain import (
     LiveAllocation,
@@ -42,7 +43,7 @@ from services.agent.domain import (
     plan_mig,
     registration,
     share_limits,
-    telemetry,
+    telemetry_json,
     wanted_mig,
 )
 from services.agent.nvml_sim import SimulatedNvml
@@ -208,8 +209,9 @@ class NodeAgent:
             while not stop.is_set():
                 delay = next_at - time.monotonic()
                 if delay > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                    # a plain sleep (not wait_for on `stop`: a task and a timer per node and tick were a tenth of a
+                    # simulated fleet's CPU); stopping waits at most one interval
+                    await asyncio.sleep(delay)
                     if stop.is_set():
                         break
                 if time.monotonic() >= self.silent_until:
@@ -255,9 +257,13 @@ class NodeAgent:
     async def sample_once(self) -> None:
         samples = self.backend.sample()
         self.update_metrics(samples)
-        event = telemetry(self.cluster, self.node, samples, time.time()).to_cloudevent(SOURCE)
+        event_id = uuid7()
+        payload = telemetry_json(self.cluster, self.node, samples, time.time(), event_id=event_id, source=SOURCE,
+                                 now=utcnow())
+        headers = {MSG_ID_HEADER: event_id, "Content-Type": "application/cloudevents+json"}
+        inject_headers(headers)
         try:
-            await publish_event(self.js, subjects.telemetry(self.cluster, self.node), event)
+            await publish_raw(self.js, subjects.telemetry(self.cluster, self.node), payload, headers)
             self.samples_sent += 1
         except Exception as exc:  # a missed sample is acceptable; the next one follows
             log.warning("telemetry_publish_failed", extra={"node": self.node, "error": repr(exc)})
