@@ -32,13 +32,16 @@ async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime
     # The health state is inventory's (it survives agent restarts); the agent's own verdict arrives with its samples
     # and goes through the state machine like any other.
     await conn.executemany(
+        # Sharing follows the GPU's MIG mode until an operator sets it, as placement derives it: a GPU in MIG mode
+        # is shared by MIG slices.
         """INSERT INTO gpus (uuid, cluster, node, idx, model, name, memory_mib, numa_node, nvlink_peers,
-                             mig_mode, state_since)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)
+                             mig_mode, state_since, sharing)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11, CASE WHEN $10 THEN 'mig' ELSE 'exclusive' END)
            ON CONFLICT (uuid) DO UPDATE SET cluster = EXCLUDED.cluster, node = EXCLUDED.node,
                idx = EXCLUDED.idx, model = EXCLUDED.model, name = EXCLUDED.name,
                memory_mib = EXCLUDED.memory_mib, numa_node = EXCLUDED.numa_node,
-               nvlink_peers = EXCLUDED.nvlink_peers, mig_mode = EXCLUDED.mig_mode""",
+               nvlink_peers = EXCLUDED.nvlink_peers, mig_mode = EXCLUDED.mig_mode,
+               sharing = CASE WHEN gpus.sharing_set_by IS NULL THEN EXCLUDED.sharing ELSE gpus.sharing END""",
         [(g.uuid, cmd.cluster, cmd.node, g.index, g.model, g.name, g.memory_mib, g.numa_node, g.nvlink_peers,
           g.mig_mode, now) for g in cmd.gpus])
     return previous

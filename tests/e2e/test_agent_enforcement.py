@@ -66,6 +66,7 @@ async def test_mig_instances_follow_their_allocations_and_an_overgrown_fraction_
         with platform.client() as api:
             a100s = api.get("/v1/nodes/sim-node-1").json()["gpus"]
             assert [g["mig_mode"] for g in a100s] == [True, True], a100s  # placement plans MIG on them
+            assert [g["sharing"] for g in a100s] == ["mig", "mig"], a100s  # and the pool view says so
             response = api.put("/v1/nodes/sim-node-0/gpus/0/sharing", json={"mode": "fractional"})
             assert response.status_code == 200, response.text
 
