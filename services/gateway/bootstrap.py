@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,7 +23,7 @@ from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import Empty
 from libs.observability.logging import setup_logging
-from libs.observability.tracing import extract_context, setup_tracing, tracer
+from libs.observability.tracing import exporting, extract_context, setup_tracing, tracer
 from libs.store.database import create_pool, database_name, ensure_database, with_database
 from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.gateway.auth import Authenticator
@@ -52,12 +53,18 @@ class EdgeMiddleware:
     """What every request goes through first, as one plain ASGI middleware (Starlette's `@app.middleware("http")`
     costs a task group and a streaming bridge per request and layer): refuse NUL in the URL and oversized bodies
     with problem bodies, open one SERVER span per request (continuing a caller's traceparent, echoed back in the
-    response), count requests by route and status."""
+    response), count requests by route and status.
+
+    When no spans are exported, the span is a non-recording one: the same trace context (the caller's trace id or a
+    new one, a new span id, sampled) is still propagated over NATS and echoed back, without the SDK's span object,
+    attributes and processors on every request."""
 
     def __init__(self, app: Any, max_body_bytes: int) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.tracer = tracer("gpupool.gateway")
+        self.recording = exporting()
+        self.counters: dict[tuple[str, str, str], Any] = {}  # label lookups cost more than the increment
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -68,38 +75,64 @@ class EdgeMiddleware:
             await problem(400, "InvalidRequest", "NUL characters are not allowed in the URL", instance="/")(
                 scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        length = headers.get("content-length")
+        length: str | None = None
+        carrier: dict[str, str] = {}
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                length = value.decode("latin-1")
+            elif key in _TRACE_HEADERS:
+                carrier[key.decode("latin-1")] = value.decode("latin-1")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             await problem(413, "PayloadTooLarge", f"request bodies are limited to {self.max_body_bytes} bytes",
                           instance=path)(scope, receive, send)
             return
         method = scope.get("method", "GET")
         status = 500
-        with self.tracer.start_as_current_span(
-            f"{method} {path}", context=extract_context(headers), kind=trace.SpanKind.SERVER,
-            attributes={"http.request.method": method, "url.path": path},
-        ) as span:
+        if self.recording:
+            span_cm: Any = self.tracer.start_as_current_span(
+                f"{method} {path}", context=extract_context(carrier), kind=trace.SpanKind.SERVER,
+                attributes={"http.request.method": method, "url.path": path})
+        else:
+            span_cm = trace.use_span(_edge_span(carrier), end_on_exit=False)
+        with span_cm as span:
             ctx = span.get_span_context()
-            traceparent = (f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}".encode()
-                           if ctx.is_valid else None)
+            traceparent = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}".encode()
 
             async def send_with_trace(message: dict) -> None:
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
-                    if traceparent is not None:
-                        message = {**message, "headers": [*message.get("headers", []), (b"traceparent", traceparent)]}
+                    message = {**message, "headers": [*message.get("headers", []), (b"traceparent", traceparent)]}
                 await send(message)
 
             try:
                 await self.app(scope, receive, send_with_trace)
             finally:
                 route = getattr(scope.get("route"), "path", "unmatched")
-                span.update_name(f"{method} {route}")
-                span.set_attribute("http.route", route)
-                span.set_attribute("http.response.status_code", status)
-                HTTP_REQUESTS.labels(method, route, str(status)).inc()
+                if self.recording:
+                    span.update_name(f"{method} {route}")
+                    span.set_attribute("http.route", route)
+                    span.set_attribute("http.response.status_code", status)
+                key = (method, route, str(status))
+                counter = self.counters.get(key)
+                if counter is None:
+                    counter = self.counters[key] = HTTP_REQUESTS.labels(*key)
+                counter.inc()
+
+
+_TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
+_ids = random.Random()  # span and trace ids, as the SDK's generator makes them (not a secret)
+
+
+def _edge_span(carrier: dict[str, str]) -> trace.Span:
+    """A non-recording SERVER span context: a child of the caller's `traceparent` when it sent a valid one."""
+    parent = trace.get_current_span(extract_context(carrier)).get_span_context() if carrier else None
+    if parent is not None and parent.is_valid:
+        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+    else:
+        trace_id, flags, state = _ids.getrandbits(128) or 1, trace.TraceFlags(trace.TraceFlags.SAMPLED), None
+    return trace.NonRecordingSpan(trace.SpanContext(trace_id, _ids.getrandbits(64) or 1, is_remote=False,
+                                                    trace_flags=flags, trace_state=state))
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
