@@ -133,7 +133,7 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
     submitted: dict[str, float] = {}
     granted: dict[str, float] = {}
     done = asyncio.Event()
-    api = Client(run["gateway_url"], run["admin_token"], size=max(clients, 16) * 2)
+    api = Client(run["gateway_url"], run.get("bench_token") or run["admin_token"], size=max(clients, 16) * 2)
     nc = await nats.connect(servers=run["nats_url"].split(","))
     completions: list[asyncio.Task] = []
     errors: list[str] = []
@@ -266,11 +266,22 @@ def measured(meter: ProcessMeter, phase, profiler: Profiler | None = None, label
     return result
 
 
+def api_token(run: dict) -> str:
+    """A member token of team `research`, minted with the admin token: what a real client authenticates with."""
+    headers = {"Authorization": f"Bearer {run['admin_token']}"}
+    with httpx.Client(base_url=run["gateway_url"], headers=headers) as api:
+        created = api.post("/v1/tokens", json={"name": "bench", "role": "member", "team": "research"})
+        created.raise_for_status()
+        return created.json()["token"]
+
+
 def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, clients: int,
-                  profiler: Profiler | None = None) -> dict:
+                  profiler: Profiler | None = None, auth: str = "admin") -> dict:
     results: list[dict] = []
     for r in range(runs):
         with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp, Platform(Path(tmp)) as platform:
+            if auth == "api-token":
+                platform.run["bench_token"] = api_token(platform.run)
             meter = ProcessMeter(platform.run)
             run: dict = {"rates": []}
             for rate in rates:
@@ -309,6 +320,7 @@ def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, cli
             "burst_http_requests_per_job": med([b.get("http_requests", 0) / b["jobs"] for b in bursts]),
         },
         "params": {"runs": runs, "burst": burst, "rates": rates, "seconds": seconds, "clients": clients,
+                   "auth": auth,
                    "fleet": "8 nodes x 8 GPUs (simulated)"},
     }
 
@@ -348,13 +360,14 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
     m = result["median"]
     p = result["params"]
     ms = lambda x: f"{1000 * x:.0f} ms" if x == x else "-"  # noqa: E731
+    auth_note = " (as a team member with an API token)" if p.get("auth") == "api-token" else ""
     lines = [
         BEGIN,
         "## End to end through the platform (gateway → queue → quota → placement → allocation event)",
         "",
         f"`{command}` — a real `gpupool up` (own NATS + PostgreSQL, every service its own process) on "
         f"{p['fleet']}, driven over HTTP by a lean keep-alive load generator (libs/devstack/loadgen.py) on the same "
-        f"machine; submit → `allocation.granted` observed on NATS; every job completed the moment it is granted "
+        f"machine{auth_note}; submit → `allocation.granted` observed on NATS; every job completed the moment it is granted "
         f"(instant jobs, so the 64 GPUs turn over). Machine: {os.cpu_count()} logical CPUs, Python "
         f"{host.python_version()}, {host.system()} {host.release()}. Medians of {p['runs']} run(s).",
         "",
@@ -456,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"),
                         help="markdown file whose platform section is (re)written")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--auth", choices=["admin", "api-token"], default="admin",
+                        help="what the load generator authenticates with: the bootstrap admin token, or a member API "
+                             "token of team research minted at the start (what a real client sends)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="record a py-spy CPU profile of each Python service during each phase into DIR "
                              "(needs py-spy; sampling shares the cores, so profiled runs are slower)")
@@ -468,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     profiler = (Profiler(args.profile, args.profile_format,
                          only=tuple(x.strip() for x in args.profile_only.split(",") if x.strip()))
                 if args.profile else None)
-    result = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, profiler)
+    result = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, profiler, args.auth)
     paced = max(20, int(args.compare_rate * args.seconds))
     slurm = run_slurm_peer(args.burst, paced, args.compare_rate, args.clients) if args.slurm else None
     result["slurm"] = slurm
