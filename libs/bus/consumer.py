@@ -42,7 +42,7 @@ from libs.observability.metrics import (
     BUS_MESSAGES,
     BUS_REDELIVERIES,
 )
-from libs.observability.tracing import extract_context, tracer
+from libs.observability.tracing import handling_span, tracer
 
 log = logging.getLogger(__name__)
 
@@ -218,9 +218,8 @@ class EventConsumer:
         consumer = self.spec.durable
         if msg.metadata.num_delivered > 1:
             BUS_REDELIVERIES.labels(consumer=consumer).inc()
-        ctx = extract_context(msg.headers)
-        with self._tracer.start_as_current_span(
-            f"consume {msg.subject}", context=ctx, kind=trace.SpanKind.CONSUMER,
+        with handling_span(
+            self._tracer, f"consume {msg.subject}", msg.headers, trace.SpanKind.CONSUMER,
             attributes={"messaging.system": "nats", "messaging.destination.name": msg.subject,
                         "messaging.consumer.group.name": consumer},
         ) as span:

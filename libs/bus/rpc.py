@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from libs.contracts.commands import Command, Reply
 from libs.observability.metrics import RPC_REQUESTS
-from libs.observability.tracing import extract_context, inject_headers, tracer
+from libs.observability.tracing import handling_span, inject_headers, tracer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C],
     a subscription's callback runs one message at a time, so a handler waiting on the database or on another
     service would otherwise hold up every request behind it."""
     tr = tracer("gpupool.rpc")
+    name = f"serve {subject}"
     slots = asyncio.Semaphore(max_in_flight)
     in_flight: set[asyncio.Task[None]] = set()
 
@@ -50,8 +51,7 @@ async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C],
         task.add_done_callback(lambda t: (in_flight.discard(t), slots.release()))
 
     async def handle(msg: Msg) -> None:
-        with tr.start_as_current_span(f"serve {subject}", context=extract_context(msg.headers),
-                                      kind=trace.SpanKind.SERVER):
+        with handling_span(tr, name, msg.headers, trace.SpanKind.SERVER):
             try:
                 cmd = command.model_validate_json(msg.data or b"{}")
             except ValidationError as exc:

@@ -1,17 +1,36 @@
 """OpenTelemetry tracing. Spans are exported over OTLP/HTTP only when OTEL_EXPORTER_OTLP_ENDPOINT is set, so a
-laptop run costs nothing; W3C trace context rides in NATS headers so one trace spans HTTP → queue → placement."""
+laptop run costs nothing; W3C trace context rides in NATS headers so one trace spans HTTP → queue → placement.
+
+The platform propagates W3C trace context only (`traceparent`, `tracestate`): it builds and reads those headers
+itself, which costs a fraction of the general propagator on every message. When no span processor listens
+(`recording()` is False), handled messages and requests run in a non-recording span that carries the same trace
+context (the caller's trace id and flags, a new span id), so ids continue end to end without the SDK building,
+timing and dropping a span object each time."""
 
 from __future__ import annotations
 
 import os
+import random
+import re
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-_provider: TracerProvider | None = None
+_provider: _Provider | None = None
+
+
+class _Provider(TracerProvider):
+    """Knows whether anything receives its spans: an OTLP exporter, or a processor a test added in-process."""
+
+    listened = False
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        self.listened = True
 
 
 def exporting() -> bool:
@@ -20,11 +39,17 @@ def exporting() -> bool:
     return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+def recording() -> bool:
+    """True when finished spans go somewhere (the provider set up here has a span processor): only then are the
+    SDK's span objects worth building for every message and request."""
+    return _provider is not None and _provider.listened
+
+
 def setup_tracing(service: str) -> TracerProvider:
     global _provider
     if _provider is not None:
         return _provider
-    provider = TracerProvider(resource=Resource.create({"service.name": f"gpupool-{service}"}))
+    provider = _Provider(resource=Resource.create({"service.name": f"gpupool-{service}"}))
     if exporting():
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -44,16 +69,84 @@ def tracer(name: str) -> trace.Tracer:
 
 
 def inject_headers(headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
-    """Write the current span's `traceparent` (and `tracestate`) into message headers."""
-    propagate.inject(headers)
+    """Write the current span's `traceparent` (and `tracestate`) into message headers, as the W3C propagator
+    does: nothing when there is no valid current span."""
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        headers["traceparent"] = _format(ctx)
+        if ctx.trace_state:
+            headers["tracestate"] = ctx.trace_state.to_header()
     return headers
 
 
 def current_traceparent() -> str | None:
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier.get("traceparent")
+    ctx = trace.get_current_span().get_span_context()
+    return _format(ctx) if ctx.is_valid else None
+
+
+def _format(ctx: trace.SpanContext) -> str:
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
 
 
 def extract_context(headers: Mapping[str, str] | None) -> context.Context:
     return propagate.extract(dict(headers or {}))
+
+
+# The W3C propagator's rules for an acceptable traceparent (version ff and all-zero ids are invalid; version 00
+# has exactly four fields).
+_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
+_ids = random.Random()  # span and trace ids, as the SDK's generator makes them (not a secret)
+
+
+def remote_parent(headers: Mapping[str, str] | None) -> trace.SpanContext | None:
+    """The caller's span context from `traceparent`/`tracestate` headers, or None when absent or invalid."""
+    value = headers.get("traceparent") if headers else None
+    if not value:
+        return None
+    match = _TRACEPARENT.match(value)
+    if match is None:
+        return None
+    version, trace_hex, span_hex, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or trace_hex == "0" * 32 or span_hex == "0" * 16:
+        return None
+    state = headers.get("tracestate") if headers else None
+    return trace.SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True,
+                             trace_flags=trace.TraceFlags(int(flags, 16)),
+                             trace_state=trace.TraceState.from_header([state]) if state is not None else None)
+
+
+def child_span(headers: Mapping[str, str] | None) -> trace.Span:
+    """A non-recording span continuing the caller's trace from `headers` (a new sampled trace when there is none):
+    what the SDK would propagate for a child span, without building one."""
+    parent = remote_parent(headers)
+    if parent is not None:
+        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+    else:
+        trace_id, flags, state = _ids.getrandbits(128) or 1, trace.TraceFlags(trace.TraceFlags.SAMPLED), None
+    return trace.NonRecordingSpan(trace.SpanContext(trace_id, _ids.getrandbits(64) or 1, is_remote=False,
+                                                    trace_flags=flags, trace_state=state))
+
+
+class _Current:
+    """Makes a span current for a `with` block (what `trace.use_span` does, without its generator machinery)."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> trace.Span:
+        self.token = context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, *exc: object) -> None:
+        context.detach(self.token)
+
+
+def handling_span(tr: trace.Tracer, name: str, headers: Mapping[str, str] | None, kind: trace.SpanKind,
+                  attributes: dict[str, Any] | None = None) -> Any:
+    """The span one handled message or request runs in, as the current span of a `with` block: a recorded child of
+    the caller's trace context in `headers` when spans go somewhere (`recording()`), else `child_span`."""
+    if recording():
+        return tr.start_as_current_span(name, context=extract_context(headers), kind=kind, attributes=attributes)
+    return _Current(child_span(headers))

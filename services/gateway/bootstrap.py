@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,7 +22,7 @@ from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import Empty
 from libs.observability.logging import setup_logging
-from libs.observability.tracing import exporting, extract_context, setup_tracing, tracer
+from libs.observability.tracing import child_span, extract_context, recording, setup_tracing, tracer
 from libs.store.database import create_pool, database_name, ensure_database, with_database
 from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.gateway.auth import Authenticator
@@ -55,15 +54,14 @@ class EdgeMiddleware:
     with problem bodies, open one SERVER span per request (continuing a caller's traceparent, echoed back in the
     response), count requests by route and status.
 
-    When no spans are exported, the span is a non-recording one: the same trace context (the caller's trace id or a
-    new one, a new span id, sampled) is still propagated over NATS and echoed back, without the SDK's span object,
-    attributes and processors on every request."""
+    When no span processor listens (`recording()`), the span is a non-recording one: the same trace context (the
+    caller's trace id or a new one, a new span id, sampled) is still propagated over NATS and echoed back, without
+    the SDK's span object, attributes and processors on every request."""
 
     def __init__(self, app: Any, max_body_bytes: int) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.tracer = tracer("gpupool.gateway")
-        self.recording = exporting()
         self.counters: dict[tuple[str, str, str], Any] = {}  # label lookups cost more than the increment
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -88,12 +86,12 @@ class EdgeMiddleware:
             return
         method = scope.get("method", "GET")
         status = 500
-        if self.recording:
+        if recording():
             span_cm: Any = self.tracer.start_as_current_span(
                 f"{method} {path}", context=extract_context(carrier), kind=trace.SpanKind.SERVER,
                 attributes={"http.request.method": method, "url.path": path})
         else:
-            span_cm = trace.use_span(_edge_span(carrier), end_on_exit=False)
+            span_cm = trace.use_span(child_span(carrier), end_on_exit=False)
         with span_cm as span:
             ctx = span.get_span_context()
             traceparent = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}".encode()
@@ -109,7 +107,7 @@ class EdgeMiddleware:
                 await self.app(scope, receive, send_with_trace)
             finally:
                 route = getattr(scope.get("route"), "path", "unmatched")
-                if self.recording:
+                if span.is_recording():
                     span.update_name(f"{method} {route}")
                     span.set_attribute("http.route", route)
                     span.set_attribute("http.response.status_code", status)
@@ -121,18 +119,6 @@ class EdgeMiddleware:
 
 
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
-_ids = random.Random()  # span and trace ids, as the SDK's generator makes them (not a secret)
-
-
-def _edge_span(carrier: dict[str, str]) -> trace.Span:
-    """A non-recording SERVER span context: a child of the caller's `traceparent` when it sent a valid one."""
-    parent = trace.get_current_span(extract_context(carrier)).get_span_context() if carrier else None
-    if parent is not None and parent.is_valid:
-        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
-    else:
-        trace_id, flags, state = _ids.getrandbits(128) or 1, trace.TraceFlags(trace.TraceFlags.SAMPLED), None
-    return trace.NonRecordingSpan(trace.SpanContext(trace_id, _ids.getrandbits(64) or 1, is_remote=False,
-                                                    trace_flags=flags, trace_state=state))
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
