@@ -34,20 +34,28 @@ class Command(BaseModel):
 
     @model_validator(mode="after")
     def _no_nul_characters(self) -> Command:
-        """PostgreSQL text cannot hold NUL; refuse it at the edge instead of failing deep in a query."""
-        def walk(value: Any) -> bool:
+        """PostgreSQL text cannot hold NUL; refuse it at the edge instead of failing deep in a query. Runs on every
+        command built, so plain string fields are checked inline and only containers are walked."""
+        for name, value in self.__dict__.items():  # exactly the fields (extra="forbid")
             if isinstance(value, str):
-                return "\x00" in value
-            if isinstance(value, list | tuple):
-                return any(walk(v) for v in value)
-            if isinstance(value, dict):
-                return any(walk(k) or walk(v) for k, v in value.items())
-            return False
-
-        for name in type(self).model_fields:
-            if walk(getattr(self, name)):
+                if "\x00" in value:
+                    raise ValueError(f"{name} must not contain NUL characters")
+            elif isinstance(value, _CONTAINERS) and _has_nul(value):
                 raise ValueError(f"{name} must not contain NUL characters")
         return self
+
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 class ErrorDetail(BaseModel):
