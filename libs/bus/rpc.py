@@ -43,6 +43,7 @@ async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C],
     name = f"serve {subject}"
     slots = asyncio.Semaphore(max_in_flight)
     in_flight: set[asyncio.Task[None]] = set()
+    counted: dict[str, Any] = {}  # outcome -> metric child, looked up once instead of per request
 
     async def on_message(msg: Msg) -> None:
         await slots.acquire()  # back-pressure: at the limit, the subscription stops reading until one finishes
@@ -67,7 +68,10 @@ async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C],
                     log.exception("rpc_handler_failed", extra={"subject": subject})
                     reply = Reply.failure(500, "InternalError", "the service failed to handle the request")
                     outcome = "error"
-            RPC_REQUESTS.labels(subject=subject, outcome=outcome).inc()
+            counter = counted.get(outcome)
+            if counter is None:
+                counter = counted[outcome] = RPC_REQUESTS.labels(subject=subject, outcome=outcome)
+            counter.inc()
             if msg.reply:
                 await msg.respond(reply.model_dump_json().encode())
 
