@@ -414,12 +414,16 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
                   f"| at 100 jobs/s: p99 < 100 ms | {ms(at['latency_p99_s'])} at {at['rate']:g}/s | "
                   f"{'yes' if at['rate'] >= 100 and at['latency_p99_s'] < 0.100 else 'no'} |"]
     lines += ["", f"Where the time goes: the saturation rate is CPU-bound. Every job costs about {total:.0f} ms of "
-              f"CPU over all processes (table above: PostgreSQL for the ~20 small transactions a job's events cause "
-              f"across the services, then the queue, placement and the gateway, two HTTP calls per job), and two "
-              f"cores give {2000 / max(total, 1e-9):.0f} jobs/s at most at that cost; above the rate the platform "
-              f"keeps up with, the backlog, not the path, sets the latency. The levers are fewer and batched "
-              f"transactions per event (consumers that apply a fetched batch in one transaction, as inventory's "
-              f"telemetry consumer does) and fewer hops per job.", ""]
+              f"CPU over all processes (table above), and two cores give {2000 / max(total, 1e-9):.0f} jobs/s at "
+              f"most at that cost; above the rate the platform keeps up with, the backlog, not the path, sets the "
+              f"latency. Consumers already apply each fetched batch in one transaction (a savepoint per event), "
+              f"placement schedules a burst in one cycle and one transaction, and outbox relays pipeline their "
+              f"publishes; what remains is the fixed cost of the path itself: two HTTP requests, three NATS "
+              f"request/replies (submit, quota's admission, complete) and each of the job's events (submitted, "
+              f"grant, start, completion, release, state changes) delivered to every service that keeps state "
+              f"from it, each an asyncio + asyncpg + NATS round trip in Python (`--profile DIR` records where, per service, with py-spy). The next "
+              f"levers are fewer hops per job (admission answered without a second request/reply, fewer events "
+              f"per transition) rather than cheaper ones.", ""]
     if slurm:
         lines += ["### Side by side with Slurm (same machine, same command)", "",
                   "| measure | gpupool | Slurm peer | ratio |", "| --- | --- | --- | --- |"]
