@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import asyncpg
+from asyncpg.transaction import Transaction
 
 from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import EventData, subject_for
@@ -28,6 +29,18 @@ AfterCommit = Callable[[], Awaitable[object]]
 
 _batch: contextvars.ContextVar[BatchTransaction | None] = contextvars.ContextVar("gpupool_batch_tx", default=None)
 _SAVEPOINT = "gpupool_uow"
+
+
+async def begin(pool: asyncpg.Pool) -> tuple[asyncpg.Connection, Transaction]:
+    """A connection from the pool with a transaction started on it (the connection goes back if BEGIN fails)."""
+    conn = await pool.acquire()
+    try:
+        tx = conn.transaction()
+        await tx.start()
+    except BaseException:
+        await pool.release(conn)
+        raise
+    return conn, tx
 
 
 class BatchTransaction:
@@ -50,13 +63,7 @@ class BatchTransaction:
         self._unreleased = 0
 
     async def __aenter__(self) -> BatchTransaction:
-        self.conn = await self.pool.acquire()
-        try:
-            self._tx = self.conn.transaction()
-            await self._tx.start()
-        except BaseException:
-            await self.pool.release(self.conn)
-            raise
+        self.conn, self._tx = await begin(self.pool)
         self._task = asyncio.current_task()
         self._open = True
         self._token = _batch.set(self)
@@ -129,13 +136,7 @@ class UnitOfWork:
             self.conn = self._batch.conn
             await self._batch.savepoint()  # a SAVEPOINT of the batch's transaction
             return self
-        self.conn = await self._pool.acquire()
-        try:
-            self._tx = self.conn.transaction()
-            await self._tx.start()
-        except BaseException:
-            await self._pool.release(self.conn)
-            raise
+        self.conn, self._tx = await begin(self._pool)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -17,25 +17,24 @@ def eventually(probe, what: str, timeout: float = 30.0, interval: float = 0.25):
     """Poll `probe` until it returns something truthy and return that; fail naming `what` after `timeout` s.
     One poller for every e2e module: events cross several processes, so a test waits for the outcome, bounded."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    while not (value := _probe_before(deadline, probe, what, timeout)):
         time.sleep(interval)
+    return value
 
 
 async def eventually_async(probe, what: str, timeout: float = 30.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
     """`eventually` for tests that must keep their event loop running while they wait (NATS watchers)."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    while not (value := _probe_before(deadline, probe, what, timeout)):
         await asyncio.sleep(interval)
+    return value
+
+
+def _probe_before(deadline: float, probe, what: str, timeout: float):  # type: ignore[no-untyped-def]
+    value = probe()
+    if not value and time.monotonic() > deadline:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 class AllocationWatcher:
