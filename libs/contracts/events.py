@@ -607,13 +607,9 @@ class OrphanDetected(EventData):
 
 
 # --- what the node agent applied (agent) ------------------------------------------------------------------------
-class MigApplied(EventData):
-    """The node agent acted on a MIG allocation: `created` (the instance exists; `mig_uuid` is the device the
-    workload must see), `destroyed` (released, instance gone) or `failed` (not applied yet, `reason` says why; the
-    agent retries while the allocation lives). Published by the agent directly to JetStream, once per outcome."""
+class AgentAllocationEvent(EventData):
+    """What the node agent's events say about the allocation and GPU they concern."""
 
-    event_type: ClassVar[str] = "io.gpupool.agent.mig_applied.v1"
-    event_subject: ClassVar[str] = subjects.AGENT_MIG_APPLIED
     entity_field: ClassVar[str] = "allocation_id"
 
     allocation_id: str
@@ -624,6 +620,16 @@ class MigApplied(EventData):
     node: str
     gpu_uuid: str
     gpu_index: int
+
+
+class MigApplied(AgentAllocationEvent):
+    """The node agent acted on a MIG allocation: `created` (the instance exists; `mig_uuid` is the device the
+    workload must see), `destroyed` (released, instance gone) or `failed` (not applied yet, `reason` says why; the
+    agent retries while the allocation lives). Published by the agent directly to JetStream, once per outcome."""
+
+    event_type: ClassVar[str] = "io.gpupool.agent.mig_applied.v1"
+    event_subject: ClassVar[str] = subjects.AGENT_MIG_APPLIED
+
     profile: str
     start: int
     action: Literal["created", "destroyed", "failed"]
@@ -633,23 +639,14 @@ class MigApplied(EventData):
     applied_at: datetime
 
 
-class FractionExceeded(EventData):
+class FractionExceeded(AgentAllocationEvent):
     """A process of a fractional allocation uses more GPU memory than the fraction was promised (its CUDA MPS
     pinned memory limit). `action`: `reported`, or `stopped` (policy stop: SIGTERM, SIGKILL after a grace).
     Reported once per (allocation, process)."""
 
     event_type: ClassVar[str] = "io.gpupool.agent.fraction_exceeded.v1"
     event_subject: ClassVar[str] = subjects.AGENT_FRACTION_EXCEEDED
-    entity_field: ClassVar[str] = "allocation_id"
 
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
-    gpu_uuid: str
-    gpu_index: int
     pid: int
     used_mib: int
     limit_mib: int
