@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fleet", default=None,
                     help="simulated nodes, ';'-separated, each MODEL*COUNT[,MODEL*COUNT] "
                          "(default: H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8)")
-    up.add_argument("--telemetry-interval", type=float, default=2.0, help="seconds between agent samples")
+    up.add_argument("--telemetry-interval", type=float, default=1.0, help="seconds between agent samples")
     up.add_argument("--no-agent", action="store_true", help="start no simulated agent fleet")
     up.add_argument("--env", action="append", default=[], metavar="SERVICE:SETTING=VALUE",
                     help="override one service setting, e.g. placement:PREEMPTION_GRACE_S=5 (repeatable)")

@@ -41,7 +41,7 @@ class StackOptions:
     database_url: str | None = None
     gateway_port: int = 0
     sim_fleet: str | None = None
-    agent_interval_s: float = 2.0
+    agent_interval_s: float = 1.0
     with_agent: bool = True
     environment: str = "dev"
     log_level: str = "INFO"

@@ -13,7 +13,7 @@ from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint
 from services.agent.config import AgentSettings, parse_fleet
-from services.agent.handlers import NodeAgent
+from services.agent.handlers import NodeAgent, telemetry_buffer
 from services.agent.nvml_sim import SimulatedNvml
 from services.agent.nvml_types import NvmlBackend
 
@@ -43,9 +43,10 @@ async def main() -> None:
                        password=settings.nats_password)
     await ensure_streams(nc.jetstream())
     workloads = dict(p.split("=", 1) for p in settings.sim_workloads.split(",") if "=" in p)
+    buffer = telemetry_buffer(nc.jetstream(), max_bytes=settings.buffer_mib * 1024 * 1024)
     agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s, workloads=workloads,
                         fraction_policy=settings.fraction_policy, stop_grace_s=settings.fraction_stop_grace_s,
-                        apply_mig=settings.apply_mig)
+                        apply_mig=settings.apply_mig, buffer=buffer)
               for node, backend in build_backends(settings)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -59,6 +60,7 @@ async def main() -> None:
     await ops.start()
     log.info("agent_started", extra={"nodes": [a.node for a in agents], "backend": settings.backend})
     tasks = [asyncio.create_task(a.run(stop), name=f"agent:{a.node}") for a in agents]
+    tasks.append(asyncio.create_task(buffer.flush_forever(stop), name="telemetry-buffer"))
     await stop.wait()
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -28,7 +28,9 @@ class AgentSettings(BaseSettings):
     sim_workloads: str = Field(default="training=training,inference=inference,dev=dev,batch=training",
                                description="Simulated load per job kind on allocated GPUs (kind=workload,...)")
     sim_mig: str = Field(default="", description="Simulated GPU models that start in MIG mode (comma-separated)")
-    interval_s: float = Field(default=2.0, gt=0, description="Seconds between telemetry samples")
+    interval_s: float = Field(default=1.0, gt=0, description="Seconds between telemetry samples")
+    buffer_mib: int = Field(default=32, ge=1, le=4096, description="Telemetry kept through a bus outage (MiB, "
+                                                                     "the oldest dropped beyond it)")
     fraction_policy: Literal["report", "stop"] = Field(
         default="report", description="A process over its fraction's memory: report it, or stop it too")
     fraction_stop_grace_s: float = Field(default=10.0, ge=0, description="SIGTERM → SIGKILL grace when stopping")

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from prometheus_client import Counter
 
 from libs.bus.connection import Message, NatsClient
-from libs.bus.publisher import MSG_ID_HEADER, publish_event, publish_raw
+from libs.bus.publisher import MSG_ID_HEADER, publish_event, publish_raw, publish_raw_batch
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import ListAllocations
@@ -48,6 +48,7 @@ from services.agent.domain import (
 )
 from services.agent.nvml_sim import SimulatedNvml
 from services.agent.nvml_types import GpuSample, MigError, MigInstance, NodeInfo, NvmlBackend
+from services.agent.sample_buffer import SampleBuffer
 
 log = logging.getLogger(__name__)
 SOURCE = "/gpupool/agent"
@@ -162,11 +163,17 @@ async def route(nc: Any, subject: str, parse: Callable[[Message], tuple[Any, Any
     router.handlers[key] = handler
 
 
+def telemetry_buffer(js: Any, max_bytes: int = 32 * 1024 * 1024) -> SampleBuffer:
+    """The buffer telemetry goes through: JetStream publish with ack, backlog flushed in pipelined chunks."""
+    return SampleBuffer(lambda subject, payload, headers: publish_raw(js, subject, payload, headers),
+                        lambda messages: publish_raw_batch(js, messages), max_bytes=max_bytes)
+
+
 class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
                  fraction_policy: Literal["report", "stop"] = "report", stop_grace_s: float = 10.0,
-                 apply_mig: bool = True) -> None:
+                 apply_mig: bool = True, buffer: SampleBuffer | None = None) -> None:
         self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
         self.fraction_policy = fraction_policy
         self.stop_grace_s = stop_grace_s
@@ -184,6 +191,8 @@ class NodeAgent:
         self.silent_until = 0.0  # simulated "node goes silent" fault: no samples (no heartbeat) until then
         self.nc = nc
         self.js = nc.jetstream()
+        # samples the bus could not take wait here (one buffer per process; bootstrap runs its flusher)
+        self.buffer = buffer if buffer is not None else telemetry_buffer(self.js)
         self.backend = backend
         self.cluster = cluster
         self.node = node
@@ -262,11 +271,8 @@ class NodeAgent:
                                  now=utcnow())
         headers = {MSG_ID_HEADER: event_id, "Content-Type": "application/cloudevents+json"}
         inject_headers(headers)
-        try:
-            await publish_raw(self.js, subjects.telemetry(self.cluster, self.node), payload, headers)
+        if await self.buffer.send(subjects.telemetry(self.cluster, self.node), payload, headers):
             self.samples_sent += 1
-        except Exception as exc:  # a missed sample is acceptable; the next one follows
-            log.warning("telemetry_publish_failed", extra={"node": self.node, "error": repr(exc)})
 
     def update_metrics(self, samples: list[GpuSample]) -> None:
         """DCGM-named gauges on /metrics, labelled with this node's name as `Hostname`."""
