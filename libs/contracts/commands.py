@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from libs.contracts.events import GpuSpec
+from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 
@@ -90,6 +90,8 @@ class RegisterNode(Command):
     agent_version: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuSpec] = Field(max_length=64)
+    network: list[NicSpec] = Field(default_factory=list, max_length=64)
+    storage: list[VolumeSpec] = Field(default_factory=list, max_length=32)
 
 
 class ListNodes(Command):

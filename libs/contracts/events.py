@@ -49,6 +49,26 @@ class EventData(BaseModel):
 
 
 # --- inventory --------------------------------------------------------------------------------------------------
+class NicSpec(BaseModel):
+    """A node's network interface that matters to GPU work (the data plane: Ethernet and InfiniBand ports)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, description="e.g. eth0, ens1f0, mlx5_0/1")
+    kind: Literal["ethernet", "infiniband", "other"] = "ethernet"
+    speed_mbps: int | None = Field(default=None, ge=0, description="Link speed; None when down or unknown")
+
+
+class VolumeSpec(BaseModel):
+    """A filesystem the node offers work (local scratch, the root disk, a shared mount)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mount: str = Field(min_length=1, max_length=256)
+    total_gib: float = Field(ge=0)
+    filesystem: str = Field(default="", max_length=64, description="e.g. ext4, xfs, nfs4, lustre")
+
+
 class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -690,6 +710,9 @@ class TelemetrySampled(EventData):
     cpu_util_pct: float | None = None
     memory_used_mib: int | None = None
     gpus: list[GpuTelemetry]
+    network_rx_mbps: float | None = Field(default=None, ge=0, description="All reported interfaces, received")
+    network_tx_mbps: float | None = Field(default=None, ge=0, description="All reported interfaces, sent")
+    storage_used_gib: float | None = Field(default=None, ge=0, description="All reported volumes, used")
 
 
 EVENT_TYPES: dict[str, type[EventData]] = {

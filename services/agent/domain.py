@@ -67,7 +67,8 @@ def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float,
         "process_count": int(s.process_count), "health": s.health, "health_reasons": list(s.health_reasons)}
         for s in samples]
     data = {"cluster": cluster, "node": node, "sampled_at": _iso(datetime.fromtimestamp(at, UTC)),
-            "cpu_util_pct": None, "memory_used_mib": None, "gpus": gpus}
+            "cpu_util_pct": None, "memory_used_mib": None, "gpus": gpus, "network_rx_mbps": None,
+            "network_tx_mbps": None, "storage_used_gib": None}
     event = {"specversion": "1.0", "id": event_id, "source": source, "type": TelemetrySampled.event_type,
              "subject": node, "time": _iso(now), "datacontenttype": "application/json", "data": data}
     return json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
