@@ -3,6 +3,7 @@ when a node is lost and when it is back, one-minute rollups, orphans, and the po
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -267,16 +268,61 @@ def pool_view(models: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, 
             "sharing": {k: n[k] for k in ("exclusive", "fractional", "mig") if n[k]},
             "last_seen_at": n["last_seen_at"].isoformat(), "gpus": n["gpus"], "cpu_count": n["cpu_count"],
             "cpu_util_pct": n["cpu_util_pct"], "memory_mib": n["memory_mib"],
-            "memory_used_mib": n["memory_used_mib"]})
+            "memory_used_mib": n["memory_used_mib"], "network": node_network(n), "storage": node_storage(n)})
     out = []
     for name in sorted(clusters):
         entry = clusters[name]
         entry["totals"] = {key: sum(r[key] for r in entry["models"]) for key in COUNTS}
+        entry["node_totals"] = node_totals(entry["nodes"])
         out.append(entry)
     all_models = [overall[k] for k in sorted(overall)]
     return {
         "clusters": out,
-        "all": {"models": all_models, "totals": {key: sum(r[key] for r in all_models) for key in COUNTS}},
+        "all": {"models": all_models, "totals": {key: sum(r[key] for r in all_models) for key in COUNTS},
+                "node_totals": sum_node_totals(e["node_totals"] for e in out)},
         "in_use_util_pct": IN_USE_UTIL_PCT,
         "fresh_within_s": fresh_within_s,
     }
+
+
+# --- a node's host facts ------------------------------------------------------------------------------------------
+NODE_TOTALS = ("nodes", "cpu_count", "memory_mib", "network_link_gbps", "storage_total_gib")
+
+
+def _facts(raw: Any) -> list[dict[str, Any]]:
+    """A JSONB list as asyncpg hands it over (text unless a codec is set)."""
+    return json.loads(raw) if isinstance(raw, str) else list(raw or [])
+
+
+def node_network(n: Mapping[str, Any]) -> dict[str, Any]:
+    """The registered NICs, their summed link speed (Gbit/s; unknown speeds count 0) and the latest throughput."""
+    nics = _facts(n["network"])
+    return {"interfaces": nics,
+            "link_gbps": round(sum(nic.get("speed_mbps") or 0 for nic in nics) / 1000, 3),
+            "rx_mbps": n["network_rx_mbps"], "tx_mbps": n["network_tx_mbps"]}
+
+
+def node_storage(n: Mapping[str, Any]) -> dict[str, Any]:
+    """The registered volumes, their summed size and the latest space used over all of them (GiB)."""
+    volumes = _facts(n["storage"])
+    return {"volumes": volumes, "total_gib": round(sum(v["total_gib"] for v in volumes), 3),
+            "used_gib": n["storage_used_gib"]}
+
+
+def node_totals(nodes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a set of pool node entries adds up to: nodes, CPUs, memory, link speed and storage."""
+    rows = list(nodes)
+    return {"nodes": len(rows), "cpu_count": sum(r["cpu_count"] for r in rows),
+            "memory_mib": sum(r["memory_mib"] for r in rows),
+            "network_link_gbps": round(sum(r["network"]["link_gbps"] for r in rows), 3),
+            "storage_total_gib": round(sum(r["storage"]["total_gib"] for r in rows), 3)}
+
+
+def sum_node_totals(totals: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = dict.fromkeys(NODE_TOTALS, 0)
+    for t in totals:
+        for key in NODE_TOTALS:
+            out[key] += t[key]
+    for key in ("network_link_gbps", "storage_total_gib"):
+        out[key] = round(out[key], 3)
+    return out

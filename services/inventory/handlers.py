@@ -142,9 +142,9 @@ class InventoryHandlers:
                                                  last_seen_at=newest.sampled_at, recovered_at=now,
                                                  cordoned=node["cordoned"]))
                     log.warning("node_recovered", extra={"cluster": key[0], "node": key[1]})
-            await store.touch_nodes(uow.conn, [(k[0], k[1], newest_by_node[k].sampled_at,
-                                                newest_by_node[k].cpu_util_pct, newest_by_node[k].memory_used_mib)
-                                               for k in sorted(nodes)])
+            await store.touch_nodes(uow.conn, [
+                (k[0], k[1], d.sampled_at, d.cpu_util_pct, d.memory_used_mib, d.network_rx_mbps, d.network_tx_mbps,
+                 d.storage_used_gib) for k in sorted(nodes) for d in (newest_by_node[k],)])
             samples = sorted(((d.sampled_at, d.cluster, d.node, g) for _, d in batch if (d.cluster, d.node) in nodes
                               for g in d.gpus), key=lambda s: s[0])
             gpus = await store.batch_gpus(uow.conn, sorted({s[3].uuid for s in samples}))

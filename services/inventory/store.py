@@ -9,6 +9,7 @@ import asyncpg
 
 from libs.contracts.commands import RegisterNode
 from libs.contracts.events import GpuTelemetry
+from services.inventory.domain import node_network, node_storage
 
 
 async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime) -> asyncpg.Record | None:
@@ -20,15 +21,16 @@ async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime
         cmd.cluster, cmd.node)
     await conn.execute(
         """INSERT INTO nodes (cluster, node, hostname, cpu_count, memory_mib, driver_version, agent_version, labels,
-                              state, registered_at, last_seen_at)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb,'ready',$9,$9)
+                              state, registered_at, last_seen_at, network, storage)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb,'ready',$9,$9,$10::jsonb,$11::jsonb)
            ON CONFLICT (cluster, node) DO UPDATE SET hostname = EXCLUDED.hostname,
                cpu_count = EXCLUDED.cpu_count, memory_mib = EXCLUDED.memory_mib,
                driver_version = EXCLUDED.driver_version, agent_version = EXCLUDED.agent_version,
                labels = EXCLUDED.labels, state = 'ready', lost_at = NULL, registered_at = EXCLUDED.registered_at,
-               last_seen_at = EXCLUDED.last_seen_at""",
+               last_seen_at = EXCLUDED.last_seen_at, network = EXCLUDED.network, storage = EXCLUDED.storage""",
         cmd.cluster, cmd.node, cmd.hostname, cmd.cpu_count, cmd.memory_mib, cmd.driver_version,
-        cmd.agent_version, json.dumps(cmd.labels), now)
+        cmd.agent_version, json.dumps(cmd.labels), now,
+        json.dumps([nic.model_dump() for nic in cmd.network]), json.dumps([v.model_dump() for v in cmd.storage]))
     # The health state is inventory's (it survives agent restarts); the agent's own verdict arrives with its samples
     # and goes through the state machine like any other.
     await conn.executemany(
@@ -64,14 +66,23 @@ async def lock_nodes(conn: asyncpg.Connection, keys: list[tuple[str, str]]) -> d
     return {(r["cluster"], r["node"]): r for r in rows}
 
 
-async def touch_nodes(conn: asyncpg.Connection, rows: list[tuple[str, str, datetime, float | None, int | None]]) -> None:
-    """Each node reported at `at` (its newest sample in the batch): last_seen_at and host CPU/memory use."""
+# (cluster, node, at, cpu_util_pct, memory_used_mib, network_rx_mbps, network_tx_mbps, storage_used_gib)
+NodeRow = tuple[str, str, datetime, float | None, int | None, float | None, float | None, float | None]
+
+
+async def touch_nodes(conn: asyncpg.Connection, rows: list[NodeRow]) -> None:
+    """Each node reported at `at` (its newest sample in the batch): last_seen_at and host CPU/memory/network/storage
+    use, in one statement; a number the sample leaves out keeps its last value."""
     await conn.execute(
         """UPDATE nodes n SET last_seen_at = greatest(n.last_seen_at, u.at),
                               cpu_util_pct = coalesce(u.cpu, n.cpu_util_pct),
-                              memory_used_mib = coalesce(u.mem, n.memory_used_mib)
-           FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::real[], $5::bigint[])
-                AS u(cluster, node, at, cpu, mem)
+                              memory_used_mib = coalesce(u.mem, n.memory_used_mib),
+                              network_rx_mbps = coalesce(u.rx, n.network_rx_mbps),
+                              network_tx_mbps = coalesce(u.tx, n.network_tx_mbps),
+                              storage_used_gib = coalesce(u.disk, n.storage_used_gib)
+           FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::real[], $5::bigint[], $6::float8[],
+                       $7::float8[], $8::float8[])
+                AS u(cluster, node, at, cpu, mem, rx, tx, disk)
            WHERE n.cluster = u.cluster AND n.node = u.node""",
         *map(list, zip(*rows, strict=True)))
 
@@ -204,7 +215,8 @@ _GPU_VIEW = """SELECT g.uuid, g.cluster, g.node, g.idx, g.model, g.name, g.memor
            FROM gpus g LEFT JOIN gpu_telemetry_latest t USING (uuid)"""
 _NODE_VIEW = """SELECT cluster, node, hostname, cpu_count, memory_mib, driver_version, agent_version, labels, state,
                   registered_at, last_seen_at, lost_at, cpu_util_pct, memory_used_mib, cordoned, cordoned_at,
-                  cordoned_by, cordon_reason, drained FROM nodes"""
+                  cordoned_by, cordon_reason, drained, network, storage, network_rx_mbps, network_tx_mbps,
+                  storage_used_gib FROM nodes"""
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -234,7 +246,7 @@ def _node_view(n: asyncpg.Record, gpus: list[dict]) -> dict:
         "labels": json.loads(n["labels"]) if isinstance(n["labels"], str) else n["labels"], "state": n["state"],
         "registered_at": n["registered_at"].isoformat(), "last_seen_at": n["last_seen_at"].isoformat(),
         "lost_at": _iso(n["lost_at"]), "cpu_util_pct": n["cpu_util_pct"], "memory_used_mib": n["memory_used_mib"],
-        "cordoned": n["cordoned"], "drained": n["drained"],
+        "cordoned": n["cordoned"], "drained": n["drained"], "network": node_network(n), "storage": node_storage(n),
         "cordon": None if not n["cordoned"] else {"at": _iso(n["cordoned_at"]), "by": n["cordoned_by"],
                                                   "reason": n["cordon_reason"]},
         "gpus": gpus,
@@ -476,7 +488,8 @@ async def pool_by_model(conn: asyncpg.Connection, *, cluster: str | None, fresh_
 async def pool_nodes(conn: asyncpg.Connection, *, cluster: str | None) -> list[asyncpg.Record]:
     return await conn.fetch(
         """SELECT n.cluster, n.node, n.hostname, n.state, n.last_seen_at, n.cpu_count, n.cpu_util_pct,
-                  n.memory_mib, n.memory_used_mib, n.cordoned, count(g.uuid) AS gpus,
+                  n.memory_mib, n.memory_used_mib, n.cordoned, n.network, n.storage, n.network_rx_mbps,
+                  n.network_tx_mbps, n.storage_used_gib, count(g.uuid) AS gpus,
                   count(g.uuid) FILTER (WHERE g.state = 'healthy') AS healthy,
                   count(g.uuid) FILTER (WHERE g.state = 'suspect') AS suspect,
                   count(g.uuid) FILTER (WHERE g.state = 'quarantined') AS quarantined,
