@@ -24,7 +24,8 @@ def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
     if settings.backend == "real":
         from services.agent.nvml_real import RealNvml
 
-        return [(settings.node, RealNvml())]
+        paths = tuple(p.strip() for p in settings.storage_paths.split(",") if p.strip())
+        return [(settings.node, RealNvml(storage_paths=paths or ("/",)))]
     fleet = parse_fleet(settings.sim_fleet)
     mig_models = {m.strip() for m in settings.sim_mig.split(",") if m.strip()}
     return [

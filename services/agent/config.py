@@ -35,6 +35,8 @@ class AgentSettings(BaseSettings):
         default="report", description="A process over its fraction's memory: report it, or stop it too")
     fraction_stop_grace_s: float = Field(default=10.0, ge=0, description="SIGTERM → SIGKILL grace when stopping")
     apply_mig: bool = Field(default=True, description="Create/destroy MIG instances as allocations come and go")
+    storage_paths: str = Field(default="/", description="Volumes the node reports (real backend): mount paths, "
+                                                        "comma-separated, e.g. '/,/scratch,/data'")
     http_host: str = "127.0.0.1"
     http_port: int = 0
     log_level: str = "INFO"

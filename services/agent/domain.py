@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from libs.contracts.commands import RegisterNode
-from libs.contracts.events import AllocatedGpu, GpuSpec, GpuTelemetry, TelemetrySampled
+from libs.contracts.events import AllocatedGpu, GpuSpec, GpuTelemetry, NicSpec, TelemetrySampled, VolumeSpec
 from libs.core import mig as migcat
-from services.agent.nvml_types import GpuProcess, GpuSample, MigInstance, NodeInfo
+from services.agent.nvml_types import GpuProcess, GpuSample, MigInstance, NodeInfo, NodeSample
 
 AGENT_VERSION = "0.1.0"
 
@@ -28,12 +28,21 @@ def registration(cluster: str, node: str, info: NodeInfo, samples: list[GpuSampl
                       numa_node=g.numa_node, nvlink_peers=list(g.nvlink_peers), mig_mode=g.mig_mode,
                       health=health.get(g.uuid, "healthy"))
               for g in info.gpus],
+        network=[NicSpec(name=n.name, kind=n.kind, speed_mbps=n.speed_mbps) for n in info.network],
+        storage=[VolumeSpec(mount=v.mount, total_gib=v.total_gib, filesystem=v.filesystem) for v in info.storage],
     )
 
 
-def telemetry(cluster: str, node: str, samples: list[GpuSample], at: float) -> TelemetrySampled:
+_NO_HOST = NodeSample()
+
+
+def telemetry(cluster: str, node: str, samples: list[GpuSample], at: float,
+              host: NodeSample | None = None) -> TelemetrySampled:
+    h = host or _NO_HOST
     return TelemetrySampled(
         cluster=cluster, node=node, sampled_at=datetime.fromtimestamp(at, UTC),
+        cpu_util_pct=h.cpu_util_pct, memory_used_mib=h.memory_used_mib, network_rx_mbps=h.network_rx_mbps,
+        network_tx_mbps=h.network_tx_mbps, storage_used_gib=h.storage_used_gib,
         gpus=[GpuTelemetry(
             uuid=s.uuid, index=s.index, utilization_gpu_pct=_pct(s.utilization_gpu_pct),
             utilization_memory_pct=_pct(s.utilization_memory_pct), memory_used_mib=s.memory_used_mib or 0,
@@ -50,7 +59,7 @@ def _pct(value: float | None) -> float:
 
 
 def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float, *, event_id: str, source: str,
-                   now: datetime) -> bytes:
+                   now: datetime, host: NodeSample | None = None) -> bytes:
     """The CloudEvent of `telemetry(...)` as JSON bytes, built from plain values instead of through the pydantic
     models: a simulated fleet sends ~10,000 GPU samples a second and building and dumping the models was a third
     of its CPU. Same document as `telemetry(...).to_cloudevent(...).to_json()` (a unit test holds them equal);
@@ -66,12 +75,19 @@ def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float,
         "xid_events": [int(x) for x in s.xid_events], "throttle_reasons": list(s.throttle_reasons),
         "process_count": int(s.process_count), "health": s.health, "health_reasons": list(s.health_reasons)}
         for s in samples]
+    h = host or _NO_HOST
     data = {"cluster": cluster, "node": node, "sampled_at": _iso(datetime.fromtimestamp(at, UTC)),
-            "cpu_util_pct": None, "memory_used_mib": None, "gpus": gpus, "network_rx_mbps": None,
-            "network_tx_mbps": None, "storage_used_gib": None}
+            "cpu_util_pct": _float(h.cpu_util_pct),
+            "memory_used_mib": None if h.memory_used_mib is None else int(h.memory_used_mib), "gpus": gpus,
+            "network_rx_mbps": _float(h.network_rx_mbps), "network_tx_mbps": _float(h.network_tx_mbps),
+            "storage_used_gib": _float(h.storage_used_gib)}
     event = {"specversion": "1.0", "id": event_id, "source": source, "type": TelemetrySampled.event_type,
              "subject": node, "time": _iso(now), "datacontenttype": "application/json", "data": data}
     return json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _iso(at: datetime) -> str:

@@ -266,9 +266,14 @@ class NodeAgent:
     async def sample_once(self) -> None:
         samples = self.backend.sample()
         self.update_metrics(samples)
+        try:
+            host = self.backend.node_sample()
+        except Exception as exc:  # the node's own facts must never stop GPU telemetry
+            log.warning("node_sample_failed", extra={"node": self.node, "error": repr(exc)})
+            host = None
         event_id = uuid7()
         payload = telemetry_json(self.cluster, self.node, samples, time.time(), event_id=event_id, source=SOURCE,
-                                 now=utcnow())
+                                 now=utcnow(), host=host)
         headers = {MSG_ID_HEADER: event_id, "Content-Type": "application/cloudevents+json"}
         inject_headers(headers)
         if await self.buffer.send(subjects.telemetry(self.cluster, self.node), payload, headers):

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from services.agent.host import HostReader
 from services.agent.nvml_types import (
     FAILED,
     XID_DEGRADED,
@@ -32,6 +33,7 @@ from services.agent.nvml_types import (
     MigError,
     MigInstance,
     NodeInfo,
+    NodeSample,
     SbeRateTracker,
     derive_health,
     worst_health,
@@ -210,6 +212,8 @@ class RealNvml:
         read_bytes: Callable[[str], bytes] = _read_bytes_file,
         proc_root: str = "/proc",
         kill: Callable[[int, int], None] = os.kill,
+        host: HostReader | None = None,
+        storage_paths: tuple[str, ...] = ("/",),
     ) -> None:
         if nvml is None:
             import pynvml
@@ -245,6 +249,8 @@ class RealNvml:
         self._latched_xids: dict[int, set[int]] = {}
         self._sbe_rates: dict[int, SbeRateTracker] = {}
         self._node: NodeInfo | None = None
+        self._host = host
+        self._storage_paths = storage_paths
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -261,6 +267,9 @@ class RealNvml:
             self._latched_xids = {g.index: set() for g in self._infos}
             self._sbe_rates = {g.index: SbeRateTracker() for g in self._infos}
             self._event_set = self._register_xid_events()
+            if self._host is None:
+                self._host = HostReader("/", self._storage_paths)
+            self._host.sample()  # the first reading primes the CPU and network rates
             self._node = self._read_node_info()
         except BaseException:
             self.close()
@@ -298,6 +307,11 @@ class RealNvml:
         new_xids = self._drain_xid_events()
         now = self._clock()
         return [self._sample_gpu(info, new_xids.get(info.index, ()), now) for info in self._infos]
+
+    def node_sample(self) -> NodeSample:
+        self._require_open()
+        assert self._host is not None
+        return self._host.sample()
 
     # ---- applying placement's decisions ----------------------------------------------------------------------
 
@@ -493,6 +507,8 @@ class RealNvml:
                 self._memory_total_mib if self._memory_total_mib is not None else _host_memory_mib()
             ),
             gpus=tuple(self._infos),
+            network=self._host.nics() if self._host is not None else (),
+            storage=self._host.volumes() if self._host is not None else (),
         )
 
     def _read_gpu_infos(self) -> list[GpuInfo]:

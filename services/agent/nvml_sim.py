@@ -32,8 +32,11 @@ from services.agent.nvml_types import (
     GpuSample,
     MigError,
     MigInstance,
+    NicInfo,
     NodeInfo,
+    NodeSample,
     SbeRateTracker,
+    VolumeInfo,
     derive_health,
 )
 
@@ -104,6 +107,17 @@ GPU_SPECS: dict[str, GpuSpec] = {
 
 # Allowed placement starts by memory-slice size (A100/H100-style 8-slice layout).
 _MIG_STARTS = {1: range(0, 7), 2: range(0, 8, 2), 4: (0, 4), 8: (0,)}
+
+# The node around the GPUs, by its GPU model: (InfiniBand ports, their Mbit/s, Ethernet ports, their Mbit/s), as
+# the usual systems ship (HGX H100/H200: one 400G NDR port per GPU; HGX A100: 200G HDR per GPU pair; PCIe cards:
+# two 25 GbE ports).
+_NODE_NET: dict[str, tuple[int, int, int, int]] = {
+    "H100-80GB": (8, 400_000, 2, 100_000), "H200-141GB": (8, 400_000, 2, 100_000),
+    "A100-80GB": (4, 200_000, 2, 100_000), "A100-40GB": (4, 200_000, 2, 100_000),
+}
+_PCIE_NET = (0, 0, 2, 25_000)
+_SCRATCH_TB = (7.68, 15.36, 30.72)  # local NVMe scratch sizes, decimal TB as sold
+_ROOT_GIB = round(1.92e12 / 2**30, 3)  # a 1.92 TB boot drive
 
 # Bus ids of a typical HGX 8-GPU baseboard.
 _HGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -215,7 +229,26 @@ class SimulatedNvml:
                 raise ValueError(f"{self._gpu(index).spec.model} does not support MIG")
             self._gpu(index).mig = ()
         self._next_pid = 4000
+        self._init_node_facts(gpu_models)
         self._started: set[tuple[str, str]] = set()  # (allocation, GPU uuid) that ever got a process
+
+    def _init_node_facts(self, gpu_models: Sequence[str]) -> None:
+        """NICs and volumes by the node's main GPU model; the scratch size and how full it starts from the
+        hostname, so the same node always looks the same."""
+        main = max(dict.fromkeys(gpu_models), key=list(gpu_models).count) if gpu_models else ""
+        ib, ib_mbps, eth, eth_mbps = _NODE_NET.get(main, _PCIE_NET)
+        self._nics = tuple(NicInfo(f"mlx5_{i}/1", "infiniband", ib_mbps) for i in range(ib)) + tuple(
+            NicInfo(f"eth{i}", "ethernet", eth_mbps) for i in range(eth))
+        self._net_capacity_mbps = float(ib * ib_mbps + eth * eth_mbps)
+        u = _unit(self._hostname, "scratch")
+        scratch_gib = round(_SCRATCH_TB[int(u * len(_SCRATCH_TB))] * 1e12 / 2**30, 3)
+        self._volumes = (VolumeInfo("/", _ROOT_GIB, "ext4"), VolumeInfo("/scratch", scratch_gib, "xfs"))
+        self._root_used_gib = 40.0 + 30.0 * _unit(self._hostname, "root")
+        self._scratch_used_gib = scratch_gib * (0.05 + 0.30 * _unit(self._hostname, "scratch-used"))
+        self._scratch_cap_gib = 0.9 * scratch_gib
+        self._node_rng = random.Random(f"{self._seed}/{self._hostname}/node")
+        self._busy = 0.0  # mean GPU utilisation of the last sample(), 0..1
+        self._node_t: float | None = None
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -478,6 +511,8 @@ class SimulatedNvml:
             cpu_count=self._cpu_count,
             memory_total_mib=self._memory_total_mib,
             gpus=gpus,
+            network=self._nics,
+            storage=self._volumes,
         )
 
     def sample(self) -> list[GpuSample]:
@@ -485,7 +520,33 @@ class SimulatedNvml:
         now = self._clock()
         dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
         self._last_t = now
-        return [self._step(g, now, dt) for g in self._gpus]
+        samples = [self._step(g, now, dt) for g in self._gpus]
+        if samples:  # a MIG-mode GPU reports no utilisation: its memory in use stands for its load
+            self._busy = sum(s.utilization_gpu_pct if s.utilization_gpu_pct is not None
+                             else 100.0 * (s.memory_used_mib or 0) / s.memory_total_mib for s in samples) / (
+                100.0 * len(samples))
+        return samples
+
+    def node_sample(self) -> NodeSample:
+        """The node follows its GPUs' load (the last sample()): CPUs feed them, the fabric carries their
+        collectives, checkpoints fill the scratch volume slowly. A few float operations: a fleet process runs
+        over a thousand of these a second."""
+        self._require_open()
+        now = self._clock()
+        dt = 0.0 if self._node_t is None else max(0.0, now - self._node_t)
+        self._node_t = now
+        busy, jitter = self._busy, self._node_rng.random()
+        if self._scratch_used_gib < self._scratch_cap_gib:
+            self._scratch_used_gib = min(self._scratch_cap_gib,
+                                         self._scratch_used_gib + dt * (0.001 + 0.05 * busy))  # GiB/s
+        rx = self._net_capacity_mbps * (0.001 + 0.3 * busy * (0.8 + 0.4 * jitter))
+        return NodeSample(
+            cpu_util_pct=round(2.0 + 60.0 * busy + 4.0 * jitter, 1),
+            memory_used_mib=int(self._memory_total_mib * (0.04 + 0.3 * busy)),
+            network_rx_mbps=round(rx, 1),
+            network_tx_mbps=round(rx * (0.85 + 0.1 * jitter), 1),
+            storage_used_gib=round(self._root_used_gib + self._scratch_used_gib, 3),
+        )
 
     # ---- dynamics ----------------------------------------------------------------
 

@@ -84,6 +84,36 @@ class GpuSample:
 
 
 @dataclass(frozen=True, slots=True)
+class NicInfo:
+    """A data-plane network interface: an Ethernet netdev, or an InfiniBand port ("mlx5_0/1")."""
+
+    name: str
+    kind: Literal["ethernet", "infiniband", "other"]
+    speed_mbps: int | None  # None when the link is down or the speed unknown
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeInfo:
+    """A filesystem the node offers work (one of the agent's configured storage paths)."""
+
+    mount: str
+    total_gib: float
+    filesystem: str  # "" when unknown
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSample:
+    """The node around the GPUs, one reading: None where the host could not say (the first reading has no CPU or
+    network rate yet: both need two reads)."""
+
+    cpu_util_pct: float | None = None
+    memory_used_mib: int | None = None
+    network_rx_mbps: float | None = None  # summed over NodeInfo.network
+    network_tx_mbps: float | None = None
+    storage_used_gib: float | None = None  # summed over NodeInfo.storage
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     hostname: str
     driver_version: str | None
@@ -92,6 +122,8 @@ class NodeInfo:
     cpu_count: int
     memory_total_mib: int
     gpus: tuple[GpuInfo, ...]
+    network: tuple[NicInfo, ...] = ()
+    storage: tuple[VolumeInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +155,10 @@ class NvmlBackend(Protocol):
     def node_info(self) -> NodeInfo: ...
 
     def sample(self) -> list[GpuSample]: ...
+
+    def node_sample(self) -> NodeSample:
+        """CPU, memory, network and storage of the node now (rates since the previous call)."""
+        ...
 
     # ---- what placement decided, applied (both backends) ----
 
