@@ -44,7 +44,7 @@ from services.gateway.domain import (
     Role,
     mint_token,
 )
-from services.gateway.pool import combine_pool
+from services.gateway.pool import NODE_FACTS_EXAMPLE, NODE_TOTALS_EXAMPLE, combine_pool
 
 
 class ApiError(Exception):
@@ -274,7 +274,14 @@ async def cancel_job(job_id: Annotated[str, Path(max_length=64)], req: Request, 
     return after
 
 
-@router.get("/nodes", summary="Nodes with their GPUs, health and latest telemetry", tags=["pool"])
+@router.get("/nodes", summary="Nodes with their GPUs, health and latest telemetry", tags=["pool"],
+            description="Each node carries its host facts: CPUs and memory (with the latest use), `network` (the "
+                        "registered NICs, their summed link speed in Gbit/s, the latest rx/tx in Mbit/s) and "
+                        "`storage` (the registered volumes, total and used GiB). Nodes registered by older agents "
+                        "show empty lists and null numbers.",
+            responses={200: {"content": {"application/json": {"example": {"items": [
+                {"cluster": "c1", "node": "node-a", "state": "ready", **NODE_FACTS_EXAMPLE, "gpus": []}],
+                "next": None}}}}})
 async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                      cursor: Annotated[str | None, Query(max_length=300)] = None) -> dict:
@@ -283,7 +290,15 @@ async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None
 
 
 @router.get("/pool", summary="Per cluster and GPU model: total, allocated, in use, allocated-but-idle, free, "
-            "unhealthy; per node CPU and memory", tags=["pool"])
+            "unhealthy; per node CPU, memory, network and storage", tags=["pool"],
+            description="`clusters[].nodes[]` carry each node's CPU, memory, `network` and `storage` facts (as "
+                        "`/v1/nodes`); `clusters[].node_totals` and `all.node_totals` add up nodes, CPUs, memory, "
+                        "link speed (Gbit/s) and storage (GiB).",
+            responses={200: {"content": {"application/json": {"example": {
+                "clusters": [{"cluster": "c1", "models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE,
+                              "nodes": [{"node": "node-a", "state": "ready", "gpus": 8, **NODE_FACTS_EXAMPLE}]}],
+                "all": {"models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE},
+                "in_use_util_pct": 5.0, "fresh_within_s": 30.0}}}}})
 async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
     require(caller, Action.POOL_READ)
     inventory = await call(req, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=cluster))

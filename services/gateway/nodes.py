@@ -23,6 +23,7 @@ from libs.contracts.commands import (
 )
 from services.gateway.domain import Action
 from services.gateway.handlers import ERRORS, Caller, call, record, require
+from services.gateway.pool import NODE_FACTS_EXAMPLE
 
 router = APIRouter(prefix="/v1", responses=ERRORS, tags=["nodes"])
 
@@ -60,7 +61,10 @@ def _target(cluster: str | None, node: str) -> str:
 
 
 @router.get("/nodes/{node}", summary="One node: facts, state, cordon, and each GPU's health state, sharing mode, "
-            "holder and latest telemetry")
+            "holder and latest telemetry",
+            responses={200: {"content": {"application/json": {"example": {
+                "cluster": "c1", "node": "node-a", "state": "ready", "cordoned": False, **NODE_FACTS_EXAMPLE,
+                "gpus": []}}}}})
 async def get_node(node: NodeName, req: Request, caller: Caller, cluster: Cluster = None) -> dict:
     require(caller, Action.POOL_READ)
     return await call(req, subjects.QUERY_INVENTORY_GET_NODE, NodeRef(cluster=cluster, node=node))

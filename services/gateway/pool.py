@@ -38,11 +38,12 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
             for key in COUNTS + STATE_COUNTS:
                 total[key] += row[key]
         clusters.append({"cluster": entry["cluster"], "models": models, "totals": _sum(models),
-                         "nodes": entry["nodes"]})
+                         "nodes": entry["nodes"], "node_totals": entry.get("node_totals", {})})
     all_models = [overall[k] for k in sorted(overall)]
     return {
         "clusters": clusters,
-        "all": {"models": all_models, "totals": _sum(all_models)},
+        "all": {"models": all_models, "totals": _sum(all_models),
+                "node_totals": _sum_nodes(c["node_totals"] for c in clusters)},
         "in_use_util_pct": inventory["in_use_util_pct"],
         "fresh_within_s": inventory["fresh_within_s"],
     }
@@ -50,3 +51,25 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
 
 def _sum(rows: list[dict[str, Any]]) -> dict[str, int]:
     return {key: sum(r[key] for r in rows) for key in COUNTS + STATE_COUNTS}
+
+
+def _sum_nodes(totals: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Node totals (nodes, CPUs, memory, link Gbit/s, storage GiB) over clusters; floats rounded as inventory does."""
+    out: dict[str, Any] = {}
+    for t in totals:
+        for key, value in t.items():
+            out[key] = out.get(key, 0) + value
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
+# OpenAPI: one node's host facts as /v1/pool, /v1/nodes and /v1/nodes/{node} show them.
+NODE_FACTS_EXAMPLE: dict[str, Any] = {
+    "cpu_count": 192, "cpu_util_pct": 42.5, "memory_mib": 2097152, "memory_used_mib": 900000,
+    "network": {"interfaces": [{"name": "mlx5_0", "kind": "infiniband", "speed_mbps": 400000},
+                               {"name": "eth0", "kind": "ethernet", "speed_mbps": 100000}],
+                "link_gbps": 500.0, "rx_mbps": 12500.5, "tx_mbps": 8000.0},
+    "storage": {"volumes": [{"mount": "/scratch", "total_gib": 28000.0, "filesystem": "xfs"}],
+                "total_gib": 28000.0, "used_gib": 1234.5},
+}
+NODE_TOTALS_EXAMPLE: dict[str, Any] = {"nodes": 1, "cpu_count": 192, "memory_mib": 2097152,
+                                       "network_link_gbps": 500.0, "storage_total_gib": 28000.0}

@@ -73,3 +73,14 @@ def test_health_state_and_cordon_counts_from_inventory_are_passed_through_and_su
         "quarantined": 1, "suspect": 1, "free": 2}
     assert {k: pool["all"]["totals"][k] for k in ("cordoned", "suspect", "quarantined", "probation", "free")} == {
         "cordoned": 2, "suspect": 1, "quarantined": 1, "probation": 1, "free": 2}
+
+
+def test_node_totals_pass_through_per_cluster_and_sum_over_clusters() -> None:
+    east = {**INVENTORY["clusters"][0], "node_totals": {"nodes": 2, "cpu_count": 64, "memory_mib": 1024,
+                                                        "network_link_gbps": 3200.1, "storage_total_gib": 10.5}}
+    west = {**INVENTORY["clusters"][1], "node_totals": {"nodes": 1, "cpu_count": 8, "memory_mib": 512,
+                                                        "network_link_gbps": 0.2, "storage_total_gib": 0.0}}
+    pool = combine_pool({**INVENTORY, "clusters": [east, west]}, [])
+    assert pool["clusters"][0]["node_totals"] == east["node_totals"]
+    assert pool["all"]["node_totals"] == {"nodes": 3, "cpu_count": 72, "memory_mib": 1536,
+                                          "network_link_gbps": 3200.3, "storage_total_gib": 10.5}
