@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from libs.client import ConfigError, GpupoolClient, GpupoolError
-from libs.client.models import Allocation, ApiModel, Job, Node, Pool, QuotaEntry
+from libs.client.models import Allocation, ApiModel, Job, Node, NodeNetwork, NodeStorage, Pool, QuotaEntry
 
 EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 JOB_STATES = ("awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed")
@@ -474,6 +474,44 @@ def cmd_complete(args: argparse.Namespace, gp: GpupoolClient) -> int:
     return EXIT_OK
 
 
+_NIC_KINDS = {"infiniband": "IB", "ethernet": "Eth"}
+
+
+def fmt_speed(mbps: int | None) -> str:
+    """400000 → "400G", 2500 → "2.5G", 100 → "100M", None → "?" (a link that is down or unknown)."""
+    if mbps is None:
+        return "?"
+    if mbps < 1000:
+        return f"{mbps}M"
+    return f"{num(round(mbps / 1000, 1))}G"
+
+
+def fmt_network(net: NodeNetwork) -> str | None:
+    """A node's NICs grouped by kind and speed, fastest first: "8×400G IB, 2×100G Eth"; None without NICs."""
+    groups: dict[tuple[int, str], int] = {}
+    for nic in net.interfaces:
+        key = (nic.speed_mbps if nic.speed_mbps is not None else -1, nic.kind)
+        groups[key] = groups.get(key, 0) + 1
+    parts = [f"{count}×{fmt_speed(None if speed < 0 else speed)} {_NIC_KINDS.get(kind, kind)}"
+             for (speed, kind), count in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1]))]
+    return ", ".join(parts) or None
+
+
+def fmt_tib(gib: float | None) -> str:
+    if gib is None:
+        return "-"
+    tib = gib / 1024
+    return f"{tib:.1f}" if tib >= 0.1 or tib == 0 else f"{tib:.2g}"
+
+
+def fmt_storage(st: NodeStorage) -> str | None:
+    """Used over total across a node's volumes, in TiB: "1.2/27.8 TiB" ("-/27.8 TiB" before any sample); None
+    without volumes."""
+    if not st.volumes:
+        return None
+    return f"{fmt_tib(st.used_gib)}/{fmt_tib(st.total_gib)} TiB"
+
+
 def nodes_table(nodes: Sequence[Node]) -> str:
     if not nodes:
         return "No nodes."
@@ -483,8 +521,10 @@ def nodes_table(nodes: Sequence[Node]) -> str:
         models = sorted({g.model for g in n.gpus})
         state = n.state + (" (drained)" if n.drained else " (cordoned)" if n.cordoned else "")
         rows.append([n.cluster, n.node, state, len(n.gpus), healthy, models,
-                     n.cpu_util_pct, fmt_age(n.last_seen_at) + " ago" if n.last_seen_at else None])
-    return table(["CLUSTER", "NODE", "STATE", "GPUS", "HEALTHY", "MODELS", "CPU %", "LAST SEEN"], rows)
+                     n.cpu_util_pct, fmt_network(n.network), fmt_storage(n.storage),
+                     fmt_age(n.last_seen_at) + " ago" if n.last_seen_at else None])
+    return table(["CLUSTER", "NODE", "STATE", "GPUS", "HEALTHY", "MODELS", "CPU %", "NETWORK", "STORAGE",
+                  "LAST SEEN"], rows)
 
 
 def cmd_nodes(args: argparse.Namespace, gp: GpupoolClient) -> int:
@@ -1085,8 +1125,19 @@ def node_text(n: Node) -> str:
         info = n.cordon or {}
         cordon = ("drained" if n.drained else "cordoned") + (f" by {info['by']}" if info.get("by") else "") + \
             (f": {info['reason']}" if info.get("reason") else "")
+    net, st = n.network, n.storage
+    throughput = None if net.rx_mbps is None and net.tx_mbps is None else \
+        "rx {} / tx {} Mbit/s".format(*("-" if v is None else f"{v:.0f}" for v in (net.rx_mbps, net.tx_mbps)))
+    volumes = ", ".join(f"{v.mount} {fmt_tib(v.total_gib)} TiB" + (f" {v.filesystem}" if v.filesystem else "")
+                        for v in st.volumes)
     head = key_values([("node", f"{n.cluster}/{n.node}"), ("state", n.state), ("cordoned", cordon),
-                       ("cpus", n.cpu_count), ("memory GiB", fmt_gib(n.memory_mib)),
+                       ("cpus", n.cpu_count), ("cpu use %", n.cpu_util_pct),
+                       ("memory GiB", f"{fmt_gib(n.memory_used_mib)}/{fmt_gib(n.memory_mib)} used"
+                        if n.memory_used_mib is not None else fmt_gib(n.memory_mib)),
+                       ("network", f"{fmt_network(net)} ({num(net.link_gbps)} Gbit/s)" if net.interfaces else None),
+                       ("throughput", throughput),
+                       ("storage", f"{fmt_storage(st)} used" if st.volumes else None),
+                       ("volumes", volumes or None),
                        ("last seen", fmt_age(n.last_seen_at) + " ago" if n.last_seen_at else None)])
     rows = [[g.index, g.model, g.state, g.state_reason or None, fmt_age(g.state_since) if g.state_since else None,
              g.sharing, num(g.telemetry.utilization_gpu_pct) if g.telemetry else None,

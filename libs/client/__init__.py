@@ -20,7 +20,11 @@ from libs.client.models import (
     GpuTelemetry,
     Job,
     JobHistoryEntry,
+    Nic,
     Node,
+    NodeNetwork,
+    NodeStorage,
+    NodeTotals,
     Orphan,
     PlacementExplanation,
     Pool,
@@ -34,13 +38,14 @@ from libs.client.models import (
     Team,
     Token,
     UsageRecord,
+    Volume,
     WhoAmI,
 )
 
 __all__ = [
     "Allocation", "AllocationGpu", "Approval", "ApprovalRule", "AuditEntry", "ConfigError", "CreatedToken",
-    "Explanation", "Gpu", "GpuChange", "GpuTelemetry", "GpupoolClient", "GpupoolError", "Job", "JobHistoryEntry", "Node",
-    "Orphan", "PlacementExplanation", "Pool", "PoolCounts", "PriorityClass", "Quota", "QuotaEntry", "Readiness",
-    "ReclaimPolicy", "SubmitResult", "Team", "Token", "UsageRecord", "WhoAmI", "error_from_response",
+    "Explanation", "Gpu", "GpuChange", "GpuTelemetry", "GpupoolClient", "GpupoolError", "Job", "JobHistoryEntry", "Nic",
+    "Node", "NodeNetwork", "NodeStorage", "NodeTotals", "Orphan", "PlacementExplanation", "Pool", "PoolCounts", "PriorityClass", "Quota", "QuotaEntry", "Readiness",
+    "ReclaimPolicy", "SubmitResult", "Team", "Token", "UsageRecord", "Volume", "WhoAmI", "error_from_response",
     "resolve_connection",
 ]

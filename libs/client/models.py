@@ -143,6 +143,35 @@ class Gpu(ApiModel):
     allocation_id: str | None = Field(default=None, description="the live allocation holding it, if any")
 
 
+class Nic(ApiModel):
+    name: str = ""
+    kind: str = Field(default="ethernet", description="ethernet, infiniband or other")
+    speed_mbps: int | None = Field(default=None, description="link speed; None when down or unknown")
+
+
+class NodeNetwork(ApiModel):
+    """The NICs a node registered, their summed link speed and the latest throughput over all of them."""
+
+    interfaces: list[Nic] = Field(default_factory=list)
+    link_gbps: float = 0.0
+    rx_mbps: float | None = None
+    tx_mbps: float | None = None
+
+
+class Volume(ApiModel):
+    mount: str = ""
+    total_gib: float = 0.0
+    filesystem: str = ""
+
+
+class NodeStorage(ApiModel):
+    """The volumes a node registered, their summed size and the latest space used over all of them."""
+
+    volumes: list[Volume] = Field(default_factory=list)
+    total_gib: float = 0.0
+    used_gib: float | None = None
+
+
 class Node(ApiModel):
     cluster: str
     node: str
@@ -162,6 +191,8 @@ class Node(ApiModel):
     cordoned: bool = Field(default=False, description="no new work is placed on it")
     drained: bool = Field(default=False, description="cordoned with its allocations taken back")
     cordon: dict[str, Any] | None = Field(default=None, description="who cordoned it, when and why")
+    network: NodeNetwork = Field(default_factory=NodeNetwork)
+    storage: NodeStorage = Field(default_factory=NodeStorage)
 
 
 class GpuChange(ApiModel):
@@ -329,16 +360,28 @@ class PoolCounts(ApiModel):
     free: int = 0
 
 
+class NodeTotals(ApiModel):
+    """What a cluster's (or every cluster's) nodes add up to."""
+
+    nodes: int = 0
+    cpu_count: int = 0
+    memory_mib: int = 0
+    network_link_gbps: float = 0.0
+    storage_total_gib: float = 0.0
+
+
 class PoolCluster(ApiModel):
     cluster: str
     models: list[PoolCounts] = Field(default_factory=list)
     totals: PoolCounts = Field(default_factory=PoolCounts)
     nodes: list[dict[str, Any]] = Field(default_factory=list)
+    node_totals: NodeTotals = Field(default_factory=NodeTotals)
 
 
 class PoolAll(ApiModel):
     models: list[PoolCounts] = Field(default_factory=list)
     totals: PoolCounts = Field(default_factory=PoolCounts)
+    node_totals: NodeTotals = Field(default_factory=NodeTotals)
 
 
 class Pool(ApiModel):
