@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Device check for the agent's real NVML backend.
 
-Opens RealNvml, prints node_info(), three sample() rounds, the GPU processes (memory, allocation from
+Opens RealNvml, prints node_info() (with the node's NICs and volumes), three sample() rounds each followed by the
+node's CPU / memory / network / storage reading, the GPU processes (memory, allocation from
 GPUPOOL_ALLOCATION_ID) and each GPU's MIG capability as JSON, closes it. Read-only: it creates no MIG instance and
 stops no process; with --mig-roundtrip PROFILE it creates and destroys one instance of PROFILE on the first GPU
 that is already in MIG mode and has a free slot for it (never switching a GPU's MIG mode).
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             if round_no:
                 time.sleep(args.interval)
             _emit("sample", [dataclasses.asdict(s) for s in backend.sample()])
+            _emit("node_sample", dataclasses.asdict(backend.node_sample()))
         _emit("processes", [dataclasses.asdict(p) for p in backend.processes()])
         _emit("mig", mig_capability(backend))
         if args.mig_roundtrip:

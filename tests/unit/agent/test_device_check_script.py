@@ -64,12 +64,14 @@ def test_device_check_prints_node_info_samples_processes_and_mig_capability_as_j
         device_check, fake_machine, capsys):
     assert device_check.main(["--interval", "0"]) == 0
     docs = _docs(capsys.readouterr().out)
-    assert [d["kind"] for d in docs] == ["node_info", "sample", "sample", "sample", "processes", "mig"]
+    assert [d["kind"] for d in docs] == ["node_info"] + ["sample", "node_sample"] * 3 + ["processes", "mig"]
+    assert {"network", "storage"} <= set(docs[0]["data"]) and docs[0]["data"]["storage"][0]["mount"] == "/"
+    assert docs[4]["data"]["memory_used_mib"] > 0 and "cpu_util_pct" in docs[4]["data"]  # this host's /proc
     assert docs[0]["data"]["gpus"][0]["model"] == "H100-80GB"
     assert docs[1]["data"][1]["health"] == "healthy"
-    assert {(p["pid"], p["used_memory_mib"], p["mig_uuid"], p["allocation_id"]) for p in docs[4]["data"]} == {
+    assert {(p["pid"], p["used_memory_mib"], p["mig_uuid"], p["allocation_id"]) for p in docs[7]["data"]} == {
         (77, 700, "MIG-a", "al-1"), (4242, 1000, None, "al-1")}
-    mig_gpu, plain = docs[5]["data"]
+    mig_gpu, plain = docs[8]["data"]
     assert [i["profile"] for i in mig_gpu["instances"]] == ["3g.40gb"] and plain["instances"] == []
     assert plain["mig_mode"]["current"] == pynvml.NVML_DEVICE_MIG_DISABLE
     by_name = {p["name"]: p for p in mig_gpu["profiles"]}
