@@ -93,3 +93,45 @@ def test_pool_counts_the_fleet_and_tracks_an_allocation_from_grant_to_release(pl
         released = eventually(released_pool, "the release to show")
         assert by_model(released)["L40S"]["free"] == base["free"]
         assert_consistent(released)
+
+
+NODE_TOTALS = ("nodes", "cpu_count", "memory_mib", "network_link_gbps", "storage_total_gib")
+
+
+def test_every_node_shows_its_network_and_storage_and_clusters_add_them_up(platform) -> None:
+    """The simulated agent registers NICs and volumes and reports node throughput and storage used in its
+    samples; the pool's per-node entries, /v1/nodes and the node totals carry them."""
+    with platform.client() as api:
+        def reported() -> dict[str, Any] | None:
+            pool = get_pool(api)
+            nodes = [n for c in pool["clusters"] for n in c["nodes"]]
+            numbers = [v for n in nodes for v in (n["cpu_util_pct"], n["memory_used_mib"], n["network"]["rx_mbps"],
+                                                  n["network"]["tx_mbps"], n["storage"]["used_gib"])]
+            return pool if nodes and None not in numbers else None
+
+        pool = eventually(reported, "every node's node-level telemetry")
+        (local,) = pool["clusters"]
+        assert len(local["nodes"]) == 4
+        for node in local["nodes"]:
+            net, storage = node["network"], node["storage"]
+            assert net["interfaces"] and all(nic["name"] and nic["kind"] in ("ethernet", "infiniband", "other")
+                                             for nic in net["interfaces"]), node
+            assert net["link_gbps"] == round(sum(nic["speed_mbps"] or 0 for nic in net["interfaces"]) / 1000, 3) > 0
+            assert net["rx_mbps"] >= 0 and net["tx_mbps"] >= 0
+            assert storage["volumes"] and all(v["mount"] and v["total_gib"] > 0 for v in storage["volumes"]), node
+            assert storage["total_gib"] == pytest.approx(sum(v["total_gib"] for v in storage["volumes"]), abs=0.01)
+            assert 0 < storage["used_gib"] <= storage["total_gib"]
+            assert 0 <= node["cpu_util_pct"] <= 100 and 0 < node["memory_used_mib"] <= node["memory_mib"]
+        totals = local["node_totals"]
+        assert totals["nodes"] == 4 and totals == pool["all"]["node_totals"]
+        for key in ("cpu_count", "memory_mib"):
+            assert totals[key] == sum(n[key] for n in local["nodes"]) > 0, key
+        assert totals["network_link_gbps"] == pytest.approx(sum(n["network"]["link_gbps"] for n in local["nodes"]))
+        assert totals["storage_total_gib"] == pytest.approx(sum(n["storage"]["total_gib"] for n in local["nodes"]))
+        assert set(totals) == set(NODE_TOTALS)
+
+        # /v1/nodes shows the same registered facts for each node
+        listed = {n["node"]: n for n in api.get("/v1/nodes").json()["items"]}
+        for node in local["nodes"]:
+            assert listed[node["node"]]["network"]["interfaces"] == node["network"]["interfaces"]
+            assert listed[node["node"]]["storage"]["volumes"] == node["storage"]["volumes"]
