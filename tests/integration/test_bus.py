@@ -162,6 +162,7 @@ async def test_consumer_acks_a_handled_event(bus: tuple[NATS, JetStreamContext],
     await start_consumer(js, consumers, fast_spec("acks"), handler)
     event = job().to_cloudevent("/test")
     await publish_event(js, SUBJECT, event)
+    await eventually(lambda: bool(seen), what="the handler called")  # (consumer info may lag the delivery)
     await eventually(lambda: settled(js, "acks"), what="ack")
     assert seen == [(event.id, job().model_copy(update={"submitted_at": seen[0][1].submitted_at}))]
     assert isinstance(seen[0][1], JobSubmitted)

@@ -7,6 +7,7 @@ import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from libs.observability import tracing
 from libs.observability.tracing import (
     child_span,
     current_traceparent,
@@ -16,6 +17,13 @@ from libs.observability.tracing import (
     remote_parent,
     tracer,
 )
+
+
+@pytest.fixture(autouse=True)
+def nothing_listens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the path taken when no span processor listens; an integration test earlier in the same
+    session may have added one to the process's provider."""
+    monkeypatch.setattr(tracing, "_provider", None)
 
 TRACE, SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 W3C = TraceContextTextMapPropagator()

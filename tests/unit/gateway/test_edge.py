@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from libs.observability import tracing
 from libs.observability.tracing import current_traceparent, recording
 from services.gateway.bootstrap import HTTP_REQUESTS, EdgeMiddleware
+
+
+@pytest.fixture(autouse=True)
+def nothing_listens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the path taken when no span processor listens; an integration test earlier in the same
+    session may have added one to the process's provider."""
+    monkeypatch.setattr(tracing, "_provider", None)
 
 CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
