@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from inventory_under_test import running_inventory
 from nats.js import JetStreamContext
 from waiting import eventually
 
@@ -43,9 +44,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.subjects import EVENTS_STREAM, ROLLUPS_STREAM
 from libs.runtime.service import ServiceRuntime
-from services.inventory.config import InventorySettings
 from services.inventory.handlers import InventoryHandlers
-from services.inventory.handlers import routes as inventory_routes
 from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers
 from services.placement.handlers import routes as placement_routes
@@ -57,19 +56,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_loggin
 @pytest.fixture
 async def inventory(nats_url: str, pg_database: str,
                     js: JetStreamContext) -> AsyncIterator[tuple[ServiceRuntime, InventoryHandlers]]:
-    settings = InventorySettings(nats_url=nats_url, database_url=pg_database, http_port=0, log_level="WARNING",
-                                 node_lost_after_s=30, node_sweep_interval_s=3600, instance="inv-test",
-                                 suspect_strikes=2, strike_gap_s=1, suspect_clear_s=5, recheck_after_s=4,
-                                 probation_s=4, maintenance_interval_s=3600, rollup_late_s=0,
-                                 orphan_process_after_s=1, orphan_no_process_after_s=1)
-    rt = ServiceRuntime("inventory", settings, migrations_package="services.inventory")
-    await rt.start()
-    handlers = InventoryHandlers(rt, settings)
-    await rt.mount(inventory_routes(handlers))
-    try:
-        yield rt, handlers
-    finally:
-        await rt.shutdown()
+    async with running_inventory(nats_url, pg_database, "inv-test", suspect_strikes=2, strike_gap_s=1,
+                                 suspect_clear_s=5, recheck_after_s=4, probation_s=4, orphan_process_after_s=1,
+                                 orphan_no_process_after_s=1) as running:
+        yield running
 
 
 def uuid(node: str, index: int) -> str:

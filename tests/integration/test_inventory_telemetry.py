@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from inventory_under_test import running_inventory
 from nats.js import JetStreamContext
 from waiting import eventually
 
@@ -19,9 +20,7 @@ from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import GpuSpec, GpuTelemetry, JobSubmitted, TelemetrySampled
 from libs.contracts.subjects import DLQ_STREAM
 from libs.runtime.service import ServiceRuntime
-from services.inventory.config import InventorySettings
 from services.inventory.handlers import InventoryHandlers
-from services.inventory.handlers import routes as inventory_routes
 
 CLUSTER = "c1"
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing")]
@@ -30,17 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_loggin
 @pytest.fixture
 async def inventory(nats_url: str, pg_database: str,
                     js: JetStreamContext) -> AsyncIterator[tuple[ServiceRuntime, InventoryHandlers]]:
-    settings = InventorySettings(nats_url=nats_url, database_url=pg_database, http_port=0, log_level="WARNING",
-                                 node_lost_after_s=30, node_sweep_interval_s=3600, instance="inv-telemetry-test",
-                                 maintenance_interval_s=3600, rollup_late_s=0)
-    rt = ServiceRuntime("inventory", settings, migrations_package="services.inventory")
-    await rt.start()
-    handlers = InventoryHandlers(rt, settings)
-    await rt.mount(inventory_routes(handlers))
-    try:
-        yield rt, handlers
-    finally:
-        await rt.shutdown()
+    async with running_inventory(nats_url, pg_database, "inv-telemetry-test") as running:
+        yield running
 
 
 async def register(rt: ServiceRuntime, node: str, gpus: int = 2) -> None:
