@@ -90,13 +90,19 @@ class SampleBuffer:
     async def flush_forever(self, stop: asyncio.Event) -> None:
         """Publish the backlog oldest first whenever there is one, retrying with back-off while the bus is away."""
         delay = self.retry_s
+        # After a failure the oldest sample goes alone: were it pipelined with the ones after it, those could be
+        # stored while it is refused, i.e. out of order. Once the bus takes it, the rest goes in chunks (a failure
+        # in the middle of a chunk can still store later samples first; inventory ignores a sample older than a
+        # GPU's latest).
+        size = 1
         while not stop.is_set():
             if not self._queue:
+                size = 1  # the next backlog starts after a failure too
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=1.0)
                 continue
-            chunk = [self._queue[i] for i in range(min(FLUSH_CHUNK, len(self._queue)))]
+            chunk = [self._queue[i] for i in range(min(size, len(self._queue)))]
             try:
                 results = await self.publish_batch([(p.subject, p.payload, p.headers) for p in chunk])
             except Exception as exc:
@@ -118,5 +124,7 @@ class SampleBuffer:
                                                          else "incomplete"})
                 await asyncio.sleep(delay)
                 delay = min(self.retry_max_s, delay * 2)
+                size = 1
             else:
                 delay = self.retry_s
+                size = FLUSH_CHUNK

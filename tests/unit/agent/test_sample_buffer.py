@@ -77,28 +77,31 @@ async def test_a_long_outage_keeps_the_newest_samples_within_the_byte_budget() -
     assert bus.stored == [sample(n) for n in range(15, 25)]  # the newest, oldest first
 
 
-async def test_a_partly_stored_chunk_keeps_the_rest_in_order_for_the_retry() -> None:
+async def test_after_a_failure_the_oldest_sample_goes_alone_and_a_partly_stored_chunk_is_retried_in_order() -> None:
     bus = Bus()
-    calls = 0
+    sizes: list[int] = []
 
-    async def flaky_batch(messages):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        if calls == 1:  # the first three stored, then the bus goes away
+    async def recording_batch(messages):  # type: ignore[no-untyped-def]
+        sizes.append(len(messages))
+        if sizes.count(7) == 1 and len(messages) == 7:  # the chunk after the probe: three stored, bus gone
             return [*(await bus.publish_batch(messages[:3])), *[ConnectionError("gone")] * (len(messages) - 3)]
         return await bus.publish_batch(messages)
 
     bus.up = False
-    buffer = SampleBuffer(bus.publish, flaky_batch, retry_s=0.01)
+    buffer = SampleBuffer(bus.publish, recording_batch, retry_s=0.01)
     for n in range(8):
         await buffer.send("t", sample(n), {})
-    bus.up = True
     stop = asyncio.Event()
     flusher = asyncio.create_task(buffer.flush_forever(stop))
+    await asyncio.sleep(0.05)  # attempts while the bus is away: one sample each
+    assert sizes and set(sizes) == {1}
+    bus.up = True
     for _ in range(200):
         if not len(buffer):
             break
         await asyncio.sleep(0.01)
     stop.set()
     await flusher
-    assert calls == 2 and bus.stored == [sample(n) for n in range(8)]
+    # the probe (alone), a chunk cut short after three, the next probe (alone), then the rest as one chunk
+    assert sizes[-4:] == [1, 7, 1, 3]
+    assert bus.stored == [sample(n) for n in range(8)]  # each once, in the order taken
