@@ -43,6 +43,17 @@ async def begin(pool: asyncpg.Pool) -> tuple[asyncpg.Connection, Transaction]:
     return conn, tx
 
 
+async def end(pool: asyncpg.Pool, conn: asyncpg.Connection, tx: Transaction, *, commit: bool) -> None:
+    """Commit (or roll back) what `begin` started, and give the connection back whatever happens."""
+    try:
+        if commit:
+            await tx.commit()
+        else:
+            await tx.rollback()
+    finally:
+        await pool.release(conn)
+
+
 class BatchTransaction:
     """One database transaction around the handling of a batch of consumed messages (see the module docstring).
 
@@ -73,13 +84,7 @@ class BatchTransaction:
                         tb: TracebackType | None) -> None:
         self._open = False
         _batch.reset(self._token)
-        try:
-            if exc_type is None:
-                await self._tx.commit()
-            else:
-                await self._tx.rollback()
-        finally:
-            await self.pool.release(self.conn)
+        await end(self.pool, self.conn, self._tx, commit=exc_type is None)
         if exc_type is not None:
             return
         for callback in dict.fromkeys(self._on_commit):  # one relay wake per batch, not one per message
@@ -156,13 +161,7 @@ class UnitOfWork:
             else:
                 await self._batch.rollback_to_savepoint()  # the batch's other messages stay
             return
-        try:
-            if exc_type is None:
-                await self._tx.commit()
-            else:
-                await self._tx.rollback()
-        finally:
-            await self._pool.release(self.conn)
+        await end(self._pool, self.conn, self._tx, commit=exc_type is None)
         if exc_type is None:
             if self._emitted and self._on_commit is not None:
                 self._on_commit()
