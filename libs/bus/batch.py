@@ -12,6 +12,7 @@ does not fit goes through the general two-step decode, which names what is wrong
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -56,11 +57,10 @@ class BatchConsumer(EventConsumer):
     def decode(self, raw: bytes) -> tuple[CloudEvent, EventData]:
         """(envelope, payload); raises InvalidEnvelope. On the one-pass path `event.data` is the payload itself."""
         if self._typed is not None:
-            try:
+            # not the expected shape: fall through to the general decode, which says why (or decodes another type)
+            with contextlib.suppress(ValidationError):
                 event = self._typed.model_validate_json(raw)
                 return event, event.data
-            except ValidationError:
-                pass  # not the expected shape: the general decode says why (or decodes another type)
         event = parse_envelope(raw)
         return event, decode_data(event)
 
