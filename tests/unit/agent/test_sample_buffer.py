@@ -29,6 +29,14 @@ class Bus:
         return out
 
 
+async def drained(buffer: SampleBuffer) -> None:
+    """Until the flusher emptied the buffer (at most 2 s; the assertions after it say what arrived)."""
+    for _ in range(200):
+        if not len(buffer):
+            return
+        await asyncio.sleep(0.01)
+
+
 def sample(n: int) -> bytes:
     return f"sample-{n:04d}".encode().ljust(100, b".")
 
@@ -46,10 +54,7 @@ async def test_samples_taken_during_an_outage_arrive_in_order_after_it() -> None
     assert len(buffer) == 5 and bus.stored == [sample(0)]
     bus.up = True
     assert not await buffer.send("t", sample(6), {})  # behind the backlog, not ahead of it
-    for _ in range(200):
-        if not len(buffer):
-            break
-        await asyncio.sleep(0.01)
+    await drained(buffer)
     assert bus.stored == [sample(n) for n in range(7)]
     assert buffer.bytes == 0 and buffer.dropped == 0
     assert await buffer.send("t", sample(7), {})  # drained: straight through again
@@ -68,10 +73,7 @@ async def test_a_long_outage_keeps_the_newest_samples_within_the_byte_budget() -
     bus.up = True
     stop = asyncio.Event()
     flusher = asyncio.create_task(buffer.flush_forever(stop))
-    for _ in range(200):
-        if not len(buffer):
-            break
-        await asyncio.sleep(0.01)
+    await drained(buffer)
     stop.set()
     await flusher
     assert bus.stored == [sample(n) for n in range(15, 25)]  # the newest, oldest first
@@ -96,10 +98,7 @@ async def test_after_a_failure_the_oldest_sample_goes_alone_and_a_partly_stored_
     await asyncio.sleep(0.05)  # attempts while the bus is away: one sample each
     assert sizes and set(sizes) == {1}
     bus.up = True
-    for _ in range(200):
-        if not len(buffer):
-            break
-        await asyncio.sleep(0.01)
+    await drained(buffer)
     stop.set()
     await flusher
     # the probe (alone), a chunk cut short after three, the next probe (alone), then the rest as one chunk
