@@ -44,6 +44,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         nats_cluster=args.nats_cluster,
         service_env=parse_service_env(args.env),
+        pg_settings=parse_pg_settings(args.pg_setting),
     )
     stack = Stack(opts)
     print("starting gpupool …", flush=True)
@@ -80,6 +81,16 @@ def parse_service_env(items: list[str]) -> dict[str, dict[str, str]]:
         if not sep or not eq or not service or not key:
             raise SystemExit(f"gpupool up: --env expects SERVICE:SETTING=VALUE, got {item!r}")
         out.setdefault(service, {})[key.upper()] = value
+    return out
+
+
+def parse_pg_settings(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not key.replace("_", "").replace(".", "").isalnum():
+            raise SystemExit(f"gpupool up: --pg-setting expects NAME=VALUE, got {item!r}")
+        out[key.strip()] = value
     return out
 
 
@@ -172,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-cluster", type=int, default=0, choices=(0, 3, 5), metavar="N",
                     help="embedded NATS as a JetStream cluster of N (3 or 5) servers with streams replicated "
                          "three ways (default: one server)")
+    up.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                    help="extra setting of the embedded PostgreSQL, e.g. shared_preload_libraries=pg_stat_statements "
+                         "(repeatable; ignored with GPUPOOL_DATABASE_URL)")
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=cmd_up)
 

@@ -210,10 +210,21 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
             "http_requests": api.calls}
 
 
+PG_PROFILE_SETTINGS = ("--pg-setting", "shared_preload_libraries=pg_stat_statements",
+                       "--pg-setting", "pg_stat_statements.track=all")
+PG_TOP_STATEMENTS = """
+    SELECT d.datname AS db, s.calls, s.total_exec_time, s.rows, s.wal_bytes, s.query
+    FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+    ORDER BY s.total_exec_time DESC LIMIT 60"""
+
+
 class Profiler:
     """`py-spy record` attached to every Python service process for one phase (`--profile DIR`), so a run shows
     where each process spends its CPU. Sampling runs on the same cores, so a profiled run's rates are lower; its
-    CPU table is still charged per process. Without py-spy installed, profiling is skipped with a note."""
+    CPU table is still charged per process. Without py-spy installed, profiling is skipped with a note.
+
+    PostgreSQL, the costliest process, is not Python: for it the phase's pg_stat_statements (the platform runs with
+    the extension loaded when profiling) is written as a table of statements by execution time, calls per job."""
 
     def __init__(self, directory: Path, fmt: str = "flamegraph", rate: int = 50,
                  only: tuple[str, ...] = ()) -> None:
@@ -222,6 +233,9 @@ class Profiler:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, run: dict, label: str) -> None:
+        self.run, self.label = run, label
+        self._statements("CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
+                         fetch=False)
         if self.exe is None:
             print("[bench] --profile: py-spy is not installed (pip install py-spy); not profiling", flush=True)
             return
@@ -236,7 +250,7 @@ class Profiler:
                  "--format", self.fmt, "--output", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
-    def stop(self) -> None:
+    def stop(self, jobs: int) -> None:
         for proc in self.procs:
             proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
         for proc in self.procs:
@@ -245,6 +259,44 @@ class Profiler:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.procs = []
+        rows = self._statements(PG_TOP_STATEMENTS)
+        if rows:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / f"{self.label}-postgres.md").write_text(statements_table(rows, jobs))
+
+    def _statements(self, sql: str, *, fetch: bool = True) -> list:
+        """Run `sql` on the platform's PostgreSQL (any service database sees the cluster-wide statistics)."""
+        import asyncpg
+
+        if "database_urls" not in self.run:
+            return []
+
+        async def go() -> list:
+            conn = await asyncpg.connect(self.run["database_urls"]["queue"])
+            try:
+                return list(await conn.fetch(sql)) if fetch else [await conn.execute(sql)]
+            finally:
+                await conn.close()
+        try:
+            return asyncio.run(go())
+        except Exception as exc:  # no extension (an external database): py-spy profiles still come
+            print(f"[bench] --profile: no pg_stat_statements ({exc!r}); not profiling PostgreSQL", flush=True)
+            return []
+
+
+def statements_table(rows: list, jobs: int) -> str:
+    """pg_stat_statements of one phase as markdown: where PostgreSQL's time went, per job."""
+    total = sum(r["total_exec_time"] for r in rows) or 1.0
+    out = [f"{jobs} jobs; execution time of the top {len(rows)} statements: {total:.0f} ms "
+           f"({total / max(jobs, 1):.3f} ms per job)", "",
+           "| database | calls per job | ms per job | share | rows per call | WAL bytes per job | statement |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        query = " ".join(r["query"].split())[:160].replace("|", "\\|")
+        out.append(f"| {r['db']} | {r['calls'] / jobs:.2f} | {r['total_exec_time'] / jobs:.4f} | "
+                   f"{100 * r['total_exec_time'] / total:.1f}% | {r['rows'] / max(r['calls'], 1):.1f} | "
+                   f"{int(r['wal_bytes'] or 0) // max(jobs, 1)} | `{query}` |")
+    return "\n".join(out) + "\n"
 
 
 def measured(meter: ProcessMeter, phase, profiler: Profiler | None = None, label: str = "") -> dict:  # type: ignore[no-untyped-def]
@@ -254,11 +306,12 @@ def measured(meter: ProcessMeter, phase, profiler: Profiler | None = None, label
         profiler.start(meter.run, label)
     before = meter.sample()
     own = time.process_time()
+    result: dict = {}
     try:
         result = asyncio.run(phase)
     finally:
         if profiler is not None:
-            profiler.stop()
+            profiler.stop(result.get("jobs", 0))
     result["loadgen_cpu_s"] = round(time.process_time() - own, 3)
     after = meter.sample()
     result["cpu_s"] = {n: round(after[n][0] - before[n][0], 3) for n in after if n in before}
@@ -279,7 +332,8 @@ def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, cli
                   profiler: Profiler | None = None, auth: str = "admin") -> dict:
     results: list[dict] = []
     for r in range(runs):
-        with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp, Platform(Path(tmp)) as platform:
+        extra = PG_PROFILE_SETTINGS if profiler is not None else ()
+        with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp, Platform(Path(tmp), extra=extra) as platform:
             if auth == "api-token":
                 platform.run["bench_token"] = api_token(platform.run)
             meter = ProcessMeter(platform.run)

@@ -303,8 +303,10 @@ def start_postgres(
     host: str = "127.0.0.1",
     port: int | None = None,
     log_file: Path | None = None,
+    settings: dict[str, str] | None = None,
 ) -> ManagedServer:
     """Start PostgreSQL on ``data_dir`` (initdb on first use, reuse after); return once it accepts queries.
+    ``settings`` add to (or override) PG_SETTINGS, e.g. ``shared_preload_libraries=pg_stat_statements``.
 
     As root it runs as the system user ``gpupool-pg`` (created if missing): PostgreSQL refuses root.
     """
@@ -331,7 +333,7 @@ def start_postgres(
         p = port or free_port(host)
         cmd = [str(bin_dir / "postgres"), "-D", str(data_dir), "-c", f"listen_addresses={host}",
                "-c", f"port={p}", "-c", f"unix_socket_directories={socket_dir}"]
-        for k, v in PG_SETTINGS.items():
+        for k, v in {**PG_SETTINGS, **(settings or {})}.items():
             cmd += ["-c", f"{k}={v}"]
         offset = _size(log_file)
         with open(log_file, "ab") as log:

@@ -50,6 +50,7 @@ class StackOptions:
     replicas: int = 1  # replicas of every other backend service (shared durable consumers and queue groups)
     nats_cluster: int = 0  # >0: the embedded NATS is a JetStream cluster of this many servers
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)  # service → {SETTING: value} overrides
+    pg_settings: dict[str, str] = field(default_factory=dict)  # extra `postgres -c` settings of the embedded server
 
 
 @dataclass
@@ -152,7 +153,8 @@ class Stack:
             self.admin_dsn = opts.database_url
             say("postgresql  (existing server from GPUPOOL_DATABASE_URL)")
         else:
-            pg = start_postgres(opts.data_dir / "postgres", log_file=opts.data_dir / "logs" / "postgres.log")
+            pg = start_postgres(opts.data_dir / "postgres", log_file=opts.data_dir / "logs" / "postgres.log",
+                                settings=opts.pg_settings)
             self.servers.append(pg)
             self.admin_dsn = pg.url
             say(f"postgresql  {pg.url} (embedded, data in {opts.data_dir / 'postgres'})")

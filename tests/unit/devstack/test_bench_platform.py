@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from libs.devstack import bench_platform
-from libs.devstack.bench_platform import BEGIN, END, Profiler, markdown, pct
+from libs.devstack.bench_platform import BEGIN, END, Profiler, markdown, pct, statements_table
 
 
 def result(**median_extra: float) -> dict:
@@ -49,7 +49,7 @@ def test_profiling_without_py_spy_is_skipped_with_a_note(tmp_path: Path, monkeyp
     monkeypatch.setattr(bench_platform.shutil, "which", lambda *a, **k: None)
     profiler = Profiler(tmp_path / "prof")
     profiler.start({"services": {"gateway": {"pid": 1}}}, "run1-burst")
-    profiler.stop()
+    profiler.stop(jobs=0)
     assert "py-spy is not installed" in capsys.readouterr().out
     assert not (tmp_path / "prof").exists()
 
@@ -62,10 +62,23 @@ def test_a_profile_is_recorded_per_service_and_written_when_the_phase_ends(tmp_p
     try:
         profiler.start({"services": {"gateway": {"pid": target.pid}, "queue": {"pid": target.pid}}}, "run1-burst")
         time.sleep(1.5)
-        profiler.stop()
+        profiler.stop(jobs=0)
     finally:
         target.kill()
         target.wait()
     written = sorted(p.name for p in tmp_path.iterdir())
     assert written == ["run1-burst-gateway.txt"]  # only the service asked for
     assert "<module>" in (tmp_path / written[0]).read_text()
+
+
+def test_postgres_statements_are_charged_per_job_most_expensive_first() -> None:
+    rows = [{"db": "gpupool_queue", "calls": 3000, "total_exec_time": 300.0, "rows": 3000, "wal_bytes": 6_000_000,
+             "query": "INSERT INTO outbox (a | b)\n   VALUES ($1)"},
+            {"db": "gpupool_placement", "calls": 80, "total_exec_time": 100.0, "rows": 80, "wal_bytes": None,
+             "query": "SELECT json_build_object()"}]
+    text = statements_table(rows, jobs=1000)
+    assert text.startswith("1000 jobs; execution time of the top 2 statements: 400 ms (0.400 ms per job)")
+    lines = text.splitlines()
+    assert lines[4] == ("| gpupool_queue | 3.00 | 0.3000 | 75.0% | 1.0 | 6000 | "
+                        "`INSERT INTO outbox (a \\| b) VALUES ($1)` |")
+    assert lines[5].startswith("| gpupool_placement | 0.08 | 0.1000 | 25.0% | 1.0 | 0 |")
