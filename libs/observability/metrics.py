@@ -17,6 +17,8 @@ BUS_HANDLE_SECONDS = Histogram(
 BUS_PUBLISHED = Counter("gpupool_bus_published_total", "Messages published to JetStream", ["subject_root"])
 OUTBOX_PENDING = Gauge("gpupool_outbox_pending", "Outbox rows not yet published", ["service"])
 OUTBOX_RELAYED = Counter("gpupool_outbox_relayed_total", "Outbox rows published by the relay", ["service"])
+STORE_PRUNED = Counter("gpupool_store_pruned_rows_total",
+                       "Rows deleted by retention (published outbox rows, processed inbox rows)", ["service", "table"])
 RPC_REQUESTS = Counter("gpupool_rpc_requests_total", "Request/reply calls served", ["subject", "outcome"])
 
 

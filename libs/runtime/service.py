@@ -1,5 +1,5 @@
 """The composition every service shares: observability, NATS + streams, its own database + migrations, the
-outbox relay, consumers and request/reply handlers, and graceful shutdown.
+outbox relay and its retention, consumers and request/reply handlers, and graceful shutdown.
 
 Shutdown order matters: stop fetching → finish the message in hand → stop answering requests → flush the outbox
 → drain the NATS connection → close the pool. A SIGKILL skips all of it and still loses nothing: unacked messages
@@ -34,6 +34,7 @@ from libs.runtime.settings import ServiceSettings
 from libs.store.database import Pool, create_pool, database_name, ensure_database, with_database
 from libs.store.migrations import migrate, package_migrations, store_migrations
 from libs.store.outbox_relay import OutboxRelay
+from libs.store.retention import Pruner
 from libs.store.unit_of_work import BatchTransaction, UnitOfWork
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class ServiceRuntime:
         self._stop = asyncio.Event()
         self.pool: Pool | None = None
         self.relay: OutboxRelay | None = None
+        self.pruner: Pruner | None = None
         self.http: OpsEndpoint | None = None
 
     # --- start ----------------------------------------------------------------------------------------------
@@ -72,6 +74,10 @@ class ServiceRuntime:
             self.relay = OutboxRelay(self.pool, functools.partial(publish_raw, self.js), self.name,
                                      publish_batch=functools.partial(publish_raw_batch, self.js))
             self.relay.start()
+            self.pruner = Pruner(self.pool, self.name, outbox_retention_s=self.settings.outbox_retention_s,
+                                 inbox_retention_s=self.settings.inbox_retention_s,
+                                 interval_s=self.settings.retention_interval_s)
+            self.pruner.start()
         self.http = OpsEndpoint(self.settings.http_host, self.settings.http_port, self.ready)
         port = await self.http.start()
         await self.serve(subjects.health_ping(self.name), Empty, self._ping)
@@ -177,6 +183,8 @@ class ServiceRuntime:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         # Each step is bounded: with NATS or PostgreSQL gone, a graceful stop must still end.
+        if self.pruner is not None:
+            await self.pruner.stop()
         if self.relay is not None:
             await _bounded(self.relay.stop(), 15)
         await _bounded(self.nc.drain(), 10)

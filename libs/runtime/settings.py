@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from libs.contracts.subjects import STREAMS
+from libs.store.retention import DEFAULT_INTERVAL_S, DEFAULT_OUTBOX_RETENTION_S
+
+# JetStream may redeliver a message as long as its stream keeps it: the inbox that deduplicates redeliveries must
+# remember an event at least that long, or a late redelivery would apply twice.
+INBOX_RETENTION_FLOOR_S = max(s.max_age_s for s in STREAMS)
 
 
 class ServiceSettings(BaseSettings):
@@ -25,3 +32,20 @@ class ServiceSettings(BaseSettings):
                                         description="Replicas of each JetStream stream (needs a NATS cluster of at "
                                                     "least that many servers); unset keeps what the stream has")
     metrics_interval_s: float = Field(default=10.0, gt=0, description="How often consumer lag is read for /metrics")
+    outbox_retention_s: float = Field(default=DEFAULT_OUTBOX_RETENTION_S, gt=0,
+                                      description="Published outbox rows older than this are deleted (unpublished "
+                                                  "rows never are)")
+    inbox_retention_s: float = Field(default=INBOX_RETENTION_FLOOR_S, gt=0,
+                                     description="Inbox rows older than this are deleted; at least the longest "
+                                                 "stream max age (30 days), or a late redelivery would apply twice")
+    retention_interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0,
+                                        description="How often old outbox and inbox rows are pruned")
+
+    @model_validator(mode="after")
+    def _inbox_outlives_redelivery(self) -> ServiceSettings:
+        if self.inbox_retention_s < INBOX_RETENTION_FLOOR_S:
+            raise ValueError(
+                f"INBOX_RETENTION_S={self.inbox_retention_s:.0f} s is shorter than the {INBOX_RETENTION_FLOOR_S:.0f} s a "
+                "stream keeps (and may redeliver) an event: a redelivery after its inbox row was pruned would apply "
+                "twice. Set it to at least that.")
+        return self

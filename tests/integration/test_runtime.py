@@ -67,7 +67,7 @@ async def test_runtime_creates_and_migrates_its_database_and_answers_on_the_bus_
     try:
         assert rt.pool is not None
         rows = await rt.pool.fetch("SELECT namespace, version FROM schema_migrations ORDER BY namespace")
-        assert [(r["namespace"], r["version"]) for r in rows] == [(NAME, 1), ("store", 1)]
+        assert [(r["namespace"], r["version"]) for r in rows] == [(NAME, 1), ("store", 1), ("store", 2)]
         assert {s.config.name for s in await js.streams_info()} == {s.name for s in subjects.STREAMS}
 
         ping = await request(rt.nc, subjects.health_ping(NAME), Empty(), timeout=2)

@@ -94,7 +94,7 @@ async def advisory_locks_held(pool: asyncpg.Pool) -> int:
 async def test_migrations_apply_once_and_are_recorded(pool: asyncpg.Pool, tmp_path: Path) -> None:
     wanted = store_migrations() + write_migrations(tmp_path / "app", APP_SQL)
     applied = await migrate(pool, wanted)
-    assert [(m.namespace, m.version) for m in applied] == [("store", 1), ("app", 1), ("app", 2)]
+    assert [(m.namespace, m.version) for m in applied] == [("store", 1), ("store", 2), ("app", 1), ("app", 2)]
     rows = await pool.fetch("SELECT namespace, version, name, checksum FROM schema_migrations "
                             "ORDER BY namespace DESC, version")
     assert [(r["namespace"], r["version"], r["name"], r["checksum"]) for r in rows] == [
