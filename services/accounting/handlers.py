@@ -105,7 +105,7 @@ class AccountingHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             user = await store.job_user(uow.conn, data.job_id)
-            await store.lock_gpus(uow.conn, (g.uuid for g in data.gpus))
+            await store.lock_node(uow.conn, data.cluster, data.node)
             await store.insert_intervals(uow.conn, data, user=user, kind=data.kind, granted_at=data.granted_at,
                                          released_at=None, reason=None, idle_util_pct=self.idle_pct)
             await store.close_wait(uow.conn, data.job_id, data.granted_at, "granted", dominant_model(data))
@@ -118,7 +118,7 @@ class AccountingHandlers:
         async with self.rt.uow() as uow:
             if not await uow.first_time(CONSUMER, event.id):
                 return
-            await store.lock_gpus(uow.conn, (g.uuid for g in data.gpus))
+            await store.lock_node(uow.conn, data.cluster, data.node)
             user, kind, job_kind = await store.release_context(uow.conn, data.job_id, data.allocation_id)
             if kind is None:  # granted before accounting listened: the release alone says enough
                 kind = job_kind
@@ -148,7 +148,7 @@ class AccountingHandlers:
         if data.window_end <= data.window_start:
             raise Poison("InvalidRollup", "window_end must be after window_start")
         async with self.rt.uow() as uow:
-            await store.lock_gpus(uow.conn, (g.uuid for g in data.gpus))
+            await store.lock_node(uow.conn, data.cluster, data.node)  # the one lock it takes, before anything
             for gpu in data.gpus:
                 await store.apply_rollup(uow.conn, cluster=data.cluster, node=data.node,
                                          window_start=data.window_start, window_end=data.window_end, gpu=gpu,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -69,21 +69,19 @@ async def close_wait(conn: asyncpg.Connection, job_id: str, at: datetime, outcom
 
 
 # --- the ledger --------------------------------------------------------------------------------------------------
-def _lock_keys(gpu_uuids: Iterable[str]) -> list[int]:
-    """One advisory lock per GPU, taken in one global order (so two transactions never deadlock): the rollup
-    consumer and the allocation consumer both change a GPU's utilization accumulators under it."""
-    keys = {int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "big", signed=True)
-            for u in gpu_uuids}
-    return sorted(keys)
+def node_lock_key(cluster: str, node: str) -> int:
+    """The advisory lock key of one node's GPUs (64-bit, from a hash of cluster and node)."""
+    return int.from_bytes(hashlib.blake2b(f"gpu-node:{cluster}/{node}".encode(), digest_size=8).digest(), "big",
+                          signed=True)
 
 
-async def lock_gpus(conn: asyncpg.Connection, gpu_uuids: Iterable[str]) -> None:
-    """All of them in one statement; unnest yields the (sorted) keys in array order, so they lock in that order."""
-    keys = _lock_keys(gpu_uuids)
-    if len(keys) == 1:
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", keys[0])
-    elif keys:
-        await conn.execute("SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k", keys)
+async def lock_node(conn: asyncpg.Connection, cluster: str, node: str) -> None:
+    """Serialise changes to the utilization accumulators of one node's intervals: the rollup consumer and the
+    allocation consumer both change them. One lock per node, not per GPU, so a rollup's transaction takes exactly
+    one lock, as its first statement: it never holds a lock while it waits, so it cannot be part of a deadlock
+    however many nodes' locks a batch of allocation events holds, and in whatever order (README: "Batched event
+    handling")."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", node_lock_key(cluster, node))
 
 
 async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
@@ -180,8 +178,9 @@ async def list_usage(conn: asyncpg.Connection, *, team: str | None, job_id: str 
 # --- rollups ------------------------------------------------------------------------------------------------------
 async def apply_rollup(conn: asyncpg.Connection, *, cluster: str, node: str, window_start: datetime,
                        window_end: datetime, gpu: GpuRollup, idle_util_pct: float) -> bool:
-    """Store one GPU's rollup once and add it to the intervals holding that GPU during the window. A rollup seen
-    again (redelivery) changes nothing."""
+    """Store one GPU's rollup once and add it to the intervals holding that GPU on that node during the window
+    (only that node's rows: the node's lock covers exactly them). A rollup seen again (redelivery) changes
+    nothing."""
     inserted = await conn.fetchval(
         """INSERT INTO gpu_rollups (gpu_uuid, window_start, window_end, cluster, node, samples, util_avg_pct,
                                     mem_avg_mib)
@@ -196,9 +195,10 @@ async def apply_rollup(conn: asyncpg.Connection, *, cluster: str, node: str, win
            FROM (SELECT allocation_id, slot,
                         acct_us(GREATEST(granted_at, $2), LEAST(COALESCE(released_at, $3), $3))::double precision AS ov
                  FROM gpu_intervals
-                 WHERE gpu_uuid = $1 AND granted_at < $3 AND (released_at IS NULL OR released_at > $2)) x
+                 WHERE gpu_uuid = $1 AND granted_at < $3 AND (released_at IS NULL OR released_at > $2)
+                   AND cluster = $6 AND node = $7) x
            WHERE g.allocation_id = x.allocation_id AND g.slot = x.slot AND x.ov > 0""",
-        gpu.uuid, window_start, window_end, gpu.utilization_avg_pct, idle_util_pct)
+        gpu.uuid, window_start, window_end, gpu.utilization_avg_pct, idle_util_pct, cluster, node)
     return True
 
 
