@@ -58,17 +58,19 @@ class ReclamationHandlers:
                 await store.untrack(uow.conn, data.allocation_id)
 
     async def on_telemetry(self, event: CloudEvent, data: TelemetrySampled) -> None:
-        """Idempotent without an inbox: observing the same sample twice leaves the same state."""
+        """Idempotent without an inbox: observing the same sample twice leaves the same state. Writes only
+        tracker_usage, which nothing but telemetry locks (README: "Batched event handling")."""
+        observations = []
         async with self.rt.uow() as uow:
-            for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
+            for tracker in await store.tracked_on_node(uow.conn, data.cluster, data.node):
                 util = allocation_utilization(data.gpus, tracker["gpu_uuids"])
                 if util is None:
                     continue
                 mean, peak = util
                 policy = self.policies.get(tracker["kind"])
                 threshold = policy["idle_util_pct"] if policy else self.settings.busy_util_pct
-                await store.observe(uow.conn, tracker["allocation_id"], data.sampled_at, mean, peak,
-                                    is_busy(peak, threshold))
+                observations.append((tracker["allocation_id"], mean, peak, is_busy(peak, threshold)))
+            await store.observe(uow.conn, data.sampled_at, observations)
 
     async def on_node_lost(self, event: CloudEvent, data: NodeLost) -> None:
         """A node that went silent holds GPUs nobody can use: take its allocations back (the queue requeues
@@ -135,6 +137,7 @@ class ReclamationHandlers:
         now = utcnow()
         async with self.rt.pool.acquire() as conn:
             self.policies = await store.policies(conn)
+            await store.prune_usage(conn)
             trackers = await store.all_trackers(conn)
         for tracker in trackers:
             verdict = judge(tracker, self.policies.get(tracker["kind"]), now)

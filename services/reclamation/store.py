@@ -9,9 +9,13 @@ import asyncpg
 from libs.contracts.commands import SetReclaimPolicy
 from libs.contracts.events import AllocationGranted
 
-_TRACKER = ("allocation_id, job_id, team, cluster, node, gpu_uuids, granted_at, last_busy_at, last_sample_at, "
-            "mean_util_pct, max_util_pct, kind, priority_class, max_runtime_s, warned_at, reclaim_deadline, "
-            "reclaim_reason")
+# A tracker with what telemetry learned of it (tracker_usage, written only by the telemetry consumer: see the
+# migration 0004 and README "Batched event handling"). Readers join; nobody locks both.
+_TRACKER = ("""SELECT t.allocation_id, t.job_id, t.team, t.cluster, t.node, t.gpu_uuids, t.granted_at,
+                      greatest(t.last_busy_at, u.last_busy_at) AS last_busy_at, u.last_sample_at, u.mean_util_pct,
+                      u.max_util_pct, t.kind, t.priority_class, t.max_runtime_s, t.warned_at, t.reclaim_deadline,
+                      t.reclaim_reason
+               FROM trackers t LEFT JOIN tracker_usage u ON u.allocation_id = t.allocation_id""")
 
 
 async def track(conn: asyncpg.Connection, data: AllocationGranted) -> None:
@@ -28,11 +32,17 @@ async def untrack(conn: asyncpg.Connection, allocation_id: str) -> None:
 
 
 async def trackers_on_node(conn: asyncpg.Connection, cluster: str, node: str) -> list[asyncpg.Record]:
-    return await conn.fetch(f"SELECT {_TRACKER} FROM trackers WHERE cluster = $1 AND node = $2", cluster, node)
+    return await conn.fetch(f"{_TRACKER} WHERE t.cluster = $1 AND t.node = $2", cluster, node)
+
+
+async def tracked_on_node(conn: asyncpg.Connection, cluster: str, node: str) -> list[asyncpg.Record]:
+    """What telemetry needs of the node's trackers (read without locks)."""
+    return await conn.fetch("SELECT allocation_id, kind, gpu_uuids FROM trackers WHERE cluster = $1 AND node = $2",
+                            cluster, node)
 
 
 async def trackers_holding(conn: asyncpg.Connection, gpu_uuid: str) -> list[asyncpg.Record]:
-    return await conn.fetch(f"SELECT {_TRACKER} FROM trackers WHERE $1 = ANY(gpu_uuids)", gpu_uuid)
+    return await conn.fetch(f"{_TRACKER} WHERE $1 = ANY(t.gpu_uuids)", gpu_uuid)
 
 
 async def abnormal_count(conn: asyncpg.Connection, job_id: str) -> int:
@@ -47,16 +57,42 @@ async def count_abnormal(conn: asyncpg.Connection, job_id: str, at: datetime) ->
            RETURNING abnormal""", job_id, at)
 
 
-async def observe(conn: asyncpg.Connection, allocation_id: str, at: datetime, mean_util: float, max_util: float,
-                  busy: bool) -> None:
+async def observe(conn: asyncpg.Connection, at: datetime,
+                  observations: list[tuple[str, float, float, bool]]) -> None:
+    """One sample for several allocations ((allocation id, mean, max, busy) each), in one statement in allocation
+    id order. It writes only tracker_usage, so it never waits on a row the allocation consumer or the sweep
+    holds; a tracker released meanwhile gets no usage row (its leftover one, if any, is pruned by the sweep).
+    Idempotent: timestamps only move forward (greatest() ignores NULLs); utilisation is last-write-wins."""
+    if not observations:
+        return
+    observations = sorted(observations)
     await conn.execute(
-        """UPDATE trackers SET last_sample_at = greatest(coalesce(last_sample_at, $2), $2), mean_util_pct = $3,
-               max_util_pct = $4, last_busy_at = CASE WHEN $5 THEN greatest(last_busy_at, $2) ELSE last_busy_at END
-           WHERE allocation_id = $1""", allocation_id, at, mean_util, max_util, busy)
+        """INSERT INTO tracker_usage AS u (allocation_id, last_sample_at, mean_util_pct, max_util_pct, last_busy_at)
+           SELECT o.id, $1, o.mean, o.peak, CASE WHEN o.busy THEN $1::timestamptz END
+           FROM unnest($2::text[], $3::real[], $4::real[], $5::bool[]) WITH ORDINALITY AS o(id, mean, peak, busy, n)
+           WHERE EXISTS (SELECT 1 FROM trackers t WHERE t.allocation_id = o.id)
+           ORDER BY o.n
+           ON CONFLICT (allocation_id) DO UPDATE SET
+               last_sample_at = greatest(u.last_sample_at, EXCLUDED.last_sample_at),
+               mean_util_pct = EXCLUDED.mean_util_pct, max_util_pct = EXCLUDED.max_util_pct,
+               last_busy_at = greatest(u.last_busy_at, EXCLUDED.last_busy_at)""",
+        at, [o[0] for o in observations], [o[1] for o in observations], [o[2] for o in observations],
+        [o[3] for o in observations])
+
+
+async def prune_usage(conn: asyncpg.Connection) -> int:
+    """Drop what telemetry kept of allocations no longer tracked. Rows another transaction holds are skipped (the
+    next sweep gets them), so this never waits on the telemetry consumer."""
+    status = await conn.execute(
+        """DELETE FROM tracker_usage WHERE allocation_id IN (
+               SELECT u.allocation_id FROM tracker_usage u
+               WHERE NOT EXISTS (SELECT 1 FROM trackers t WHERE t.allocation_id = u.allocation_id)
+               FOR UPDATE SKIP LOCKED)""")
+    return int(status.split()[-1])
 
 
 async def all_trackers(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await conn.fetch(f"SELECT {_TRACKER} FROM trackers ORDER BY allocation_id")
+    return await conn.fetch(f"{_TRACKER} ORDER BY t.allocation_id")
 
 
 async def mark_warned(conn: asyncpg.Connection, allocation_id: str, at: datetime, deadline: datetime) -> bool:
