@@ -3,7 +3,12 @@
 Every cross-service comparison is exact, not "eventually": a downstream service's database is read before its
 upstream's (so anything the downstream applied was committed upstream first), and what a consumer has applied is
 known exactly from its inbox (the event ids it recorded in the same transaction as their effect). A lagging
-consumer therefore never looks like a violation here; lag has its own bound (consumer_lag)."""
+consumer therefore never looks like a violation here; lag has its own bound (consumer_lag).
+
+Retention (libs/store/retention.py) deletes published outbox rows and inbox rows older than a horizon each store
+records (`outbox_pruned_before`, `inbox_pruned_before`). A row is written after the fact it records, so a fact at or
+after the horizon still has its rows: such entities are checked exactly. Only an event or inbox row of a fact before
+the horizon (`maybe_pruned`) may be missing, and its absence alone is never reported; what is left of it still is."""
 
 from __future__ import annotations
 
@@ -24,6 +29,9 @@ JOB_STATES = frozenset({"awaiting_approval", "pending", "running", "preempting",
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})  # releases the queue leaves alone
 ONE_US = timedelta(microseconds=1)
+# Entity times (submitted_at, granted_at, the envelope's time) come from the service's clock, horizons from its
+# database's: facts this close after a horizon still count as maybe pruned.
+CLOCK_SLACK = timedelta(seconds=60)
 EPS = 1e-9
 
 Result = tuple[int, list[Violation]]
@@ -36,6 +44,12 @@ def stream_of(subject: str) -> str | None:
             if subjects.matches(pattern, subject):
                 return spec.name
     return None
+
+
+def maybe_pruned(horizon: datetime | None, t: datetime | None) -> bool:
+    """Whether retention may have deleted the outbox/inbox rows of a fact that happened at `t`, given the store's
+    horizon (rows older than it may be gone; None: nothing was ever pruned)."""
+    return horizon is not None and (t is None or t < horizon + CLOCK_SLACK)
 
 
 def held_us(start: datetime, end: datetime) -> int:
@@ -177,9 +191,12 @@ def job_state(queue: ServiceStore, streams: StreamView | None) -> Result:
         if state not in JOB_STATES:
             out.append(Violation("job_state", "job_state_invalid", job_id, f"state {state!r} is not a job state"))
         events = by_job.get(job_id, [])
+        # submitted before the horizon: its first events may be pruned; what is left must still be the chain's end
+        pruned = maybe_pruned(queue.outbox_pruned_before, job.get("submitted_at"))
         if not events:
-            out.append(Violation("job_state", "job_without_events", job_id,
-                                 f"job is {state} but queue never emitted a job.state_changed event for it"))
+            if not pruned:
+                out.append(Violation("job_state", "job_without_events", job_id,
+                                     f"job is {state} but queue never emitted a job.state_changed event for it"))
             continue
         for e in events:
             if e.lost:
@@ -192,7 +209,7 @@ def job_state(queue: ServiceStore, streams: StreamView | None) -> Result:
         chain = [((e.data or {}).get("previous"), (e.data or {}).get("current")) for e in events]
         previous: str | None = None
         for i, (e, (frm, to)) in enumerate(zip(events, chain, strict=True)):
-            if frm != previous:
+            if frm != previous and not (pruned and i == 0):
                 out.append(Violation(
                     "job_state", "job_event_chain_broken", job_id,
                     f"event #{i + 1} ({e.row.event_id}) moves {frm} → {to}, but the job was {previous} "
@@ -203,7 +220,8 @@ def job_state(queue: ServiceStore, streams: StreamView | None) -> Result:
                 "job_state", "job_state_mismatch", job_id,
                 f"queue says {state}, but its {len(events)} state_changed events end in {previous} "
                 f"(last: {events[-1].row.event_id})", {"state": state, "events_say": previous}))
-        if history.get(job_id, []) != chain:
+        kept = history.get(job_id, [])
+        if (kept[len(kept) - len(chain):] if pruned else kept) != chain:
             out.append(Violation(
                 "job_state", "job_history_mismatch", job_id,
                 f"job_history transitions {_arrows(history.get(job_id, []))} differ from its events "
@@ -241,10 +259,11 @@ def allocation_events(placement: ServiceStore, streams: StreamView | None) -> Re
         for e in emitted(placement, subject, streams):
             target[(e.data or {}).get("allocation_id", "?")].append(e)
     out: list[Violation] = []
+    horizon = placement.outbox_pruned_before
     for alloc_id, a in sorted(allocations.items()):
         held = sorted(_gpu_key(g) for g in gpus.get(alloc_id, []))
         g_events, r_events = granted.get(alloc_id, []), released.get(alloc_id, [])
-        if len(g_events) != 1:
+        if len(g_events) != 1 and not (not g_events and maybe_pruned(horizon, a["granted_at"])):
             out.append(Violation("allocation_events", "granted_missing" if not g_events else "granted_duplicated",
                                  alloc_id, f"job {a['job_id']}: {len(g_events)} allocation.granted events (want 1)"))
         for e in g_events:
@@ -255,7 +274,7 @@ def allocation_events(placement: ServiceStore, streams: StreamView | None) -> Re
                                      f"job {a['job_id']}: allocation is live but {len(r_events)} allocation.released "
                                      f"event(s) say it was released ({r_events[0].row.event_id})"))
             continue
-        if len(r_events) != 1:
+        if len(r_events) != 1 and not (not r_events and maybe_pruned(horizon, a["released_at"])):
             out.append(Violation("allocation_events", "released_missing" if not r_events else "released_duplicated",
                                  alloc_id, f"job {a['job_id']}: released at {a['released_at']} "
                                            f"({a['release_reason']}) with {len(r_events)} allocation.released events"))
@@ -292,9 +311,10 @@ def _compare_event(e: Emitted, a: dict[str, Any], held: list[tuple], time_field:
 
 
 # --- quota_use ----------------------------------------------------------------------------------------------------
-def live_use(placement: ServiceStore) -> dict[tuple[str, str], float]:
+def live_use(placement: ServiceStore, skip: frozenset[str] = frozenset()) -> dict[tuple[str, str], float]:
     """GPUs each (team, model) holds now, shares counted by their share: what quota use is made of."""
-    live = {a["allocation_id"]: a for a in placement.rows("allocations") if a["released_at"] is None}
+    live = {a["allocation_id"]: a for a in placement.rows("allocations")
+            if a["released_at"] is None and a["allocation_id"] not in skip}
     use: dict[tuple[str, str], float] = defaultdict(float)
     for g in placement.rows("allocation_gpus"):
         a = live.get(g["allocation_id"])
@@ -323,14 +343,17 @@ def _same_use(a: dict[tuple[str, str], float], b: dict[tuple[str, str], float]) 
 
 
 def quota_use(snapshot: Snapshot, placement: ServiceStore, report_window_s: float = 15.0) -> Result:
-    use = live_use(placement)
+    # allocations granted before the outbox horizon may have lost their grant event: compared on neither side
+    old = frozenset(a["allocation_id"] for a in placement.rows("allocations")
+                    if maybe_pruned(placement.outbox_pruned_before, a["granted_at"]))
+    use = live_use(placement, old)
     out: list[Violation] = []
     # 1. from the events: every allocation granted and not released, by team and model
     events_use: dict[tuple[str, str], float] = defaultdict(float)
     released = {(e.data or {}).get("allocation_id") for e in emitted(placement, RELEASED, snapshot.streams)}
     for e in emitted(placement, GRANTED, snapshot.streams):
         d = e.data or {}
-        if d.get("allocation_id") not in released:
+        if d.get("allocation_id") not in released and d.get("allocation_id") not in old:
             for g in d.get("gpus", []):
                 events_use[(d.get("team"), g.get("model"))] += int(g.get("share_milli") or 1000) / 1000
     for key in sorted(set(use) | set(events_use), key=str):
@@ -427,7 +450,9 @@ def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
 
 # --- ledger -------------------------------------------------------------------------------------------------------
 def ledger(accounting: ServiceStore, placement: ServiceStore) -> Result:
-    """Accounting was read before placement. `applied` is accounting's inbox: the allocation events it applied."""
+    """Accounting was read before placement. `applied` is accounting's inbox: the allocation events it applied.
+    An allocation granted before any of the horizons it depends on (placement's outbox, accounting's inbox and
+    outbox) may have lost those rows, so it is not judged."""
     applied = accounting.inbox.get("accounting", set())
     intervals: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for iv in accounting.rows("gpu_intervals"):
@@ -444,7 +469,12 @@ def ledger(accounting: ServiceStore, placement: ServiceStore) -> Result:
                      if r.subject == RELEASED}
     out: list[Violation] = []
     allocations = {a["allocation_id"]: a for a in placement.rows("allocations")}
+    horizons = [h for h in (placement.outbox_pruned_before, accounting.inbox_pruned_before,
+                            accounting.outbox_pruned_before) if h is not None]
+    horizon = max(horizons) if horizons else None
     for alloc_id, a in sorted(allocations.items()):
+        if maybe_pruned(horizon, a["granted_at"]):
+            continue
         ivs, row = intervals.get(alloc_id, []), ledger_rows.get(alloc_id)
         saw_grant = grant_event.get(alloc_id) in applied
         saw_release = release_event.get(alloc_id) in applied

@@ -139,14 +139,16 @@ def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[st
 
 async def _foreign_events(config: CheckConfig, snap: Snapshot) -> dict[str, str]:
     """Service-sourced events in the stream that no snapshot's outbox held: look again (they may be newer than the
-    snapshot); those still missing were never in an outbox."""
+    snapshot); those still missing were never in an outbox, unless emitted before the store's outbox horizon
+    (retention pruned their rows: not looked for)."""
     assert snap.streams is not None
     known = {r.event_id for s in snap.stores.values() for r in s.outbox}
     candidates: dict[str, list[str]] = {}
     claimed: dict[str, str] = {}
     for e in snap.streams.events:
         service = (e.source or "").removeprefix("/gpupool/")
-        if e.event_id and e.event_id not in known and service in snap.stores:
+        if (e.event_id and e.event_id not in known and service in snap.stores
+                and not invariants.maybe_pruned(snap.stores[service].outbox_pruned_before, e.time)):
             candidates.setdefault(service, []).append(e.event_id)
             claimed[e.event_id] = e.source or ""
     out: dict[str, str] = {}

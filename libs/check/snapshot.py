@@ -36,6 +36,9 @@ class ServiceStore:
     outbox: list[OutboxRow] = field(default_factory=list)
     inbox: dict[str, set[str]] = field(default_factory=dict)  # consumer → event ids it has applied
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # retention (libs/store/retention.py): outbox / inbox rows older than these may have been pruned (None: never)
+    outbox_pruned_before: datetime | None = None
+    inbox_pruned_before: datetime | None = None
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         return self.tables.get(table, [])
@@ -51,6 +54,7 @@ class StreamEvent:
     source: str | None
     type: str | None
     data: dict[str, Any] | None
+    time: datetime | None = None  # the envelope's time (when the service emitted it)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ TABLES: dict[str, dict[str, str]] = {
         "finished_jobs": "SELECT job_id FROM finished_jobs",
     },
     "queue": {
-        "jobs": "SELECT job_id, state, team, allocation_id, replicas, gang_nodes, attempts FROM jobs",
+        "jobs": "SELECT job_id, state, team, allocation_id, replicas, gang_nodes, attempts, submitted_at FROM jobs",
         "job_history": "SELECT job_id, from_state, to_state, reason FROM job_history ORDER BY id",
     },
     "accounting": {
@@ -68,6 +68,11 @@ async def read_store(service: str, dsn: str, *, timeout: float = 10.0) -> Servic
                     """SELECT seq, event_id, subject, created_at, published_at, attempts, last_error,
                               CASE WHEN subject = ANY($1::text[]) THEN payload END AS payload
                        FROM outbox ORDER BY seq""", PAYLOAD_SUBJECTS)]
+            if "store_retention" in present:
+                horizons = {r["what"]: r["pruned_before"] for r in await conn.fetch(
+                    "SELECT what, pruned_before FROM store_retention")}
+                store.outbox_pruned_before = horizons.get("outbox")
+                store.inbox_pruned_before = horizons.get("inbox")
             if "inbox" in present and service in INBOX_OF:
                 for r in await conn.fetch("SELECT consumer, event_id FROM inbox"):
                     store.inbox.setdefault(r["consumer"], set()).add(r["event_id"])

@@ -102,7 +102,17 @@ def _event(seq: int, subject: str, raw: bytes) -> StreamEvent:
     return StreamEvent(seq, subject, doc.get("id") if isinstance(doc.get("id"), str) else None,
                        doc.get("source") if isinstance(doc.get("source"), str) else None,
                        doc.get("type") if isinstance(doc.get("type"), str) else None,
-                       data if isinstance(data, dict) else None)
+                       data if isinstance(data, dict) else None, _time(doc.get("time")))
+
+
+def _time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 def _dead_letter(msg) -> DeadLetter:  # type: ignore[no-untyped-def]
