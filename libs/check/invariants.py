@@ -387,7 +387,8 @@ def quota_use(snapshot: Snapshot, placement: ServiceStore, report_window_s: floa
 def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
     """Queue was read before placement: whatever queue applied from placement is visible in placement. (A job
     placement holds GPUs for but the queue's snapshot lacks may be newer than that snapshot: the runner asks the
-    queue again before reporting it.)"""
+    queue again before reporting it. The rules that use events report only when both the event and the consumer's
+    inbox row are there, so history pruned by retention makes them say less, never something false.)"""
     jobs = {j["job_id"]: j for j in queue.rows("jobs")}
     allocations = placement.rows("allocations")
     by_id = {a["allocation_id"]: a for a in allocations}
