@@ -134,6 +134,10 @@ def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[st
                                     for c in streams.consumers}
     report.info["outbox_unpublished"] = {s.service: sum(1 for r in s.outbox if not r.published)
                                          for s in snap.stores.values()}
+    # retention horizons: events and inbox rows of facts before these may have been pruned (not looked for)
+    report.info["pruned_before"] = {s.service: {"outbox": s.outbox_pruned_before, "inbox": s.inbox_pruned_before}
+                                    for s in snap.stores.values()
+                                    if s.outbox_pruned_before is not None or s.inbox_pruned_before is not None}
     report.info["read_at"] = datetime.now(UTC).isoformat()
 
 

@@ -101,6 +101,7 @@ async def test_a_pruned_past_is_not_a_violation_and_every_check_still_runs(aged:
     assert report.ok, report.to_text()
     assert not report.skipped, report.skipped
     assert report.checked["job_state"] == 6 and report.checked["allocation_events"] == 5
+    assert set(report.info["pruned_before"]) == {"queue", "placement", "accounting"}  # the horizons it honoured
     # what is left of the old running job (its completion) was judged: it is in the outbox
     assert await outbox_mentions(aged, "queue", aged.jobs["old-running"]) >= 1
 
