@@ -9,6 +9,10 @@
 Deletes go in small batches (`batch` rows per statement, `pause_s` between statements, SKIP LOCKED) so pruning never
 holds long locks or starves the job path; several replicas share the work. Before deleting, the horizon (the cutoff
 of the pass) is committed to `store_retention`, so a reader that misses a row can tell it was pruned, not lost.
+
+Upgrading a database whose tables already hold millions of rows: migration store/0002 builds its two indexes inside
+its transaction, blocking writes to the table meanwhile; build them first with `CREATE INDEX CONCURRENTLY` under the
+same names (`outbox_published_at`, `inbox_processed_at`) and the migration's IF NOT EXISTS skips them.
 """
 
 from __future__ import annotations
