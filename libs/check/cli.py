@@ -32,7 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outbox-max-age", type=float, default=30.0, metavar="S",
                    help="an unpublished outbox row older than this is a violation (default 30)")
     p.add_argument("--lag-max-age", type=float, default=60.0, metavar="S",
-                   help="a message a durable consumer left unacknowledged this long is a violation (default 60)")
+                   help="a message a durable consumer left undelivered or unacknowledged this long is a violation "
+                        "(default 60)")
+    p.add_argument("--pending-max-age", type=float, default=60.0, metavar="S",
+                   help="a job the queue has wanted this long (outside a requeue back-off) must be known to placement "
+                        "and placed or given a reason by a scheduling cycle (default 60)")
+    p.add_argument("--decision-max-age", type=float, default=60.0, metavar="S",
+                   help="placement must have recorded a decision since the submission of every job it has wanted "
+                        "unplaced this long (default 60)")
     p.add_argument("--settle", type=float, default=0.0, metavar="S",
                    help="on a violation, look again for up to S seconds before reporting it (default 0)")
     p.add_argument("--only", default=None, metavar="CHECK[,CHECK]", help="run only these checks")
@@ -42,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> CheckConfig:
     run_file = args.run_file or (args.data_dir / "run.json")
-    overrides = dict(outbox_max_age_s=args.outbox_max_age, lag_max_age_s=args.lag_max_age, settle_s=args.settle,
+    overrides = dict(outbox_max_age_s=args.outbox_max_age, lag_max_age_s=args.lag_max_age,
+                     pending_max_age_s=args.pending_max_age, decision_max_age_s=args.decision_max_age,
+                     settle_s=args.settle,
                      only=set(args.only.split(",")) if args.only else None)
     explicit = bool(args.dsn or args.database_url)
     if run_file.exists() and not explicit:

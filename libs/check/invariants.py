@@ -597,11 +597,19 @@ def consumer_lag(streams: StreamView, max_age_s: float) -> Result:
             continue
         age = (streams.read_at - c.oldest_time).total_seconds()
         if age > max_age_s:
+            delivered = c.oldest_seq is not None and c.oldest_seq <= c.delivered_seq
+            state = ("delivered, never acknowledged" if delivered
+                     else "never delivered" + ("; no pull request is waiting: nobody is fetching"
+                                               if c.num_waiting == 0 else ""))
             out.append(Violation(
                 "consumer_lag", "consumer_lagging", f"{c.stream}/{c.name}",
-                f"oldest unacknowledged message (seq {c.oldest_seq}, {c.oldest_subject}) is {age:.1f}s old "
-                f"(bound {max_age_s:g}s); {c.num_pending} undelivered, {c.num_ack_pending} awaiting ack",
-                {"age_s": round(age, 3), "num_pending": c.num_pending, "num_ack_pending": c.num_ack_pending}))
+                f"oldest unprocessed message (seq {c.oldest_seq}, {c.oldest_subject}) is {age:.1f}s old "
+                f"(bound {max_age_s:g}s), {state}; {c.num_pending} undelivered, {c.num_ack_pending} awaiting ack, "
+                f"{c.num_redelivered} redelivered",
+                {"stream": c.stream, "consumer": c.name, "age_s": round(age, 3), "oldest_seq": c.oldest_seq,
+                 "oldest_subject": c.oldest_subject, "delivered": delivered, "num_pending": c.num_pending,
+                 "num_ack_pending": c.num_ack_pending, "num_redelivered": c.num_redelivered,
+                 "num_waiting": c.num_waiting}))
     return len(streams.consumers), out
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from libs.check import invariants
+from libs.check import invariants, liveness
 from libs.check.model import CHECKS, Report
 from libs.check.snapshot import ServiceStore, Snapshot
 from libs.check.stores import StoreUnavailable, jobs_exist, outbox_has, read_store
@@ -31,6 +31,8 @@ class CheckConfig:
     placement_metrics: list[str] = field(default_factory=list)  # /metrics URLs of placement's replicas
     outbox_max_age_s: float = 30.0
     lag_max_age_s: float = 60.0
+    pending_max_age_s: float = 60.0  # a job the queue wants this long must be known to and considered by placement
+    decision_max_age_s: float = 60.0  # placement must have decided since a job it wants this long was submitted
     report_window_s: float = 15.0
     settle_s: float = 0.0  # retry a failing check for this long before reporting (0: judge once)
     only: set[str] | None = None
@@ -113,6 +115,10 @@ def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[st
         if streams and snap.stores else None,
         "consumer_lag": (lambda: invariants.consumer_lag(streams, config.lag_max_age_s)) if streams else None,
         "dead_letters": (lambda: invariants.dead_letters(snap.stores.values(), streams)) if streams else None,
+        "job_liveness": (lambda: liveness.job_liveness(queue, placement, config.pending_max_age_s))
+        if queue and placement else None,
+        "scheduler_progress": (lambda: liveness.scheduler_progress(placement, config.decision_max_age_s))
+        if placement else None,
     }
     for name in CHECKS:
         if not _wanted(config, name):

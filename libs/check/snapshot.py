@@ -82,6 +82,8 @@ class ConsumerState:
     oldest_seq: int | None  # the first message it has not acknowledged (matching its filters)
     oldest_subject: str | None
     oldest_time: datetime | None
+    delivered_seq: int = 0  # the last stream sequence delivered to it (beyond: not yet delivered to anyone)
+    num_waiting: int = 0  # pull requests waiting now (0 with messages pending: nobody is pulling)
 
 
 @dataclass

@@ -25,11 +25,14 @@ TABLES: dict[str, dict[str, str]] = {
         "allocation_gpus": """SELECT allocation_id, gpu_uuid, gpu_index, model, live, share_milli, memory_mib,
                                      mig_profile, mig_start, mig_slots FROM allocation_gpus""",
         "gpus": "SELECT uuid, model, memory_mib FROM gpus",
-        "pending_jobs": "SELECT job_id, satisfied, replicas FROM pending_jobs",
+        "pending_jobs": "SELECT job_id, satisfied, replicas, submitted_at, reason FROM pending_jobs",
+        # only the newest decision matters (liveness): one row, however many are kept
+        "decisions": "SELECT max(decided_at) AS latest, count(*) AS n FROM decisions",
         "finished_jobs": "SELECT job_id FROM finished_jobs",
     },
     "queue": {
-        "jobs": "SELECT job_id, state, team, allocation_id, replicas, gang_nodes, attempts, submitted_at FROM jobs",
+        "jobs": """SELECT job_id, state, team, allocation_id, replicas, gang_nodes, attempts, submitted_at, requeue_at
+                   FROM jobs""",
         "job_history": "SELECT job_id, from_state, to_state, reason FROM job_history ORDER BY id",
     },
     "accounting": {

@@ -148,7 +148,8 @@ async def _consumers(js: JetStreamContext, stream: str) -> list[ConsumerState]:
             stream=stream, name=info.config.durable_name, filter_subjects=filters, num_pending=info.num_pending or 0,
             num_ack_pending=info.num_ack_pending or 0, num_redelivered=info.num_redelivered or 0,
             oldest_seq=oldest.seq if oldest else None, oldest_subject=oldest.subject if oldest else None,
-            oldest_time=_msg_time(oldest) if oldest else None))
+            oldest_time=_msg_time(oldest) if oldest else None,
+            delivered_seq=info.delivered.stream_seq if info.delivered else 0, num_waiting=info.num_waiting or 0))
     return out
 
 
