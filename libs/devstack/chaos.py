@@ -454,8 +454,11 @@ class Chaos:
         return r
 
     def check_config(self, **overrides) -> CheckConfig:  # type: ignore[no-untyped-def]
+        """The liveness bounds (a job wanted 60 s must have been considered; placement must have decided since) are
+        longer than any fault lasts, and the check looks again for `--settle` s: work stalled by a healed fault is
+        considered within a cycle, so only a scheduler that stays stalled fails a round."""
         return CheckConfig.from_run_file(self.platform.data_dir / "run.json", outbox_max_age_s=30,
-                                         lag_max_age_s=60, **overrides)
+                                         lag_max_age_s=60, pending_max_age_s=60, decision_max_age_s=60, **overrides)
 
     async def _probe(self, r: Round, t0: float) -> bool:
         """A one-GPU job submitted at the fault: the platform serves again once it is granted."""
