@@ -4,10 +4,13 @@ submitted; consumer lag says which consumer, how old, and what the message waits
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from libs.check import invariants, liveness
+from libs.check.cli import build_parser, config_from_args
+from libs.check.model import Report, Violation
 from libs.check.snapshot import ConsumerState, OutboxRow, ServiceStore, StreamView
 from libs.contracts import subjects
 
@@ -209,3 +212,17 @@ def test_consumer_lag_names_the_consumer_its_age_and_what_the_message_waits_on()
     (v,) = invariants.consumer_lag(view, BOUND)[1]
     assert "delivered, never acknowledged" in v.detail and "2 redelivered" in v.detail
     assert invariants.consumer_lag(StreamView(read_at=NOW, consumers=[consumer()]), 120.0)[1] == []
+
+
+# --- the command line --------------------------------------------------------------------------------------------------
+def test_the_bounds_come_from_the_command_line_and_the_json_report_lists_the_new_checks() -> None:
+    args = build_parser().parse_args(["--dsn", "queue=postgresql://x/q", "--pending-max-age", "12.5",
+                                      "--decision-max-age", "30", "--only", "job_liveness,scheduler_progress"])
+    config = config_from_args(args)
+    assert (config.pending_max_age_s, config.decision_max_age_s) == (12.5, 30.0)
+    defaults = config_from_args(build_parser().parse_args(["--dsn", "queue=postgresql://x/q"]))
+    assert (defaults.pending_max_age_s, defaults.decision_max_age_s, defaults.lag_max_age_s) == (60.0, 60.0, 60.0)
+    report = Report(violations=[Violation("job_liveness", "job_never_considered", "j", "why", {"age_s": 61.0})])
+    doc = json.loads(report.to_json())
+    assert doc["checks"]["job_liveness"]["violations"] == 1 and doc["checks"]["scheduler_progress"]["violations"] == 0
+    assert doc["violations"][0]["data"] == {"age_s": 61.0} and doc["violations"][0]["subject"] == "j"
