@@ -105,7 +105,7 @@ class AccountingHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             user = await store.job_user(uow.conn, data.job_id)
-            await store.lock_node(uow.conn, data.cluster, data.node)
+            await store.lock_node(uow.conn, data.cluster, data.node, exclusive=False)
             await store.insert_intervals(uow.conn, data, user=user, kind=data.kind, granted_at=data.granted_at,
                                          released_at=None, reason=None, idle_util_pct=self.idle_pct)
             await store.close_wait(uow.conn, data.job_id, data.granted_at, "granted", dominant_model(data))
@@ -118,13 +118,17 @@ class AccountingHandlers:
         async with self.rt.uow() as uow:
             if not await uow.first_time(CONSUMER, event.id):
                 return
-            await store.lock_node(uow.conn, data.cluster, data.node)
+            await store.lock_node(uow.conn, data.cluster, data.node, exclusive=False)
             user, kind, job_kind = await store.release_context(uow.conn, data.job_id, data.allocation_id)
             if kind is None:  # granted before accounting listened: the release alone says enough
                 kind = job_kind
-                await store.insert_intervals(uow.conn, data, user=user, kind=kind, granted_at=data.granted_at,
-                                             released_at=data.released_at, reason=data.reason,
-                                             idle_util_pct=self.idle_pct)
+                if not await store.insert_intervals(uow.conn, data, user=user, kind=kind,
+                                                    granted_at=data.granted_at, released_at=data.released_at,
+                                                    reason=data.reason, idle_util_pct=self.idle_pct):
+                    # the grant was being applied by another replica's batch, which has now committed: close it
+                    kind = await store.interval_kind(uow.conn, data.allocation_id) or job_kind
+                    await store.close_intervals(uow.conn, data.allocation_id, data.released_at, data.reason,
+                                                self.idle_pct)
             else:
                 await store.close_intervals(uow.conn, data.allocation_id, data.released_at, data.reason,
                                             self.idle_pct)
@@ -148,7 +152,7 @@ class AccountingHandlers:
         if data.window_end <= data.window_start:
             raise Poison("InvalidRollup", "window_end must be after window_start")
         async with self.rt.uow() as uow:
-            await store.lock_node(uow.conn, data.cluster, data.node)  # the one lock it takes, before anything
+            await store.lock_node(uow.conn, data.cluster, data.node, exclusive=True)  # its one lock, taken first
             for gpu in data.gpus:
                 await store.apply_rollup(uow.conn, cluster=data.cluster, node=data.node,
                                          window_start=data.window_start, window_end=data.window_end, gpu=gpu,

@@ -75,13 +75,17 @@ def node_lock_key(cluster: str, node: str) -> int:
                           signed=True)
 
 
-async def lock_node(conn: asyncpg.Connection, cluster: str, node: str) -> None:
-    """Serialise changes to the utilization accumulators of one node's intervals: the rollup consumer and the
-    allocation consumer both change them. One lock per node, not per GPU, so a rollup's transaction takes exactly
-    one lock, as its first statement: it never holds a lock while it waits, so it cannot be part of a deadlock
-    however many nodes' locks a batch of allocation events holds, and in whatever order (README: "Batched event
-    handling")."""
-    await conn.execute("SELECT pg_advisory_xact_lock($1)", node_lock_key(cluster, node))
+async def lock_node(conn: asyncpg.Connection, cluster: str, node: str, *, exclusive: bool) -> None:
+    """Keep a rollup and the allocation events of its node from interleaving: both change the utilization
+    accumulators of the node's intervals, each side from what the other stored. A rollup takes the node's lock
+    exclusively and as its only lock, first: it never holds a lock while it waits, so it can never close a cycle
+    with a batch of allocation events, whatever nodes the batch holds in whatever order. Allocation events take it
+    shared: each writes only its own allocation's rows, so they need not exclude each other, and batches of two
+    replicas never wait on each other here (README: "Batched event handling")."""
+    if exclusive:
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", node_lock_key(cluster, node))
+    else:
+        await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", node_lock_key(cluster, node))
 
 
 async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
@@ -104,6 +108,7 @@ async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, u
              FROM unnest($2::int[], $3::text[], $4::int[], $12::text[], $13::int[], $14::text[], $15::text[])
                   AS s(slot, uuid, idx, model, share, mig, sharing)
              WHERE NOT EXISTS (SELECT 1 FROM gpu_intervals WHERE allocation_id = $1::text)
+             ON CONFLICT DO NOTHING  -- rows another transaction is inserting: wait for it, then leave them
              RETURNING 1)
            SELECT count(*) FROM ins""",
         data.allocation_id, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], data.job_id,
