@@ -122,6 +122,13 @@ async def test_a_stopped_then_stalled_scheduler_is_caught_within_its_bounds(worl
         assert 300 <= v.data["age_s"] < 600 and v.data["bound_s"] == 60.0
         # the bound is honoured: within ten minutes it is not late yet (and the young job never was)
         assert liveness(await check_async(world.config(pending_max_age_s=600))) == set()
+        # consumer_lag names the consumer nobody serves now, and what its oldest message waits on (bound 0: any age)
+        lag = [v for v in (await check_async(world.config(lag_max_age_s=0))).violations
+               if v.subject == "GPUPOOL_EVENTS/placement"]
+        assert len(lag) == 1 and lag[0].data["consumer"] == "placement" and lag[0].data["num_pending"] >= 2, lag
+        # (a pull request of the stopped replica the server had not dropped yet would have been handed the message)
+        assert ("delivered, never acknowledged" if lag[0].data["delivered"] else
+                "never delivered; no pull request is waiting: nobody is fetching") in lag[0].detail, lag[0].detail
 
         # placement back, consuming but not scheduling (a stalled leader): it knows the job, no cycle considers it
         placer = await start_placement(world, schedule=False)
