@@ -3,9 +3,9 @@ every safety invariant, so the checker must notice that wanted work is not being
 (a running job, a backlog that never fits), then placement is stopped, a job is submitted, and its rows are aged by
 moving their timestamps into the past (never by waiting): the queue wants it, placement never heard of it
 (`job_not_known_to_placement`). Placement comes back consuming but not scheduling, like a stalled leader: it knows the
-job but no cycle considers it (`job_never_considered`) and it has decided nothing since (`no_decision_since_
-submission`). Within a looser bound, or for a job younger than the bound, nothing is reported; once the scheduling
-loop runs again the world is clean."""
+job but no cycle considers it (`job_never_considered`) and it has decided nothing since
+(`no_decision_since_submission`). Within a looser bound, or for a job younger than the bound, nothing is reported;
+once the scheduling loop runs again the world is clean."""
 
 from __future__ import annotations
 
