@@ -65,6 +65,16 @@ log = logging.getLogger(__name__)
 CONSUMER = "accounting"
 
 
+class AllocationBusy(Exception):
+    """Another replica's batch is applying an event of the same allocation: retried after a back-off (the consumer
+    naks it) rather than waited for, since that wait can deadlock the two batches."""
+
+
+async def _lock_allocation(conn: Any, data: AllocationGranted | AllocationReleased) -> None:
+    if not await store.lock_allocation(conn, data):
+        raise AllocationBusy(f"allocation {data.allocation_id} is being applied by another transaction")
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -105,7 +115,7 @@ class AccountingHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             user = await store.job_user(uow.conn, data.job_id)
-            await store.lock_node(uow.conn, data.cluster, data.node, exclusive=False)
+            await _lock_allocation(uow.conn, data)
             await store.insert_intervals(uow.conn, data, user=user, kind=data.kind, granted_at=data.granted_at,
                                          released_at=None, reason=None, idle_util_pct=self.idle_pct)
             await store.close_wait(uow.conn, data.job_id, data.granted_at, "granted", dominant_model(data))
@@ -118,7 +128,7 @@ class AccountingHandlers:
         async with self.rt.uow() as uow:
             if not await uow.first_time(CONSUMER, event.id):
                 return
-            await store.lock_node(uow.conn, data.cluster, data.node, exclusive=False)
+            await _lock_allocation(uow.conn, data)
             user, kind, job_kind = await store.release_context(uow.conn, data.job_id, data.allocation_id)
             if kind is None:  # granted before accounting listened: the release alone says enough
                 kind = job_kind
@@ -152,7 +162,7 @@ class AccountingHandlers:
         if data.window_end <= data.window_start:
             raise Poison("InvalidRollup", "window_end must be after window_start")
         async with self.rt.uow() as uow:
-            await store.lock_node(uow.conn, data.cluster, data.node, exclusive=True)  # its one lock, taken first
+            await store.lock_node(uow.conn, data.cluster, data.node)  # its one lock, taken first
             for gpu in data.gpus:
                 await store.apply_rollup(uow.conn, cluster=data.cluster, node=data.node,
                                          window_start=data.window_start, window_end=data.window_end, gpu=gpu,

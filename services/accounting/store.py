@@ -75,17 +75,29 @@ def node_lock_key(cluster: str, node: str) -> int:
                           signed=True)
 
 
-async def lock_node(conn: asyncpg.Connection, cluster: str, node: str, *, exclusive: bool) -> None:
-    """Keep a rollup and the allocation events of its node from interleaving: both change the utilization
-    accumulators of the node's intervals, each side from what the other stored. A rollup takes the node's lock
-    exclusively and as its only lock, first: it never holds a lock while it waits, so it can never close a cycle
-    with a batch of allocation events, whatever nodes the batch holds in whatever order. Allocation events take it
-    shared: each writes only its own allocation's rows, so they need not exclude each other, and batches of two
-    replicas never wait on each other here (README: "Batched event handling")."""
-    if exclusive:
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", node_lock_key(cluster, node))
-    else:
-        await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", node_lock_key(cluster, node))
+async def lock_node(conn: asyncpg.Connection, cluster: str, node: str) -> None:
+    """For a rollup: its node's lock, exclusively. A rollup and the allocation events of its node must not
+    interleave: both change the utilization accumulators of the node's intervals, each side from what the other
+    stored. The rollup takes this one lock, first: it never holds a lock while it waits, so it can never close a
+    cycle with a batch of allocation events, whatever nodes the batch holds in whatever order. Allocation events
+    take it shared (lock_allocation): each writes only its own allocation's rows, so they need not exclude each
+    other, and two replicas' batches never wait on each other for it (README: "Batched event handling")."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", node_lock_key(cluster, node))
+
+
+def allocation_lock_key(allocation_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"allocation:{allocation_id}".encode(), digest_size=8).digest(), "big",
+                          signed=True)
+
+
+async def lock_allocation(conn: asyncpg.Connection, data: AllocationEvent) -> bool:
+    """For an allocation event: the node's lock shared (see lock_node) and, without waiting, the allocation's own
+    lock. False: another transaction holds the allocation (another replica's batch is applying its grant or its
+    release): waiting for it could close a cycle with that batch (each holding one allocation's new rows and
+    wanting the other's), so the caller retries instead. Within one batch the lock is its own, so never False."""
+    return await conn.fetchval(
+        "SELECT pg_try_advisory_xact_lock($2) FROM (SELECT pg_advisory_xact_lock_shared($1)) AS node",
+        node_lock_key(data.cluster, data.node), allocation_lock_key(data.allocation_id))
 
 
 async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
