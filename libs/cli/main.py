@@ -139,6 +139,10 @@ def cmd_bench(argv: list[str]) -> int:
         from libs.devstack.bench_reclaim import main as reclaim_main
 
         return reclaim_main(argv[1:])
+    if argv and argv[0] == "backlog":
+        from libs.devstack.bench_backlog import main as backlog_main
+
+        return backlog_main(argv[1:])
     if argv and argv[0] == "inventory":
         from libs.devstack.bench_inventory import main as inventory_main
 

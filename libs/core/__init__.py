@@ -31,7 +31,7 @@ from libs.core.policy import (
     WorkloadShape,
 )
 from libs.core.quota import teams_quota
-from libs.core.schedule import Scheduler, derive_workload, schedule
+from libs.core.schedule import NormalizeMemo, Scheduler, derive_workload, schedule
 
 __all__ = [
     "DEFAULT_KINDS",
@@ -49,6 +49,7 @@ __all__ = [
     "MigReconfig",
     "Node",
     "PendingReason",
+    "NormalizeMemo",
     "Placement",
     "Plan",
     "Policy",

@@ -975,16 +975,35 @@ class Scheduler:
         return find_victims(self, job, shape, sid, allowed, prio, reclaim, ledger, taken, now)
 
 
+class NormalizeMemo:
+    """Each request's normalised shape and resolved class, kept across one-shot `schedule` calls (a service builds
+    a new Scheduler every cycle, and with thousands of jobs waiting, normalising them all again was a large part of
+    each cycle). An entry is used only for the very request object it was made from, and all of them are dropped
+    when what they depend on in the policy (priority classes, kinds, default minimum runtime) changes."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._cache: dict[str, tuple] = {}
+
+    def for_policy(self, policy: Policy) -> dict[str, tuple]:
+        key = (policy.priority_classes, policy.kinds, policy.min_runtime_s)
+        if key != self._key:
+            self._key, self._cache = key, {}
+        return self._cache
+
+
 def schedule(snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float,
-             clock: Callable[[], float] | None = None) -> Plan:
-    """One scheduling cycle from a snapshot (pure: the same inputs give the same plan; with a `clock`, the stats
-    also carry the time per phase, the build of the indexes counted under "normalize")."""
+             clock: Callable[[], float] | None = None, memo: NormalizeMemo | None = None) -> Plan:
+    """One scheduling cycle from a snapshot (pure: the same inputs give the same plan, with or without a `memo`;
+    with a `clock`, the stats also carry the time per phase, the build of the indexes counted under "normalize")."""
     laps = _Laps(clock) if clock is not None else None
     pending = list(pending)
     workload = policy.workload or (
         derive_workload(pending, policy.max_workload_shapes) if policy.setting("w_frag") else ()
     )
     sched = Scheduler(snapshot, policy, workload, clock)
+    if memo is not None:
+        sched._norm_cache = memo.for_policy(policy)
     build = 0.0
     if laps:
         laps.to("")

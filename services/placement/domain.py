@@ -116,26 +116,86 @@ def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]],
                    offered: Mapping[str, set[str]] | None = None, dev_fraction_milli: int = 500,
                    dev_memory_mib: int = 16384) -> list[JobRequest]:
     """One request per schedulable unit: the whole job (single or gang), or each missing replica."""
-    out: list[JobRequest] = []
-    for r in rows:
-        common: dict[str, Any] = dict(
-            team=r["team"], project=r["project"], gpus=r["gpus"], gpu_models=tuple(r["gpu_models"]),
-            priority=r["priority"], priority_class=r["priority_class"] or "", kind=r["kind"] or "batch",
-            submitted_at=r["submitted_at"].timestamp(), max_runtime_s=r["max_runtime_s"],
-            gpu_fraction_milli=r["gpu_fraction_milli"], gpu_memory_mib=r["gpu_memory_mib"],
-            mig_profile=r["mig_profile"])
-        common.update(dev_share(r, offered or {}, dev_fraction_milli, dev_memory_mib))
-        held = live.get(r["job_id"], set())
-        if r["gang_nodes"]:
+    return RequestBuilder().build(rows, live, offered or {}, dev_fraction_milli, dev_memory_mib)
+
+
+def _units(r: Row, offered: Mapping[str, set[str]], dev_fraction_milli: int, dev_memory_mib: int) -> list[JobRequest]:
+    """Every schedulable unit of a wanted job, as if it held nothing yet."""
+    common: dict[str, Any] = dict(
+        team=r["team"], project=r["project"], gpus=r["gpus"], gpu_models=tuple(r["gpu_models"]),
+        priority=r["priority"], priority_class=r["priority_class"] or "", kind=r["kind"] or "batch",
+        submitted_at=r["submitted_at"].timestamp(), max_runtime_s=r["max_runtime_s"],
+        gpu_fraction_milli=r["gpu_fraction_milli"], gpu_memory_mib=r["gpu_memory_mib"],
+        mig_profile=r["mig_profile"])
+    common.update(dev_share(r, offered, dev_fraction_milli, dev_memory_mib))
+    if r["gang_nodes"]:
+        return [JobRequest(job_id=r["job_id"], gang_nodes=r["gang_nodes"], gpus_per_node=r["gpus_per_node"],
+                           **common)]
+    if r["replicas"] > 1:
+        return [JobRequest(job_id=unit_id(r["job_id"], i, r["replicas"]), replica_group=r["job_id"], **common)
+                for i in range(r["replicas"])]
+    return [JobRequest(job_id=r["job_id"], **common)]
+
+
+class RequestBuilder:
+    """`build_requests` that remembers: a wanted job whose row is the same object as last cycle's (WantedJobs keeps
+    unchanged rows) gets the same JobRequest objects back. Building them was a large part of a cycle with a deep
+    backlog, and the core's per-request cache (keyed by the request object) now hits instead of normalizing every
+    request again. Forgets everything when what the pool offers to dev jobs changes (their share depends on it)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[Row, list[JobRequest]]] = {}
+        self._key: tuple | None = None
+
+    def build(self, rows: Iterable[Row], live: Mapping[str, set[int]], offered: Mapping[str, set[str]],
+              dev_fraction_milli: int, dev_memory_mib: int) -> list[JobRequest]:
+        key = (sorted((k, sorted(v)) for k, v in offered.items()), dev_fraction_milli, dev_memory_mib)
+        memo = self._memo if key == self._key else {}
+        self._key, self._memo = key, {}
+        out: list[JobRequest] = []
+        for r in rows:
+            job_id = r["job_id"]
+            hit = memo.get(job_id)
+            if hit is None or hit[0] is not r:
+                hit = (r, _units(r, offered, dev_fraction_milli, dev_memory_mib))
+            self._memo[job_id] = hit
+            held = live.get(job_id)
             if not held:
-                out.append(JobRequest(job_id=r["job_id"], gang_nodes=r["gang_nodes"],
-                                      gpus_per_node=r["gpus_per_node"], **common))
-        elif r["replicas"] > 1:
-            out += [JobRequest(job_id=unit_id(r["job_id"], i, r["replicas"]), replica_group=r["job_id"], **common)
-                    for i in range(r["replicas"]) if i not in held]
-        elif not held:
-            out.append(JobRequest(job_id=r["job_id"], **common))
-    return out
+                out += hit[1]
+            elif r["replicas"] > 1 and not r["gang_nodes"]:
+                out += [u for i, u in enumerate(hit[1]) if i not in held]
+        return out
+
+
+class WantedJobs:
+    """Placement's copy of the wanted jobs (pending_jobs rows not yet satisfied), refreshed by each cycle's read
+    with only what changed: the read returns every wanted job's id with the transaction that last changed its row
+    (`changed_xid`), and whole rows only for changes at or above `horizon` — the xmin of the previous read's
+    snapshot. Every transaction below that xmin had ended before the previous read, so a row it last changed was
+    read then (or earlier) exactly as it is now. Rows that did not change stay the same objects from cycle to
+    cycle (what RequestBuilder relies on)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, Row]] = {}
+        self.horizon = "0"
+
+    def merge(self, ids: list[str], xids: list[str], changed: list[Row], xmin: str) -> list[Row] | None:
+        """The wanted rows now, or None (and forget everything, so the next read is a full one) if a row that did
+        not come back whole is not the one remembered: then the copy cannot be trusted."""
+        fresh = {r["job_id"]: r for r in changed}
+        rows: dict[str, tuple[str, Row]] = {}
+        for job_id, xid in zip(ids, xids, strict=True):
+            row = fresh.get(job_id)
+            if row is not None:
+                rows[job_id] = (xid, row)
+                continue
+            known = self.rows.get(job_id)
+            if known is None or known[0] != xid:
+                self.rows, self.horizon = {}, "0"
+                return None
+            rows[job_id] = known
+        self.rows, self.horizon = rows, xmin
+        return [row for _, row in rows.values()]
 
 
 def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams: Iterable[Row],

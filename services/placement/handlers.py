@@ -52,7 +52,7 @@ from libs.contracts.events import (
     SchedulingCycleDecided,
     TeamCreated,
 )
-from libs.core import Placement, Plan, Preemption, codec, schedule
+from libs.core import NormalizeMemo, Placement, Plan, Preemption, codec, schedule
 from libs.observability.metrics import (
     ALLOCATIONS,
     GPUS_ALLOCATED,
@@ -70,9 +70,10 @@ from services.placement import store
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
     DecisionEncoder,
+    RequestBuilder,
+    WantedJobs,
     allocated_gpus,
     build_policy,
-    build_requests,
     build_snapshot,
     decided_placements,
     offered_models,
@@ -95,6 +96,9 @@ class PlacementHandlers:
         self._reasons_written: dict[str, tuple[str, str]] = {}
         self._recorded = 0
         self._encoder = DecisionEncoder()
+        self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
+        self._requests = RequestBuilder()
+        self._normalized = NormalizeMemo()  # the core's normalised requests (RequestBuilder keeps their objects)
         # the earliest preemption deadline the last cycle saw (None: none; False: not known yet)
         self._next_deadline: Any = False
         self._tracer = tracer("gpupool.placement")
@@ -264,6 +268,9 @@ class PlacementHandlers:
             self._kick.clear()
             if self.lease is not None and not self.lease.is_leader:
                 took = 0.0
+                # What this replica remembers writing is stale once another one leads (it may place, requeue and
+                # reset reasons meanwhile): forget it, so the first cycle after taking the lease back writes all.
+                self._reasons_written, self._last_reasons_digest = {}, None
                 continue  # a follower keeps its read model current and waits for the lease
             started = time.perf_counter()
             try:
@@ -291,7 +298,7 @@ class PlacementHandlers:
         pending reasons and the decision. The database constraints are the verifier: a stale placement is refused
         whole, never double-allocated. Returns the units placed, or -1 when there was nothing to schedule."""
         async with self.rt.uow() as uow:
-            state = await store.load_state(uow.conn)
+            state = await store.load_state(uow.conn, self._wanted)
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             deadlines = [r["preempt_deadline"] for r in running if r["preempt_deadline"] is not None]
             self._next_deadline = min(deadlines) if deadlines else None
@@ -301,8 +308,9 @@ class PlacementHandlers:
                 live[r["job_id"]].add(r["replica"])
             # A unit whose victims are still checkpointing waits for them instead of choosing more victims.
             waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
-            requests = [q for q in build_requests(state["pending"], live, offered_models(gpus),
-                                                  self.settings.dev_fraction_milli, self.settings.dev_gpu_memory_mib)
+            requests = [q for q in self._requests.build(state["pending"], live, offered_models(gpus),
+                                                        self.settings.dev_fraction_milli,
+                                                        self.settings.dev_gpu_memory_mib)
                         if q.job_id not in waiting]
             if not requests:
                 PENDING_UNITS.clear()
@@ -312,7 +320,7 @@ class PlacementHandlers:
             snapshot, now = build_snapshot(nodes, gpus, running), time.time()
             with self._tracer.start_as_current_span("scheduling cycle", attributes={
                     "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
-                plan = schedule(snapshot, requests, policy, now=now, clock=time.perf_counter)
+                plan = schedule(snapshot, requests, policy, now=now, clock=time.perf_counter, memo=self._normalized)
                 span.set_attribute("gpupool.placements", len(plan.placements))
                 span.set_attribute("gpupool.preemptions", len(plan.preemptions))
             if plan.preemptions:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered, PriorityClassSet, QuotaSet
+from services.placement.domain import WantedJobs
+
+log = logging.getLogger(__name__)
 
 _ALLOCATION = "allocation_id, job_id, replica, team, project, cluster, node, granted_at, released_at"
 # what an allocation holds of one GPU, as AllocatedGpu's fields
@@ -97,11 +101,15 @@ SELECT json_build_object(
              array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
       FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
       WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas) r),
-  'pending', (SELECT coalesce(json_agg(q), '[]') FROM (
+  'pending', (SELECT json_build_object(
+        'ids', coalesce(json_agg(q.job_id), '[]'), 'xids', coalesce(json_agg(q.changed_xid::text), '[]'),
+        'rows', coalesce(json_agg(q) FILTER (WHERE q.changed_xid >= $1::text::xid8), '[]'))
+      FROM (
       SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
              gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile,
-             exclusive
+             exclusive, changed_xid
       FROM pending_jobs WHERE NOT satisfied) q),
+  'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
   'quotas', (SELECT coalesce(json_agg(q), '[]') FROM (
       SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
@@ -116,11 +124,27 @@ _FLOATS = {"quotas": ("guaranteed", "borrowing_limit", "lending_limit", "weight"
 _TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at",)}
 
 
-async def load_state(conn: asyncpg.Connection) -> dict[str, Any]:
+async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, Any]:
     """Everything one scheduling cycle reads, as one statement: one consistent snapshot in one round trip (the
     cycle runs it every time it wakes, so the number of round trips is what it costs). Rows come back as dicts
-    with the columns' Python types (timestamps as datetimes, double precision as floats)."""
-    state = json.loads(await conn.fetchval(_STATE))
+    with the columns' Python types (timestamps as datetimes, double precision as floats).
+
+    Of the wanted jobs only the rows changed since `wanted`'s last read come back whole (with thousands waiting,
+    reading them all every cycle was most of a cycle's cost); `state["pending"]` is the merged list. If the merge
+    finds a row it cannot account for, everything is read again."""
+    state = json.loads(await conn.fetchval(_STATE, wanted.horizon))
+    pending = state["pending"]
+    state["pending"] = pending["rows"]
+    _convert(state)
+    merged = wanted.merge(pending["ids"], pending["xids"], state["pending"], state["xmin"])
+    if merged is None:
+        log.warning("wanted_jobs_reloaded", extra={"wanted": len(pending["ids"])})
+        return await load_state(conn, wanted)
+    state["pending"] = merged
+    return state
+
+
+def _convert(state: dict[str, Any]) -> None:
     for part, names in _FLOATS.items():
         for row in state[part]:
             for name in names:
@@ -131,7 +155,6 @@ async def load_state(conn: asyncpg.Connection) -> dict[str, Any]:
             for name in names:
                 if row[name] is not None:
                     row[name] = datetime.fromisoformat(row[name])
-    return state
 
 
 async def claim_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, asyncpg.Record]:

@@ -102,8 +102,8 @@ async def test_a_unit_the_store_refuses_is_left_out_and_the_others_of_its_cycle_
     real_schedule = handlers_module.schedule
     stolen: list[str] = []
 
-    def schedule_then_lose_a_gpu(snapshot, pending, policy, now, clock=None):  # type: ignore[no-untyped-def]
-        plan = real_schedule(snapshot, pending, policy, now=now, clock=clock)
+    def schedule_then_lose_a_gpu(snapshot, pending, policy, now, clock=None, memo=None):  # type: ignore[no-untyped-def]
+        plan = real_schedule(snapshot, pending, policy, now=now, clock=clock, memo=memo)
         stolen.append(next(p for p in plan.placements if p.job_id == "b").gpu_uuids[0])
         return plan
 

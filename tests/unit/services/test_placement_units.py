@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from libs.core import MigInstance, Placement
-from services.placement.domain import allocated_gpus, build_requests, split_unit, unit_id
+from services.placement.domain import (
+    RequestBuilder,
+    WantedJobs,
+    allocated_gpus,
+    build_requests,
+    split_unit,
+    unit_id,
+)
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -115,3 +122,54 @@ def test_the_workload_environment_keeps_a_fraction_inside_its_share_through_mps(
                                              mig_profile="3g.40gb", mig_start=4)])
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in mig
 
+
+
+def test_the_request_builder_gives_the_same_objects_back_for_the_same_row_and_new_ones_for_a_new_row() -> None:
+    builder = RequestBuilder()
+    a, svc = wanted("a"), wanted("svc", replicas=3, kind="inference")
+    first = builder.build([a, svc], {}, {}, 500, 16384)
+    assert [r.job_id for r in first] == ["a", "svc#0", "svc#1", "svc#2"]
+    again = builder.build([a, svc], {"svc": {1}}, {}, 500, 16384)
+    assert [r.job_id for r in again] == ["a", "svc#0", "svc#2"]
+    assert again[0] is first[0] and again[1] is first[1] and again[2] is first[3]
+    changed = builder.build([{**a, "gpus": 2}, svc], {}, {}, 500, 16384)  # a new row object: built again
+    assert changed[0] is not first[0] and changed[0].gpus == 2 and changed[1] is first[1]
+    assert builder.build([a], {"a": {0}}, {}, 500, 16384) == []  # a single job that holds its GPU asks for none
+
+
+def test_the_request_builder_forgets_when_what_the_pool_offers_dev_jobs_changes() -> None:
+    builder = RequestBuilder()
+    dev = wanted("nb", kind="dev", gpu_models=["L40S"])
+    [whole] = builder.build([dev], {}, {}, 500, 16384)
+    [shared] = builder.build([dev], {}, {"fractional": {"L40S"}}, 500, 16384)
+    assert whole.gpu_fraction_milli == 0 and shared.gpu_fraction_milli == 500
+    assert builder.build([dev], {}, {"fractional": {"L40S"}}, 500, 16384)[0] is shared
+
+
+def test_build_requests_and_the_builder_agree() -> None:
+    rows = [wanted("a"), wanted("g", gpus=16, gang_nodes=2, gpus_per_node=8), wanted("svc", replicas=4),
+            wanted("nb", kind="dev")]
+    live = {"svc": {0, 2}, "g": {0}}
+    offered = {"mig": {"A100-80GB"}}
+    assert build_requests(rows, live, offered) == RequestBuilder().build(rows, live, offered, 500, 16384)
+
+
+def test_wanted_jobs_keep_unchanged_rows_and_take_changed_ones() -> None:
+    wanted_jobs = WantedJobs()
+    a, b = wanted("a"), wanted("b")
+    assert wanted_jobs.merge(["a", "b"], ["10", "11"], [a, b], "12") == [a, b]
+    assert wanted_jobs.horizon == "12"
+    b2 = wanted("b", replicas=2)
+    c = wanted("c")
+    now = wanted_jobs.merge(["a", "b", "c"], ["10", "13", "14"], [b2, c], "15")
+    assert now == [a, b2, c] and now[0] is a
+    assert wanted_jobs.merge(["c"], ["14"], [], "16") == [c]  # a and b no longer wanted
+
+
+def test_wanted_jobs_refuse_a_row_they_cannot_account_for_and_start_over() -> None:
+    wanted_jobs = WantedJobs()
+    wanted_jobs.merge(["a"], ["10"], [wanted("a")], "12")
+    assert wanted_jobs.merge(["a", "b"], ["10", "9"], [], "13") is None  # "b" is news but came without its row
+    assert wanted_jobs.rows == {} and wanted_jobs.horizon == "0"
+    wanted_jobs.merge(["a"], ["10"], [wanted("a")], "12")
+    assert wanted_jobs.merge(["a"], ["11"], [], "13") is None  # "a" changed, but its new row did not come

@@ -1,0 +1,25 @@
+"""The deep-backlog benchmark's report: pure parts, no platform."""
+
+from __future__ import annotations
+
+from libs.devstack.bench_backlog import BEGIN, END, markdown
+
+
+def row(depth: int, p50: float, placement: float, cycle: float | None = 20.0) -> dict:
+    return {"depth": depth, "turnovers": 30, "submit_per_s": 200.0, "next_start_p50_ms": p50,
+            "next_start_p90_ms": p50 * 2, "next_start_max_ms": p50 * 3, "turnovers_per_s": 5.0,
+            "cycles_per_turnover": 1.5, "cycle_mean_ms": cycle,
+            "cpu_ms_per_turnover": {"placement": placement, "postgres": 10.0}}
+
+
+def test_the_deepest_backlog_is_compared_with_the_first_run_of_the_same_command() -> None:
+    text = markdown([row(100, 40.0, 10.0), row(10_000, 120.0, 50.0, None)], "gpupool bench backlog")
+    assert text.startswith(BEGIN) and text.endswith(END)
+    assert "| 100 | 40 ms | 80 ms | 120 ms | 10.0 | 10.0 | 1.50 | 20.0 ms |" in text
+    assert "| 10000 | 120 ms | 240 ms | 360 ms | 50.0 | 10.0 | 1.50 | – |" in text
+    assert "From 100 to 10000 waiting jobs (100x as many): the next job starts 3.0x later at the median, " \
+           "and placement spends 5.0x the CPU per turnover." in text
+
+
+def test_a_single_depth_has_no_ratio() -> None:
+    assert "From " not in markdown([row(1000, 40.0, 10.0)], "gpupool bench backlog --depths 1000")
