@@ -27,7 +27,7 @@ from libs.devstack import benchdoc
 from libs.devstack.bench_platform import Platform, ProcessMeter, pct
 
 BEGIN, END = "<!-- backlog-benchmark:begin -->", "<!-- backlog-benchmark:end -->"
-GPUS = 64
+GPUS_PER_NODE = 8
 
 
 def cycle_counters(run: dict) -> tuple[float, float]:
@@ -42,7 +42,7 @@ def cycle_counters(run: dict) -> tuple[float, float]:
     return count, total
 
 
-async def measure(run: dict, depth: int, turnovers: int, clients: int) -> dict:
+async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int) -> dict:
     from libs.devstack.loadgen import Client
 
     nc = await nats.connect(servers=run["nats_url"].split(","))
@@ -61,7 +61,7 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int) -> dict:
     await nc.flush()
 
     api = Client(run["gateway_url"], run["admin_token"], size=clients * 2)
-    todo = list(range(GPUS + depth))
+    todo = list(range(gpus + depth))
     errors: list[str] = []
 
     async def submitter() -> None:
@@ -78,9 +78,9 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int) -> dict:
     if errors:
         raise RuntimeError(f"{len(errors)} submissions failed, e.g. {errors[:3]}")
     deadline = time.monotonic() + 300
-    while len(started) < GPUS:
+    while len(started) < gpus:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(started)} of {GPUS} jobs started")
+            raise RuntimeError(f"only {len(started)} of {gpus} jobs started")
         await asyncio.sleep(0.1)
     await asyncio.sleep(3.0)  # the cycles that met the whole backlog have run
 
@@ -118,7 +118,7 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int) -> dict:
     await nc.close()
     cycles = cycles_after - cycles_before
     cpu = {name: round((after[name][0] - before[name][0]) * 1000 / turnovers, 1) for name in after if name in before}
-    return {"depth": depth, "turnovers": turnovers, "submit_per_s": round((GPUS + depth) / submit_s, 1),
+    return {"depth": depth, "turnovers": turnovers, "submit_per_s": round((gpus + depth) / submit_s, 1),
             "next_start_p50_ms": round(pct(latencies, 50) * 1000, 1),
             "next_start_p90_ms": round(pct(latencies, 90) * 1000, 1),
             "next_start_max_ms": round(max(latencies) * 1000, 1),
@@ -128,24 +128,29 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int) -> dict:
             "cpu_ms_per_turnover": cpu}
 
 
-def run_benchmark(depths: list[int], turnovers: int, clients: int) -> list[dict]:
+def run_benchmark(depths: list[int], turnovers: int, clients: int, nodes: int) -> list[dict]:
     rows = []
+    gpus = nodes * GPUS_PER_NODE
+    fleet = ";".join([f"H100-80GB*{GPUS_PER_NODE}"] * nodes)
     for depth in depths:
-        with tempfile.TemporaryDirectory(prefix="gpupool-backlog-") as tmp, Platform(Path(tmp)) as platform:
-            print(f"[bench] backlog {depth}: {GPUS + depth} jobs, then {turnovers} turnovers", flush=True)
-            rows.append(asyncio.run(measure(platform.run, depth, turnovers, clients)))
+        with tempfile.TemporaryDirectory(prefix="gpupool-backlog-") as tmp, Platform(Path(tmp), fleet) as platform:
+            print(f"[bench] backlog {depth}: {gpus + depth} jobs, then {turnovers} turnovers", flush=True)
+            rows.append(asyncio.run(measure(platform.run, depth, turnovers, clients, gpus)) | {"nodes": nodes})
             print(f"[bench] backlog {depth}: {json.dumps(rows[-1])}", flush=True)
     return rows
 
 
 def markdown(rows: list[dict], command: str) -> str:
     base = rows[0]
+    nodes = base.get("nodes", 8)
+    gpus = nodes * GPUS_PER_NODE
     lines = [
         BEGIN,
         "## Deep backlog: a freed GPU's next job with thousands waiting",
         "",
-        f"`{command}` — a real `gpupool up` on 8 simulated nodes × 8 GPUs per depth; {GPUS} + depth one-GPU jobs "
-        "submitted over HTTP (64 run, the rest wait), then running jobs completed one at a time, each timed until the "
+        f"`{command}` — a real `gpupool up` on {nodes} simulated nodes × {GPUS_PER_NODE} GPUs per depth; {gpus} + "
+        f"depth one-GPU jobs submitted over HTTP ({gpus} run, the rest wait), then running jobs completed one at a "
+        "time, each timed until the "
         "next job started (`job.started` on NATS). Every scheduling cycle considers the whole backlog. Machine: "
         f"{host.machine()}, {_cpus()} logical CPUs, Python {host.python_version()}. The first depth is the baseline "
         "of the ratios (same command, same machine).",
@@ -193,14 +198,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="waiting jobs per run, comma-separated; the first is the baseline of the ratios")
     parser.add_argument("--turnovers", type=int, default=30, help="jobs completed one at a time per depth")
     parser.add_argument("--clients", type=int, default=16, help="concurrent submitters while filling the backlog")
+    parser.add_argument("--nodes", type=int, default=8, help=f"simulated nodes of {GPUS_PER_NODE} H100s")
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"),
                         help="markdown file whose backlog section is (re)written")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args(argv)
     depths = [int(x) for x in args.depths.split(",") if x.strip()]
-    if not depths or min(depths) < 0 or args.turnovers < 1 or args.turnovers > GPUS:
-        parser.error(f"--depths must be non-negative integers and --turnovers 1..{GPUS}")
-    rows = run_benchmark(depths, args.turnovers, args.clients)
+    gpus = args.nodes * GPUS_PER_NODE
+    if not depths or min(depths) < 0 or args.nodes < 1 or not 1 <= args.turnovers <= gpus:
+        parser.error(f"--depths must be non-negative integers, --nodes at least 1 and --turnovers 1..{gpus}")
+    rows = run_benchmark(depths, args.turnovers, args.clients, args.nodes)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     command = "gpupool bench backlog " + " ".join(argv if argv is not None else sys.argv[1:])
