@@ -3,7 +3,8 @@
 Outcomes of one message:
 - handled → `ack` (the handler has already committed its effect and its inbox row);
 - undecodable / invalid / `Poison` raised → copied to `gpupool.dlq.<consumer>` with the reason, then `term`;
-- any other exception → `nak` with exponential backoff, until `max_deliver` is reached, then dead-lettered.
+- any other exception → `nak` with exponential backoff, until `max_deliver` is reached, then dead-lettered
+  (`Busy`, contention rather than failure, the same but logged without a traceback and counted as `busy`).
 Messages are handled one at a time per consumer so events about one entity apply in stream order.
 
 Batched transactions (opt-in, `transaction=`): the messages of one fetch are handled inside one transaction that
@@ -62,6 +63,12 @@ class Poison(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class Busy(Exception):
+    """Raised by a handler whose entity another transaction is changing right now (another replica's batch, say)
+    when waiting for it could deadlock: the message is retried after the usual back-off like any failure, but this
+    is contention, not an error, so it is logged without a traceback and counted as `busy`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,10 +253,13 @@ class EventConsumer:
                     await self.dead_letter(msg, "MaxDeliveriesExceeded", repr(exc))
                     return False
                 delay = backoff_delay(self.spec, delivered)
-                log.warning("handler_failed_will_retry", exc_info=exc,
-                            extra={"consumer": consumer, "event_id": event.id, "delivered": delivered,
-                                   "retry_in_s": delay})
-                BUS_MESSAGES.labels(consumer=consumer, outcome="retried").inc()
+                busy = isinstance(exc, Busy)
+                extra = {"consumer": consumer, "event_id": event.id, "delivered": delivered, "retry_in_s": delay}
+                if busy:
+                    log.info("handler_busy_will_retry", extra=extra | {"error": str(exc)})
+                else:
+                    log.warning("handler_failed_will_retry", exc_info=exc, extra=extra)
+                BUS_MESSAGES.labels(consumer=consumer, outcome="busy" if busy else "retried").inc()
                 await msg.nak(delay=delay)
                 return False
             return True

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from libs.bus.consumer import Poison
+from libs.bus.consumer import Busy, Poison
 from libs.contracts import subjects
 from libs.contracts.commands import ListUsage, Reply, page
 from libs.contracts.envelope import CloudEvent, utcnow
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 CONSUMER = "accounting"
 
 
-class AllocationBusy(Exception):
+class AllocationBusy(Busy):
     """Another replica's batch is applying an event of the same allocation: retried after a back-off (the consumer
     naks it) rather than waited for, since that wait can deadlock the two batches."""
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from waiting import eventually
 
 from libs.bus.connection import connect, ensure_streams, stream_config
-from libs.bus.consumer import ConsumerSpec, EventConsumer, Poison
+from libs.bus.consumer import Busy, ConsumerSpec, EventConsumer, Poison
 from libs.bus.publisher import publish_event, publish_raw
 from libs.bus.rpc import ServiceUnavailable, request, serve
 from libs.contracts import subjects
@@ -191,6 +191,31 @@ async def test_transient_failure_is_redelivered_with_backoff_then_succeeds(
     assert attempts[2] - attempts[0] < 4.0
     await asyncio.sleep(0.3)
     assert len(attempts) == 3
+    assert (await dlq_messages(js)) == []
+
+
+async def test_a_busy_entity_is_retried_quietly_and_counted_as_busy(
+        bus: tuple[NATS, JetStreamContext], consumers: list[EventConsumer], caplog) -> None:  # type: ignore[no-untyped-def]
+    _, js = bus
+    attempts: list[float] = []
+
+    async def contended(event: CloudEvent, data: EventData) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) < 2:
+            raise Busy("j-1 is being changed by another batch")
+
+    def busy() -> float:
+        return REGISTRY.get_sample_value("gpupool_bus_messages_total", {"consumer": "busy", "outcome": "busy"}) or 0.0
+
+    before = busy()
+    with caplog.at_level("INFO", logger="libs.bus.consumer"):
+        await start_consumer(js, consumers, fast_spec("busy", backoff_base_s=0.2, backoff_max_s=1.0), contended)
+        await publish_event(js, SUBJECT, job().to_cloudevent("/test"))
+        await eventually(lambda: settled(js, "busy"), what="ack after the retry")
+    assert len(attempts) == 2 and busy() == before + 1
+    [record] = [r for r in caplog.records if r.getMessage() == "handler_busy_will_retry"]
+    assert record.levelname == "INFO" and record.exc_info is None
+    assert not [r for r in caplog.records if r.getMessage() == "handler_failed_will_retry"]
     assert (await dlq_messages(js)) == []
 
 
