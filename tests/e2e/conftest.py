@@ -58,6 +58,25 @@ class Platform:
         return (self.data_dir / "logs" / f"{service}.log").read_text(errors="replace")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    """A failed e2e test reports what the platform's services logged above info, and their last lines: the
+    platform's data directory is gone by the time anyone reads a CI log."""
+    outcome = yield
+    report = outcome.get_result()
+    platform = getattr(item, "funcargs", {}).get("platform")
+    if report.when != "call" or not report.failed or not isinstance(platform, Platform):
+        return
+    for service in ("placement", "queue", "gateway"):
+        try:
+            lines = platform.log(service).splitlines()
+        except OSError:
+            continue
+        notable = [line for line in lines if '"level": "info"' not in line][-15:]
+        report.sections.append((f"{service} log: warnings and errors (last 15), then the last 8 lines",
+                                "\n".join(line[:400] for line in notable + ["..."] + lines[-8:])))
+
+
 @pytest.fixture(scope="module")
 def platform(request: pytest.FixtureRequest, nats_url: str, pg_admin_dsn: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
