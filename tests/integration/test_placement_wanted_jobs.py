@@ -102,7 +102,7 @@ async def test_a_change_committed_after_a_read_that_could_not_see_it_is_read_nex
     assert fresh == 0 and settled["a"] is after["a"]
 
 
-async def test_a_copy_that_does_not_match_the_store_is_dropped_and_everything_read_again(pool) -> None:  # type: ignore[no-untyped-def]
+async def test_a_copy_that_does_not_match_the_store_is_dropped_and_everything_read_again(pool, caplog) -> None:  # type: ignore[no-untyped-def]
     async with pool.acquire() as conn:
         await store.add_pending(conn, job("a"), None)
     wanted = WantedJobs()
@@ -112,3 +112,55 @@ async def test_a_copy_that_does_not_match_the_store_is_dropped_and_everything_re
     wanted.rows["a"] = ("1", {**row, "gpus": 99})
     now, fresh = await read(pool, wanted)
     assert now["a"]["gpus"] == 1 and fresh == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "services.placement.store"] == ["wanted_jobs_reloaded"]
+
+
+async def test_under_concurrent_writers_every_incremental_read_equals_a_full_read_of_the_same_snapshot(
+        pool, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Writers insert, change, satisfy and delete wanted jobs in transactions that overlap the reads and each other
+    (some held open across several reads); each incremental read is compared with a full read in the same
+    REPEATABLE READ snapshot: whatever the interleaving, the copy is never stale, and never even needs the
+    everything-again fallback (a row below the horizon is always the one remembered)."""
+    import asyncio
+    import random
+
+    rng = random.Random(7)
+    stop = asyncio.Event()
+    ids = [f"j{i}" for i in range(40)]
+
+    async def writer(seed: int) -> None:
+        r = random.Random(seed)
+        while not stop.is_set():
+            async with pool.acquire() as conn, conn.transaction():
+                for _ in range(r.randint(1, 4)):
+                    job_id = r.choice(ids)
+                    op = r.random()
+                    if op < 0.35:
+                        await store.add_pending(conn, job(job_id, gpus=r.randint(1, 8)), None)
+                    elif op < 0.6:
+                        await conn.execute("UPDATE pending_jobs SET replicas = $2 WHERE job_id = $1", job_id,
+                                           r.randint(1, 4))
+                    elif op < 0.8:
+                        await conn.execute("UPDATE pending_jobs SET satisfied = NOT satisfied WHERE job_id = $1",
+                                           job_id)
+                    else:
+                        await conn.execute("DELETE FROM pending_jobs WHERE job_id = $1", job_id)
+                    await asyncio.sleep(r.choice((0, 0, 0.001, 0.01, 0.05)))  # some stay open across reads
+
+    writers = [asyncio.create_task(writer(seed)) for seed in range(3)]
+    wanted = WantedJobs()
+    compared = 0
+    try:
+        for _ in range(60):
+            async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+                incremental = await store.load_state(conn, wanted)
+                full = await store.load_state(conn, WantedJobs())
+            key = lambda rows: sorted((r["job_id"], r["replicas"], r["gpus"]) for r in rows)  # noqa: E731
+            assert key(incremental["pending"]) == key(full["pending"])
+            compared += 1
+            await asyncio.sleep(rng.choice((0, 0.002, 0.02)))
+    finally:
+        stop.set()
+        await asyncio.gather(*writers, return_exceptions=True)
+    assert compared == 60
+    assert not [r for r in caplog.records if r.getMessage() == "wanted_jobs_reloaded"]
