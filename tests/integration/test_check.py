@@ -166,8 +166,8 @@ class World:
             await admin.close()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def world(nats_url: str, pg_admin_dsn: str) -> AsyncIterator[World]:
+async def started_world(nats_url: str, pg_admin_dsn: str) -> World:
+    """A World on streams emptied of earlier modules' events (the checker reads whole streams)."""
     nc = await connect(nats_url, "check-test-cleaner")
     js = nc.jetstream()
     for info in await js.streams_info():
@@ -175,6 +175,12 @@ async def world(nats_url: str, pg_admin_dsn: str) -> AsyncIterator[World]:
     await nc.close()
     w = World(nats_url, pg_admin_dsn)
     await w.start()
+    return w
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def world(nats_url: str, pg_admin_dsn: str) -> AsyncIterator[World]:
+    w = await started_world(nats_url, pg_admin_dsn)
     try:
         for i in range(3):
             await w.submit(f"whole-{i}", gpus=1, gpu_models=["H100-80GB"])

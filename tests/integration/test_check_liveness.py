@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from test_check import World, settled, sql
+from test_check import World, settled, sql, started_world
 
-from libs.bus.connection import connect
 from libs.check import Report, check_async
 from libs.runtime.service import ServiceRuntime
 from services.placement.config import PlacementSettings
@@ -72,13 +71,7 @@ async def start_placement(w: World, *, schedule: bool) -> PlacementHandlers:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(nats_url: str, pg_admin_dsn: str) -> AsyncIterator[World]:
-    nc = await connect(nats_url, "check-liveness-cleaner")
-    js = nc.jetstream()
-    for info in await js.streams_info():
-        await js.delete_stream(info.config.name)
-    await nc.close()
-    w = World(nats_url, pg_admin_dsn)
-    await w.start()
+    w = await started_world(nats_url, pg_admin_dsn)
     try:
         await w.submit("running", gpus=1, gpu_models=["H100-80GB"])
         await w.submit("backlog", gpus=8, gpu_models=["H100-80GB"])  # never fits: waits with a reason

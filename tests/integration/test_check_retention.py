@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 import pytest_asyncio
-from test_check import World, kinds, settled, sql
+from test_check import World, kinds, settled, sql, started_world
 
-from libs.bus.connection import connect
 from libs.check import check_async
 from libs.contracts import subjects
 from libs.contracts.commands import CancelJob, JobRef
@@ -64,13 +63,7 @@ async def outbox_mentions(w: World, service: str, ident: str) -> int:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def aged(nats_url: str, pg_admin_dsn: str) -> AsyncIterator[World]:
-    nc = await connect(nats_url, "check-retention-cleaner")
-    js = nc.jetstream()
-    for info in await js.streams_info():
-        await js.delete_stream(info.config.name)
-    await nc.close()
-    w = World(nats_url, pg_admin_dsn)
-    await w.start()
+    w = await started_world(nats_url, pg_admin_dsn)
     try:
         # the past: a finished job, a cancelled one, one still running and one still pending at the horizon
         for name in ("old-done", "old-cancelled", "old-running"):
