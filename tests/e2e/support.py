@@ -98,6 +98,19 @@ def wait_state(api, job_id: str, state: str, timeout: float = 20) -> dict:  # ty
     raise AssertionError(f"job {job_id} never became {state}: {job}")
 
 
+def complete(api, job_id: str, timeout: float = 20) -> dict:  # type: ignore[no-untyped-def]
+    """Complete a job once the queue knows it runs. A grant seen on NATS can reach a test before the queue has
+    applied it, and completing a job the queue still has as pending is refused (409): a test that ignored that left
+    the job holding its GPUs (seen under load: a probe fraction kept its share and a later job never fit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = api.post(f"/v1/jobs/{job_id}/complete")
+        if response.status_code == 200:
+            return response.json()
+        assert response.status_code == 409 and time.monotonic() < deadline, response.text
+        time.sleep(0.05)
+
+
 def finish_all(api) -> None:  # type: ignore[no-untyped-def]
     """Cancel every unfinished job and wait until no GPU is held. Listed again until nothing is left: a job that
     was pending when one state was listed may be running by the time the next one is."""

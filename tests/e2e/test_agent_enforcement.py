@@ -10,6 +10,7 @@ import time
 
 import nats
 import pytest
+from support import complete
 
 from libs.contracts import subjects
 from libs.contracts.envelope import parse_envelope
@@ -78,7 +79,7 @@ async def test_mig_instances_follow_their_allocations_and_an_overgrown_fraction_
             assert (created.allocation_id, created.gpu_uuid, created.profile, created.start) == \
                 (granted.allocation_id, held.uuid, "3g.40gb", held.mig_start)
             assert created.mig_uuid and created.mig_uuid.startswith("MIG-") and created.node == "sim-node-1"
-            api.post(f"/v1/jobs/{mig_job}/complete")
+            complete(api, mig_job)
             destroyed = await watch.wait(MigApplied, job_id=mig_job, action="destroyed")
             assert (destroyed.allocation_id, destroyed.start) == (granted.allocation_id, held.mig_start)
 

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 import pytest
-from support import AllocationWatcher, eventually_async, finish_all, wait_state
+from support import AllocationWatcher, complete, eventually_async, finish_all, wait_state
 
 from libs.contracts.events import AllocationGranted, AllocationReleased
 
@@ -45,8 +45,8 @@ async def test_a_gang_is_placed_all_or_nothing_while_short_jobs_backfill_without
             assert watcher.of(AllocationGranted, gang) == [], "no member of the gang may start alone"
             assert watcher.of(AllocationGranted, blocker) == []
 
-            api.post(f"/v1/jobs/{backfill}/complete")
-            api.post(f"/v1/jobs/{short_holder}/complete")
+            complete(api, backfill)
+            complete(api, short_holder)
             await watcher.wait_for(AllocationGranted, gang)
             await asyncio.sleep(1.0)
             members = [d for _, _, d in watcher.of(AllocationGranted, gang)]

@@ -9,7 +9,7 @@ import time
 
 import nats
 import pytest
-from support import AllocationWatcher, finish_all, wait_state
+from support import AllocationWatcher, complete, finish_all, wait_state
 
 from libs.contracts import subjects
 from libs.contracts.envelope import utcnow
@@ -69,7 +69,7 @@ async def test_fractions_mig_slices_and_dev_defaults_share_gpus_without_overfill
             # a probe fraction: once it lands, placement has learned the modes
             probe = post(api, name="probe", gpu_fraction_milli=100, gpu_memory_mib=1024, gpu_models=["L40S"])
             await watch.wait_for(AllocationGranted, probe, timeout=30)
-            api.post(f"/v1/jobs/{probe}/complete")
+            complete(api, probe)
 
             a = post(api, name="frac-a", gpu_fraction_milli=500, gpu_memory_mib=20_000)
             b = post(api, name="frac-b", gpu_fraction_milli=300, gpu_memory_mib=16_000)
@@ -106,7 +106,7 @@ async def test_fractions_mig_slices_and_dev_defaults_share_gpus_without_overfill
             assert api.get(f"/v1/jobs/{slices[0]}").json()["mig_profile"] == "3g.40gb"
 
             # completing a fraction frees its share: the waiting one gets in
-            api.post(f"/v1/jobs/{a}/complete")
+            complete(api, a)
             [held] = (await watch.wait_for(AllocationGranted, c))[2].gpus
             assert (held.uuid, held.share_milli) == (frac_gpu["uuid"], 100)
             wait_state(api, c, "running")
