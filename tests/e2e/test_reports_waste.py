@@ -60,14 +60,17 @@ def test_the_waste_report_names_the_idle_third_that_reclamation_took_back(platfo
         for a in waste["idle_allocations"]:
             assert a["kind"] == "dev" and a["release_reason"] == "IdleReclaimed" and not a["running"]
             assert a["idle_fraction"] == 1.0 and a["avg_utilization_pct"] < 5
-        assert waste["idle_gpu_hours"] == pytest.approx(sum(a["idle_gpu_hours"] for a in waste["idle_allocations"]),
-                                                        abs=1e-5)
         assert {t["team"] for t in waste["by_team"] if t["idle_gpu_hours"] > 0} == {"research", "inference"}
-        # busy work is efficient and never idle; how efficient depends on where the simulated training loop is in
-        # its cycle (ramp-up; no checkpoint pause comes in its first 2 minutes), so the bar is "clearly busy"
+        # busy work is efficient and all but never idle; how efficient depends on where the simulated training loop
+        # is in its cycle (ramp-up; no checkpoint pause comes in its first 2 minutes), so the bar is "clearly busy".
+        # The one idle time training can show is the minute it started in: utilization comes in one-minute rollups,
+        # and a job that started late in a minute gets that minute's average, mostly the free card's zero.
         training = next(r for r in eff["rows"] if r["kind"] == "training")
         dev = next(r for r in eff["rows"] if r["kind"] == "dev")
-        assert training["idle_gpu_hours"] == 0 and training["efficiency_pct"] > 25
+        assert training["idle_gpu_hours"] <= len(busy) * 60 / 3600 and training["efficiency_pct"] > 25
+        # every idle GPU-hour in the report is either a named idle session's or that start-minute artefact
+        assert waste["idle_gpu_hours"] == pytest.approx(
+            sum(a["idle_gpu_hours"] for a in waste["idle_allocations"]) + training["idle_gpu_hours"], abs=1e-5)
         assert dev["efficiency_pct"] < 5 < training["efficiency_pct"]
         for job in busy:
             api.post(f"/v1/jobs/{job}/complete")
