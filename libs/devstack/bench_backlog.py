@@ -94,21 +94,17 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     for _ in range(turnovers):
         job_id = running.pop(0)
         seen = len(order)
-        changed.clear()
         began = time.monotonic()
         status, body = await api.call("POST", f"/v1/jobs/{job_id}/complete")
         if status != 200:
             raise RuntimeError(f"complete {job_id}: {status} {body}")
-        while len(order) == seen:
-            remaining = began + 60 - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError(f"no job started within 60 s of completing {job_id} (backlog {depth})")
+        while len(order) == seen:  # on_started sets `changed` after appending; clear it before each look
             changed.clear()
             if len(order) == seen:
                 try:
-                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+                    await asyncio.wait_for(changed.wait(), timeout=max(0.0, began + 60 - time.monotonic()))
                 except TimeoutError:
-                    continue
+                    raise RuntimeError(f"no job started within 60 s of completing {job_id} (backlog {depth})") from None
         latencies.append(started[order[seen]] - began)
         running += order[seen:]
     wall = time.monotonic() - t1
