@@ -214,6 +214,14 @@ async def settled(w: World, timeout: float = 20) -> Report:
         await asyncio.sleep(0.2)
 
 
+async def published(w: World, service: str, timeout: float = 30) -> None:
+    """Until the service's relay has published every outbox row (a clean check allows young unpublished ones)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (left := (await sql(w, service, "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL"))[0]["n"]):  # type: ignore[index]
+        assert asyncio.get_running_loop().time() < deadline, f"{service}: {left} outbox rows still unpublished"
+        await asyncio.sleep(0.1)
+
+
 def kinds(report: Report, check: str) -> set[str]:
     return {v.kind for v in report.violations if v.check == check}
 

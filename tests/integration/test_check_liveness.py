@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from test_check import World, settled, sql, started_world
+from test_check import World, published, settled, sql, started_world
 
 from libs.check import Report, check_async
 from libs.runtime.service import ServiceRuntime
@@ -115,7 +115,9 @@ async def test_a_stopped_then_stalled_scheduler_is_caught_within_its_bounds(worl
         assert 300 <= v.data["age_s"] < 600 and v.data["bound_s"] == 60.0
         # the bound is honoured: within ten minutes it is not late yet (and the young job never was)
         assert liveness(await check_async(world.config(pending_max_age_s=600))) == set()
-        # consumer_lag names the consumer nobody serves now, and what its oldest message waits on (bound 0: any age)
+        # consumer_lag names the consumer nobody serves now, and what its oldest message waits on (bound 0: any age);
+        # both submissions are in the stream once the queue's relay has published them
+        await published(world, "queue")
         lag = [v for v in (await check_async(world.config(lag_max_age_s=0))).violations
                if v.subject == "GPUPOOL_EVENTS/placement"]
         assert len(lag) == 1 and lag[0].data["consumer"] == "placement" and lag[0].data["num_pending"] >= 2, lag

@@ -8,13 +8,12 @@ a violation: the leniency comes from the horizon, nothing else."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 import pytest_asyncio
-from test_check import World, kinds, settled, sql, started_world
+from test_check import World, kinds, published, settled, sql, started_world
 
 from libs.check import check_async
 from libs.contracts import subjects
@@ -46,13 +45,6 @@ async def age(w: World, service: str) -> None:
                                    + where)
     finally:
         await conn.close()
-
-
-async def published(w: World, service: str, timeout: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while (left := (await sql(w, service, "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL"))[0]["n"]):  # type: ignore[index]
-        assert asyncio.get_running_loop().time() < deadline, f"{service}: {left} outbox rows still unpublished"
-        await asyncio.sleep(0.1)
 
 
 async def outbox_mentions(w: World, service: str, ident: str) -> int:
