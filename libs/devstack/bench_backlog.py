@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform as host
 import sys
 import tempfile
@@ -146,10 +147,9 @@ def markdown(rows: list[dict], command: str) -> str:
         "",
         f"`{command}` — a real `gpupool up` on {nodes} simulated nodes × {GPUS_PER_NODE} GPUs per depth; {gpus} + "
         f"depth one-GPU jobs submitted over HTTP ({gpus} run, the rest wait), then running jobs completed one at a "
-        "time, each timed until the "
-        "next job started (`job.started` on NATS). Every scheduling cycle considers the whole backlog. Machine: "
-        f"{host.machine()}, {_cpus()} logical CPUs, Python {host.python_version()}. The first depth is the baseline "
-        "of the ratios (same command, same machine).",
+        "time, each timed until the next job started (`job.started` on NATS). Every scheduling cycle considers the "
+        f"whole backlog. Machine: {os.cpu_count()} logical CPUs, Python {host.python_version()}, {host.system()} "
+        f"{host.release()}. The first depth is the baseline of the ratios (same command, same machine).",
         "",
         "| waiting jobs | complete → next job started p50 | p90 | max | placement CPU ms per turnover | "
         "PostgreSQL CPU ms per turnover | cycles per turnover | mean cycle |",
@@ -179,12 +179,6 @@ def _ratio(deep: dict, base: dict, name: str) -> str:
     b = base["cpu_ms_per_turnover"].get(name) or 0
     d = deep["cpu_ms_per_turnover"].get(name) or 0
     return f"{d / b:.1f}x" if b else "n/a"
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
 
 
 def main(argv: list[str] | None = None) -> int:
