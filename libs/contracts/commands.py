@@ -13,11 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
+from libs.contracts.work import Arg, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 
 JobKind = Literal["training", "inference", "dev", "batch"]
-JobState = Literal["awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed"]
+JobState = Literal["awaiting_approval", "pending", "launching", "running", "preempting", "completed", "cancelled",
+                   "failed"]
 ApprovalRule = Literal["gpus_over", "runtime_over_s", "priority_class"]
 
 
@@ -193,7 +195,49 @@ class JobShape(BaseModel):
         return self
 
 
-class SubmitJob(Command, JobShape):
+class JobWork(BaseModel):
+    """What the job runs, as flat submission fields (`POST /v1/jobs`, the CLI's YAML): with `command` the agent of
+    each granted node launches it; without, the job only holds GPUs for a caller who launches its own work."""
+
+    command: list[Arg] | None = Field(default=None, min_length=1, max_length=4096,
+                                      description="argv run on the granted GPUs (no shell unless you write "
+                                                  "[\"sh\", \"-c\", ...]); null: no work is launched")
+    env: dict[str, str] = Field(default_factory=dict, max_length=512,
+                                description="merged over the grant's environment (not GPUPOOL_*, CUDA_*)")
+    workdir: str | None = Field(default=None, max_length=4096, description="absolute path on the node")
+    limits: WorkLimits = Field(default_factory=WorkLimits)
+    stop_signal: StopSignal = "SIGTERM"
+    stop_grace_s: float = Field(default=30.0, ge=0, le=3600)
+    warn_before_s: float | None = Field(default=None, gt=0, le=86_400)
+    warn_signal: StopSignal = "SIGUSR1"
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    isolation: Isolation = "process"
+    image: str | None = Field(default=None, max_length=512)
+    rootfs: str | None = Field(default=None, max_length=4096)
+
+    @model_validator(mode="after")
+    def _work_consistent(self) -> JobWork:
+        if self.command is None:
+            fields = JobWork.model_fields
+            unset = {k for k in WORK_FIELDS
+                     if k != "command" and getattr(self, k) != fields[k].get_default(call_default_factory=True)}
+            if unset:
+                raise ValueError(f"{', '.join(sorted(unset))} need a command")
+            return self
+        WorkSpec(**{k: getattr(self, k) for k in WORK_FIELDS})  # every rule of the spec, at the edge
+        return self
+
+    def work_spec(self) -> WorkSpec | None:
+        if self.command is None:
+            return None
+        return WorkSpec(**{k: getattr(self, k) for k in WORK_FIELDS})
+
+
+WORK_FIELDS = ("command", "env", "workdir", "limits", "stop_signal", "stop_grace_s", "warn_before_s", "warn_signal",
+               "restart", "isolation", "image", "rootfs")
+
+
+class SubmitJob(Command, JobShape, JobWork):
     name: str = Field(pattern=NAME_PATTERN)
     team: str = Field(pattern=NAME_PATTERN)
     project: str = Field(default="default", pattern=NAME_PATTERN)
@@ -211,6 +255,30 @@ class ScaleJob(Command):
 
 class JobRef(Command):
     job_id: str = Field(min_length=1, max_length=64)
+
+
+class ReadLogs(Command):
+    """Read one stream of one allocation's work logs from the agent of its node
+    (`subjects.agent_logs(cluster, node)`). Offsets count bytes since the attempt started; rotated-away bytes are
+    skipped (the reply's `offset` then says where the data really starts)."""
+
+    allocation_id: str = Field(min_length=1, max_length=64)
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: int = Field(default=0, ge=0, le=2**62)
+    limit: int = Field(default=65_536, ge=1, le=1_048_576, description="bytes at most")
+    tail: int | None = Field(default=None, ge=0, le=16 * 1_048_576,
+                             description="instead of offset: the last N bytes")
+
+
+class LogChunk(BaseModel):
+    """The agent's answer to ReadLogs."""
+
+    allocation_id: str
+    stream: Literal["stdout", "stderr"]
+    offset: int = Field(description="where `data` starts, bytes since the attempt started")
+    next_offset: int
+    data: str = Field(description="UTF-8 text (invalid bytes replaced)")
+    complete: bool = Field(description="the attempt ended and everything was read: no more will come")
 
 
 class CancelJob(JobRef):
@@ -251,6 +319,10 @@ class JobView(BaseModel):
     gpu_memory_mib: int = 0
     mig_profile: str = ""
     exclusive: bool = False
+    work: WorkSpec | None = Field(default=None, description="what the agent runs; null: nothing is launched")
+    exit_code: int | None = Field(default=None, description="the work's exit code, once an attempt ended")
+    reason: str | None = Field(default=None, description="why the job is in its state: the last transition's "
+                                                         "reason (e.g. NonZeroExit, OutOfMemory, Completed)")
 
 
 # --- quota ------------------------------------------------------------------------------------------------------

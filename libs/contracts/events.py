@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from libs.contracts import subjects
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, utcnow, uuid7
+from libs.contracts.work import WorkExit, WorkSpec
 
 Health = Literal["healthy", "degraded", "failed"]
 # Inventory's health state machine per GPU (healthy → suspect → quarantined → probation → healthy). `Health` above
@@ -209,6 +210,9 @@ class JobSubmitted(EventData):
     gpu_memory_mib: int = Field(default=0, ge=0, description="GPU memory of a fraction, MiB")
     mig_profile: str = Field(default="", max_length=32, description="A MIG slice, e.g. 1g.10gb; empty: none")
     exclusive: bool = Field(default=False, description="A dev job that insists on a whole GPU")
+    work: WorkSpec | None = Field(default=None, description="What the agent runs on the GPUs; null: the caller "
+                                                            "launches its own work")
+    attempt: int = Field(default=0, ge=0, description="times the job was requeued or restarted before this")
 
 
 class JobStateChanged(EventData):
@@ -321,6 +325,9 @@ class AllocationGranted(AllocationEvent):
         description="What the workload must run with to stay inside its allocation: CUDA_VISIBLE_DEVICES (GPU "
                     "uuids; for a MIG slice the agent reports the instance), and for a fraction the limits CUDA "
                     "MPS enforces: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    work: WorkSpec | None = Field(default=None, description="What the node's agent launches on these GPUs; "
+                                                            "null: the caller launches its own work")
+    attempt: int = Field(default=0, ge=0, description="the job's attempt this allocation serves")
 
 
 class AllocationPreempting(AllocationEvent):
@@ -382,6 +389,10 @@ class AllocationReleased(AllocationEvent):
     granted_at: datetime
     released_at: datetime
     reason: str
+    exit: WorkExit | None = Field(default=None, description="How the allocation's work ended, when the release "
+                                                            "follows the agent's report that its cgroup is empty")
+    remaining: int | None = Field(default=None, ge=0, description="With exit: the job's allocations still live "
+                                                                  "after this release")
 
 
 # --- accounting -------------------------------------------------------------------------------------------------
@@ -674,6 +685,46 @@ class FractionExceeded(AgentAllocationEvent):
     detected_at: datetime
 
 
+class WorkStarted(EventData):
+    """The agent started an allocation's work: its process exists in its cgroup (a job becomes `running` on this,
+    not on the grant). Published by the agent directly to JetStream."""
+
+    event_type: ClassVar[str] = "io.gpupool.agent.work_started.v1"
+    event_subject: ClassVar[str] = subjects.AGENT_WORK_STARTED
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    cluster: str
+    node: str
+    replica: int = 0
+    attempt: int = 0
+    pid: int = Field(ge=1)
+    isolation: str
+    started_at: datetime
+
+
+class WorkExited(EventData):
+    """An allocation's work ended and its cgroup is empty: placement may release the GPUs now. `exit` says how
+    (exit code, signal, OOM, a launch failure, a stop). Published by the agent directly to JetStream."""
+
+    event_type: ClassVar[str] = "io.gpupool.agent.work_exited.v1"
+    event_subject: ClassVar[str] = subjects.AGENT_WORK_EXITED
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    cluster: str
+    node: str
+    replica: int = 0
+    attempt: int = 0
+    exit: WorkExit
+
+
 # --- telemetry (agent) ------------------------------------------------------------------------------------------
 class GpuTelemetry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -750,6 +801,8 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         OrphanDetected,
         MigApplied,
         FractionExceeded,
+        WorkStarted,
+        WorkExited,
     )
 }
 

@@ -43,6 +43,8 @@ ALLOCATION_PREEMPTING = "gpupool.allocation.preempting"
 DECISION_CYCLE = "gpupool.decision.cycle"
 AGENT_MIG_APPLIED = "gpupool.agent.mig_applied"
 AGENT_FRACTION_EXCEEDED = "gpupool.agent.fraction_exceeded"
+AGENT_WORK_STARTED = "gpupool.agent.work_started"
+AGENT_WORK_EXITED = "gpupool.agent.work_exited"
 AGENT_ALL = "gpupool.agent.>"
 ALLOCATION_ALL = "gpupool.allocation.>"
 JOB_ALL = "gpupool.job.>"
@@ -114,6 +116,13 @@ QUERY_ACCOUNTING_COST_RATES = "gpupool.query.accounting.cost_rates"
 CMD_ACCOUNTING_SET_COST_RATE = "gpupool.cmd.accounting.set_cost_rate"
 QUERY_QUOTA_LIST_TEAMS = "gpupool.query.quota.list_teams"
 QUERY_RECLAMATION_LIST_TRACKED = "gpupool.query.reclamation.list_tracked"
+
+
+
+
+def agent_logs(cluster: str, node: str) -> str:
+    """Where a node's agent answers reads of its work's logs (request/reply; the gateway asks, team-scoped)."""
+    return f"gpupool.query.agent.{token(cluster)}.{token(node)}.logs"
 
 
 # Fault injection for the simulated agent fleet (core NATS, development and tests only).

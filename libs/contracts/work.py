@@ -1,0 +1,158 @@
+"""What a job runs: the work spec the node's agent launches on the granted GPUs, and how an attempt of it ended.
+
+A job without `command` holds GPUs for a caller who launches its own work (as before the executor existed); a job
+with one is run by the agent of every node it is granted on: one process tree per allocation (a gang member or a
+replica), in its own cgroup, with the limits, devices and environment of its grant.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Signals a job may ask to be stopped or warned with (names, not numbers: numbers differ between platforms).
+StopSignal = Literal["SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGKILL"]
+Isolation = Literal["process", "sandbox", "container"]
+ISOLATIONS: tuple[str, ...] = ("process", "sandbox", "container")
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# The agent sets these from the grant; a job's env cannot override what keeps it inside its allocation.
+RESERVED_ENV_PREFIXES = ("GPUPOOL_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_")
+MAX_ARG_CHARS = 32_768
+MAX_ENV_VALUE_CHARS = 32_768
+
+Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS)]
+
+
+class WorkLimits(BaseModel):
+    """Enforced on the node by the work's cgroup. None: no limit beyond the node's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu_milli: int | None = Field(default=None, ge=10, le=1_024_000,
+                                  description="CPU time as milli-cores (1000 = one core), CFS quota")
+    memory_mib: int | None = Field(default=None, ge=4, le=16_777_216,
+                                   description="resident memory; beyond it the memory controller kills "
+                                               "(reason OutOfMemory)")
+    pids: int | None = Field(default=None, ge=1, le=4_194_304,
+                             description="processes and threads at once; beyond it fork/clone fails (EAGAIN)")
+
+
+class RestartPolicy(BaseModel):
+    """What happens when an attempt fails (non-zero exit, signal, out of memory, launch failure)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["never", "on_failure"] = "never"
+    attempts: int = Field(default=0, ge=0, le=100, description="restarts after failures (with on_failure)")
+    delay_s: float = Field(default=10.0, ge=0, le=3600, description="wait before each restart")
+
+    @model_validator(mode="after")
+    def _attempts_need_policy(self) -> RestartPolicy:
+        if self.policy == "on_failure" and self.attempts < 1:
+            raise ValueError("restart on_failure needs attempts >= 1")
+        if self.policy == "never" and self.attempts:
+            raise ValueError("restart attempts need policy on_failure")
+        return self
+
+
+class WorkSpec(BaseModel):
+    """The work a job runs. Travels from the submission through `job.submitted` and `allocation.granted` to the
+    agent of each granted node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[Arg] = Field(min_length=1, max_length=4096,
+                               description="argv; no shell unless you write [\"sh\", \"-c\", ...]")
+    env: dict[str, Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS)]] = Field(
+        default_factory=dict, max_length=512,
+        description="merged over what the grant sets; GPUPOOL_*, CUDA_VISIBLE_DEVICES and CUDA_MPS_* are the "
+                    "grant's and cannot be set")
+    workdir: str | None = Field(default=None, max_length=4096,
+                                description="absolute path on the node; default a fresh directory per job")
+    limits: WorkLimits = Field(default_factory=WorkLimits)
+    stop_signal: StopSignal = "SIGTERM"
+    stop_grace_s: float = Field(default=30.0, ge=0, le=3600,
+                                description="between the stop signal and the kill (clamped by the agent's maximum)")
+    warn_before_s: float | None = Field(default=None, gt=0, le=86_400,
+                                        description="with max_runtime_s: send warn_signal this long before it")
+    warn_signal: StopSignal = "SIGUSR1"
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    isolation: Isolation = "process"
+    image: str | None = Field(default=None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$",
+                              description="container: an image the node already has (never pulled)")
+    rootfs: str | None = Field(default=None, max_length=4096,
+                               description="container: a root filesystem directory on the node")
+
+    @field_validator("command")
+    @classmethod
+    def _program_named(cls, argv: list[str]) -> list[str]:
+        if not argv[0].strip():
+            raise ValueError("command[0] names the program and cannot be empty")
+        if any("\x00" in a for a in argv):
+            raise ValueError("command must not contain NUL characters")
+        return argv
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not ENV_NAME.match(name):
+                raise ValueError(f"env name {name[:64]!r} is not [A-Za-z_][A-Za-z0-9_]*")
+            if name.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"env {name} is set by the grant and cannot be overridden")
+            if "\x00" in value:
+                raise ValueError(f"env {name} must not contain NUL characters")
+        return env
+
+    @field_validator("workdir", "rootfs")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        if path is None:
+            return None
+        if not path.startswith("/") or "\x00" in path or "/../" in f"{path}/":
+            raise ValueError("must be an absolute path without '..'")
+        return path
+
+    @model_validator(mode="after")
+    def _container_needs_root(self) -> WorkSpec:
+        if self.isolation == "container":
+            if bool(self.image) == bool(self.rootfs):
+                raise ValueError("isolation container needs exactly one of image or rootfs")
+        elif self.image or self.rootfs:
+            raise ValueError("image and rootfs go with isolation container")
+        return self
+
+
+# Why an attempt ended, as the agent reports it (the executor's classification) and the job then shows it.
+ExitReason = Literal[
+    "Completed", "NonZeroExit", "OutOfMemory", "Signalled", "MaxRuntimeExceeded", "Stopped", "Lost",
+    "CommandNotFound", "WorkdirUnavailable", "SandboxFailed", "ImagePullFailed", "DriverUnavailable",
+    "CgroupFailed", "LaunchFailed"]
+LAUNCH_FAILURES = frozenset({"CommandNotFound", "WorkdirUnavailable", "SandboxFailed", "ImagePullFailed",
+                             "DriverUnavailable", "CgroupFailed", "LaunchFailed"})
+
+
+class WorkExit(BaseModel):
+    """How one attempt's work ended on one allocation; carried by `agent.work_exited` and by the release it
+    causes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: ExitReason
+    exit_code: int | None = Field(default=None, ge=-255, le=255)
+    signal: str | None = Field(default=None, max_length=16, pattern=r"^SIG[A-Z0-9+-]{1,12}$")
+    oom: bool = False
+    stopped: bool = Field(default=False, description="ended after a stop request (preemption, cancel, reclaim)")
+    message: str = Field(default="", max_length=2000)
+    started_at: datetime | None = None
+    exited_at: datetime
+    wall_s: float = Field(default=0.0, ge=0, le=1e9)
+    cpu_s: float = Field(default=0.0, ge=0, le=1e12)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.reason == "Completed"
