@@ -23,6 +23,7 @@ from libs.contracts.commands import (
     JobRef,
     JobShape,
     JobState,
+    JobWork,
     ListAllocations,
     ListApprovals,
     ListJobs,
@@ -53,9 +54,12 @@ class ApiError(Exception):
         self.status, self.reason, self.detail, self.extensions = status, reason, detail, extensions
 
 
-class JobRequestBody(JobShape):
+class JobRequestBody(JobShape, JobWork):
     """What a caller sends to submit a job: `gpus` on one node, a gang (`gang_nodes` × `gpus_per_node`, all or
-    nothing), or `replicas` independent copies (an inference service; scale it later with PATCH)."""
+    nothing), or `replicas` independent copies (an inference service; scale it later with PATCH). With `command`
+    the agent of every granted node runs it (one process tree per allocation, logs at `/v1/jobs/{id}/logs`); the
+    work fields (`env`, `workdir`, `limits`, `stop_signal`, `stop_grace_s`, `warn_before_s`, `warn_signal`,
+    `restart`, `isolation`, `image`, `rootfs`) need a command. Without one the job only holds GPUs."""
 
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
         {"name": "llama-finetune", "team": "research", "gpus": 2, "gpu_models": ["H100-80GB"],
@@ -67,7 +71,12 @@ class JobRequestBody(JobShape):
         {"name": "notebook", "team": "research", "gpus": 1, "kind": "dev", "gpu_fraction_milli": 250,
          "gpu_memory_mib": 12288},
         {"name": "embeddings", "team": "inference", "gpus": 1, "kind": "inference", "mig_profile": "3g.40gb",
-         "gpu_models": ["A100-80GB"]}]}}
+         "gpu_models": ["A100-80GB"]},
+        {"name": "resnet-train", "team": "research", "gpus": 1, "kind": "batch",
+         "command": ["python", "train.py", "--epochs", "10"], "env": {"WANDB_MODE": "offline"},
+         "workdir": "/scratch/resnet", "limits": {"memory_mib": 65536, "cpu_milli": 8000},
+         "max_runtime_s": 7200, "warn_before_s": 300, "restart": {"policy": "on_failure", "attempts": 2,
+                                                                  "delay_s": 30}}]}}
 
     name: str = Field(pattern=NAME_PATTERN, description="Lowercase name, 1–63 chars")
     team: str = Field(pattern=NAME_PATTERN)
@@ -86,6 +95,16 @@ class JobRequestBody(JobShape):
             if self.mig_profile not in known:
                 raise ValueError(f"no {'allowed ' if self.gpu_models else ''}GPU model has MIG profile "
                                  f"{self.mig_profile!r}; known: {', '.join(known) or 'none (no MIG-capable model)'}")
+        return self
+
+    @model_validator(mode="after")
+    def _warning_within_runtime(self) -> JobRequestBody:
+        """A warning before the declared limit needs the limit, and must come before it."""
+        if self.warn_before_s is not None:
+            if self.max_runtime_s is None:
+                raise ValueError("warn_before_s needs max_runtime_s (the warning comes that long before it)")
+            if self.warn_before_s >= self.max_runtime_s:
+                raise ValueError("warn_before_s must be less than max_runtime_s")
         return self
 
 
