@@ -31,6 +31,7 @@ from services.gateway.decisions import router as decisions_router
 from services.gateway.domain import problem
 from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
+from services.gateway.logs import router as logs_router
 from services.gateway.nodes import router as nodes_router
 from services.gateway.policy import router as policy_router
 from services.gateway.reports import router as reports_router
@@ -148,6 +149,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     app.state.settings = settings
     app.include_router(router)
+    app.include_router(logs_router)
     app.include_router(events_router)
     app.include_router(policy_router)
     app.include_router(reports_router)

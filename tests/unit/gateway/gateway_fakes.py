@@ -13,7 +13,7 @@ import pytest
 from libs.bus.rpc import ServiceUnavailable
 from libs.contracts import subjects
 from libs.contracts.commands import Command, ReadLogs, Reply, SubmitJob
-from services.gateway import handlers
+from services.gateway import handlers, logs
 from services.gateway.bootstrap import create_app
 from services.gateway.config import GatewaySettings
 from services.gateway.domain import Principal
@@ -130,6 +130,8 @@ class FakeAuthenticator:
 def bus(monkeypatch: pytest.MonkeyPatch) -> FakeBus:
     fake = FakeBus()
     monkeypatch.setattr(handlers, "request", fake.request)
+    monkeypatch.setattr(logs, "request", fake.request)
+    monkeypatch.setattr(logs, "POLL_S", 0.0)
     return fake
 
 

@@ -85,3 +85,5 @@ def test_the_openapi_document_shows_a_submission_with_a_command(app) -> None:  #
     schema = app.openapi()["components"]["schemas"]["JobRequestBody"]
     assert {"command", "env", "workdir", "limits", "restart", "isolation"} <= set(schema["properties"])
     assert any("command" in example for example in schema["examples"])
+    logs = app.openapi()["paths"]["/v1/jobs/{job_id}/logs"]["get"]
+    assert "text/plain; charset=utf-8" in logs["responses"]["200"]["content"]
