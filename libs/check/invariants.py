@@ -25,7 +25,8 @@ from libs.contracts import subjects
 STATE_CHANGED = subjects.JOB_STATE_CHANGED
 GRANTED = subjects.ALLOCATION_GRANTED
 RELEASED = subjects.ALLOCATION_RELEASED
-JOB_STATES = frozenset({"awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed"})
+JOB_STATES = frozenset({"awaiting_approval", "pending", "launching", "running", "preempting", "completed", "cancelled",
+                        "failed"})
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})  # releases the queue leaves alone
 ONE_US = timedelta(microseconds=1)
@@ -413,7 +414,8 @@ def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
         if job_id not in jobs:
             out.append(Violation("job_placement", "allocation_for_unknown_job", job_id,
                                  f"placement holds GPUs ({ids}) for a job the queue does not have"))
-        if job_id in finished:
+        # work being stopped keeps its GPUs until its agent reports the cgroup empty (placement's README)
+        if job_id in finished and not all(a.get("work") and a.get("preempt_deadline") for a in live):
             out.append(Violation("job_placement", "finished_job_holds_gpus", job_id,
                                  f"placement applied the job's completion/cancellation but still holds {ids}"))
     # a job once scaled may have been a replicated one when its releases came (the queue ignores those)
@@ -421,7 +423,7 @@ def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
     for job_id, j in sorted(jobs.items()):
         single = j["replicas"] <= 1 and not j["gang_nodes"] and job_id not in scaled
         state = j["state"]
-        if state in ("running", "preempting"):
+        if state in ("launching", "running", "preempting"):
             alloc = by_id.get(j["allocation_id"]) if j["allocation_id"] else None
             if alloc is None:
                 out.append(Violation("job_placement", "running_without_allocation", job_id,

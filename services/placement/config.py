@@ -21,6 +21,12 @@ class PlacementSettings(ServiceSettings):
     consumer_batch: int = Field(default=32, ge=1, le=256,
                                 description="Events fetched and applied in one transaction")
     preemption_grace_s: float = Field(default=30.0, ge=0, description="Checkpoint time a preempted job gets")
+    max_stop_grace_s: float = Field(default=300.0, ge=0, le=3600,
+                                    description="Longest stop grace a job's work gets on cancel, completion, "
+                                                "reclaim or scale-down (its own stop_grace_s below this)")
+    stop_report_timeout_s: float = Field(default=120.0, ge=1,
+                                         description="An allocation that runs work is released this long after its "
+                                                     "stop deadline even if its agent never reported the exit")
     min_runtime_s: float = Field(default=300.0, ge=0, description="Never preempt work younger than this (unless "
                                                                   "its priority class says otherwise)")
     lease_ttl_s: float = Field(default=3.0, description="Leader lease TTL: a dead leader is replaced within ~this")

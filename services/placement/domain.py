@@ -316,3 +316,31 @@ class DecisionEncoder:
         parts = (codec.dumps(plan.placements), self._list(plan.pending), codec.dumps(plan.preemptions),
                  codec.dumps(plan.mig_reconfigs), codec.dumps(plan.reservations))
         return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()
+
+
+# --- allocations that run work: released by the end of the work, not by a decision --------------------------------
+# Releases that cannot wait for the agent: the node is gone, so nothing will ever report its work's end.
+RELEASE_AT_ONCE = frozenset({"NodeLost"})
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkEnd:
+    """What placement does when the agent reports an allocation's work ended (its cgroup empty): release it with
+    `reason`, and with `stop_others` ask the job's other live members to stop (reason GangMemberFailed)."""
+
+    reason: str
+    stop_others: bool = False
+
+
+def on_work_end(*, stop_reason: str | None, exit_reason: str, gang_nodes: int) -> WorkEnd:
+    """Pure rule. A stop placement asked for (preemption, cancel, completion, reclaim, scale-down, a failed gang
+    member) keeps its reason, whatever the exit code: a preempted job is requeued even if it exited non-zero
+    inside its grace (Slurm's GraceTime rule). Otherwise: exit 0 → `WorkCompleted`; over its max runtime →
+    `MaxRuntimeExceeded`; any other end → `WorkFailed`, and a gang's other members are stopped (a gang runs and
+    fails as one)."""
+    if stop_reason:
+        return WorkEnd(stop_reason)
+    if exit_reason == "Completed":
+        return WorkEnd("WorkCompleted")
+    reason = "MaxRuntimeExceeded" if exit_reason == "MaxRuntimeExceeded" else "WorkFailed"
+    return WorkEnd(reason, stop_others=gang_nodes > 0)

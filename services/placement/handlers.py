@@ -51,7 +51,9 @@ from libs.contracts.events import (
     QuotaSet,
     SchedulingCycleDecided,
     TeamCreated,
+    WorkExited,
 )
+from libs.contracts.work import WorkExit, WorkSpec
 from libs.core import NormalizeMemo, Placement, Plan, Preemption, codec, schedule
 from libs.observability.metrics import (
     ALLOCATIONS,
@@ -69,6 +71,7 @@ from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
+    RELEASE_AT_ONCE,
     DecisionEncoder,
     RequestBuilder,
     WantedJobs,
@@ -77,6 +80,7 @@ from services.placement.domain import (
     build_snapshot,
     decided_placements,
     offered_models,
+    on_work_end,
     split_unit,
     workload_environment,
 )
@@ -199,16 +203,66 @@ class PlacementHandlers:
 
     async def _release(self, uow, job_id: str, reason: str, at, **which) -> int:  # type: ignore[no-untyped-def]
         """Release the job's live allocations (or `which` of them) with their events, in the caller's unit of
-        work."""
-        released = await store.release(uow.conn, job_id, reason, at, **which)
+        work. Allocations that run work are not released here but asked to stop (`_stop`): their GPUs go back
+        when the agent reports the work's cgroup empty (`on_work_exited`), unless the node is gone."""
+        if reason in RELEASE_AT_ONCE:
+            released = await store.release(uow.conn, job_id, reason, at, **which)
+        else:
+            released = await store.release(uow.conn, job_id, reason, at, with_work=False, **which)
+            await self._stop(uow, job_id, reason, at, **which)
+        await self._announce_releases(uow, job_id, reason, released)
+        return len(released)
+
+    async def _announce_releases(self, uow, job_id: str, reason: str, released, exit: WorkExit | None = None,  # type: ignore[no-untyped-def]
+                                 remaining: int | None = None) -> None:
         for alloc, gpus in released:
             await uow.emit(AllocationReleased(
                 allocation_id=alloc["allocation_id"], job_id=job_id, replica=alloc["replica"], team=alloc["team"],
                 project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"],
-                gpus=gpus, granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason))
+                gpus=gpus, granted_at=alloc["granted_at"], released_at=alloc["released_at"], reason=reason,
+                exit=exit, remaining=remaining))
             log.info("allocation_released", extra={"job_id": job_id, "allocation_id": alloc["allocation_id"],
                                                     "replica": alloc["replica"], "reason": reason})
-        return len(released)
+
+    async def _stop(self, uow, job_id: str, reason: str, at, **which) -> int:  # type: ignore[no-untyped-def]
+        """Ask the agent to stop the work of the job's live allocations (`which` of them): the stop signal now,
+        the kill at the deadline. Announced as the checkpoint signal a preemption sends."""
+        which = {k: v for k, v in which.items() if k in ("replica", "min_replica", "allocation_id")}
+        stopping = await store.request_stop(uow.conn, job_id, reason, at,
+                                            max_grace_s=self.settings.max_stop_grace_s, **which)
+        for alloc, gpus in stopping:
+            await uow.emit(AllocationPreempting(
+                allocation_id=alloc["allocation_id"], job_id=job_id, replica=alloc["replica"], team=alloc["team"],
+                project=alloc["project"], cluster=alloc["cluster"], node=alloc["node"], gpus=gpus,
+                reason=reason, message=f"stopping the work: {reason}", preemptor_job_id="",
+                deadline=alloc["preempt_deadline"]))
+            log.info("work_stop_requested", extra={"job_id": job_id, "allocation_id": alloc["allocation_id"],
+                                                    "reason": reason,
+                                                    "deadline": alloc["preempt_deadline"].isoformat()})
+        return len(stopping)
+
+    async def on_work_exited(self, event: CloudEvent, data: WorkExited) -> None:
+        """The agent says the allocation's work ended and its cgroup is empty: now its GPUs may go back. The
+        release carries the exit; a failed gang member stops the others (domain.on_work_end)."""
+        async with self.rt.uow() as uow:
+            uow.after_commit(self._wake)
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            alloc = await store.work_allocation(uow.conn, data.allocation_id)
+            if alloc is None or alloc["released_at"] is not None:
+                return  # unknown, or released already (its node was lost, or a report timed out)
+            end = on_work_end(stop_reason=alloc["preempt_reason"], exit_reason=data.exit.reason,
+                              gang_nodes=alloc["gang_nodes"])
+            released = await store.release(uow.conn, data.job_id, end.reason, utcnow(),
+                                           allocation_id=data.allocation_id, exit=data.exit.model_dump_json())
+            if end.stop_others:
+                await self._stop(uow, data.job_id, "GangMemberFailed", utcnow())
+            remaining = await store.live_count(uow.conn, data.job_id)
+            await self._announce_releases(uow, data.job_id, end.reason, released, exit=data.exit,
+                                          remaining=remaining)
+            # a replica of a service is wanted back at once; a single job or gang only if the queue restarts it
+            await store.refresh_satisfied(uow.conn, data.job_id, after_release=True)
+        self._kick.set()
 
     # --- the policy, learned from the quota service ----------------------------------------------------------
     async def on_team_created(self, event: CloudEvent, data: TeamCreated) -> None:
@@ -404,11 +458,15 @@ class PlacementHandlers:
     async def release_due_preemptions(self) -> int:
         now = utcnow()
         async with self.rt.pool.acquire() as conn:
-            due = await store.due_preemptions(conn, now)
+            due = await store.due_preemptions(conn, now, self.settings.stop_report_timeout_s)
         for row in due:
             async with self.rt.uow() as uow:
-                await self._release(uow, row["job_id"], row["preempt_reason"] or "Preempted", now,
-                                    allocation_id=row["allocation_id"])
+                if row["runs"]:  # its agent never reported the work's end: the GPUs cannot wait forever
+                    log.warning("work_exit_never_reported", extra={"job_id": row["job_id"],
+                                                                    "allocation_id": row["allocation_id"]})
+                released = await store.release(uow.conn, row["job_id"], row["preempt_reason"] or "Preempted", now,
+                                               allocation_id=row["allocation_id"])
+                await self._announce_releases(uow, row["job_id"], row["preempt_reason"] or "Preempted", released)
                 # a replicated job wants the replica back (elsewhere); a single job or gang is requeued by the queue
                 await store.refresh_satisfied(uow.conn, row["job_id"], after_release=True)
         if due:
@@ -508,7 +566,9 @@ class PlacementHandlers:
                                                 after=cmd.after)
         def view(r) -> dict:  # type: ignore[no-untyped-def]
             return {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
-                                         "release_reason")},
+                                         "release_reason", "preempt_reason", "attempt", "kind")},
+                    "work": json.loads(r["work"]) if r["work"] else None,
+                    "exit": json.loads(r["exit"]) if r["exit"] else None,
                     "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
                     "granted_at": r["granted_at"].isoformat(),
                     "released_at": r["released_at"].isoformat() if r["released_at"] else None,
@@ -535,14 +595,16 @@ class _Unit:
             member = replica if replica is not None else p.replica
             alloc_gpus, mig_slots = allocated_gpus(p, models)
             out.allocations.append((allocation_id, job_id, member, job["team"], job["project"], p.cluster, p.node,
-                                    now, job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"]))
+                                    now, job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"],
+                                    job["work"], job["attempt"]))
             out.gpus += [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile,
                           g.mig_start, mig_slots.get(g.uuid)) for g in alloc_gpus]
             out.granted.append(AllocationGranted(
                 allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
                 project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
                 kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"],
-                environment=workload_environment(alloc_gpus, allocation_id)))
+                environment=workload_environment(alloc_gpus, allocation_id),
+                work=WorkSpec.model_validate_json(job["work"]) if job["work"] else None, attempt=job["attempt"]))
         return out
 
 
@@ -606,6 +668,7 @@ def routes(h: PlacementHandlers) -> Routes:
             JobCompleted: h.on_job_completed,
             JobCancelled: h.on_job_cancelled,
             JobScaled: h.on_job_scaled,
+            WorkExited: h.on_work_exited,
             TeamCreated: h.on_team_created,
             QuotaSet: h.on_quota_set,
             PriorityClassSet: h.on_priority_class_set,

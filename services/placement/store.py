@@ -73,16 +73,19 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
     return await conn.fetchval(
         """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
                                     priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s,
-                                    gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive)
+                                    gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, work, attempt)
            SELECT $1::text, $2::text, $3::text, $4::int, $5::text[], $6::int, $7::timestamptz, $8::text, $9::text,
-                  $10::text, $11::int, $12::int, $13::int, $14::float8, $15::int, $16::int, $17::text, $18::bool
+                  $10::text, $11::int, $12::int, $13::int, $14::float8, $15::int, $16::int, $17::text, $18::bool,
+                  $19::text, $20::int
            WHERE NOT EXISTS (SELECT 1 FROM finished_jobs WHERE job_id = $1)
              AND NOT EXISTS (SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL)
-           ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL
+           ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL,
+                                              work = EXCLUDED.work, attempt = EXCLUDED.attempt
            RETURNING true""",
         data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at,
         traceparent, data.priority_class, data.kind, data.gang_nodes, data.gpus_per_node, data.replicas,
-        data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive) is not None
+        data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive,
+        data.work.model_dump_json() if data.work is not None else None, data.attempt) is not None
 
 
 _STATE = """
@@ -162,7 +165,8 @@ async def claim_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, 
     so is one whose row another transaction holds right now (an event about it being applied): it waits for the
     next cycle instead of this cycle waiting for that transaction."""
     rows = await conn.fetch(
-        """SELECT job_id, team, project, priority, priority_class, kind, replicas, max_runtime_s FROM pending_jobs
+        """SELECT job_id, team, project, priority, priority_class, kind, replicas, max_runtime_s, work, attempt
+           FROM pending_jobs
            WHERE job_id = ANY($1::text[]) AND NOT satisfied ORDER BY job_id FOR UPDATE SKIP LOCKED""", job_ids)
     return {r["job_id"]: r for r in rows}
 
@@ -193,13 +197,13 @@ async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> 
 async def insert_allocations(conn: asyncpg.Connection, allocations: list[tuple], gpus: list[tuple]) -> None:
     """Insert allocations and the GPU shares they hold, all in two pipelined statements (one round trip each).
     `allocations`: (allocation_id, job_id, replica, team, project, cluster, node, granted_at, priority,
-    priority_class, kind, max_runtime_s); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
+    priority_class, kind, max_runtime_s, work, attempt); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
     mig_profile, mig_start, mig_slots). Any refusal (a GPU held, a replica already placed) fails them all."""
     try:
         await conn.executemany(
             """INSERT INTO allocations (allocation_id, job_id, replica, team, project, cluster, node, granted_at,
-                                       priority, priority_class, kind, max_runtime_s)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)""", allocations)
+                                       priority, priority_class, kind, max_runtime_s, work, attempt)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)""", allocations)
         await conn.executemany(
             """INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model, share_milli, memory_mib,
                                            mig_profile, mig_start, mig_slots)
@@ -213,7 +217,8 @@ async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: a
                             mig_slots: dict[str, int]) -> None:
     await insert_allocations(
         conn, [(allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
-                job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"])],
+                job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"], job.get("work"),
+                job.get("attempt", 0))],
         [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start,
           mig_slots.get(g.uuid)) for g in gpus])
 
@@ -228,15 +233,18 @@ async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[s
 
 async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *,
                   replica: int | None = None, min_replica: int | None = None, allocation_id: str | None = None,
-                  finished: bool = False) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
+                  finished: bool = False, with_work: bool | None = None,
+                  exit: str | None = None) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
     """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation) and their
     GPUs, in one statement. `finished`: the job is over; the same statement remembers it in `finished_jobs` (a late
-    or redelivered submission never places it) and stops wanting it."""
+    or redelivered submission never places it) and stops wanting it. `with_work`: only allocations that run work
+    (True) or only those that do not (False); `exit`: how the work ended (JSON), kept with the release."""
     rows = await conn.fetch(
         f"""WITH a AS (
-                UPDATE allocations SET released_at = $2, release_reason = $3
+                UPDATE allocations SET released_at = $2, release_reason = $3, exit = $9
                 WHERE job_id = $1 AND released_at IS NULL AND ($4::int IS NULL OR replica = $4)
                   AND ($5::int IS NULL OR replica >= $5) AND ($6::text IS NULL OR allocation_id = $6)
+                  AND ($8::bool IS NULL OR (work IS NOT NULL) = $8)
                 RETURNING {_ALLOCATION}),
             g AS (
                 UPDATE allocation_gpus SET live = false FROM a WHERE allocation_gpus.allocation_id = a.allocation_id
@@ -245,7 +253,7 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
             d AS (DELETE FROM pending_jobs WHERE $7 AND job_id = $1)
             SELECT a.*, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start
             FROM a LEFT JOIN g USING (allocation_id) ORDER BY a.replica, a.allocation_id, g.index""",
-        job_id, at, reason, replica, min_replica, allocation_id, finished)
+        job_id, at, reason, replica, min_replica, allocation_id, finished, with_work, exit)
     out: list[tuple[asyncpg.Record, list[AllocatedGpu]]] = []
     for row in rows:
         if not out or out[-1][0]["allocation_id"] != row["allocation_id"]:
@@ -276,16 +284,59 @@ async def start_preemption(conn: asyncpg.Connection, job_id: str, replica: int |
     return out
 
 
+async def request_stop(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *, max_grace_s: float,
+                       replica: int | None = None, min_replica: int | None = None,
+                       allocation_id: str | None = None) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
+    """Ask for the job's live allocations that run work (all, one replica, replicas ≥ min_replica, or one
+    allocation) to be stopped: a deadline of now + the work's stop grace (at most `max_grace_s`), never later than
+    one already set, and the newest reason. Their GPUs are released when the agent reports the work ended."""
+    allocs = await conn.fetch(
+        f"""UPDATE allocations SET preempt_reason = $3,
+                   preempt_deadline = least(coalesce(preempt_deadline, 'infinity'::timestamptz),
+                       $2::timestamptz + make_interval(
+                           secs => least(coalesce((work::jsonb->>'stop_grace_s')::float8, 30), $7::float8)))
+            WHERE job_id = $1 AND released_at IS NULL AND work IS NOT NULL AND ($4::int IS NULL OR replica = $4)
+              AND ($5::int IS NULL OR replica >= $5) AND ($6::text IS NULL OR allocation_id = $6)
+            RETURNING {_ALLOCATION}, preempt_deadline""",
+        job_id, at, reason, replica, min_replica, allocation_id, max_grace_s)
+    return [(a, await _held(conn, a["allocation_id"])) for a in allocs]
+
+
+async def _held(conn: asyncpg.Connection, allocation_id: str) -> list[AllocatedGpu]:
+    gpus = await conn.fetch(f"SELECT {_HELD} FROM allocation_gpus WHERE allocation_id = $1 ORDER BY gpu_index",
+                            allocation_id)
+    return [held_gpu(g) for g in gpus]
+
+
+async def work_allocation(conn: asyncpg.Connection, allocation_id: str) -> asyncpg.Record | None:
+    """An allocation as the end of its work needs it (locked: the exit and a stop request may race)."""
+    return await conn.fetchrow(
+        """SELECT a.allocation_id, a.job_id, a.replica, a.released_at, a.preempt_reason, a.work IS NOT NULL AS runs,
+                  coalesce(p.replicas, 1) AS replicas, coalesce(p.gang_nodes, 0) AS gang_nodes
+           FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.allocation_id = $1
+           FOR UPDATE OF a""", allocation_id)
+
+
+async def live_count(conn: asyncpg.Connection, job_id: str) -> int:
+    return await conn.fetchval("SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL", job_id)
+
+
 async def allocation(conn: asyncpg.Connection, allocation_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(
         """SELECT a.allocation_id, a.job_id, a.replica, a.released_at, coalesce(p.replicas, 1) AS replicas
            FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.allocation_id = $1""", allocation_id)
 
 
-async def due_preemptions(conn: asyncpg.Connection, now: datetime) -> list[asyncpg.Record]:
+async def due_preemptions(conn: asyncpg.Connection, now: datetime, report_timeout_s: float) -> list[asyncpg.Record]:
+    """Allocations whose preemption deadline passed. One that runs work is released by its exit (the agent kills
+    it at the deadline and reports when the cgroup is empty), so it is due only `report_timeout_s` after its
+    deadline: an agent that never reports must not hold the GPUs forever."""
     return await conn.fetch(
-        """SELECT allocation_id, job_id, replica, preempt_reason FROM allocations
-           WHERE released_at IS NULL AND preempt_deadline IS NOT NULL AND preempt_deadline <= $1""", now)
+        """SELECT allocation_id, job_id, replica, preempt_reason, work IS NOT NULL AS runs FROM allocations
+           WHERE released_at IS NULL AND preempt_deadline IS NOT NULL
+             AND preempt_deadline <= $1::timestamptz - CASE WHEN work IS NULL THEN interval '0'
+                                                            ELSE make_interval(secs => $2::float8) END""",
+        now, report_timeout_s)
 
 
 # --- the policy, learned from the quota service -----------------------------------------------------------------
@@ -323,7 +374,8 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
                            after: str | None) -> list[asyncpg.Record]:
     return await conn.fetch(
         """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
-                  a.released_at, a.release_reason, a.preempt_deadline,
+                  a.released_at, a.release_reason, a.preempt_deadline, a.preempt_reason, a.attempt, a.work, a.kind,
+                  a.exit,
                   coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model,
                                              'share_milli', g.share_milli, 'memory_mib', g.memory_mib,
                                              'mig_profile', g.mig_profile, 'mig_start', g.mig_start)

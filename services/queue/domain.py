@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Literal
+
 from libs.contracts.commands import Reply
+from libs.contracts.work import WorkExit, WorkSpec
 
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "awaiting_approval": frozenset({"pending", "cancelled", "failed"}),
-    "pending": frozenset({"running", "cancelled", "failed"}),
+    "pending": frozenset({"launching", "running", "cancelled", "failed"}),
+    # launching: granted, the agent is starting the work; running once the process exists
+    "launching": frozenset({"running", "completed", "cancelled", "failed", "pending", "preempting"}),
     # back to pending: requeue after preemption or node loss
     "running": frozenset({"completed", "cancelled", "failed", "pending", "preempting"}),
     # preempting: the checkpoint signal went out; the GPUs go back at the deadline, then the job is requeued
@@ -30,3 +36,68 @@ def refuse_transition(job_id: str, current: str, target: str) -> Reply:
     return Reply.failure(409, "InvalidJobState", f"job {job_id} is {current}; it cannot become {target}",
                          job_id=job_id, state=current)
 
+
+
+# --- the work a job runs: what each end of an attempt means --------------------------------------------------------
+# Releases that follow the agent's report that an allocation's work ended (its cgroup is empty). `GangMemberFailed`:
+# placement stopped the other members because one failed; their own exits are consequences, not the cause.
+WORK_RELEASES = frozenset({"WorkCompleted", "WorkFailed", "GangMemberFailed"})
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """What the queue does when one allocation's work ended.
+
+    action: `ignore` (the job is finished, preempting, or a replica of a service, which placement places again),
+    `wait` (other members of the attempt still hold GPUs; `failure` is remembered for when the last one ends),
+    `complete`, `fail` or `restart` (after `delay_s`, reason `Restarted:<why>`)."""
+
+    action: Literal["ignore", "wait", "complete", "fail", "restart"]
+    reason: str = ""
+    exit_code: int | None = None
+    message: str = ""
+    delay_s: float = 0.0
+    failure: dict[str, Any] | None = None
+
+
+def failure_of(exit: WorkExit) -> dict[str, Any]:
+    return {"reason": exit.reason, "exit_code": exit.exit_code, "signal": exit.signal, "message": exit.message}
+
+
+def describe_failure(failure: dict[str, Any]) -> str:
+    reason, code, sig = failure.get("reason"), failure.get("exit_code"), failure.get("signal")
+    text = {"NonZeroExit": f"exited with code {code}", "OutOfMemory": "killed by the memory controller "
+            "(out of memory)", "Signalled": f"killed by {sig}", "MaxRuntimeExceeded": "ran past max_runtime_s",
+            "Lost": "the agent lost the work (no exit status)"}.get(str(reason), str(reason))
+    detail = failure.get("message")
+    return f"{text}: {detail}" if detail and detail not in text else text
+
+
+def after_work_ended(*, state: str, replicas: int, work: WorkSpec | None, restarts: int,
+                     recorded: dict[str, Any] | None, release_reason: str, exit: WorkExit,
+                     remaining: int) -> AttemptOutcome:
+    """The job lifecycle rule for the end of one allocation's work (pure: the handler loads, calls and stores).
+
+    - a finished or preempting job, or one replica of a replicated service: nothing (a preempted job's release
+      carries the preemption's reason instead, and is requeued whatever its exit code: Slurm's GraceTime rule);
+    - the first failure of an attempt is its cause (a member stopped because another failed is not);
+    - while other members still hold GPUs the attempt is not over;
+    - the last one: no failure → completed; a failure → restarted per the restart policy, else failed with the
+      cause's exit code and reason."""
+    if state in TERMINAL or state == "preempting" or replicas > 1:
+        return AttemptOutcome("ignore")
+    failure = recorded
+    if failure is None and not exit.succeeded and release_reason != "GangMemberFailed":
+        failure = failure_of(exit)
+    if remaining > 0:
+        return AttemptOutcome("wait", failure=failure)
+    if failure is None:
+        return AttemptOutcome("complete", reason="Completed", exit_code=0, message="the work exited 0")
+    message = describe_failure(failure)
+    restart = work.restart if work is not None else None
+    if restart is not None and restart.policy == "on_failure" and restarts < restart.attempts:
+        return AttemptOutcome("restart", reason=f"Restarted:{failure['reason']}", exit_code=failure["exit_code"],
+                              message=f"{message}; restart {restarts + 1} of {restart.attempts} in "
+                                      f"{restart.delay_s:g}s", delay_s=restart.delay_s, failure=failure)
+    return AttemptOutcome("fail", reason=str(failure["reason"]), exit_code=failure["exit_code"], message=message,
+                          failure=failure)

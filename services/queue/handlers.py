@@ -31,13 +31,20 @@ from libs.contracts.events import (
     JobStarted,
     JobStateChanged,
     JobSubmitted,
+    WorkStarted,
 )
 from libs.observability.metrics import JOB_TRANSITIONS, QUEUE_JOBS, QUEUE_WAIT_SECONDS
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
 from services.queue.config import QueueSettings
-from services.queue.domain import TERMINAL, can_transition, refuse_transition
+from services.queue.domain import (
+    TERMINAL,
+    WORK_RELEASES,
+    after_work_ended,
+    can_transition,
+    refuse_transition,
+)
 
 log = logging.getLogger(__name__)
 CONSUMER = "queue"
@@ -56,7 +63,8 @@ def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]
         gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"], gang_nodes=row["gang_nodes"],
         gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], max_runtime_s=row["max_runtime_s"],
         gpu_fraction_milli=row["gpu_fraction_milli"], gpu_memory_mib=row["gpu_memory_mib"],
-        mig_profile=row["mig_profile"], exclusive=row["exclusive"], submitted_by=row["submitted_by"])
+        mig_profile=row["mig_profile"], exclusive=row["exclusive"], submitted_by=row["submitted_by"],
+        work=store.work_of(row), attempt=row["attempts"])
 
 
 # Abnormal losses back off before the job is wanted again (a preemption or a scale-down does not).
@@ -98,7 +106,7 @@ class QueueHandlers:
             "gang_nodes": cmd.gang_nodes, "gpus_per_node": cmd.gpus_per_node, "replicas": cmd.replicas,
             "max_runtime_s": cmd.max_runtime_s, "gpu_fraction_milli": cmd.gpu_fraction_milli,
             "gpu_memory_mib": cmd.gpu_memory_mib, "mig_profile": cmd.mig_profile, "exclusive": cmd.exclusive,
-            "idempotency_key": cmd.idempotency_key, "request_hash": request_hash,
+            "idempotency_key": cmd.idempotency_key, "request_hash": request_hash, "work": cmd.work_spec(),
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)
@@ -173,7 +181,7 @@ class QueueHandlers:
             row = await store.get_job(uow.conn, job_id, for_update=True)
             if row is None:
                 return Reply.failure(404, "JobNotFound", f"no job {job_id}")
-            if target == "completed" and row["state"] not in ("running", "preempting"):
+            if target == "completed" and row["state"] not in ("launching", "running", "preempting"):
                 return refuse_transition(job_id, row["state"], target)
             if not can_transition(row["state"], target):
                 return refuse_transition(job_id, row["state"], target)
@@ -193,10 +201,10 @@ class QueueHandlers:
         updated = await store.set_state(uow.conn, row["job_id"], row["state"], target, reason, at=at,
                                         message=message, **fields)
         JOB_TRANSITIONS.labels(to_state=target, reason=reason.split(":")[0]).inc()
-        if target == "running" and row["state"] == "pending":
+        if target in ("launching", "running") and row["state"] == "pending":
             QUEUE_WAIT_SECONDS.labels(team=row["team"], priority_class=row["priority_class"]).observe(
                 max(0.0, (at - row["submitted_at"]).total_seconds()))
-        requeue = target == "pending" and row["state"] in ("running", "preempting")
+        requeue = target == "pending" and row["state"] in store.REQUEUED_FROM
         await uow.emit(JobStateChanged(
             job_id=row["job_id"], team=row["team"], project=row["project"], kind=row["kind"], previous=row["state"],
             current=target, reason=reason, message=message, attempts=row["attempts"] + (1 if requeue else 0), at=at))
@@ -245,11 +253,29 @@ class QueueHandlers:
                 log.info("allocation_for_non_pending_job", extra={"job_id": data.job_id,
                                                                   "state": row["state"] if row else None})
                 return
+            if row["work"] is not None:  # running once the agent says the process started
+                await self._set_state(uow, row, "launching", "AllocationGranted", at=data.granted_at,
+                                      message=f"starting on {data.node}", allocation_id=data.allocation_id,
+                                      node=data.node, cluster=data.cluster, exit_code=None)
+                return
             await self._set_state(uow, row, "running", "AllocationGranted",
                                   at=data.granted_at, message=None, allocation_id=data.allocation_id,
                                   node=data.node, cluster=data.cluster)
             await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
                                       node=data.node, started_at=data.granted_at))
+
+    async def on_work_started(self, event: CloudEvent, data: WorkStarted) -> None:
+        """The agent started the work (the first gang member's start is the job's)."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            row = await store.get_job(uow.conn, data.job_id, for_update=True)
+            if row is None or row["state"] != "launching" or data.attempt != row["attempts"]:
+                return
+            await self._set_state(uow, row, "running", "WorkStarted", at=data.started_at,
+                                  message=f"pid {data.pid} on {data.node} ({data.isolation})")
+            await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
+                                      node=data.node, started_at=data.started_at))
 
     async def on_approval_decided(self, event: CloudEvent, data: ApprovalDecided) -> None:
         """Approved: the job joins the queue now (placement learns of it only at this point). Denied: it fails."""
@@ -279,7 +305,8 @@ class QueueHandlers:
                 await store.record_history(uow.conn, data.job_id, "running", "running",
                                            f"ReplicaPreempting:{data.replica}:{data.reason}")
                 return  # one replica of a service goes; placement brings it back elsewhere
-            if row is None or row["state"] != "running" or row["allocation_id"] != data.allocation_id:
+            if row is None or row["state"] not in ("launching", "running") \
+                    or row["allocation_id"] != data.allocation_id:
                 return
             await self._set_state(uow, row, "preempting", data.reason, at=utcnow(),
                                   message=f"{data.message}; checkpoint before {data.deadline.isoformat()}")
@@ -292,6 +319,9 @@ class QueueHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
+            if row is not None and data.exit is not None and data.reason in WORK_RELEASES:
+                await self._work_ended(uow, row, data)
+                return
             if row is None or row["state"] in TERMINAL or row["allocation_id"] != data.allocation_id:
                 return
             if row["replicas"] > 1:
@@ -310,10 +340,42 @@ class QueueHandlers:
                                       allocation_id=None, node=None, cluster=None)
                 await store.set_requeue_at(uow.conn, data.job_id, back)  # the sweep wants it again then
                 return
-            await self._set_state(uow, row, "pending", f"Requeued:{data.reason}",
-                                  at=data.released_at, message=f"requeued after {data.reason}",
-                                  allocation_id=None, node=None, cluster=None)
-            await uow.emit(submitted_event(row))
+            updated = await self._set_state(uow, row, "pending", f"Requeued:{data.reason}",
+                                            at=data.released_at, message=f"requeued after {data.reason}",
+                                            allocation_id=None, node=None, cluster=None)
+            await uow.emit(submitted_event(updated))  # with its new attempt number
+
+    async def _work_ended(self, uow, row, data: AllocationReleased) -> None:  # type: ignore[no-untyped-def]
+        """One allocation's work ended and its GPUs are free: the domain rule says what that means for the job."""
+        assert data.exit is not None
+        outcome = after_work_ended(
+            state=row["state"], replicas=row["replicas"], work=store.work_of(row), restarts=row["restarts"],
+            recorded=store.failure_of(row), release_reason=data.reason, exit=data.exit,
+            remaining=data.remaining or 0)
+        at = data.released_at
+        if outcome.action == "ignore":
+            return
+        if outcome.action == "wait":
+            if outcome.failure is not None:
+                await store.remember_failure(uow.conn, row["job_id"], outcome.failure)
+            return
+        if outcome.action == "complete":
+            await self._set_state(uow, row, "completed", outcome.reason, at=at, message=outcome.message,
+                                  exit_code=0)
+            await uow.emit(JobCompleted(job_id=row["job_id"], team=row["team"], completed_at=at))
+            return
+        if outcome.action == "fail":
+            await self._set_state(uow, row, "failed", outcome.reason, at=at, message=outcome.message,
+                                  exit_code=outcome.exit_code)
+            return
+        back = at + timedelta(seconds=outcome.delay_s)
+        updated = await self._set_state(uow, row, "pending", outcome.reason, at=at, message=outcome.message,
+                                        exit_code=outcome.exit_code, allocation_id=None, node=None, cluster=None,
+                                        restarted=True)
+        if outcome.delay_s > 0:
+            await store.set_requeue_at(uow.conn, row["job_id"], back)  # the sweep wants it again then
+        else:
+            await uow.emit(submitted_event(updated))
 
     async def release_due_requeues(self) -> int:
         """Jobs whose requeue back-off is over are wanted by placement again."""
@@ -347,6 +409,7 @@ def routes(h: QueueHandlers) -> Routes:
             AllocationPreempting: h.on_allocation_preempting,
             ApprovalDecided: h.on_approval_decided,
             AllocationReleased: h.on_allocation_released,
+            WorkStarted: h.on_work_started,
         },
         # every event handler is one unit of work and nothing else (no pool reads, RPCs or publishes): safe to
         # apply a fetched batch in one transaction (README: "Batched event handling")

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from libs.contracts.commands import JobView
+from libs.contracts.work import WorkSpec
 
 _COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gang_nodes, gpus_per_node, "
             "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
             "started_at, finished_at, allocation_id, node, cluster, message, gpu_fraction_milli, gpu_memory_mib, "
-            "mig_profile, exclusive, submitted_by")
+            "mig_profile, exclusive, submitted_by, work, exit_code, reason, restarts, attempt_failure")
+
+
+def work_of(row: asyncpg.Record) -> WorkSpec | None:
+    """The job's work spec (stored as JSON text), or None for a job that launches nothing."""
+    raw = row["work"]
+    return WorkSpec.model_validate_json(raw) if raw else None
+
+
+def failure_of(row: asyncpg.Record) -> dict[str, Any] | None:
+    raw = row["attempt_failure"]
+    return json.loads(raw) if raw else None
 
 
 def to_view(row: asyncpg.Record) -> JobView:
-    return JobView(**{k: row[k] for k in JobView.model_fields})
+    return JobView(**{k: row[k] for k in JobView.model_fields if k != "work"}, work=work_of(row))
 
 
 async def find_by_idempotency_key(conn: asyncpg.Connection, key: str) -> asyncpg.Record | None:
@@ -31,8 +44,9 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
               INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
                                 submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
                                 gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
-                                mig_profile, exclusive, approval_id)
-              VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23,$24)
+                                mig_profile, exclusive, approval_id, work, reason)
+              VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23,$24,
+                      $26::jsonb, $25)
               ON CONFLICT (idempotency_key) DO NOTHING
               RETURNING {_COLUMNS}),
             h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
@@ -43,7 +57,8 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
         job["idempotency_key"], job["request_hash"], job.get("message", "waiting for placement"), job["gang_nodes"],
         job["gpus_per_node"], job["replicas"], job["max_runtime_s"], job["state"], job["gpu_fraction_milli"],
         job["gpu_memory_mib"], job["mig_profile"], job["exclusive"], job.get("approval_id"),
-        "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted")
+        "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted",
+        job["work"].model_dump_json() if job.get("work") is not None else None)
 
 
 async def get_job(conn: asyncpg.Connection, job_id: str, *, for_update: bool = False) -> asyncpg.Record | None:
@@ -61,20 +76,30 @@ async def list_jobs(conn: asyncpg.Connection, *, team: str | None, state: str | 
         team, state, after, limit)
 
 
+# states a job leaves for `pending` when it is requeued (and its attempt count goes up)
+REQUEUED_FROM = ("launching", "running", "preempting")
+
+
 async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target: str, reason: str, *,
                     at: datetime, message: str | None = None, **fields: Any) -> asyncpg.Record:
     """The transition and its history entry in one statement (one round trip); returns the updated job."""
-    sets = ["state = $2", "message = $3"]
+    sets = ["state = $2", "message = $3", "reason = $5"]
     args: list[Any] = [job_id, target, message, current, reason]
     if target == "running":
         sets.append(f"started_at = ${len(args) + 1}")
         args.append(at)
-    if target == "pending" and current in ("running", "preempting"):
+    if target == "pending" and current in REQUEUED_FROM:
         sets.append("attempts = attempts + 1")  # a requeue: the job will start again
+        sets.append("attempt_failure = NULL")
+    if fields.pop("restarted", False):
+        sets.append("restarts = restarts + 1")
+    if "attempt_failure" in fields:
+        sets.append(f"attempt_failure = ${len(args) + 1}::jsonb")
+        args.append(json.dumps(fields.pop("attempt_failure")))
     if target in ("completed", "cancelled", "failed"):
         sets.append(f"finished_at = ${len(args) + 1}")
         args.append(at)
-    for column in ("allocation_id", "node", "cluster"):
+    for column in ("allocation_id", "node", "cluster", "exit_code"):
         if column in fields:
             sets.append(f"{column} = ${len(args) + 1}")
             args.append(fields[column])
@@ -83,6 +108,12 @@ async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target:
                  h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
                        SELECT job_id, $4::text, $2::text, $5::text FROM u)
             SELECT * FROM u""", *args)
+
+
+async def remember_failure(conn: asyncpg.Connection, job_id: str, failure: dict[str, Any]) -> None:
+    """The first failure of the attempt, kept until its last member ended."""
+    await conn.execute("UPDATE jobs SET attempt_failure = $2::jsonb WHERE job_id = $1 AND attempt_failure IS NULL",
+                       job_id, json.dumps(failure))
 
 
 async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> None:
@@ -104,7 +135,7 @@ async def open_job_counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     """Jobs not yet finished, by team, priority class and state (for /metrics)."""
     return await conn.fetch(
         """SELECT team, priority_class, state, count(*) AS n FROM jobs
-           WHERE state IN ('awaiting_approval', 'pending', 'running', 'preempting')
+           WHERE state IN ('awaiting_approval', 'pending', 'launching', 'running', 'preempting')
            GROUP BY team, priority_class, state""")
 
 
