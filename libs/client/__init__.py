@@ -40,12 +40,13 @@ from libs.client.models import (
     UsageRecord,
     Volume,
     WhoAmI,
+    Work,
 )
 
 __all__ = [
     "Allocation", "AllocationGpu", "Approval", "ApprovalRule", "AuditEntry", "ConfigError", "CreatedToken",
     "Explanation", "Gpu", "GpuChange", "GpuTelemetry", "GpupoolClient", "GpupoolError", "Job", "JobHistoryEntry", "Nic",
     "Node", "NodeNetwork", "NodeStorage", "NodeTotals", "Orphan", "PlacementExplanation", "Pool", "PoolCounts", "PriorityClass", "Quota", "QuotaEntry", "Readiness",
-    "ReclaimPolicy", "SubmitResult", "Team", "Token", "UsageRecord", "Volume", "WhoAmI", "error_from_response",
+    "ReclaimPolicy", "SubmitResult", "Team", "Token", "UsageRecord", "Volume", "WhoAmI", "Work", "error_from_response",
     "resolve_connection",
 ]

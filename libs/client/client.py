@@ -21,7 +21,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from http import HTTPStatus
 from pathlib import Path
@@ -55,6 +55,7 @@ from libs.client.models import (
     WhoAmI,
 )
 from libs.client.reports import ReportsApi
+from libs.client.work import WorkApi
 
 M = TypeVar("M", bound=ApiModel)
 
@@ -151,7 +152,7 @@ def resolve_connection(url: str | None = None, token: str | None = None) -> tupl
     return url.rstrip("/"), token
 
 
-class GpupoolClient(ReportsApi):
+class GpupoolClient(ReportsApi, WorkApi):
     def __init__(self, base_url: str, token: str, timeout: float = DEFAULT_TIMEOUT_S, *,
                  transport: httpx.BaseTransport | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -243,7 +244,7 @@ class GpupoolClient(ReportsApi):
                    gang_nodes: int | None = None, gpus_per_node: int | None = None, replicas: int | None = None,
                    max_runtime_s: float | None = None, gpu_fraction_milli: int | None = None,
                    gpu_memory_mib: int | None = None, mig_profile: str | None = None,
-                   exclusive: bool | None = None) -> SubmitResult:
+                   exclusive: bool | None = None, work: Mapping[str, Any] | None = None) -> SubmitResult:
         """Submit a job: `gpus` on one node; a gang (`gang_nodes` × `gpus_per_node`, with `gpus` their product)
         placed all or nothing; or `replicas` independent copies of `gpus` each (scale them with `scale_job`).
         `max_runtime_s` declares a limit that lets smaller jobs backfill around reservations. A share of one GPU:
@@ -253,8 +254,9 @@ class GpupoolClient(ReportsApi):
         Without an idempotency key one is generated, so the client's own retries never create a second job; pass
         your own key to make retries across processes safe too. `created` on the result is False when the gateway
         replayed an earlier submission with the same key and body. A job held back by an approval rule comes back
-        in state `awaiting_approval` with `approval_id` and `approval_reasons`."""
-        body: dict[str, Any] = {"name": name, "team": team, "gpus": gpus}
+        in state `awaiting_approval` with `approval_id` and `approval_reasons`. `work`: the work fields of the body
+        as they are sent (`submit` builds them from typed arguments)."""
+        body: dict[str, Any] = {"name": name, "team": team, "gpus": gpus, **(work or {})}
         for key, value in (("project", project), ("kind", kind), ("priority_class", priority_class),
                            ("gang_nodes", gang_nodes), ("gpus_per_node", gpus_per_node), ("replicas", replicas),
                            ("max_runtime_s", max_runtime_s), ("gpu_fraction_milli", gpu_fraction_milli),

@@ -38,6 +38,35 @@ class JobHistoryEntry(ApiModel):
     reason: str | None = None
 
 
+class WorkLimits(ApiModel):
+    cpu_milli: int | None = Field(default=None, description="CPU time as milli-cores (1000 = one core)")
+    memory_mib: int | None = None
+    pids: int | None = None
+
+
+class RestartPolicy(ApiModel):
+    policy: str = Field(default="never", description="never or on_failure")
+    attempts: int = 0
+    delay_s: float = 10.0
+
+
+class Work(ApiModel):
+    """What a job runs: the node's agent launches `command` on every allocation the job is granted."""
+
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    limits: WorkLimits = Field(default_factory=WorkLimits)
+    stop_signal: str = "SIGTERM"
+    stop_grace_s: float = 30.0
+    warn_before_s: float | None = None
+    warn_signal: str = "SIGUSR1"
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    isolation: str = Field(default="process", description="process, sandbox or container")
+    image: str | None = None
+    rootfs: str | None = None
+
+
 class Job(ApiModel):
     job_id: str
     name: str = ""
@@ -65,7 +94,15 @@ class Job(ApiModel):
     gpu_memory_mib: int = 0
     mig_profile: str = Field(default="", description="a MIG slice of this profile")
     exclusive: bool = False
+    work: Work | None = Field(default=None, description="what the agent runs; None: the job only holds GPUs")
+    exit_code: int | None = Field(default=None, description="the work's exit code, once an attempt ended")
+    reason: str | None = Field(default=None, description="why the job is in its state, e.g. NonZeroExit, "
+                                                         "OutOfMemory, Completed")
     history: list[JobHistoryEntry] = Field(default_factory=list, description="only in GET /v1/jobs/{id}")
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("completed", "cancelled", "failed")
 
     @property
     def total_gpus(self) -> int:
@@ -238,6 +275,7 @@ class Allocation(ApiModel):
     allocation_id: str
     job_id: str
     replica: int = 0
+    attempt: int = Field(default=0, description="the job's attempt this allocation serves")
     team: str = ""
     project: str = ""
     cluster: str = ""
