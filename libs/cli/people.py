@@ -1,6 +1,9 @@
 """The people-facing `gpupool` commands, built on the Python client (libs.client).
 
-  gpupool submit      submit a job from flags or a YAML file (-f job.yaml): one node, a gang, or replicas
+  gpupool submit      submit a job from flags or a YAML file (-f job.yaml): one node, a gang, or replicas;
+                      with -- CMD ARGS the node's agent runs it     (libs/cli/work.py: submit, run, logs)
+  gpupool run         run a command on pool GPUs: submit, stream its output, exit with its exit code
+  gpupool logs        a job's output (stdout, stderr; -f follows it)
   gpupool jobs        list jobs            gpupool describe JOB_ID   one job, its history and allocations
   gpupool explain     why a job waits      gpupool scale JOB_ID      change a replicated job's replicas
   gpupool cancel      cancel a job         gpupool complete JOB_ID   mark a running job finished
@@ -40,7 +43,8 @@ from libs.client import ConfigError, GpupoolClient, GpupoolError
 from libs.client.models import Allocation, ApiModel, Job, Node, NodeNetwork, NodeStorage, Pool, QuotaEntry
 
 EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-JOB_STATES = ("awaiting_approval", "pending", "running", "preempting", "completed", "cancelled", "failed")
+JOB_STATES = ("awaiting_approval", "pending", "launching", "running", "preempting", "completed", "cancelled",
+              "failed")
 APPROVAL_STATES = ("pending", "approved", "denied")
 APPROVAL_RULES = ("gpus_over", "runtime_over_s", "priority_class")
 JOB_KINDS = ("training", "inference", "dev", "batch")
@@ -186,7 +190,9 @@ SPEC_KEYS = {"name": "name", "team": "team", "project": "project", "gpus": "gpus
              "gpu_memory_mib": "gpu_memory_mib", "gpu-memory": "gpu_memory_mib", "mig_profile": "mig_profile",
              "mig": "mig_profile", "exclusive": "exclusive"}
 SPEC_FIELDS = ("name, team, project, gpus, gpu_models, kind, priority_class, gang_nodes, gpus_per_node, replicas, "
-               "max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, idempotency_key")
+               "max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, idempotency_key; the "
+               "work: command, env, workdir, limits, stop_signal, stop_grace_s, warn_before_s, warn_signal, "
+               "restart, isolation, image, rootfs")
 
 
 def load_spec_file(path: str) -> dict[str, Any]:
@@ -306,33 +312,6 @@ def make_client(args: argparse.Namespace) -> GpupoolClient:
 
 
 # --- commands -------------------------------------------------------------------------------------------------------
-def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    file_doc = load_spec_file(args.file) if args.file else None
-    spec = merge_spec(file_doc, {"name": args.name, "team": args.team, "project": args.project, "gpus": args.gpus,
-                                 "gpu_models": args.models, "kind": args.kind,
-                                 "priority_class": args.priority_class, "idempotency_key": args.idempotency_key,
-                                 "gang_nodes": args.gang_nodes, "gpus_per_node": args.gpus_per_node,
-                                 "replicas": args.replicas, "max_runtime_s": args.max_runtime,
-                                 "gpu_fraction_milli": args.fraction, "gpu_memory_mib": args.gpu_memory,
-                                 "mig_profile": args.mig, "exclusive": True if args.exclusive else None})
-    job = gp.submit_job(spec.pop("name"), spec.pop("team"), spec.pop("gpus"), **spec)
-
-    def render() -> str:
-        models = "/".join(job.gpu_models) or "any model"
-        head = (f"submitted job {job.job_id}" if job.created
-                else f"job {job.job_id} was already submitted with idempotency key {job.idempotency_key}")
-        limit = f" · max runtime {fmt_duration(job.max_runtime_s)}" if job.max_runtime_s else ""
-        lines = [head, f"  {job.name} · team {job.team} · {job_shape(job)} of {models} · state {job.state}{limit}"]
-        if job.state == "awaiting_approval":
-            why = "; ".join(job.approval_reasons) or job.message or "an approval rule"
-            lines.append(f"  needs approval ({why}): gpupool approvals approve {job.approval_id or '<APPROVAL_ID>'}")
-        lines.append(f"  watch it: gpupool describe {job.job_id}")
-        return "\n".join(lines)
-
-    emit(args, job.raw, render)
-    return EXIT_OK
-
-
 def job_shape(job: Job) -> str:
     """How a job holds GPUs, in words: "2 GPU(s)", "gang of 2 nodes × 8 GPUs", "3 replicas × 1 GPU(s)",
     "0.25 GPU + 12 GiB", "MIG 3g.40gb"."""
@@ -400,7 +379,8 @@ def describe_text(job: Job, allocs: Sequence[Allocation]) -> str:
         ("State", job.state), ("Node", f"{job.cluster}/{job.node}" if job.node else None),
         ("Submitted", job.submitted_at), ("Started", job.started_at), ("Finished", job.finished_at),
         ("Runtime", runtime), ("Max runtime", fmt_duration(job.max_runtime_s)), ("Attempts", job.attempts),
-        ("Message", job.message),
+        ("Message", job.message), ("Command", " ".join(job.work.command) if job.work else None),
+        ("Exit code", job.exit_code), ("Reason", job.reason),
     ])]
     out.append("\nHistory:")
     if job.history:
@@ -1276,32 +1256,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=run_api(func))
         return p
 
-    p = add("submit", cmd_submit, "submit a job (from flags, a YAML file, or both: flags win)")
-    p.add_argument("-f", "--file", help="YAML file with the job's fields (name, team, gpus, gpu_models, ...); "
-                                        "'-' reads stdin")
-    p.add_argument("--name", help="job name (lowercase, 1-63 chars)")
-    p.add_argument("--team")
-    p.add_argument("--project", help="project within the team (default: default)")
-    p.add_argument("--gpus", type=int, help="whole GPUs on one node (per replica; a gang's total, which may be "
-                                            "left out: gang nodes × GPUs per node)")
-    p.add_argument("--model", dest="models", action="append", metavar="MODEL",
-                   help="acceptable GPU model (repeatable; none means any), e.g. H100-80GB")
-    p.add_argument("--kind", choices=JOB_KINDS)
-    p.add_argument("--priority-class", help="e.g. " + ", ".join(PRIORITY_CLASSES) + " (default normal)")
-    p.add_argument("--idempotency-key", help="make resubmission safe across runs (default: a fresh key)")
-    p.add_argument("--gang-nodes", type=int, metavar="N", help="a gang over N nodes, placed all or nothing")
-    p.add_argument("--gpus-per-node", type=int, metavar="N", help="with --gang-nodes: GPUs on each node")
-    p.add_argument("--replicas", type=int, metavar="N",
-                   help="N independent copies of --gpus each (an inference service; change with `gpupool scale`)")
-    p.add_argument("--max-runtime", metavar="DURATION",
-                   help="declared limit, seconds or e.g. 30m, 8h (lets small jobs backfill; may be enforced)")
-    p.add_argument("--fraction", metavar="SHARE",
-                   help="a share of one GPU's compute on a fractional GPU: 0.25, 25%% or 250 (milli-GPU); "
-                        "needs --gpu-memory")
-    p.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory of that share: MiB or e.g. 12GiB")
-    p.add_argument("--mig", metavar="PROFILE", help="one MIG slice of this profile, e.g. 1g.10gb or 3g.40gb")
-    p.add_argument("--exclusive", action="store_true",
-                   help="dev jobs: a whole GPU (dev jobs otherwise get a share where the pool offers one)")
+    from libs.cli import work
+
+    work.register(sub, add)  # submit, run, logs
 
     p = add("jobs", cmd_jobs, "list jobs")
     p.add_argument("--team")
