@@ -384,6 +384,10 @@ def quota_use(snapshot: Snapshot, placement: ServiceStore, report_window_s: floa
     return len(use) + (len(reported) if reported else 0), out
 
 
+# a lost node's work cannot report its end: its GPUs are released at once (placement's RELEASE_AT_ONCE)
+RELEASED_WITHOUT_EXIT = frozenset({"NodeLost"})
+
+
 # --- job_placement ----------------------------------------------------------------------------------------------
 def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
     """Queue was read before placement: whatever queue applied from placement is visible in placement. (A job
@@ -409,6 +413,12 @@ def job_placement(queue: ServiceStore, placement: ServiceStore) -> Result:
     for a in allocations:
         if a["released_at"] is None:
             live_by_job[a["job_id"]].append(a)
+    for a in allocations:  # GPUs that ran work go back only once the work's cgroup is empty (placement README)
+        if a.get("work") and a["released_at"] is not None and not a.get("exited") \
+                and a["release_reason"] not in RELEASED_WITHOUT_EXIT:
+            out.append(Violation("job_placement", "work_released_before_exit", a["job_id"],
+                                 f"allocation {a['allocation_id']} ran work and was released ({a['release_reason']}) "
+                                 "before its agent reported the work's cgroup empty"))
     for job_id, live in sorted(live_by_job.items()):
         ids = sorted(a["allocation_id"] for a in live)
         if job_id not in jobs:

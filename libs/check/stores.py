@@ -21,7 +21,8 @@ PAYLOAD_SUBJECTS = [subjects.JOB_STATE_CHANGED, subjects.JOB_SUBMITTED, subjects
 TABLES: dict[str, dict[str, str]] = {
     "placement": {
         "allocations": """SELECT allocation_id, job_id, replica, team, project, cluster, node, granted_at,
-                                 released_at, release_reason, work IS NOT NULL AS work, preempt_deadline
+                                 released_at, release_reason, work IS NOT NULL AS work, preempt_deadline,
+                                 exit IS NOT NULL AS exited
                           FROM allocations""",
         "allocation_gpus": """SELECT allocation_id, gpu_uuid, gpu_index, model, live, share_milli, memory_mib,
                                      mig_profile, mig_start, mig_slots FROM allocation_gpus""",

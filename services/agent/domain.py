@@ -252,3 +252,38 @@ def fraction_violations(limits: Iterable[ShareLimit], processes: Iterable[GpuPro
             continue
         out.append((lim, p))
     return out
+
+
+# --- the work's environment and its logs -------------------------------------------------------------------------
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def launch_environment(grant_env: dict[str, str], work_env: dict[str, str], *, gpus: Iterable[AllocatedGpu],
+                       mig_uuid: str | None) -> dict[str, str]:
+    """What the work runs with: a plain base (PATH, LANG), the job's own `env` over it, and the grant's over
+    both (the job cannot set those: the contract refuses GPUPOOL_*, CUDA_VISIBLE_DEVICES and CUDA_MPS_*). GPUs are
+    named by UUID in PCI bus order, as CUDA and NVML agree on that order; a MIG slice is the instance's UUID."""
+    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+    env.update(work_env)
+    env.update(grant_env)
+    visible = mig_uuid or env.get("CUDA_VISIBLE_DEVICES") or ",".join(g.uuid for g in gpus)
+    env["CUDA_VISIBLE_DEVICES"] = visible
+    env["NVIDIA_VISIBLE_DEVICES"] = visible
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
+
+
+def log_text(data: bytes, complete: bool) -> tuple[str, int]:
+    """Log bytes as text, and how many bytes that text covers: a UTF-8 sequence cut at the end of a chunk is left
+    for the next read (unless nothing more will come), so a character is never split across reads."""
+    end = len(data)
+    if not complete:
+        for back in range(1, min(4, len(data)) + 1):
+            byte = data[-back]
+            if byte & 0xC0 == 0x80:
+                continue  # a continuation byte: look further back for the sequence's lead
+            need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+            if need > back:
+                end = len(data) - back
+            break
+    return data[:end].decode("utf-8", errors="replace"), end

@@ -182,6 +182,8 @@ class _GpuState:
     sbe_tracker: SbeRateTracker = field(default_factory=SbeRateTracker)
     xid_storm_until: float = 0.0
     xid_storm_xid: int = 31
+    # real work's measured load on this GPU (allocation → (utilisation %, memory MiB)): see SimulatedNvml.measure
+    measured: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class SimulatedNvml:
@@ -322,9 +324,16 @@ class SimulatedNvml:
                                        target_mib=workload.memory_fraction * limit))
         return self._next_pid
 
+    def measure(self, uuid: str, allocation_id: str, *, util_pct: float, memory_mib: float) -> None:
+        """A real process runs this allocation's work (the executor on the simulated fleet): the GPU shows what
+        it measured, its CPU use as utilisation and its resident memory as GPU memory, instead of a workload."""
+        gpu = self._gpu_by_uuid(uuid)
+        gpu.measured[allocation_id] = (_clamp(util_pct, 0.0, 100.0), max(0.0, memory_mib))
+
     def end_allocation(self, allocation_id: str) -> None:
         """The allocation was released: its processes exit and free their memory."""
         for gpu in self._gpus:
+            gpu.measured.pop(allocation_id, None)
             gpu.procs = [p for p in gpu.procs if p.allocation_id != allocation_id]
             if gpu.workload_allocation == allocation_id:
                 gpu.workload = None
@@ -608,7 +617,11 @@ class SimulatedNvml:
             if not gpu.lost:
                 p_util, p_mem = self._utilization(gpu, p.workload, now)
                 util, mem_util = min(100.0, util + p.share * p_util), min(100.0, mem_util + p.share * p_mem)
-        memory_used = min(float(spec.memory_total_mib), gpu.memory_used_mib + sum(p.used_mib for p in gpu.procs))
+        if gpu.measured and not gpu.lost:
+            util = min(100.0, util + sum(u for u, _ in gpu.measured.values()))
+            mem_util = min(100.0, mem_util + 0.5 * sum(u for u, _ in gpu.measured.values()))
+        memory_used = min(float(spec.memory_total_mib), gpu.memory_used_mib + sum(p.used_mib for p in gpu.procs)
+                          + sum(m for _, m in gpu.measured.values()))
         noise = gpu.rng.gauss(0, 0.01 * spec.tdp_w * (0.2 + util / 100.0))
         power = spec.idle_w + util / 100.0 * (spec.tdp_w - spec.idle_w) + noise
         if memory_used > 0:

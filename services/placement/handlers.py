@@ -32,6 +32,7 @@ from libs.contracts.commands import (
 )
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
+    AllocatedGpu,
     AllocationGranted,
     AllocationPreempting,
     AllocationReleased,
@@ -565,14 +566,17 @@ class PlacementHandlers:
             rows = await store.list_allocations(conn, job_id=cmd.job_id, active=cmd.active, limit=cmd.limit + 1,
                                                 after=cmd.after)
         def view(r) -> dict:  # type: ignore[no-untyped-def]
+            gpus = json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]
             return {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
                                          "release_reason", "preempt_reason", "attempt", "kind")},
                     "work": json.loads(r["work"]) if r["work"] else None,
+                    "environment": workload_environment(
+                        [AllocatedGpu.model_validate(g) for g in gpus], r["allocation_id"]) if r["work"] else {},
                     "exit": json.loads(r["exit"]) if r["exit"] else None,
                     "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
                     "granted_at": r["granted_at"].isoformat(),
                     "released_at": r["released_at"].isoformat() if r["released_at"] else None,
-                    "gpus": json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]}
+                    "gpus": gpus}
 
         return Reply.success(page(rows, cmd.limit, view, lambda item: item["allocation_id"]))
 

@@ -116,7 +116,7 @@ def finish_all(api) -> None:  # type: ignore[no-untyped-def]
     was pending when one state was listed may be running by the time the next one is."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        open_jobs = [job for state in ("running", "preempting", "pending")
+        open_jobs = [job for state in ("running", "preempting", "launching", "pending")
                      for job in api.get("/v1/jobs", params={"state": state, "limit": 1000}).json()["items"]]
         for job in open_jobs:
             api.post(f"/v1/jobs/{job['job_id']}/cancel", json={"reason": "test cleanup"})
