@@ -36,6 +36,9 @@ TEXT = "text/plain; charset=utf-8"
 ACTIVE = frozenset({"launching", "running", "preempting"})
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 POLL_S = 0.5  # between reads while following
+# How a read treats an agent's failure: `plain` answers it as the problem; `first` (a follow's first read, before the
+# stream starts) does too, except a 404 (the agent has not started the work yet: waited for); `follow` waits for all.
+ReadMode = Literal["plain", "first", "follow"]
 FOLLOW_MAX_S = 24 * 3600.0  # a follower is ended after this long
 REFRESH_EVERY = 10  # polls between re-reading the job and its allocations while output flows
 READ_BYTES = 1_048_576  # one ReadLogs at most (the contract's limit)
@@ -206,21 +209,21 @@ class LogReader:
                 targets.append(t)
         self.targets = targets
 
-    async def read(self, *, drain: bool, following: bool) -> str:
+    async def read(self, *, drain: bool, mode: ReadMode) -> str:
         """One round over every unfinished stream; `drain` reads each to its current end (a plain read)."""
         out, self.carry = [self.carry], ""
         for t in self.targets:
             if t.complete:
                 continue
-            text = await self._read_target(t, drain=drain, following=following)
+            text = await self._read_target(t, drain=drain, mode=mode)
             out.append(self._shape(t, text))
         return "".join(out)
 
-    async def _read_target(self, t: Target, *, drain: bool, following: bool) -> str:
+    async def _read_target(self, t: Target, *, drain: bool, mode: ReadMode) -> str:
         parts: list[str] = []
         read = 0
         while not t.complete:
-            chunk = await self._ask(t, following)
+            chunk = await self._ask(t, mode)
             if chunk is None:
                 break
             data = chunk.data
@@ -236,17 +239,19 @@ class LogReader:
                 break
         return "".join(parts)
 
-    async def _ask(self, t: Target, following: bool) -> LogChunk | None:
+    async def _ask(self, t: Target, mode: ReadMode) -> LogChunk | None:
         if not t.read_once and self.tail is not None:
             cmd = ReadLogs(allocation_id=t.allocation_id, stream=t.stream, limit=READ_BYTES,
                            tail=min(self.tail * TAIL_BYTES_PER_LINE, READ_BYTES))
         else:
             cmd = ReadLogs(allocation_id=t.allocation_id, stream=t.stream, offset=t.offset, limit=READ_BYTES)
-        if not following:
+        if mode == "plain":
             return await ask_agent(self.req, t, cmd)
         try:
             chunk = await ask_agent(self.req, t, cmd)
         except ApiError as exc:
+            if mode == "first" and exc.status != 404:
+                raise
             self._missed(t, exc)
             return None
         t.silent_since = None
@@ -296,7 +301,7 @@ class LogReader:
                     await self.refresh()
                     if self.finished():
                         break
-                text = await self.read(drain=False, following=True)
+                text = await self.read(drain=False, mode="follow")
             except ServiceUnavailable:
                 continue  # the queue or placement did not answer this time: ask again next poll
             except ApiError as exc:
@@ -343,7 +348,8 @@ async def job_logs(job_id: Annotated[str, Path(max_length=64)], req: Request, ca
     await reader.refresh(job)
     if not reader.targets and not follow:
         raise ApiError(404, "NoLogs", _nothing_yet(job, replica, attempt), job_id=job_id, state=job["state"])
-    first = await reader.read(drain=not follow, following=False)  # errors here are still problem bodies
+    # problems of this first read are still problem bodies; a follower waits for an agent not yet started
+    first = await reader.read(drain=not follow, mode="first" if follow else "plain")
     if not follow:
         return PlainTextResponse(first + reader.flush(), media_type=TEXT)
     return StreamingResponse(reader.follow(first), media_type=TEXT,

@@ -61,6 +61,7 @@ class FakeBus:
     allocations: list[dict[str, Any]] = field(default_factory=list)
     outputs: dict[tuple[str, str], Output] = field(default_factory=dict)
     silent_nodes: set[str] = field(default_factory=set)
+    not_started: set[str] = field(default_factory=set)  # allocations their agent does not know (yet): 404 NoLogs
     sent: list[tuple[str, Command]] = field(default_factory=list)
     # called before each answer, with the subject and how many requests came before: scripts a job's progress
     on_request: Callable[[str, int], None] | None = None
@@ -106,6 +107,8 @@ class FakeBus:
             return Reply.failure(404, "AllocationNotFound", f"no allocation {cmd.allocation_id} on this node")
         if alloc["node"] in self.silent_nodes:
             raise ServiceUnavailable(f"no reply on {subject}")
+        if cmd.allocation_id in self.not_started:
+            return Reply.failure(404, "NoLogs", f"no work of allocation {cmd.allocation_id} on {alloc['node']}")
         out = self.outputs.get((cmd.allocation_id, cmd.stream), Output())
         start = max(0, len(out.text) - cmd.tail) if cmd.tail is not None else min(cmd.offset, len(out.text))
         data = out.text[start:start + cmd.limit]

@@ -216,6 +216,21 @@ async def test_follow_waits_for_a_pending_job_and_moves_on_to_a_restart(app, bus
     assert resp.text == "try 1\nboom\ntry 2\n"
 
 
+async def test_follow_waits_for_an_agent_that_has_not_started_the_work_yet(app, bus) -> None:  # noqa: F811
+    running(bus, state="launching")
+    bus.not_started.add("a1")
+    assert (await get(app)).json()["reason"] == "NoLogs"  # a plain read says so
+
+    def started() -> None:
+        bus.not_started.discard("a1")
+        bus.write("a1", "stdout", "up\n", complete=True)
+        bus.jobs["j1"] = job_view(state="completed", exit_code=0)
+
+    script(bus, {4: started})
+    resp = await get(app, {"stream": "stdout", "follow": "true"})
+    assert resp.status_code == 200 and resp.text == "up\n"
+
+
 async def test_follow_ends_when_a_finished_jobs_agent_no_longer_knows_the_allocation(app, bus) -> None:  # noqa: F811
     running(bus)
     bus.write("a1", "stdout", "partial")
