@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -379,7 +380,7 @@ def describe_text(job: Job, allocs: Sequence[Allocation]) -> str:
         ("State", job.state), ("Node", f"{job.cluster}/{job.node}" if job.node else None),
         ("Submitted", job.submitted_at), ("Started", job.started_at), ("Finished", job.finished_at),
         ("Runtime", runtime), ("Max runtime", fmt_duration(job.max_runtime_s)), ("Attempts", job.attempts),
-        ("Message", job.message), ("Command", " ".join(job.work.command) if job.work else None),
+        ("Message", job.message), ("Command", shlex.join(job.work.command) if job.work else None),
         ("Exit code", job.exit_code), ("Reason", job.reason),
     ])]
     out.append("\nHistory:")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -190,12 +191,6 @@ def job_request(args: argparse.Namespace, *, run: bool = False,
     return people.merge_spec(file_shape, flags), work
 
 
-def command_text(argv: list[str]) -> str:
-    import shlex
-
-    return " ".join(shlex.quote(a) for a in argv)
-
-
 def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
     spec, work = job_request(args)
     job = gp.submit_job(spec.pop("name"), spec.pop("team"), spec.pop("gpus"), work=work or None, **spec)
@@ -207,7 +202,7 @@ def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
         limit = f" · max runtime {fmt_duration(job.max_runtime_s)}" if job.max_runtime_s else ""
         lines = [head, f"  {job.name} · team {job.team} · {job_shape(job)} of {models} · state {job.state}{limit}"]
         if work.get("command"):
-            lines.append(f"  runs: {command_text(work['command'])}")
+            lines.append(f"  runs: {shlex.join(work['command'])}")
         if job.state == "awaiting_approval":
             why = "; ".join(job.approval_reasons) or job.message or "an approval rule"
             lines.append(f"  needs approval ({why}): gpupool approvals approve {job.approval_id or '<APPROVAL_ID>'}")

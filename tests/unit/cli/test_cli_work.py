@@ -70,6 +70,14 @@ def test_submit_reads_the_work_from_the_yaml_file_and_flags_win(gw, tmp_path):
     assert second["command"] == ["python", "eval.py"]
 
 
+def test_describe_shows_the_command_the_exit_code_and_the_reason(gw, capsys):
+    gw.on("GET", "/v1/jobs/j1", job("j1", state="failed", work=WORK_DOC, exit_code=7, reason="NonZeroExit"))
+    gw.on("GET", "/v1/allocations", {"items": [], "next": None})
+    assert main(["describe", "j1"]) == 0
+    out = capsys.readouterr().out
+    assert "Command:     sh -c 'echo hi'" in out and "Exit code:   7" in out and "Reason:      NonZeroExit" in out
+
+
 def test_a_commandless_submit_sends_no_work_fields(gw):
     gw.on("POST", "/v1/jobs", echo_submission)
     assert main(["submit", "--name", "hold", "--team", "research", "--gpus", "1"]) == 0
