@@ -287,3 +287,26 @@ def log_text(data: bytes, complete: bool) -> tuple[str, int]:
                 end = len(data) - back
             break
     return data[:end].decode("utf-8", errors="replace"), end
+
+
+# --- the end of a job's work on the node (the executor's report) ----------------------------------------------
+def classify_exit(exit_code: int | None, signal: str | None, oom: bool, stopped: bool,
+                  runtime_exceeded: bool) -> str:
+    """Why the work of an attempt ended, from how its main process ended and what happened around it. In order
+    of precedence: `OutOfMemory` (the memory controller OOM-killed a process of the cgroup, whatever the exit
+    code: the kill is the cause), `MaxRuntimeExceeded` (the executor stopped it at its runtime limit),
+    `Stopped` (it ended after a stop request, with any exit code), `Completed` (exit 0), `Signalled` (killed by
+    a signal nobody asked for), `NonZeroExit`; `Lost` when nothing is known (no exit code and no signal)."""
+    if oom:
+        return "OutOfMemory"
+    if runtime_exceeded:
+        return "MaxRuntimeExceeded"
+    if stopped:
+        return "Stopped"
+    if exit_code == 0:
+        return "Completed"
+    if signal is not None:
+        return "Signalled"
+    if exit_code is None:
+        return "Lost"
+    return "NonZeroExit"
