@@ -494,11 +494,24 @@ def exe_of(pid: int) -> str:
         return ""
 
 
-def is_launcher(exe: str, launchers: Iterable[str]) -> bool:
-    """A launcher (bwrap, podman, conmon, runc, catatonit) is not the work: it gets no stop or warn signal."""
-    base = os.path.basename(exe.split(" (deleted)")[0])
+def _comm(pid: int) -> str:
+    return _read(f"/proc/{pid}/comm").strip()
+
+
+def is_launcher(pid: int, launchers: Iterable[str]) -> bool:
+    """A launcher (bwrap, podman, conmon, runc, catatonit) is not the work: it gets no stop or warn signal, and
+    the work has started once some process of the cgroup is not one. By the executable's basename, or by the
+    command name: `runc init` runs from a memfd copy of runc whose path reads as "/" once it pivoted into the
+    container's root."""
     names = set(launchers)
-    return bool(names) and (base in names or ("runc" in names and "runc" in exe))
+    if not names:
+        return False
+    exe = exe_of(pid)
+    base = os.path.basename(exe.split(" (deleted)")[0])
+    comm = _comm(pid)
+    if base in names or comm in names or exe in ("", "/"):
+        return True
+    return "runc" in names and ("runc" in exe or comm.startswith("runc"))
 
 
 def signal_work(cg: JobCgroup, signum: int, launchers: Iterable[str] = ()) -> int:
@@ -506,7 +519,7 @@ def signal_work(cg: JobCgroup, signum: int, launchers: Iterable[str] = ()) -> in
     launchers = tuple(launchers)
     sent = 0
     for pid in cg.pids():
-        if launchers and is_launcher(exe_of(pid), launchers):
+        if is_launcher(pid, launchers):
             continue
         try:
             os.kill(pid, signum)
@@ -529,7 +542,7 @@ def emptying(cg: JobCgroup, launchers: Iterable[str] = (), grace_s: float = 1.0)
         if not pids:
             return
         if launchers and time.monotonic() - start < grace_s:
-            _sigkill_all(p for p in pids if not is_launcher(exe_of(p), launchers))
+            _sigkill_all(p for p in pids if not is_launcher(p, launchers))
         else:
             cg.kill()
         yield delay

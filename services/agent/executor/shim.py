@@ -1,0 +1,316 @@
+"""The per-attempt supervisor (what slurmstepd or conmon is): `python -S -m services.agent.executor.shim ATTEMPT_DIR
+[REPORT_FD]`.
+
+The executor starts it in its own session, so that it and the work survive the agent (a `kill -9` of the agent
+leaves both running; the next agent re-adopts them from its state file). It reads `ATTEMPT_DIR/spec.json`
+(the executor's `plan`: what to exec, as whom, where, in which cgroup), then:
+
+1. forks the work; the child makes itself a session leader, joins the job cgroup in every hierarchy (writing its
+   own pid, while still root), clears supplementary groups, sets gid and uid, chdirs and execs — a failure at any
+   step comes back over a close-on-exec pipe as (stage, errno), so "the command does not exist" is told apart
+   from "it ran and failed";
+2. says so to the executor — one JSON line on REPORT_FD and the file `started` — once the work has really
+   started: at the exec, or for a launcher (bwrap, podman) once a process of the cgroup is no longer the launcher;
+   a launcher that fails before that (its own stderr marker, e.g. "bwrap: ...") is a launch failure;
+3. copies the work's stdout and stderr into size-bounded rotated logs (`logs.RotatingLog`);
+4. is the subreaper of the work's tree (orphans are re-parented to it and reaped); when the work's main process
+   exits it kills whatever is left in the cgroup and waits until the cgroup is empty;
+5. writes `status.json` atomically (exit code or signal, rusage, times, OOM events, log sizes) and exits.
+
+Standard library only, and imports little: it is on every job's start path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import selectors
+import signal
+import sys
+import time
+
+from services.agent.executor import cgroups
+from services.agent.executor.logs import RotatingLog, _atomic_write
+
+PR_SET_CHILD_SUBREAPER = 36
+_HEAD = 4096  # bytes of the launcher's stderr kept to recognise its setup failures
+
+
+def _json_write(path: str, data: dict) -> None:
+    _atomic_write(path, json.dumps(data).encode())
+
+
+def _subreaper() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _child(plan: dict, out_w: int, err_w: int, ex_w: int) -> None:
+    """In the forked child: become the work, or report why not over ex_w. Never returns."""
+    stage = "setsid"
+    try:
+        os.setsid()
+        stage = "cgroup"
+        pid = str(os.getpid())
+        for path in plan["cgroup_procs"]:
+            with open(path, "w") as f:
+                f.write(pid)
+        stage = "stdio"
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, ex_w)
+        os.closerange(ex_w + 1, 1 << 16)
+        signal.set_wakeup_fd(-1)
+        for sig in range(1, signal.NSIG):
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        stage = "credentials"
+        if plan.get("uid") is not None:
+            os.setgroups([])
+            os.setgid(plan["gid"])
+            os.setuid(plan["uid"])
+        stage = "chdir"
+        os.chdir(plan["cwd"])
+        os.umask(0o022)
+        stage = "exec"
+        os.execve(plan["path"], plan["argv"], plan["env"])
+    except BaseException as e:  # noqa: BLE001 - everything must reach the parent
+        with contextlib.suppress(OSError):
+            os.write(ex_w, json.dumps({"stage": stage, "errno": getattr(e, "errno", None) or 0,
+                                       "message": f"{stage}: {e}"}).encode())
+    finally:
+        os._exit(127)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+class Shim:
+    def __init__(self, attempt_dir: str, report_fd: int | None) -> None:
+        self.dir = attempt_dir
+        self.report_fd = report_fd
+        with open(os.path.join(attempt_dir, "spec.json")) as f:
+            self.plan = json.load(f)["plan"]
+        self.cg = cgroups.from_descriptor(self.plan["cgroup"])
+        self.launchers = tuple(self.plan.get("launchers") or ())
+        self.pid = 0
+        self.status: tuple[int, object] | None = None  # (wait status, rusage) of the main process
+        self.started_at = 0.0
+        self.announced = False
+        self.oom_events = 0
+        self.head = bytearray()
+        self.sel = selectors.DefaultSelector()
+        self.logs: dict[int, RotatingLog] = {}
+        self.err_fd = -1
+
+    # -- start -----------------------------------------------------------------------------------------------
+    def start(self) -> bool:
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        ex_r, ex_w = os.pipe2(os.O_CLOEXEC)
+        max_bytes = int(self.plan["log_max_bytes"])
+        self.logs = {out_r: RotatingLog(os.path.join(self.dir, "stdout.log"), max_bytes),
+                     err_r: RotatingLog(os.path.join(self.dir, "stderr.log"), max_bytes)}
+        self.err_fd = err_r
+        pid = os.fork()
+        if pid == 0:
+            os.close(ex_r)
+            _child(self.plan, out_w, err_w, ex_w)
+        self.pid = pid
+        for fd in (out_w, err_w, ex_w):
+            os.close(fd)
+        failure = _read_all(ex_r)
+        os.close(ex_r)
+        if failure:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            self._fail(json.loads(failure))
+            return False
+        self.started_at = time.time()
+        if isinstance(self.cg, cgroups.NoCgroup):
+            self.cg = cgroups.NoCgroup(pid)
+        for fd in self.logs:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self._watch_oom()
+        if self.plan.get("ready", "exec") == "exec" or not self.launchers:
+            self._announce()
+        return True
+
+    def _watch_oom(self) -> None:
+        """cgroup v1: an eventfd the kernel signals on every OOM of the job's memory cgroup (its descendants'
+        kills are counted in the descendants, which a container runtime may remove before anyone reads them)."""
+        memory = self.plan["cgroup"].get("dirs", {}).get("memory") if self.plan["cgroup"]["kind"] == "v1" else None
+        if not memory or not hasattr(os, "eventfd"):
+            return
+        try:
+            efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            ofd = os.open(os.path.join(memory, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+            with open(os.path.join(memory, "cgroup.event_control"), "w") as f:
+                f.write(f"{efd} {ofd}")
+            self.sel.register(efd, selectors.EVENT_READ, "oom")
+        except OSError:
+            pass
+
+    def _report(self, line: dict) -> None:
+        if self.report_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.report_fd, (json.dumps(line) + "\n").encode())
+            os.close(self.report_fd)
+        self.report_fd = None
+
+    def _announce(self) -> None:
+        self.announced = True
+        started = {"pid": self.pid, "shim_pid": os.getpid(), "started_at": self.started_at}
+        _json_write(os.path.join(self.dir, "started"), started)
+        self._report({"ok": True, **started})
+
+    def _fail(self, failure: dict) -> None:
+        for log in self.logs.values():
+            log.close()
+        _json_write(os.path.join(self.dir, "status.json"), {"launch_failed": failure, "pid": self.pid})
+        self._report({"ok": False, **failure})
+
+    # -- watch -----------------------------------------------------------------------------------------------
+    def _pump(self, timeout: float | None) -> None:
+        for key, _ev in self.sel.select(timeout):
+            if key.data == "oom":
+                with contextlib.suppress(OSError):
+                    self.oom_events += int.from_bytes(os.read(key.fd, 8), sys.byteorder)
+                continue
+            if key.data == "wake":
+                with contextlib.suppress(OSError):
+                    os.read(key.fd, 4096)
+                continue
+            try:
+                data = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                self.sel.unregister(key.fd)
+                os.close(key.fd)
+                continue
+            self.logs[key.fd].write(data)
+            if key.fd == self.err_fd and len(self.head) < _HEAD:
+                self.head += data[:_HEAD - len(self.head)]
+        self._reap()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.pid:
+                self.status = (status, usage)
+
+    def _work_started(self) -> bool:
+        return any(not cgroups.is_launcher(p, self.launchers) for p in self.cg.pids())
+
+    def watch(self) -> None:
+        wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        signal.set_wakeup_fd(wake_w)
+        self._reap()
+        ready_by = time.monotonic() + float(self.plan.get("ready_timeout_s", 60))
+        while self.status is None:
+            self._pump(None if self.announced else 0.005)
+            if not self.announced and self.status is None and (self._work_started() or time.monotonic() > ready_by):
+                self._announce()
+
+    def _setup_failed(self) -> bool:
+        """The launcher exited before the work started, with its own failure marker."""
+        code = os.waitstatus_to_exitcode(self.status[0])
+        return any(code in marker["codes"] and bytes(self.head).startswith(marker["stderr_prefix"].encode())
+                   for marker in self.plan.get("setup_failure") or ())
+
+    # -- end -------------------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        exited_at = time.time()
+        if not self.announced and self._setup_failed():
+            self._empty()
+            self._drain(1.0)
+            self._fail({"stage": "setup", "errno": 0, "exit_code": os.waitstatus_to_exitcode(self.status[0]),
+                        "message": bytes(self.head).decode(errors="replace").strip()})
+            return
+        if not self.announced:
+            self._announce()
+        emptied = self._empty()
+        self._drain(2.0)
+        self._reap()
+        status, usage = self.status
+        code = os.waitstatus_to_exitcode(status)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = {
+            "pid": self.pid, "exit_code": code if code >= 0 else None,
+            "signal": signal.Signals(-code).name if code < 0 else None, "core_dumped": os.WCOREDUMP(status),
+            "started_at": self.started_at, "exited_at": exited_at,
+            "rusage": {"utime": usage.ru_utime, "stime": usage.ru_stime, "maxrss_kib": usage.ru_maxrss},
+            "children_cpu_s": children.ru_utime + children.ru_stime,
+            "oom_events": self.oom_events, "cgroup_emptied": emptied,
+            "log_bytes": {"stdout": self._log("stdout").total, "stderr": self._log("stderr").total},
+        }
+        for log in self.logs.values():
+            log.close()
+        _json_write(os.path.join(self.dir, "status.json"), out)
+
+    def _log(self, stream: str) -> RotatingLog:
+        return next(log for log in self.logs.values() if log.path.endswith(f"{stream}.log"))
+
+    def _empty(self) -> bool:
+        """Kill what is left of the work until the cgroup is empty (bounded; the executor goes on after)."""
+        end = time.monotonic() + float(self.plan.get("empty_timeout_s", 30))
+        for delay in cgroups.emptying(self.cg, self.launchers):
+            self._pump(0)
+            if time.monotonic() > end:
+                return False
+            time.sleep(delay)
+        return True
+
+    def _drain(self, timeout: float) -> None:
+        """Read the pipes to their end: every writer is dead once the cgroup is empty (outside cgroups a process
+        that left the session may still hold them, hence the bound)."""
+        end = time.monotonic() + timeout
+        while any(fd in self.logs for fd in self.sel.get_map()) and time.monotonic() < end:
+            self._pump(0.05)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m services.agent.executor.shim ATTEMPT_DIR [REPORT_FD]", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # only the executor's SIGKILL (or the machine) ends a shim
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() through the wakeup fd
+    _subreaper()
+    shim = Shim(argv[1], int(argv[2]) if len(argv) > 2 else None)
+    if not shim.start():
+        return 0
+    shim.watch()
+    shim.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
