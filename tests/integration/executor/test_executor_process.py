@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import textwrap
 import time
@@ -111,14 +112,8 @@ async def _until_logged(ex, alloc: str, data: bytes) -> None:
     for _ in range(200):
         if ex.read_logs(alloc, "stdout")[0] == data:
             return
-        await _sleep(0.01)
+        await asyncio.sleep(0.01)
     raise AssertionError(f"{alloc} never logged {data!r}")
-
-
-async def _sleep(s: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(s)
 
 
 @needs_memory_cgroup
@@ -167,7 +162,7 @@ async def test_cpu_quota_and_usage(make_executor, reports) -> None:
             pass
     """), limits=Limits(cpu_milli=500)))
     ex.usage("a-cpu")  # starts the window
-    await _sleep(0.9)
+    await asyncio.sleep(0.9)
     cores, rss_mib = ex.usage("a-cpu")
     assert 0.2 < cores < 0.65, cores  # half a core at most
     assert rss_mib > 40, rss_mib
@@ -264,3 +259,12 @@ async def test_max_runtime_warns_then_stops(make_executor, reports) -> None:
     assert abs(float(unix) - (launched + 3.0)) < 0.5 and iso.startswith("20")
     assert (r.reason, r.stopped, r.exit_code) == ("MaxRuntimeExceeded", True, 0)
     assert 0.9 < r.wall_s < 2.5
+
+
+async def test_a_cancelled_launch_still_runs_and_reports(make_executor, reports) -> None:
+    ex = make_executor()
+    call = asyncio.ensure_future(ex.launch(spec("a-cancel", ["sh", "-c", "exit 9"])))
+    await asyncio.sleep(0)  # the launch has begun
+    call.cancel()
+    r = await reports.next()  # the attempt was watched all the same: never orphaned
+    assert (r.allocation_id, r.exit_code) == ("a-cancel", 9)
