@@ -148,6 +148,9 @@ class Driver:
     def runs_as(self, uid: int, gid: int) -> tuple[int | None, int | None]:
         return uid, gid
 
+    def exec_cwd(self, paths: Paths) -> str:
+        return paths.workdir
+
     def launch_error(self, failure: dict) -> LaunchError:
         return LaunchError("LaunchFailed", failure.get("message", "the launcher failed"))
 
@@ -312,6 +315,9 @@ class ContainerDriver(Driver):
 
     def runs_as(self, uid: int, gid: int) -> tuple[int | None, int | None]:
         return None, None  # podman runs as root; the work runs as uid:gid inside (--user)
+
+    def exec_cwd(self, paths: Paths) -> str:
+        return paths.attempt_dir  # podman's; the work's is -w
 
     def env_file(self, paths: Paths) -> str:
         return os.path.join(paths.attempt_dir, "container.env")

@@ -121,7 +121,12 @@ class Executor:
         if alloc in self._launching:
             return await asyncio.shield(self._launching[alloc])
         rec = self._attempts.get(alloc)
-        if rec is not None and (rec.state != "ended" or rec.spec.attempt == spec.attempt):
+        if rec is not None and rec.state == "ended" and rec.spec.attempt == spec.attempt:
+            if rec.pid is not None:
+                return rec.pid
+            raise LaunchError("LaunchFailed", f"attempt {spec.attempt} of allocation {alloc} already ended "
+                                              f"({(rec.report or {}).get('reason')})")
+        if rec is not None and rec.state != "ended":
             if rec.pid is None:
                 self._read_started(rec)
             if rec.pid is None:
@@ -235,7 +240,7 @@ class Executor:
         if not self._root:
             uid = gid = None
         plan = {"path": driver.exec_path(spec, command), "argv": argv, "env": driver.exec_env(spec, paths, env),
-                "cwd": paths.workdir if uid is not None else paths.attempt_dir, "uid": uid, "gid": gid,
+                "cwd": driver.exec_cwd(paths), "uid": uid, "gid": gid,
                 "cgroup": job_cg.descriptor(), "cgroup_procs": job_cg.procs_files(),
                 "launchers": list(driver.launchers), "ready": "work" if driver.launchers else "exec",
                 "setup_failure": list(driver.setup_failure), "log_max_bytes": spec.log_max_bytes}

@@ -91,6 +91,13 @@ def _child(plan: dict, out_w: int, err_w: int, ex_w: int) -> None:
         os._exit(127)
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal without a name of its own
+        return f"SIGRTMIN+{number - signal.SIGRTMIN}" if number > signal.SIGRTMIN else f"SIG{number}"
+
+
 def _read_all(fd: int) -> bytes:
     chunks = []
     while True:
@@ -264,7 +271,7 @@ class Shim:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = {
             "pid": self.pid, "exit_code": code if code >= 0 else None,
-            "signal": signal.Signals(-code).name if code < 0 else None, "core_dumped": os.WCOREDUMP(status),
+            "signal": _signal_name(-code) if code < 0 else None, "core_dumped": os.WCOREDUMP(status),
             "started_at": self.started_at, "exited_at": exited_at,
             "rusage": {"utime": usage.ru_utime, "stime": usage.ru_stime, "maxrss_kib": usage.ru_maxrss},
             "children_cpu_s": children.ru_utime + children.ru_stime,

@@ -104,3 +104,17 @@ def test_mountinfo_parsing(tmp_path) -> None:
     assert {"cpu", "cpuacct"} <= mounts[0].options
     assert cg.DeviceRule("c", 195, None).v1() == "c 195:* rwm"
     assert cg.DeviceRule("b", None, None, "m").v1() == "b *:* m"
+
+
+@needs_root
+async def test_an_agent_without_root_runs_work_as_itself(make_executor, reports, state_dir, monkeypatch) -> None:
+    with monkeypatch.context() as m:  # only while the executor looks at who it is
+        m.setattr(os, "geteuid", lambda: 1000)
+        ex = make_executor()
+    assert ex.cgroups.kind == "none" and "not root" in ex.cgroups.why
+    await ex.launch(spec("u-self", ["sh", "-c", "id -u; pwd"]))
+    r = await reports.next()
+    assert r.reason == "Completed"
+    uid, cwd = ex.read_logs("u-self", "stdout")[0].decode().split()
+    assert int(uid) == os.getuid()  # no switch: it cannot
+    assert cwd == str(state_dir / "jobs" / "job-u-self" / "work")
