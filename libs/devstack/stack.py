@@ -8,6 +8,7 @@ process (as an orchestrator would) and stops everything cleanly on Ctrl-C, SIGTE
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -205,8 +206,10 @@ class Stack:
             self.gateway_url, logs / "gateway.log"))
         if opts.with_agent:
             port = free_port()
+            # the simulated fleet runs jobs' commands as real processes; its work goes down with the platform
             agent_env = {"NATS_URL": self.nats_url, "BACKEND": "sim", "HTTP_PORT": str(port),
-                         "INTERVAL_S": str(opts.agent_interval_s), "LOG_LEVEL": opts.log_level}
+                         "INTERVAL_S": str(opts.agent_interval_s), "LOG_LEVEL": opts.log_level,
+                         "STATE_DIR": str(agent_state_dir(opts.data_dir)), "STOP_WORK_ON_EXIT": "true"}
             if opts.sim_fleet:
                 agent_env["SIM_FLEET"] = opts.sim_fleet
             agent_env.update(opts.service_env.get("agent", {}))
@@ -305,6 +308,21 @@ class Stack:
         if self.run_file.exists():
             self.run_file.unlink()
         say("stopped")
+
+
+def agent_state_dir(data_dir: Path) -> Path:
+    """Where the simulated fleet's executor keeps work dirs, checkpoints and logs: inside the data dir when the work
+    (an unprivileged user) can reach it, else a folder of its own under /var/tmp (a data dir under /root or a 0700
+    temp dir is not traversable by `nobody`, and its work could not even enter its workdir)."""
+    inside = data_dir / "agent"
+    if os.geteuid() != 0 or all(os.stat(p).st_mode & 0o001 for p in [data_dir, *data_dir.parents] if p.exists()):
+        return inside
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+    out = Path("/var/tmp/gpupool-agent") / digest
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out.parent, 0o711)
+    os.chmod(out, 0o711)
+    return out
 
 
 def _declare_streams(url: str, replicas: int) -> None:

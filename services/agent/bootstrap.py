@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+from pathlib import Path
 
 from libs.bus.connection import connect, ensure_streams
 from libs.observability.logging import setup_logging
@@ -16,6 +17,7 @@ from services.agent.config import AgentSettings, parse_fleet
 from services.agent.handlers import NodeAgent, telemetry_buffer
 from services.agent.nvml_sim import SimulatedNvml
 from services.agent.nvml_types import NvmlBackend
+from services.agent.work import WorkRunner
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,22 @@ def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
     ]
 
 
+def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  # type: ignore[no-untyped-def]
+    """One executor per node, each with its own state directory and cgroup name: a simulated fleet runs many on
+    one machine."""
+    from services.agent.executor import Executor
+
+    drivers = {d.strip() for d in settings.drivers.split(",") if d.strip()}
+    state_dir = Path(settings.state_dir) / agent.cluster / agent.node
+    runner = WorkRunner(nc, agent.cluster, agent.node, None, agent._publish, device_dir=settings.device_dir,  # type: ignore[arg-type]
+                        run_as_uid=settings.run_as_uid, log_max_bytes=settings.log_max_mib * 1024 * 1024,
+                        kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants")
+    runner.executor = Executor(state_dir,
+                               f"{agent.cluster}-{agent.node}", on_exit=runner.on_exit, drivers=drivers,
+                               default_uid=settings.run_as_uid, max_stop_grace_s=settings.max_stop_grace_s)
+    return runner
+
+
 async def main() -> None:
     settings = AgentSettings()
     setup_logging("agent", settings.log_level)
@@ -47,8 +65,11 @@ async def main() -> None:
     buffer = telemetry_buffer(nc.jetstream(), max_bytes=settings.buffer_mib * 1024 * 1024)
     agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s, workloads=workloads,
                         fraction_policy=settings.fraction_policy, stop_grace_s=settings.fraction_stop_grace_s,
-                        apply_mig=settings.apply_mig, buffer=buffer)
+                        apply_mig=settings.apply_mig, buffer=buffer, resync_s=settings.resync_s)
               for node, backend in build_backends(settings)]
+    if settings.run_work:
+        for agent in agents:
+            agent.attach_work(build_runner(nc, agent, settings))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -37,6 +37,23 @@ class AgentSettings(BaseSettings):
     apply_mig: bool = Field(default=True, description="Create/destroy MIG instances as allocations come and go")
     storage_paths: str = Field(default="/", description="Volumes the node reports (real backend): mount paths, "
                                                         "comma-separated, e.g. '/,/scratch,/data'")
+    run_work: bool = Field(default=True, description="Launch jobs' commands on their granted GPUs (the node's "
+                                                     "executor); false: grants only hold GPUs")
+    state_dir: str = Field(default="/var/lib/gpupool/agent",
+                           description="The executor's state (to re-adopt work after a restart), work dirs, "
+                                       "checkpoints and logs; one sub-directory per node")
+    drivers: str = Field(default="process,sandbox,container",
+                         description="Isolation drivers this node offers (those the machine lacks are left out)")
+    device_dir: str = Field(default="/dev", description="Where the NVIDIA device nodes are")
+    run_as_uid: int = Field(default=65534, ge=0, le=2**31 - 1, description="Unprivileged user the work runs as")
+    max_stop_grace_s: float = Field(default=300.0, ge=0, le=3600, description="Longest grace a stop gives work")
+    log_max_mib: int = Field(default=16, ge=1, le=4096, description="Per attempt and stream: the log file and one "
+                                                                   "rotated file, each at most this")
+    stop_work_on_exit: bool = Field(default=False, description="Kill the node's work when the agent stops (`gpupool "
+                                                               "up`'s simulated fleet); false: work survives a "
+                                                               "restart and is re-adopted")
+    resync_s: float = Field(default=30.0, gt=0, description="How often the agent compares its work with "
+                                                            "placement's live allocations (a missed grant)")
     http_host: str = "127.0.0.1"
     http_port: int = 0
     log_level: str = "INFO"

@@ -28,6 +28,7 @@ from libs.contracts.envelope import InvalidEnvelope, parse_envelope, utcnow, uui
 from libs.contracts.events import (
     AllocatedGpu,
     AllocationGranted,
+    AllocationPreempting,
     AllocationReleased,
     EventData,
     FractionExceeded,
@@ -49,6 +50,7 @@ from services.agent.domain import (
 from services.agent.nvml_sim import SimulatedNvml
 from services.agent.nvml_types import GpuSample, MigError, MigInstance, NodeInfo, NvmlBackend
 from services.agent.sample_buffer import SampleBuffer
+from services.agent.work import WorkRunner
 
 log = logging.getLogger(__name__)
 SOURCE = "/gpupool/agent"
@@ -111,13 +113,16 @@ def _registering() -> asyncio.Semaphore:
     return _REGISTERING
 
 
-def allocation_route(msg: Message) -> tuple[tuple[str, str], AllocationGranted | AllocationReleased] | None:
-    """(cluster, node) a grant or release is for, with the event; None for anything else."""
+AllocationChange = AllocationGranted | AllocationPreempting | AllocationReleased
+
+
+def allocation_route(msg: Message) -> tuple[tuple[str, str], AllocationChange] | None:
+    """(cluster, node) a grant, stop request or release is for, with the event; None for anything else."""
     try:
         data = decode_data(parse_envelope(msg.data))
     except (InvalidEnvelope, json.JSONDecodeError):
         return None
-    if not isinstance(data, AllocationGranted | AllocationReleased):
+    if not isinstance(data, AllocationGranted | AllocationPreempting | AllocationReleased):
         return None
     return (data.cluster, data.node), data
 
@@ -173,7 +178,7 @@ class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
                  fraction_policy: Literal["report", "stop"] = "report", stop_grace_s: float = 10.0,
-                 apply_mig: bool = True, buffer: SampleBuffer | None = None) -> None:
+                 apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0) -> None:
         self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
         self.fraction_policy = fraction_policy
         self.stop_grace_s = stop_grace_s
@@ -200,6 +205,11 @@ class NodeAgent:
         self.samples_sent = 0
         self.metrics = metrics if metrics is not None else default_metrics()
         self._info: NodeInfo | None = None  # static facts for the DCGM labels, read once
+        self.work: WorkRunner | None = None  # the node's executor, when this agent runs jobs' commands
+        self.resync_s = resync_s
+
+    def attach_work(self, work: WorkRunner) -> None:
+        self.work = work
 
     async def run(self, stop: asyncio.Event) -> None:
         self.backend.open()
@@ -208,6 +218,8 @@ class NodeAgent:
             subscribed_at = time.monotonic()
             await route(self.nc, subjects.ALLOCATION_ALL, allocation_route, (self.cluster, self.node),
                         self.apply_allocation)
+            if self.work is not None:
+                await self.work.start()  # re-adopts what a previous agent left running, before any grant
             await self.register(stop)
             if isinstance(self.backend, SimulatedNvml):
                 await route(self.nc, subjects.SIM_FAULT, fault_route, self.node, self.apply_fault)
@@ -234,6 +246,8 @@ class NodeAgent:
         finally:
             if sync is not None:
                 sync.cancel()
+            if self.work is not None:
+                await self.work.close()
             self.backend.close()
 
     def phase_s(self) -> float:
@@ -264,6 +278,8 @@ class NodeAgent:
             delay = min(5.0, delay * 2)
 
     async def sample_once(self) -> None:
+        if self.work is not None and isinstance(self.backend, SimulatedNvml):
+            self._measure_work()
         samples = self.backend.sample()
         self.update_metrics(samples)
         try:
@@ -325,25 +341,46 @@ class NodeAgent:
             for item in items:
                 if item.get("node") != self.node or item.get("cluster") != self.cluster:
                     continue
-                if item["allocation_id"] in self.released or item["allocation_id"] in self.live:
+                if item["allocation_id"] in self.released:
+                    continue
+                if self.work is not None:
+                    self.work.on_live(item)
+                if item["allocation_id"] in self.live:
                     continue
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     self.live[item["allocation_id"]] = LiveAllocation(
                         allocation_id=item["allocation_id"], job_id=item["job_id"], team=item["team"],
                         project=item["project"], kind="",
                         gpus=tuple(AllocatedGpu.model_validate(g) for g in item["gpus"]))
+            if not self.synced:
+                log.info("allocations_synced", extra={"node": self.node, "live": len(self.live)})
             self.synced = True
-            log.info("allocations_synced", extra={"node": self.node, "live": len(self.live)})
             await self.converge()
-            return
+            if self.work is None:
+                return
+            # a grant missed on the bus (core NATS) would leave its job launching forever: look again now and then
+            delay = 2.0
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.resync_s)
+            subscribed_at = time.monotonic() - self.resync_s / 2  # one fetch serves a simulated fleet's nodes
 
     async def _on_allocation(self, msg: Message) -> None:
         routed = allocation_route(msg)
         if routed is not None and routed[0] == (self.cluster, self.node):
             await self.apply_allocation(routed[1])
 
-    async def apply_allocation(self, data: AllocationGranted | AllocationReleased) -> None:
-        """A grant or release on this node: record it and converge the GPUs to the live allocations."""
+    async def apply_allocation(self, data: AllocationChange) -> None:
+        """A grant or release on this node: record it and converge the GPUs to the live allocations; work is
+        launched with its grant, stopped on request, killed with a release that did not wait for it."""
+        if isinstance(data, AllocationPreempting):
+            if self.work is not None:
+                await self.work.on_preempting(data)
+            return
+        if self.work is not None:
+            if isinstance(data, AllocationGranted):
+                self.work.on_granted(data)
+            else:
+                await self.work.on_released(data)
         if isinstance(data, AllocationGranted):
             if data.allocation_id in self.released:
                 return
@@ -372,6 +409,8 @@ class NodeAgent:
                 except Exception as exc:  # NVML trouble must never stop telemetry
                     log.warning("mig_converge_failed", extra={"node": self.node, "error": repr(exc)})
                     pending = True
+            if self.work is not None:
+                self.work.launch_ready({a: inst.uuid for a, inst in self.mig_of.items()})
             if isinstance(self.backend, SimulatedNvml):
                 self._drive_simulation()
             self.converge_pending = pending
@@ -509,6 +548,8 @@ class NodeAgent:
         that), so a process that was stopped or emptied by a fault stays so."""
         assert isinstance(self.backend, SimulatedNvml)
         for alloc in self.live.values():
+            if self.work is not None and self.work.runs(alloc.allocation_id):
+                continue  # real work runs here: its GPUs follow what it really uses (_measure_work)
             kind = self.workloads.get(alloc.kind, "training")
             for g in alloc.gpus:
                 limit: float | None = g.memory_mib
@@ -523,3 +564,18 @@ class NodeAgent:
                 with contextlib.suppress(KeyError, ValueError):
                     self.backend.start_allocation(g.uuid, alloc.allocation_id, kind, share_milli=g.share_milli,
                                                   limit_mib=limit, mig_uuid=mig_uuid)
+
+    def _measure_work(self) -> None:
+        """Simulated GPUs of allocations that run real work follow that work: a busy CPU core per GPU is a fully
+        busy GPU, a sleeping process an idle one, and its resident memory is the GPU memory it uses."""
+        assert isinstance(self.backend, SimulatedNvml) and self.work is not None
+        running = self.work.executor.running()
+        for alloc in self.live.values():
+            if alloc.allocation_id not in running:
+                continue
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                cores, rss_mib = self.work.executor.usage(alloc.allocation_id)
+                per_gpu = len(alloc.gpus) or 1
+                for g in alloc.gpus:
+                    self.backend.measure(g.uuid, alloc.allocation_id, util_pct=min(100.0, 100.0 * cores / per_gpu),
+                                         memory_mib=rss_mib / per_gpu)

@@ -70,7 +70,7 @@ def describe_failure(failure: dict[str, Any]) -> str:
             "(out of memory)", "Signalled": f"killed by {sig}", "MaxRuntimeExceeded": "ran past max_runtime_s",
             "Lost": "the agent lost the work (no exit status)"}.get(str(reason), str(reason))
     detail = failure.get("message")
-    return f"{text}: {detail}" if detail and detail not in text else text
+    return str(detail) if detail else text  # the agent's own words say more (signal, limit), when it gave them
 
 
 def after_work_ended(*, state: str, replicas: int, work: WorkSpec | None, restarts: int,

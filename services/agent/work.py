@@ -1,0 +1,280 @@
+"""The node's executor, as the agent drives it: each grant that carries work is launched on its GPUs, stopped when
+placement asks (preemption, cancel, reclaim: `allocation.preempting` with a deadline), and reported when it
+started (`agent.work_started`) and when it ended with its cgroup empty (`agent.work_exited`), which is what lets
+placement release the GPUs. The executor (services/agent/executor) does the processes, cgroups and logs; this
+module is the bus side of it, one `WorkRunner` per node."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from libs.bus.connection import NatsClient
+from libs.bus.rpc import serve
+from libs.contracts import subjects
+from libs.contracts.commands import LogChunk, ReadLogs, Reply
+from libs.contracts.envelope import utcnow
+from libs.contracts.events import (
+    AllocationGranted,
+    AllocationPreempting,
+    AllocationReleased,
+    EventData,
+    WorkExited,
+    WorkStarted,
+)
+from libs.contracts.work import WorkExit, WorkSpec
+from services.agent.domain import launch_environment, log_text
+from services.agent.executor import Executor, ExitReport, LaunchError, LaunchSpec, Limits
+
+log = logging.getLogger(__name__)
+Publish = Callable[[EventData, str], Awaitable[bool]]
+PUBLISH_RETRY_MAX_S = 10.0
+
+
+class WorkRunner:
+    """One node's work: grants with a command are launched, stopped and reported."""
+
+    def __init__(self, nc: NatsClient, cluster: str, node: str, executor: Executor, publish: Publish, *,
+                 device_dir: str = "/dev", run_as_uid: int | None = None, log_max_bytes: int | None = None,
+                 kill_on_close: bool = False, grants_dir: Path | None = None) -> None:
+        self.kill_on_close = kill_on_close
+        # each grant whose work runs here, kept on disk until its exit is published: an agent restarted meanwhile
+        # knows whose re-adopted work it reports
+        self.grants_dir = grants_dir
+        self.nc = nc
+        self.cluster = cluster
+        self.node = node
+        self.executor = executor
+        self.publish = publish
+        self.device_dir = device_dir
+        self.run_as_uid = run_as_uid
+        self.log_max_bytes = log_max_bytes
+        self.grants: dict[str, AllocationGranted] = {}  # allocations with work that this node runs or will run
+        self.waiting: dict[str, AllocationGranted] = {}  # granted, not launched yet (a MIG instance to come)
+        self.launching: set[str] = set()
+        self.ended: OrderedDict[str, None] = OrderedDict()  # allocations whose work ended (never launched again)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopped = False
+
+    # --- start and stop --------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Re-adopt the work a previous agent left running (its exits are reported as they come) and answer log
+        reads."""
+        self._load_grants()
+        await self.executor.adopt()
+        await serve(self.nc, subjects.agent_logs(self.cluster, self.node), ReadLogs, self.read_logs,
+                    queue=f"agent-logs-{self.cluster}-{self.node}")
+
+    async def close(self) -> None:
+        """The agent stops: the work goes on (a restarted agent re-adopts it), unless `kill_on_close` (a local
+        simulated platform going down takes its work with it)."""
+        if self.kill_on_close:
+            for allocation_id in list(self.executor.running()):
+                with contextlib.suppress(Exception):
+                    await self.executor.stop(allocation_id, deadline=utcnow(), reason="AgentStopped")
+            deadline = asyncio.get_running_loop().time() + 5
+            while self.executor.running() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # the executor reports through on_exit, not an event to wait on
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        self.executor.close()
+
+    def _load_grants(self) -> None:
+        if self.grants_dir is None or not self.grants_dir.is_dir():
+            return
+        for path in sorted(self.grants_dir.glob("*.json")):
+            try:
+                grant = AllocationGranted.model_validate_json(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                log.warning("saved_grant_unreadable", extra={"node": self.node, "path": str(path),
+                                                             "error": repr(exc)})
+                continue
+            self.grants[grant.allocation_id] = grant
+
+    def _save_grant(self, grant: AllocationGranted) -> None:
+        if self.grants_dir is None:
+            return
+        self.grants_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.grants_dir / f".{grant.allocation_id}.tmp"
+        tmp.write_text(grant.model_dump_json())
+        tmp.replace(self.grants_dir / f"{grant.allocation_id}.json")
+
+    def _forget_grant(self, allocation_id: str) -> None:
+        if self.grants_dir is not None:
+            (self.grants_dir / f"{allocation_id}.json").unlink(missing_ok=True)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- what placement decided --------------------------------------------------------------------------------
+    def runs(self, allocation_id: str) -> bool:
+        """This allocation's work is the executor's (so no simulated workload stands in for it)."""
+        return allocation_id in self.grants
+
+    def on_granted(self, grant: AllocationGranted, mig_uuid: str | None = None) -> None:
+        """A grant with work: launch it once its GPUs are ready (a MIG slice once its instance exists)."""
+        if grant.work is None or grant.allocation_id in self.ended or grant.allocation_id in self.grants:
+            return
+        self.grants[grant.allocation_id] = grant
+        self._save_grant(grant)
+        self.waiting[grant.allocation_id] = grant
+        self.launch_ready({grant.allocation_id: mig_uuid} if mig_uuid else {})
+
+    def launch_ready(self, mig_uuids: dict[str, str]) -> None:
+        """Launch every waiting grant whose GPUs are ready; called on each grant and each convergence."""
+        for allocation_id, grant in list(self.waiting.items()):
+            needs_mig = any(g.mig_profile for g in grant.gpus)
+            if needs_mig and allocation_id not in mig_uuids:
+                continue
+            del self.waiting[allocation_id]
+            self.launching.add(allocation_id)
+            self._spawn(self._launch(grant, mig_uuids.get(allocation_id)))
+
+    async def on_preempting(self, data: AllocationPreempting) -> None:
+        """The stop request: the stop signal now, the kill at the deadline. Work not started yet never starts."""
+        if data.allocation_id not in self.grants or data.allocation_id in self.ended:
+            return
+        if self.waiting.pop(data.allocation_id, None) is not None:
+            await self._report_unstarted(self.grants[data.allocation_id], "Stopped",
+                                         f"stopped before it started ({data.reason})")
+            return
+        await self.executor.stop(data.allocation_id, deadline=data.deadline, reason=data.reason)
+
+    async def on_released(self, data: AllocationReleased) -> None:
+        """Released without waiting for the work (its node was declared lost, or the exit report timed out): the
+        GPUs are no longer this work's, so it is killed now."""
+        self.waiting.pop(data.allocation_id, None)
+        if data.allocation_id in self.grants and data.allocation_id not in self.ended:
+            await self.executor.stop(data.allocation_id, deadline=utcnow(), reason=data.reason)
+
+    def on_live(self, item: dict[str, Any]) -> None:
+        """An allocation placement lists as live on this node (start-up and periodic sync): one with work that
+        this agent does not run (a grant it missed) is launched, or reported ended if it is being stopped."""
+        allocation_id = item["allocation_id"]
+        if not item.get("work") or allocation_id in self.grants or allocation_id in self.ended:
+            return
+        if allocation_id in self.executor.running():
+            return  # re-adopted after a restart
+        try:
+            grant = AllocationGranted(
+                allocation_id=allocation_id, job_id=item["job_id"], team=item["team"], project=item["project"],
+                cluster=item["cluster"], node=item["node"], gpus=item["gpus"], replica=item.get("replica", 0),
+                granted_at=datetime.fromisoformat(item["granted_at"]), kind=item.get("kind") or "batch",
+                work=WorkSpec.model_validate(item["work"]), attempt=item.get("attempt", 0),
+                environment=item.get("environment") or {})
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("live_allocation_unreadable", extra={"node": self.node, "allocation_id": allocation_id,
+                                                             "error": repr(exc)})
+            return
+        if item.get("preempt_deadline"):
+            self.grants[allocation_id] = grant
+            self._spawn(self._report_unstarted(grant, "Stopped", "stopped before it started (missed grant)"))
+            return
+        self.on_granted(grant)
+
+    # --- launching and reporting -------------------------------------------------------------------------------
+    def _spec(self, grant: AllocationGranted, mig_uuid: str | None) -> LaunchSpec:
+        work = grant.work
+        assert work is not None
+        env = launch_environment(grant.environment, work.env, gpus=grant.gpus, mig_uuid=mig_uuid)
+        return LaunchSpec(
+            allocation_id=grant.allocation_id, job_id=grant.job_id, argv=list(work.command), attempt=grant.attempt,
+            replica=grant.replica, env=env, workdir=work.workdir,
+            limits=Limits(cpu_milli=work.limits.cpu_milli, memory_mib=work.limits.memory_mib,
+                          pids=work.limits.pids),
+            gpu_indices=sorted({g.index for g in grant.gpus}), device_dir=self.device_dir,
+            isolation=work.isolation, image=work.image, rootfs=work.rootfs, stop_signal=work.stop_signal,
+            stop_grace_s=work.stop_grace_s, max_runtime_s=grant.max_runtime_s, warn_before_s=work.warn_before_s,
+            warn_signal=work.warn_signal, uid=self.run_as_uid, gid=self.run_as_uid,
+            **({"log_max_bytes": self.log_max_bytes} if self.log_max_bytes else {}))
+
+    async def _launch(self, grant: AllocationGranted, mig_uuid: str | None) -> None:
+        try:
+            spec = self._spec(grant, mig_uuid)
+            pid = await self.executor.launch(spec)
+        except LaunchError as exc:
+            log.warning("work_launch_failed", extra={"node": self.node, "allocation_id": grant.allocation_id,
+                                                     "reason": exc.reason, "detail": exc.message})
+            await self._report_unstarted(grant, exc.reason, exc.message)
+            return
+        except Exception as exc:  # never leave a grant neither started nor ended
+            log.exception("work_launch_crashed", extra={"node": self.node, "allocation_id": grant.allocation_id})
+            await self._report_unstarted(grant, "LaunchFailed", f"{type(exc).__name__}: {exc}"[:500])
+            return
+        finally:
+            self.launching.discard(grant.allocation_id)
+        log.info("work_started", extra={"node": self.node, "allocation_id": grant.allocation_id,
+                                        "job_id": grant.job_id, "pid": pid})
+        assert grant.work is not None
+        await self._publish_until_taken(WorkStarted(
+            allocation_id=grant.allocation_id, job_id=grant.job_id, team=grant.team, project=grant.project,
+            cluster=self.cluster, node=self.node, replica=grant.replica, attempt=grant.attempt, pid=pid,
+            isolation=grant.work.isolation, started_at=utcnow()), f"work_started/{grant.allocation_id}")
+
+    async def _report_unstarted(self, grant: AllocationGranted, reason: str, message: str) -> None:
+        now = utcnow()
+        await self._report(grant, WorkExit(reason=reason, message=message[:2000], exited_at=now,  # type: ignore[arg-type]
+                                           stopped=reason == "Stopped"))
+
+    async def on_exit(self, report: ExitReport) -> None:
+        """The executor's callback: the work ended and its cgroup is empty."""
+        grant = self.grants.get(report.allocation_id)
+        if grant is None:  # not ours (never granted through this agent): nobody to report it to
+            log.warning("work_exit_without_grant", extra={"node": self.node, "allocation_id": report.allocation_id})
+            return
+        exit = WorkExit(reason=report.reason, exit_code=report.exit_code, signal=report.signal,  # type: ignore[arg-type]
+                        oom=report.oom, stopped=report.stopped, message=report.message[:2000],
+                        started_at=report.started_at, exited_at=report.exited_at, wall_s=max(0.0, report.wall_s),
+                        cpu_s=max(0.0, report.cpu_s))
+        log.info("work_exited", extra={"node": self.node, "allocation_id": report.allocation_id,
+                                       "reason": report.reason, "exit_code": report.exit_code})
+        await self._report(grant, exit)
+
+    async def _report(self, grant: AllocationGranted, exit: WorkExit) -> None:
+        await self._publish_exit(grant.allocation_id, grant.job_id, grant.replica, grant.attempt, exit,
+                                 team=grant.team, project=grant.project)
+
+    async def _publish_exit(self, allocation_id: str, job_id: str, replica: int, attempt: int, exit: WorkExit, *,
+                            team: str, project: str) -> None:
+        self.ended[allocation_id] = None
+        while len(self.ended) > 10_000:
+            self.ended.popitem(last=False)
+        self.waiting.pop(allocation_id, None)
+        self.grants.pop(allocation_id, None)
+        await self._publish_until_taken(WorkExited(
+            allocation_id=allocation_id, job_id=job_id, team=team, project=project, cluster=self.cluster,
+            node=self.node, replica=replica, attempt=attempt, exit=exit), f"work_exited/{allocation_id}")
+        self._forget_grant(allocation_id)
+
+    async def _publish_until_taken(self, event: EventData, identity: str) -> None:
+        """An exit must never be lost (placement frees the GPUs on it): retried until JetStream takes it. The id
+        derives from the allocation, so a retry or a restarted agent's repeat is dropped as a duplicate."""
+        delay = 0.2
+        while not self._stopped:
+            if await self.publish(event, identity):
+                return
+            await asyncio.sleep(delay)
+            delay = min(PUBLISH_RETRY_MAX_S, delay * 2)
+
+    # --- logs ----------------------------------------------------------------------------------------------------
+    async def read_logs(self, cmd: ReadLogs) -> Reply:
+        try:
+            data, next_offset, complete = self.executor.read_logs(
+                cmd.allocation_id, cmd.stream, offset=cmd.offset, limit=cmd.limit, tail=cmd.tail)
+        except KeyError:
+            return Reply.failure(404, "NoLogs", f"no work of allocation {cmd.allocation_id} on {self.node}")
+        text, consumed = log_text(data, complete)
+        start = next_offset - len(data)
+        return Reply.success(LogChunk(allocation_id=cmd.allocation_id, stream=cmd.stream, offset=start,
+                                      next_offset=start + consumed, data=text,
+                                      complete=complete and consumed == len(data)).model_dump())
+

@@ -1,0 +1,206 @@
+"""The agent's bus side of the executor (services/agent/work.py) against a fake executor: what it launches from a
+grant, how a stop request and a release reach the work, and that every end is reported exactly as it happened."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from libs.contracts.events import (
+    AllocatedGpu,
+    AllocationGranted,
+    AllocationPreempting,
+    AllocationReleased,
+    WorkExited,
+    WorkStarted,
+)
+from libs.contracts.work import WorkSpec
+from services.agent.executor import ExitReport, LaunchError
+from services.agent.work import WorkRunner
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+GPUS = [AllocatedGpu(uuid="GPU-1", index=1, model="H100-80GB"), AllocatedGpu(uuid="GPU-3", index=3, model="H100-80GB")]
+
+
+class FakeExecutor:
+    def __init__(self, fail: LaunchError | None = None) -> None:
+        self.fail = fail
+        self.launched: list = []
+        self.stops: list = []
+        self._running: dict[str, dict] = {}
+
+    async def adopt(self) -> None:
+        return None
+
+    async def launch(self, spec) -> int:  # type: ignore[no-untyped-def]
+        if self.fail is not None:
+            raise self.fail
+        self.launched.append(spec)
+        self._running[spec.allocation_id] = {}
+        return 4242
+
+    async def stop(self, allocation_id: str, *, signal=None, deadline=None, reason: str = "") -> None:  # type: ignore[no-untyped-def]
+        self.stops.append((allocation_id, deadline, reason))
+
+    def running(self) -> dict:
+        return self._running
+
+    def read_logs(self, allocation_id, stream, *, offset=0, limit=65536, tail=None):  # type: ignore[no-untyped-def]
+        if allocation_id not in self._running:
+            raise KeyError(allocation_id)
+        data = "caf\u00e9".encode()
+        return data[:-1], offset + 4, False  # the é is cut: it waits for the next read
+
+    def close(self) -> None:
+        return None
+
+
+def runner(executor: FakeExecutor) -> tuple[WorkRunner, list]:
+    published: list = []
+
+    async def publish(event, identity: str) -> bool:  # type: ignore[no-untyped-def]
+        published.append((event, identity))
+        return True
+
+    return WorkRunner(None, "c", "n1", executor, publish, device_dir="/tmp/dev", run_as_uid=1000), published  # type: ignore[arg-type]
+
+
+def grant(allocation_id: str = "a1", **work) -> AllocationGranted:  # type: ignore[no-untyped-def]
+    return AllocationGranted(
+        allocation_id=allocation_id, job_id="j1", team="t", project="p", cluster="c", node="n1", gpus=GPUS,
+        replica=1, granted_at=NOW, kind="training", max_runtime_s=600, attempt=2,
+        environment={"CUDA_VISIBLE_DEVICES": "GPU-1,GPU-3", "GPUPOOL_ALLOCATION_ID": allocation_id},
+        work=WorkSpec(command=["python", "train.py"], env={"LR": "1"}, limits={"memory_mib": 512},
+                      stop_signal="SIGINT", stop_grace_s=7, **work))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_grant_with_work_is_launched_on_its_gpus_and_reported_started() -> None:
+    ex = FakeExecutor()
+    r, published = runner(ex)
+    r.on_granted(grant())
+    await settle()
+    (spec,) = ex.launched
+    assert spec.argv == ["python", "train.py"] and spec.gpu_indices == [1, 3] and spec.device_dir == "/tmp/dev"
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == "GPU-1,GPU-3" and spec.env["LR"] == "1"
+    assert (spec.stop_signal, spec.stop_grace_s, spec.max_runtime_s, spec.attempt) == ("SIGINT", 7, 600, 2)
+    assert spec.limits.memory_mib == 512 and spec.uid == 1000
+    (event, identity), = published
+    assert isinstance(event, WorkStarted) and event.pid == 4242 and event.attempt == 2 and event.replica == 1
+    assert identity == "work_started/a1"
+    r.on_granted(grant())  # a replayed grant launches nothing twice
+    await settle()
+    assert len(ex.launched) == 1
+
+
+async def test_a_grant_without_work_is_not_the_executors() -> None:
+    ex = FakeExecutor()
+    r, published = runner(ex)
+    g = grant()
+    r.on_granted(g.model_copy(update={"work": None}))
+    await settle()
+    assert ex.launched == [] and published == [] and not r.runs("a1")
+
+
+async def test_a_launch_failure_is_reported_as_the_end_of_the_attempt() -> None:
+    ex = FakeExecutor(fail=LaunchError("CommandNotFound", "python: not found on PATH"))
+    r, published = runner(ex)
+    r.on_granted(grant())
+    await settle()
+    (event, identity), = published
+    assert isinstance(event, WorkExited) and identity == "work_exited/a1"
+    assert (event.exit.reason, event.exit.exit_code) == ("CommandNotFound", None)
+    assert "not found" in event.exit.message
+
+
+async def test_a_mig_grant_waits_for_its_instance() -> None:
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    mig = grant().model_copy(update={"gpus": [AllocatedGpu(uuid="GPU-1", index=1, model="A100-80GB",
+                                                           share_milli=428, mig_profile="3g.40gb", mig_start=0)]})
+    r.on_granted(mig)
+    await settle()
+    assert ex.launched == []
+    r.launch_ready({"a1": "MIG-abc"})
+    await settle()
+    assert ex.launched[0].env["CUDA_VISIBLE_DEVICES"] == "MIG-abc"
+
+
+async def test_a_stop_request_reaches_the_work_with_its_deadline_and_a_release_kills_it() -> None:
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    r.on_granted(grant())
+    await settle()
+    deadline = NOW + timedelta(seconds=30)
+    await r.on_preempting(AllocationPreempting(
+        allocation_id="a1", job_id="j1", team="t", project="p", cluster="c", node="n1", gpus=GPUS,
+        reason="PreemptedByPriority", message="m", preemptor_job_id="j2", deadline=deadline))
+    await r.on_released(AllocationReleased(
+        allocation_id="a1", job_id="j1", team="t", project="p", cluster="c", node="n1", gpus=GPUS,
+        granted_at=NOW, released_at=NOW, reason="NodeLost"))
+    assert [(a, d == deadline, why) for a, d, why in ex.stops] == [
+        ("a1", True, "PreemptedByPriority"), ("a1", False, "NodeLost")]
+
+
+async def test_a_stop_before_the_start_means_it_never_starts() -> None:
+    ex = FakeExecutor()
+    r, published = runner(ex)
+    mig = grant().model_copy(update={"gpus": [AllocatedGpu(uuid="GPU-1", index=1, model="A100-80GB",
+                                                           share_milli=428, mig_profile="3g.40gb", mig_start=0)]})
+    r.on_granted(mig)
+    await r.on_preempting(AllocationPreempting(
+        allocation_id="a1", job_id="j1", team="t", project="p", cluster="c", node="n1", gpus=mig.gpus,
+        reason="JobCancelled", message="m", preemptor_job_id="", deadline=NOW))
+    r.launch_ready({"a1": "MIG-abc"})
+    await settle()
+    assert ex.launched == []
+    (event, _), = published
+    assert isinstance(event, WorkExited) and event.exit.reason == "Stopped" and event.exit.stopped
+
+
+async def test_the_exit_is_reported_with_what_the_executor_measured() -> None:
+    ex = FakeExecutor()
+    r, published = runner(ex)
+    r.on_granted(grant())
+    await settle()
+    await r.on_exit(ExitReport(allocation_id="a1", job_id="j1", attempt=2, replica=1, exit_code=None,
+                               signal="SIGKILL", oom=True, reason="OutOfMemory", message="memory limit 512 MiB",
+                               started_at=NOW, exited_at=NOW + timedelta(seconds=9), wall_s=9.0, cpu_s=3.5,
+                               stopped=False, pid=4242))
+    event = published[-1][0]
+    assert isinstance(event, WorkExited) and event.team == "t" and event.attempt == 2
+    assert (event.exit.reason, event.exit.signal, event.exit.oom, event.exit.cpu_s) == (
+        "OutOfMemory", "SIGKILL", True, 3.5)
+    r.on_granted(grant())  # its work ended: a late replay of the grant never starts it again
+    await settle()
+    assert len(ex.launched) == 1
+
+
+async def test_live_allocations_placement_lists_launch_a_missed_grant() -> None:
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    item = {"allocation_id": "a9", "job_id": "j9", "team": "t", "project": "p", "cluster": "c", "node": "n1",
+            "replica": 0, "granted_at": NOW.isoformat(), "kind": "batch", "attempt": 0,
+            "gpus": [g.model_dump() for g in GPUS], "work": {"command": ["true"]}, "preempt_deadline": None,
+            "environment": {"CUDA_VISIBLE_DEVICES": "GPU-1,GPU-3"}}
+    r.on_live(item)
+    r.on_live({**item, "allocation_id": "nowork", "work": None})
+    await settle()
+    assert [s.allocation_id for s in ex.launched] == ["a9"]
+
+
+async def test_log_reads_never_split_a_character() -> None:
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    r.on_granted(grant())
+    await settle()
+    from libs.contracts.commands import ReadLogs
+
+    reply = await r.read_logs(ReadLogs(allocation_id="a1", stream="stdout"))
+    assert reply.ok and reply.result["data"] == "caf" and reply.result["next_offset"] == 3
+    missing = await r.read_logs(ReadLogs(allocation_id="zz", stream="stdout"))
+    assert not missing.ok and missing.error.reason == "NoLogs"
