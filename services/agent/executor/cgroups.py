@@ -487,14 +487,42 @@ def detect(mode: str = "auto", mountinfo: str = "/proc/self/mountinfo") -> Cgrou
             others.append(m.path)
     if unified and mode in ("auto", "v2"):
         have = set(_read(os.path.join(unified, "cgroup.controllers")).split())
-        if mode == "v2" or set(V2_CONTROLLERS) <= have:
+        if mode == "v2":
+            return CgroupSystem("v2", "", v2=unified)
+        if set(V2_CONTROLLERS) <= have:
+            problem = _v2_unusable(unified)
+            if problem:
+                return CgroupSystem("none", problem)
             return CgroupSystem("v2", "", v2=unified)
     if mode in ("auto", "v1") and "memory" in v1:
+        problem = _v1_unusable(v1) if mode == "auto" else None
+        if problem:
+            return CgroupSystem("none", problem)
         if unified:
             others.append(unified)
         why = "" if unified is None else "the unified hierarchy lacks memory/cpu/pids: using cgroup v1"
         return CgroupSystem("v1", why, v1=v1, others=[o for o in others if o not in v1.values()])
     return CgroupSystem("none", f"no usable cgroup hierarchy for mode {mode!r}")
+
+
+def _v1_unusable(v1: dict[str, str]) -> str | None:
+    """A read-only cgroupfs (a container's default) would fail every launch: say so at detection instead."""
+    for mount in dict.fromkeys(v1.values()):
+        try:
+            os.makedirs(os.path.join(mount, "gpupool"), exist_ok=True)
+        except OSError as e:
+            return f"cgroup v1 at {mount} is not writable: {e}"
+    return None
+
+
+def _v2_unusable(unified: str) -> str | None:
+    """The controllers must be delegated from the mount down to gpupool/ (fails e.g. in a container whose cgroup
+    namespace root holds processes: the no-internal-processes rule)."""
+    try:
+        V2Cgroup(os.path.join(unified, "gpupool", "probe"), unified)._enable_controllers()
+    except OSError as e:
+        return f"cgroup v2 controllers cannot be delegated below {unified}: {e}"
+    return None
 
 
 def from_descriptor(d: dict) -> JobCgroup:
