@@ -168,6 +168,9 @@ class Executor:
         except cg.CgroupError as e:
             job_cg.remove()
             raise LaunchError("CgroupFailed", str(e)) from e
+        if job_cg.kind == "none" and any(v is not None for v in dataclasses.astuple(spec.limits)):
+            log.warning("allocation %s: limits %s not enforced: no cgroups (%s)", spec.allocation_id, spec.limits,
+                        self.cgroups.why)
         launched_at = time.time()
         rec = st.Attempt(spec=spec, attempt_dir=paths.attempt_dir, workdir=paths.workdir,
                          workdir_made=spec.workdir is None, checkpoint_dir=paths.checkpoint_dir,
