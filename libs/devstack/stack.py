@@ -206,10 +206,13 @@ class Stack:
             self.gateway_url, logs / "gateway.log"))
         if opts.with_agent:
             port = free_port()
-            # the simulated fleet runs jobs' commands as real processes; its work goes down with the platform
+            # the simulated fleet runs jobs' commands as real processes; its work goes down with the platform, and
+            # its nodes share one checkpoint root (as real nodes would share a filesystem)
+            state = agent_state_dir(opts.data_dir)
             agent_env = {"NATS_URL": self.nats_url, "BACKEND": "sim", "HTTP_PORT": str(port),
                          "INTERVAL_S": str(opts.agent_interval_s), "LOG_LEVEL": opts.log_level,
-                         "STATE_DIR": str(agent_state_dir(opts.data_dir)), "STOP_WORK_ON_EXIT": "true"}
+                         "STATE_DIR": str(state), "CHECKPOINT_ROOT": str(state / "checkpoints"),
+                         "STOP_WORK_ON_EXIT": "true"}
             if opts.sim_fleet:
                 agent_env["SIM_FLEET"] = opts.sim_fleet
             agent_env.update(opts.service_env.get("agent", {}))

@@ -50,7 +50,8 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
                         kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants")
     runner.executor = Executor(state_dir,
                                f"{agent.cluster}-{agent.node}", on_exit=runner.on_exit, drivers=drivers,
-                               default_uid=settings.run_as_uid, max_stop_grace_s=settings.max_stop_grace_s)
+                               default_uid=settings.run_as_uid, max_stop_grace_s=settings.max_stop_grace_s,
+                               checkpoint_root=settings.checkpoint_root or None)
     return runner
 
 

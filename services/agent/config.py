@@ -42,6 +42,9 @@ class AgentSettings(BaseSettings):
     state_dir: str = Field(default="/var/lib/gpupool/agent",
                            description="The executor's state (to re-adopt work after a restart), work dirs, "
                                        "checkpoints and logs; one sub-directory per node")
+    checkpoint_root: str = Field(default="", description="Where each job's GPUPOOL_CHECKPOINT_DIR lives: empty = "
+                                                         "this node's STATE_DIR/checkpoints; a filesystem every "
+                                                         "node mounts lets a requeued job resume on any node")
     drivers: str = Field(default="process,sandbox,container",
                          description="Isolation drivers this node offers (those the machine lacks are left out)")
     device_dir: str = Field(default="/dev", description="Where the NVIDIA device nodes are")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -310,3 +310,14 @@ def classify_exit(exit_code: int | None, signal: str | None, oom: bool, stopped:
     if exit_code is None:
         return "Lost"
     return "NonZeroExit"
+
+
+def attribute_by_cgroup(procs: Iterable[GpuProcess], owners: dict[int, str]) -> list[GpuProcess]:
+    """GPU processes with the allocation their cgroup says they belong to (`owners`: pid → allocation, from the
+    executor's cgroups). The cgroup wins over the environment: work can rewrite its own environment, not leave
+    its cgroup. Processes outside every cgroup keep what their environment said (work launched by the caller)."""
+    out = []
+    for p in procs:
+        owner = owners.get(p.pid)
+        out.append(p if owner is None or owner == p.allocation_id else replace(p, allocation_id=owner))
+    return out

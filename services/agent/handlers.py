@@ -40,6 +40,7 @@ from libs.observability.tracing import inject_headers
 from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
 from services.agent.domain import (
     LiveAllocation,
+    attribute_by_cgroup,
     fraction_violations,
     plan_mig,
     registration,
@@ -48,7 +49,7 @@ from services.agent.domain import (
     wanted_mig,
 )
 from services.agent.nvml_sim import SimulatedNvml
-from services.agent.nvml_types import GpuSample, MigError, MigInstance, NodeInfo, NvmlBackend
+from services.agent.nvml_types import GpuProcess, GpuSample, MigError, MigInstance, NodeInfo, NvmlBackend
 from services.agent.sample_buffer import SampleBuffer
 from services.agent.work import WorkRunner
 
@@ -420,7 +421,7 @@ class NodeAgent:
         wanted = wanted_mig(self.live.values())
         if not wanted and not any(layout.values()):
             return False
-        plan = plan_mig(wanted, layout, self.backend.processes())
+        plan = plan_mig(wanted, layout, self.gpu_processes())
         pending = False
         for allocation_id, inst in plan.present.items():
             alloc = self.live[allocation_id]
@@ -490,7 +491,7 @@ class NodeAgent:
         if not limits and not self.stopping and not self.fraction_reported:
             return
         try:
-            procs = self.backend.processes()
+            procs = self.gpu_processes()
         except Exception as exc:  # NVML trouble must never stop telemetry
             log.warning("process_listing_failed", extra={"node": self.node, "error": repr(exc)})
             return
@@ -564,6 +565,18 @@ class NodeAgent:
                 with contextlib.suppress(KeyError, ValueError):
                     self.backend.start_allocation(g.uuid, alloc.allocation_id, kind, share_milli=g.share_milli,
                                                   limit_mib=limit, mig_uuid=mig_uuid)
+
+    def gpu_processes(self) -> list[GpuProcess]:
+        """The GPUs' processes, each attributed to an allocation by the executor's cgroups where it runs in one
+        (else by its GPUPOOL_ALLOCATION_ID)."""
+        procs = self.backend.processes()
+        if self.work is None or not procs:
+            return procs
+        owners: dict[int, str] = {}
+        for allocation_id in self.work.executor.running():
+            with contextlib.suppress(KeyError, OSError):
+                owners.update(dict.fromkeys(self.work.executor.pids(allocation_id), allocation_id))
+        return attribute_by_cgroup(procs, owners)
 
     def _measure_work(self) -> None:
         """Simulated GPUs of allocations that run real work follow that work: a busy CPU core per GPU is a fully

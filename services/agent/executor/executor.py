@@ -66,7 +66,8 @@ class Executor:
     def __init__(self, state_dir: Path | str, cgroup_name: str, *,
                  on_exit: Callable[[ExitReport], Awaitable[None]], drivers: set[str] | None = None,
                  python: str = sys.executable, default_uid: int = NOBODY, default_gid: int = NOBODY,
-                 max_stop_grace_s: float = 300, cgroups: str = "auto", launch_timeout_s: float = 120) -> None:
+                 max_stop_grace_s: float = 300, cgroups: str = "auto", launch_timeout_s: float = 120,
+                 checkpoint_root: Path | str | None = None) -> None:
         if not _SAFE_ID.match(cgroup_name):
             raise ValueError(f"cgroup_name {cgroup_name!r} must match {_SAFE_ID.pattern}")
         self.state_dir = Path(state_dir)
@@ -74,6 +75,12 @@ class Executor:
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.state_dir / sub, 0o711)  # the work (another uid) must traverse to its own dirs
         self.cgroup_name = cgroup_name
+        # where each job's GPUPOOL_CHECKPOINT_DIR lives: this node's state dir, or a root shared by nodes (a
+        # filesystem every node mounts, or one folder for a simulated fleet) so a requeued job finds its checkpoint
+        # on whichever node it lands
+        self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else self.state_dir / "checkpoints"
+        self.checkpoint_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.checkpoint_root, 0o711)
         self._lock = _lock(self.state_dir / "executor.lock")
         self._on_exit = on_exit
         self._python = python
@@ -193,7 +200,7 @@ class Executor:
     def _prepare_dirs(self, spec: LaunchSpec) -> Paths:
         attempt_dir = self.state_dir / "attempts" / spec.allocation_id
         control = attempt_dir / "control"
-        checkpoint = self.state_dir / "checkpoints" / spec.job_id
+        checkpoint = self.checkpoint_root / spec.job_id
         workdir = Path(spec.workdir) if spec.workdir else self.state_dir / "jobs" / spec.job_id / "work"
         try:
             control.mkdir(parents=True, exist_ok=True)

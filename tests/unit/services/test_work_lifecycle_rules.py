@@ -109,3 +109,15 @@ def test_log_text_never_splits_a_character_across_reads() -> None:
     assert text == "héllo " and used == len(data) - 3
     assert log_text(data, complete=False) == ("héllo €", len(data))
     assert log_text(data[:-1], complete=True)[1] == len(data) - 1  # nothing more will come: show what is there
+
+
+def test_a_gpu_process_belongs_to_the_allocation_whose_cgroup_holds_it() -> None:
+    from services.agent.domain import attribute_by_cgroup
+    from services.agent.nvml_types import GpuProcess
+
+    procs = [GpuProcess(pid=10, gpu_uuid="GPU-a", gpu_index=0, used_memory_mib=100, allocation_id="forged"),
+             GpuProcess(pid=11, gpu_uuid="GPU-a", gpu_index=0, used_memory_mib=100, allocation_id="a-env"),
+             GpuProcess(pid=12, gpu_uuid="GPU-a", gpu_index=0, used_memory_mib=100)]
+    out = attribute_by_cgroup(procs, {10: "a-cgroup", 12: "a-cgroup"})
+    # the cgroup wins over a forged environment; outside every cgroup the environment still counts
+    assert [p.allocation_id for p in out] == ["a-cgroup", "a-env", "a-cgroup"]
