@@ -685,43 +685,40 @@ class FractionExceeded(AgentAllocationEvent):
     detected_at: datetime
 
 
-class WorkStarted(EventData):
+class AgentWorkEvent(EventData):
+    """What the agent's work events say about the allocation whose work they concern."""
+
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    cluster: str
+    node: str
+    replica: int = 0
+    attempt: int = 0
+
+
+class WorkStarted(AgentWorkEvent):
     """The agent started an allocation's work: its process exists in its cgroup (a job becomes `running` on this,
     not on the grant). Published by the agent directly to JetStream."""
 
     event_type: ClassVar[str] = "io.gpupool.agent.work_started.v1"
     event_subject: ClassVar[str] = subjects.AGENT_WORK_STARTED
-    entity_field: ClassVar[str] = "allocation_id"
 
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
-    replica: int = 0
-    attempt: int = 0
     pid: int = Field(ge=1)
     isolation: str
     started_at: datetime
 
 
-class WorkExited(EventData):
+class WorkExited(AgentWorkEvent):
     """An allocation's work ended and its cgroup is empty: placement may release the GPUs now. `exit` says how
     (exit code, signal, OOM, a launch failure, a stop). Published by the agent directly to JetStream."""
 
     event_type: ClassVar[str] = "io.gpupool.agent.work_exited.v1"
     event_subject: ClassVar[str] = subjects.AGENT_WORK_EXITED
-    entity_field: ClassVar[str] = "allocation_id"
 
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
-    replica: int = 0
-    attempt: int = 0
     exit: WorkExit
 
 
