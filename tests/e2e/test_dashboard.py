@@ -346,6 +346,24 @@ def test_job_detail_shows_every_state_change(page, platform, fleet) -> None:
     expect(detail).to_contain_text("Usage recorded")
 
 
+def test_job_detail_follows_the_work_output_live(page, platform, fleet) -> None:
+    with platform.client() as api:
+        response = api.post("/v1/jobs", json={"name": "talker", "team": "default", "gpus": 1, "gpu_models": ["L40S"],
+                                              "kind": "batch", "stop_grace_s": 1, "command": [
+                                                  "sh", "-c", "echo hello-from-the-work; sleep 2; echo later; sleep 60"]})
+        assert response.status_code == 201, response.text
+        job_id = response.json()["job_id"]
+        try:
+            sign_in(page, platform, route=f"jobs/{job_id}")
+            detail = page.locator(f'#job-detail section.job-detail[data-job="{job_id}"]')
+            expect(detail).to_contain_text("sh -c echo hello-from-the-work")
+            logs = detail.locator("#job-logs")
+            expect(logs).to_contain_text("hello-from-the-work", timeout=20_000)
+            expect(logs).to_contain_text("later", timeout=20_000)  # followed, not read once
+        finally:
+            api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "test cleanup"})
+
+
 def test_live_updates_show_a_job_submitted_elsewhere_without_a_reload(page, platform, fleet) -> None:
     sign_in(page, platform, route="jobs")
     expect(page.locator("#live")).to_have_attribute("data-state", "live")

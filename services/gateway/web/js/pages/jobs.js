@@ -4,7 +4,7 @@ import { badge, card, clear, fmt, h, put, table } from "../dom.js";
 import { queueOrder } from "../model.js";
 import { errorBox, jobLink, pageHeader, refresher, select, stat, stateBadge } from "./common.js";
 
-const LIVE_STATES = ["awaiting_approval", "pending", "running", "preempting"];
+const LIVE_STATES = ["awaiting_approval", "pending", "launching", "running", "preempting"];
 const DONE_STATES = ["completed", "failed", "cancelled"];
 const EXPLAIN_MAX = 40;
 const HISTORY_ROWS = 40;
@@ -265,8 +265,47 @@ export function mount(ctx, root, params = []) {
     f.name.focus();
   }
 
+  // The job's work output, followed live (GET /v1/jobs/{id}/logs?follow=true): one stream per job shown, kept
+  // across the detail's re-renders and ended when another job is shown or the page goes.
+  let logs = { job: null, pre: null, abort: null };
+  function stopLogs() { logs.abort?.abort(); logs = { job: null, pre: null, abort: null }; }
+  function logsFor(job) {
+    if (!job.work) return null;
+    if (logs.job !== job.job_id) {
+      stopLogs();
+      const abort = new AbortController();
+      logs = { job: job.job_id, pre: h("pre", { class: "logs", id: "job-logs" }, ""), abort };
+      streamLogs(job.job_id, logs.pre, abort.signal);
+    }
+    return logs.pre;
+  }
+  async function streamLogs(jobId, pre, signal) {
+    const url = new URL(`${api.base}/v1/jobs/${encodeURIComponent(jobId)}/logs`, location.origin);
+    url.search = new URLSearchParams({ follow: "true", stream: "both", tail: "500" }).toString();
+    try {
+      const response = await fetch(url, { headers: api.headers({ Accept: "text/plain" }), signal });
+      if (!response.ok) {
+        let problem = null;
+        try { problem = await response.json(); } catch { /* not JSON */ }
+        pre.textContent = `(no logs: ${problem?.detail || response.status})`;
+        return;
+      }
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        pre.textContent += decoder.decode(value, { stream: true });
+        if (pre.textContent.length > 200000) pre.textContent = pre.textContent.slice(-150000); // bounded in the page
+        pre.scrollTop = pre.scrollHeight;
+      }
+    } catch (err) {
+      if (err.name !== "AbortError") pre.textContent += `\n(log stream ended: ${err.message})`;
+    }
+  }
+
   async function renderDetail() {
-    if (!st.detail) { clear(detailSlot); return; }
+    if (!st.detail) { stopLogs(); clear(detailSlot); return; }
     const id = encodeURIComponent(st.detail);
     try {
       const [job, explain, allocs, usage] = await Promise.all([
@@ -277,7 +316,9 @@ export function mount(ctx, root, params = []) {
       const facts = [["team", job.team], ["project", job.project], ["kind", job.kind], ["priority class", `${job.priority_class} (${job.priority})`],
         ["GPUs", gpusOf(job)], ["models", job.gpu_models?.join(", ") || "any"], ["submitted", fmt.time(job.submitted_at)],
         ["started", fmt.time(job.started_at)], ["finished", fmt.time(job.finished_at)], ["attempts", job.attempts],
-        ["max runtime", job.max_runtime_s ? fmt.duration(job.max_runtime_s) : "—"], ["id", job.job_id]];
+        ["max runtime", job.max_runtime_s ? fmt.duration(job.max_runtime_s) : "—"], ["id", job.job_id],
+        ...(job.work ? [["command", job.work.command.join(" ")], ["isolation", job.work.isolation],
+          ["exit code", job.exit_code ?? "—"], ["reason", job.reason || "—"]] : [])];
       const p = explain?.placement || {};
       const gpuSeconds = usage.items.reduce((s, u) => s + (u.gpu_seconds || 0), 0);
       put(detailSlot, h("section", { class: "card job-detail", "data-job": job.job_id },
@@ -296,7 +337,8 @@ export function mount(ctx, root, params = []) {
             { label: "granted", value: (a) => fmt.clock(a.granted_at) },
             { label: "released", value: (a) => (a.released_at ? `${fmt.clock(a.released_at)} · ${a.release_reason || ""}` : badge("held", "running")) },
           ], allocs.items, { empty: "No GPUs held yet." }),
-          h("p", { class: "small muted" }, `Usage recorded: ${fmt.num(gpuSeconds / 3600, 3)} GPU-hours in ${usage.items.length} ledger line(s).`)))));
+          h("p", { class: "small muted" }, `Usage recorded: ${fmt.num(gpuSeconds / 3600, 3)} GPU-hours in ${usage.items.length} ledger line(s).`))),
+        job.work ? h("div", {}, h("h3", {}, "Logs"), logsFor(job)) : null));
     } catch (err) {
       put(detailSlot, errorBox(err));
     }
@@ -311,7 +353,7 @@ export function mount(ctx, root, params = []) {
       await renderDetail();
       if (st.detail) window.scrollTo({ top: 0 }); // the detail is the first thing on the page
     },
-    unmount() { refresh.cancel(); },
+    unmount() { refresh.cancel(); stopLogs(); },
   };
   refresh(["jobs"], { now: true });
   return view;
