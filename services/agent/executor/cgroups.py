@@ -7,9 +7,10 @@ everything, one round), `wait_empty(timeout)`, `stats()`, `remove()`.
 
 - **v2** (`V2Cgroup`), where the unified hierarchy has the memory, cpu and pids controllers: `memory.max` (and
   `memory.swap.max` 0), `cpu.max`, `pids.max`; `cgroup.kill` (or freeze + SIGKILL on kernels before 5.14);
-  `memory.events` `oom_kill` (hierarchical); `cpu.stat` `usage_usec`. cgroup v2 has no device controller: a
-  device allow-list there needs an eBPF program (BPF_CGROUP_DEVICE), which this module does not load, so on v2
-  the device isolation is the sandbox's or container's bind list only — the process driver has none.
+  `memory.events` `oom_kill` (hierarchical); `cpu.stat` `usage_usec`. cgroup v2 has no device controller: the
+  device allow-list is a BPF_CGROUP_DEVICE program attached to the job's directory (`devices_bpf`, loaded only
+  when `devices` is given); it stays attached as long as the directory exists (agent restarts included) and the
+  kernel frees it at the rmdir.
 - **v1** (`V1Cgroup`): `memory.limit_in_bytes` (+ `memory.memsw.limit_in_bytes` when swap accounting exists),
   `memory.oom_control`'s `oom_kill` count (summed over the subtree: v1 counts a kill in the victim's cgroup and
   does not propagate it), `cpu.cfs_quota_us` / `cpu.cfs_period_us`, `pids.max`, `devices.deny a` then one
@@ -324,7 +325,10 @@ class V2Cgroup(JobCgroup):
                 _write(os.path.join(self.dir, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
             if pids is not None:
                 _write(os.path.join(self.dir, "pids.max"), str(int(pids)))
-            # devices: no v2 device controller (an eBPF program would be needed); see the module docstring.
+            if devices is not None:  # no v2 devices controller: a BPF_CGROUP_DEVICE program (before anyone joins)
+                from services.agent.executor import devices_bpf  # ctypes: not on the shim's start path
+
+                devices_bpf.attach(self.dir, devices)  # BpfError is an OSError: errno and the verifier's log
         except OSError as e:
             raise CgroupError(f"cgroup v2 setup failed: {e}") from e
 
@@ -371,6 +375,7 @@ class V2Cgroup(JobCgroup):
         return CgroupStats(usage_us / 1e6, current, anon, ooms)
 
     def remove(self) -> bool:
+        # The rmdir detaches and frees the device program (no fd of it is held); a cgroup that cannot go keeps it.
         return _rmtree_dirs(self.dir)
 
     def exists(self) -> bool:
