@@ -171,7 +171,7 @@ class Executor:
         try:
             job_cg.create(cpu_milli=spec.limits.cpu_milli, memory_mib=spec.limits.memory_mib,
                           pids=spec.limits.pids,
-                          devices=device_rules(spec, driver.extra_devices) if job_cg.kind == "v1" else None)
+                          devices=device_rules(spec, driver.extra_devices) if job_cg.kind in ("v1", "v2") else None)
         except cg.CgroupError as e:
             job_cg.remove()
             raise LaunchError("CgroupFailed", str(e)) from e
