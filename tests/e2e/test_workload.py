@@ -239,3 +239,19 @@ async def test_work_survives_a_killed_agent_and_its_exit_code_is_still_reported(
         assert "after" in logs(api, job_id)  # the work and its log outlived the agent
         report = await check_async(CheckConfig.from_run_file(platform.data_dir / "run.json"))
         assert report.ok, report.to_text()
+
+
+async def test_a_failed_attempt_is_restarted_per_its_policy_and_can_then_succeed(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+        flaky = ('m="$GPUPOOL_CHECKPOINT_DIR/failed-once"; '
+                 'if [ -f "$m" ]; then echo "attempt $GPUPOOL_ATTEMPT ok"; exit 0; fi; '
+                 'touch "$m"; echo "attempt $GPUPOOL_ATTEMPT fails"; exit 1')
+        job_id = run(api, "flaky", ["sh", "-c", flaky], restart={"policy": "on_failure", "attempts": 2,
+                                                                   "delay_s": 0})
+        job = wait_finished(api, job_id, timeout=40)
+        assert (job["state"], job["exit_code"], job["attempts"]) == ("completed", 0, 1), job
+        assert "Restarted:NonZeroExit" in [h["reason"] for h in job["history"]]
+        assert "attempt 1 ok" in logs(api, job_id)  # the logs of the latest attempt
+        never = run(api, "never-restarted", ["sh", "-c", "exit 1"])
+        assert wait_finished(api, never)["attempts"] == 0
