@@ -118,14 +118,16 @@ def ms(x: object) -> str:
 
 
 def cgroup_kind() -> str:
-    """Which cgroups the executor finds on this machine (its own auto-detection, read-only)."""
+    """Which cgroup hierarchies this machine mounts (read from /proc/self/mounts; libs never import a service, so
+    this is not the executor's own detection, only what it chooses from)."""
     try:
-        from services.agent.executor import cgroups
-
-        found = cgroups.detect("auto")
-        return f"cgroup {found.kind}" if found.kind != "none" else f"no cgroups ({found.why})"
-    except Exception as exc:  # the report still comes
+        with open("/proc/self/mounts") as f:
+            kinds = {line.split()[2] for line in f if line.split()[2] in ("cgroup", "cgroup2")}
+    except OSError as exc:  # the report still comes
         return f"cgroups unknown ({type(exc).__name__})"
+    if kinds == {"cgroup", "cgroup2"}:
+        return "cgroup v1 controllers + a v2 mount (hybrid)"
+    return {"cgroup": "cgroup v1", "cgroup2": "cgroup v2"}.get(next(iter(kinds), ""), "no cgroups mounted")
 
 
 def machine() -> str:
