@@ -3,6 +3,8 @@
 INVALID_REQUEST = "InvalidRequest"
 QUOTA_EXCEEDED = "QuotaExceeded"
 NO_FEASIBLE_NODE = "NoFeasibleNode"
+# no schedulable node carries every label of the job's node_selector (room elsewhere would not help)
+NO_NODE_MATCHES_SELECTOR = "NoNodeMatchesSelector"
 WAITING_FOR_GANG = "WaitingForGang"
 RESERVED_FOR_GANG = "ReservedForGang"
 PREEMPTING = "Preempting"

@@ -48,6 +48,7 @@ from libs.core.reasons import (
     BLOCKED_BY_QUEUE_HEAD,
     INVALID_REQUEST,
     NO_FEASIBLE_NODE,
+    NO_NODE_MATCHES_SELECTOR,
     PREEMPTED_BY_PRIORITY,
     PREEMPTING,
     QUOTA_EXCEEDED,
@@ -793,7 +794,8 @@ class Scheduler:
                 code, msg = self._why(job, shape, sid, allowed, reserved)
                 fail_memo[memo_key] = (code, msg)
 
-            if self._eligible_victims and code != RESERVED_FOR_GANG:
+            # preempting frees room, never a label: a job no node matches has no victims to look for
+            if self._eligible_victims and code not in (RESERVED_FOR_GANG, NO_NODE_MATCHES_SELECTOR):
                 if laps:
                     laps.to("preemption")
                 reclaim = any(ledger.within_guarantee(paths, m, self._amount(shape, m)) for m in allowed)
@@ -939,6 +941,10 @@ class Scheduler:
 
     def _why(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, reserved: dict) -> tuple[str, str]:
         st = self.state
+        if shape.selector and not any(ns.schedulable and shape.selector <= ns.labels for ns in st.nodes):
+            wanted = ", ".join(f"{k}={v}" for k, v in sorted(shape.selector))
+            return (NO_NODE_MATCHES_SELECTOR,
+                    f"no schedulable node has the label(s) its node_selector asks for: {wanted}")
         if reserved:
             opened = list(reserved)
             for i in opened:

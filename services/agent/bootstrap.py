@@ -55,6 +55,20 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
     return runner
 
 
+async def report_drivers(agents: list[NodeAgent]) -> None:
+    """Which isolation drivers the nodes offer and can run, for their registration (as labels). Probing runs the
+    sandbox and container tools (about half a second), so it runs once, off the event loop: a simulated fleet's
+    executors share the machine and the configuration, so one answer holds for all of them."""
+    runners = [a.work for a in agents if a.work is not None]
+    if not runners:
+        return
+    drivers = await asyncio.to_thread(runners[0].executor.offered_drivers)
+    log.info("isolation_drivers", extra={"drivers": {d: why or "available" for d, why in drivers.items()}})
+    for agent in agents:
+        if agent.work is not None:
+            agent.drivers = drivers
+
+
 async def main() -> None:
     settings = AgentSettings()
     setup_logging("agent", settings.log_level)
@@ -71,6 +85,7 @@ async def main() -> None:
     if settings.run_work:
         for agent in agents:
             agent.attach_work(build_runner(nc, agent, settings))
+        await report_drivers(agents)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

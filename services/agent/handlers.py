@@ -207,6 +207,7 @@ class NodeAgent:
         self.metrics = metrics if metrics is not None else default_metrics()
         self._info: NodeInfo | None = None  # static facts for the DCGM labels, read once
         self.work: WorkRunner | None = None  # the node's executor, when this agent runs jobs' commands
+        self.drivers: dict[str, str | None] | None = None  # its offered_drivers(), registered as isolation labels
         self.resync_s = resync_s
 
     def attach_work(self, work: WorkRunner) -> None:
@@ -262,7 +263,8 @@ class NodeAgent:
         """Retry until inventory confirms: a node that is not registered cannot be scheduled on. A simulated fleet
         registers a few nodes at a time (REGISTERING): a thousand requests at once would time out in inventory's
         queue and come back as retries, each re-registering."""
-        cmd = registration(self.cluster, self.node, self.backend.node_info(), self.backend.sample())
+        cmd = registration(self.cluster, self.node, self.backend.node_info(), self.backend.sample(),
+                           drivers=self.drivers)
         delay = 0.2
         while not stop.is_set():
             try:

@@ -18,6 +18,7 @@ from libs.core import (
     JobRequest,
     MigInstance,
     Node,
+    PendingReason,
     Placement,
     Plan,
     Policy,
@@ -28,8 +29,14 @@ from libs.core import (
     codec,
 )
 from libs.core import mig as migcat
+from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
 
 Row = Mapping[str, Any]
+
+# The label a node's agent registers for each isolation driver it can run (services/agent/domain.py writes it).
+ISOLATION_LABEL_PREFIX = "gpupool.io/isolation."
+# What `explain` shows for a job whose work's isolation no schedulable node offers (the core's reason, made specific).
+NO_NODE_OFFERS_ISOLATION = "NoNodeOffersIsolation"
 
 
 def unit_id(job_id: str, replica: int, replicas: int) -> str:
@@ -54,7 +61,7 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     return Snapshot(
         nodes=tuple(
             Node(name=n["node"], cluster=n["cluster"], gpus=tuple(by_node[(n["cluster"], n["node"])]),
-                 schedulable=n["schedulable"])
+                 schedulable=n["schedulable"], labels=tuple(sorted((n.get("labels") or {}).items())))
             for n in nodes
         ),
         running=tuple(
@@ -119,6 +126,37 @@ def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]],
     return RequestBuilder().build(rows, live, offered or {}, dev_fraction_milli, dev_memory_mib)
 
 
+def isolation_selector(isolation: str | None) -> tuple[tuple[str, str], ...]:
+    """The node selector a wanted job's work implies (`isolation`: the work's driver, None without work). A job
+    without work holds GPUs for a caller who launches what runs on them: any node will do, also one registered
+    before agents reported their drivers (it has no labels). A job with work needs a node whose agent says it can
+    run that driver — `process` too: an agent that does not run work (GPUPOOL_AGENT_RUN_WORK=false, or older than
+    the executor) registers no isolation label, and would hold the GPUs without ever starting the command."""
+    return () if not isolation else ((ISOLATION_LABEL_PREFIX + isolation, "true"),)
+
+
+def pending_reasons(pending: Iterable[PendingReason], requests: Iterable[JobRequest]) -> dict[str, tuple[str, str]]:
+    """Each wanted job's (reason, message) as `explain` shows it: the core's, one per job (its units share it),
+    except that a unit no node matches because of its work's isolation says which driver no schedulable node
+    offers (`NoNodeOffersIsolation`) instead of the core's generic `NoNodeMatchesSelector`."""
+    pending = list(pending)
+    selectors: dict[str, tuple[tuple[str, str], ...]] = {}
+    if any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending):
+        selectors = {q.job_id: q.node_selector for q in requests if q.node_selector}
+    out: dict[str, tuple[str, str]] = {}
+    for r in pending:
+        reason, message = r.reason, r.message
+        driver = next((k.removeprefix(ISOLATION_LABEL_PREFIX) for k, _ in selectors.get(r.job_id, ())
+                       if k.startswith(ISOLATION_LABEL_PREFIX)), None)
+        if reason == NO_NODE_MATCHES_SELECTOR and driver is not None:
+            reason = NO_NODE_OFFERS_ISOLATION
+            message = (f"its work runs with isolation {driver!r}, and no schedulable node offers it: none has the "
+                       f"label {ISOLATION_LABEL_PREFIX}{driver}=true, which a node's agent registers for each driver "
+                       f"it can run")
+        out[split_unit(r.job_id)[0]] = (reason, message)
+    return out
+
+
 def _units(r: Row, offered: Mapping[str, set[str]], dev_fraction_milli: int, dev_memory_mib: int) -> list[JobRequest]:
     """Every schedulable unit of a wanted job, as if it held nothing yet."""
     common: dict[str, Any] = dict(
@@ -126,7 +164,7 @@ def _units(r: Row, offered: Mapping[str, set[str]], dev_fraction_milli: int, dev
         priority=r["priority"], priority_class=r["priority_class"] or "", kind=r["kind"] or "batch",
         submitted_at=r["submitted_at"].timestamp(), max_runtime_s=r["max_runtime_s"],
         gpu_fraction_milli=r["gpu_fraction_milli"], gpu_memory_mib=r["gpu_memory_mib"],
-        mig_profile=r["mig_profile"])
+        mig_profile=r["mig_profile"], node_selector=isolation_selector(r.get("isolation")))
     common.update(dev_share(r, offered, dev_fraction_milli, dev_memory_mib))
     if r["gang_nodes"]:
         return [JobRequest(job_id=r["job_id"], gang_nodes=r["gang_nodes"], gpus_per_node=r["gpus_per_node"],

@@ -82,6 +82,7 @@ from services.placement.domain import (
     decided_placements,
     offered_models,
     on_work_end,
+    pending_reasons,
     split_unit,
     workload_environment,
 )
@@ -387,7 +388,7 @@ class PlacementHandlers:
                                               {r["job_id"]: r["traceparent"] for r in state["pending"]}) if units else []
             applied = {u.unit for u in written}
             report_plan(plan)
-            reasons = {split_unit(r.job_id)[0]: (r.reason, r.message) for r in plan.pending}
+            reasons = pending_reasons(plan.pending, requests)  # what `explain` shows
             # write only what changed: a backlog keeps the same reasons cycle after cycle
             changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
             if changed:

@@ -31,9 +31,11 @@ class AllocationConflict(Exception):
 
 # --- the pool ---------------------------------------------------------------------------------------------------
 async def upsert_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
+    """The node's labels are what its latest registration says (the isolation drivers its agent can run now)."""
     await conn.execute(
-        """INSERT INTO nodes (cluster, node) VALUES ($1, $2)
-           ON CONFLICT (cluster, node) DO UPDATE SET updated_at = now()""", data.cluster, data.node)
+        """INSERT INTO nodes (cluster, node, labels) VALUES ($1, $2, $3::jsonb)
+           ON CONFLICT (cluster, node) DO UPDATE SET labels = EXCLUDED.labels, updated_at = now()""",
+        data.cluster, data.node, json.dumps(data.labels, sort_keys=True))
     for g in data.gpus:
         await conn.execute(
             """INSERT INTO gpus (uuid, cluster, node, idx, model, memory_mib, health, sharing)
@@ -73,25 +75,28 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
     return await conn.fetchval(
         """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
                                     priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s,
-                                    gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, work, attempt)
+                                    gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, work, attempt,
+                                    isolation)
            SELECT $1::text, $2::text, $3::text, $4::int, $5::text[], $6::int, $7::timestamptz, $8::text, $9::text,
                   $10::text, $11::int, $12::int, $13::int, $14::float8, $15::int, $16::int, $17::text, $18::bool,
-                  $19::text, $20::int
+                  $19::text, $20::int, $21::text
            WHERE NOT EXISTS (SELECT 1 FROM finished_jobs WHERE job_id = $1)
              AND NOT EXISTS (SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL)
            ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL,
-                                              work = EXCLUDED.work, attempt = EXCLUDED.attempt
+                                              work = EXCLUDED.work, attempt = EXCLUDED.attempt,
+                                              isolation = EXCLUDED.isolation
            RETURNING true""",
         data.job_id, data.team, data.project, data.gpus, data.gpu_models, data.priority, data.submitted_at,
         traceparent, data.priority_class, data.kind, data.gang_nodes, data.gpus_per_node, data.replicas,
         data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive,
-        data.work.model_dump_json() if data.work is not None else None, data.attempt) is not None
+        data.work.model_dump_json() if data.work is not None else None, data.attempt,
+        data.work.isolation if data.work is not None else None) is not None
 
 
 _STATE = """
 SELECT json_build_object(
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
-            FROM (SELECT cluster, node, schedulable FROM nodes) n),
+            FROM (SELECT cluster, node, schedulable, labels FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
            FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing FROM gpus) g),
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
@@ -110,7 +115,7 @@ SELECT json_build_object(
       FROM (
       SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
              gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile,
-             exclusive, changed_xid
+             exclusive, isolation, changed_xid
       FROM pending_jobs WHERE NOT satisfied) q),
   'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
