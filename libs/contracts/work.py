@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGKILL"]
 Isolation = Literal["process", "sandbox", "container"]
 ISOLATIONS: tuple[str, ...] = ("process", "sandbox", "container")
+# The node label an agent registers for each driver it can run (`<prefix><driver>=true`); placement requires it of a
+# node for a job whose work uses that driver.
+ISOLATION_LABEL_PREFIX = "gpupool.io/isolation."
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # The agent sets these from the grant; a job's env cannot override what keeps it inside its allocation.

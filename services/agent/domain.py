@@ -11,6 +11,7 @@ from typing import Literal
 
 from libs.contracts.commands import RegisterNode
 from libs.contracts.events import AllocatedGpu, GpuSpec, GpuTelemetry, NicSpec, TelemetrySampled, VolumeSpec
+from libs.contracts.work import ISOLATION_LABEL_PREFIX
 from libs.core import mig as migcat
 from services.agent.nvml_types import GpuProcess, GpuSample, MigInstance, NodeInfo, NodeSample
 
@@ -18,7 +19,6 @@ AGENT_VERSION = "0.1.0"
 
 
 # One label per isolation driver the node can run (placement's domain selects on the same key).
-ISOLATION_LABEL_PREFIX = "gpupool.io/isolation."
 
 
 def registration(cluster: str, node: str, info: NodeInfo, samples: list[GpuSample] | None = None,

@@ -11,6 +11,7 @@ from typing import Any
 from uuid import uuid4
 
 from libs.contracts.events import AllocatedGpu, DecidedPlacement
+from libs.contracts.work import ISOLATION_LABEL_PREFIX
 from libs.core import (
     DEFAULT_PRIORITY_CLASSES,
     Allocation,
@@ -34,7 +35,6 @@ from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
 Row = Mapping[str, Any]
 
 # The label a node's agent registers for each isolation driver it can run (services/agent/domain.py writes it).
-ISOLATION_LABEL_PREFIX = "gpupool.io/isolation."
 # What `explain` shows for a job whose work's isolation no schedulable node offers (the core's reason, made specific).
 NO_NODE_OFFERS_ISOLATION = "NoNodeOffersIsolation"
 

@@ -70,10 +70,6 @@ def test_an_agent_that_runs_no_work_registers_no_isolation_label() -> None:
     assert agent_domain.registration("c", "n0", info, drivers=None, labels={"rack": "r1"}).labels == {"rack": "r1"}
 
 
-def test_agent_and_placement_agree_on_the_label() -> None:
-    assert agent_domain.ISOLATION_LABEL_PREFIX == ISOLATION_LABEL_PREFIX == "gpupool.io/isolation."
-
-
 def test_the_drivers_are_probed_once_for_a_fleet_and_only_agents_that_run_work_get_them() -> None:
     calls: list[int] = []
 
