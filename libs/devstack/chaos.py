@@ -1,15 +1,18 @@
 """`gpupool chaos`: fault injection under load against a `gpupool up` this command starts itself.
 
-A load generator submits jobs over HTTP at a steady rate (each with an Idempotency-Key, retried until it gets a
-definite answer), completes running jobs after a short hold and cancels some, while rounds of faults hit the
-platform: SIGKILL of each service in turn (both placement replicas, at different times), a NATS restart, a
-PostgreSQL restart (immediate shutdown: crash recovery on start), a silenced simulated node, an agent partitioned
-from the bus (through a TCP proxy this command owns) and healed, a flood of poison messages onto the consumers'
-subjects, and a corrupted telemetry batch. After each round: the time until the platform served end to end again
-(a probe job submitted at the fault is granted; the killed process or restarted server is back; for faults that
-take nodes away, the nodes are back), then `gpupool check` must pass. At the end the load is drained and every
-accepted job is looked up: a job the queue does not have, or that is not where the last acknowledged command put it,
-is lost. Results go to docs/benchmarks.md between `<!-- chaos:begin -->` and `<!-- chaos:end -->`.
+A load generator (chaos_load.py) submits jobs over HTTP at a steady rate (each with an Idempotency-Key, retried
+until it gets a definite answer), completes running jobs after a short hold and cancels some; a third of them run a
+real command on the simulated fleet, and those that end on their own must end as their exit code says. Meanwhile
+rounds of faults hit the platform: SIGKILL of each service in turn (both placement replicas, at different times; the
+agent while jobs' commands run on its nodes, each of which must still end with its own exit code: chaos_work.py), a
+NATS restart, a PostgreSQL restart (immediate shutdown: crash recovery on start), a silenced simulated node, an agent
+partitioned from the bus (through a TCP proxy this command owns) and healed, a flood of poison messages onto the
+consumers' subjects, and a corrupted telemetry batch. After each round: the time until the platform served end to
+end again (a probe job submitted at the fault is granted; the killed process or restarted server is back; for faults
+that take nodes away, the nodes are back; for the agent, the work on its nodes ended as it should), then `gpupool
+check` must pass. At the end the load is drained and every accepted job is looked up: a job the queue does not have,
+that is not where the last acknowledged command put it, or whose command did not end it as its exit code says, is
+lost. Results go to docs/benchmarks.md between `<!-- chaos:begin -->` and `<!-- chaos:end -->`.
 """
 
 from __future__ import annotations
@@ -41,16 +44,18 @@ import nats
 
 from libs.check import CheckConfig, Report, check_async
 from libs.contracts import subjects
+from libs.devstack.chaos_load import Load
+from libs.devstack.chaos_work import AgentWork, agent_only_models
 from libs.devstack.servers import pid_alive
+from libs.devstack.stack import agent_state_dir
 
 SERVICES = ("inventory", "quota", "queue", "placement", "placement-2", "reclamation", "accounting", "gateway", "agent")
 FAULTS = (*(f"kill:{s}" for s in SERVICES), "restart:nats", "restart:postgres", "silence:node", "partition:agent",
           "poison:consumers", "corrupt:telemetry")
 FLEET = "H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8"
 CHAOS_NODES = 2  # simulated nodes behind the partitionable proxy
+CHAOS_MODEL = "H100-80GB"  # the second agent's nodes' GPUs
 NODE_LOST_AFTER_S = 6.0
-TEAMS = ("research", "inference", "platform")
-TERMINAL = {"completed", "cancelled", "failed"}
 MARK_BEGIN, MARK_END = "<!-- chaos:begin -->", "<!-- chaos:end -->"
 
 
@@ -62,6 +67,10 @@ class Platform:
         self.data_dir = data_dir
         self.log_level = log_level
         self.extra_env = extra_env or []
+        # Node names of this run's own: an executor empties and removes the cgroups of its node name that it does not
+        # know (/sys/fs/cgroup/…/gpupool/<cluster>-<node>), so two simulated fleets on one host must not share names
+        tag = uuid.uuid4().hex[:6]
+        self.node_prefix, self.chaos_prefix = f"sim-{tag}", f"chaos-{tag}"
         self.proc: subprocess.Popen | None = None
         self.run: dict = {}
 
@@ -71,6 +80,7 @@ class Platform:
         argv = [sys.executable, "-m", "libs.cli.main", "up", "--port", "0", "--data-dir", str(self.data_dir),
                 "--fleet", FLEET, "--telemetry-interval", "1", "--placement-replicas", "2",
                 "--log-level", self.log_level, "--env", f"inventory:NODE_LOST_AFTER_S={NODE_LOST_AFTER_S}"]
+        argv += ["--env", f"agent:SIM_NODE_PREFIX={self.node_prefix}"]
         for item in self.extra_env:
             argv += ["--env", item]
         self.proc = subprocess.Popen(argv, env=env, stdout=self.out, stderr=subprocess.STDOUT)
@@ -160,201 +170,6 @@ class Proxy:
             await asyncio.wait_for(self.server.wait_closed(), 5)
 
 
-# -------------------------------------------------------------------------------------------- the load generator
-@dataclass
-class Job:
-    job_id: str
-    key: str
-    submitted_at: float
-    hold_s: float
-    cancel: bool  # this one is cancelled instead of completed
-    running_since: float | None = None
-    acked: str | None = None  # "complete" / "cancel": the last command the platform acknowledged with 200
-    closed: bool = False  # the platform refused the command (409: it moved on); the drain cancels it if open
-
-
-@dataclass
-class LoadStats:
-    submitted: int = 0
-    accepted: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)  # 4xx reason → count
-    retried: int = 0  # submissions answered 5xx / not at all, retried with the same key
-    completed: int = 0
-    cancelled: int = 0
-
-
-class Load:
-    def __init__(self, gateway: str, token: str, rate: float, rng: random.Random) -> None:
-        self.api = httpx.AsyncClient(base_url=gateway, headers={"Authorization": f"Bearer {token}"}, timeout=10)
-        self.rate = rate
-        self.rng = rng
-        self.jobs: dict[str, Job] = {}
-        self.unresolved: dict[str, dict] = {}  # Idempotency-Key → body, no definite answer yet
-        self.stats = LoadStats()
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
-
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._submit_loop()), asyncio.create_task(self._lifecycle_loop())]
-
-    async def stop(self) -> None:
-        self._stop.set()
-        for t in self._tasks:
-            with contextlib.suppress(Exception):
-                await t
-
-    def body(self) -> dict:
-        return {"name": f"chaos-{len(self.jobs)}", "team": self.rng.choice(TEAMS), "kind": self.rng.choice(
-            ("training", "batch")), "gpus": self.rng.choice((1, 1, 1, 2, 2, 4)), "project": "chaos"}
-
-    async def submit(self, body: dict, *, hold_s: float | None = None, cancel: bool = False,
-                     give_up_at: float | None = None, max_delay_s: float = 2.0) -> Job | None:
-        """POST until the platform says yes or no (same key every time, so a retry never makes a second job).
-        Retries back off up to `max_delay_s` (the probe keeps it short: its answer is a measurement)."""
-        key = f"chaos-{uuid.uuid4()}"
-        self.stats.submitted += 1
-        self.unresolved[key] = body
-        delay = 0.2
-        while True:
-            try:
-                r = await self.api.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
-                if r.status_code in (200, 201):
-                    job_id = r.json()["job_id"]
-                    job = self.jobs.get(job_id) or Job(job_id, key, time.monotonic(),
-                                                       hold_s if hold_s is not None else self.rng.uniform(1, 4),
-                                                       cancel)
-                    if job_id not in self.jobs:
-                        self.jobs[job_id] = job
-                        self.stats.accepted += 1
-                    self.unresolved.pop(key, None)
-                    return job
-                if 400 <= r.status_code < 500:
-                    reason = (r.json() or {}).get("reason", str(r.status_code)) if r.content else str(r.status_code)
-                    self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
-                    self.unresolved.pop(key, None)
-                    return None
-            except (httpx.HTTPError, ValueError):
-                pass
-            self.stats.retried += 1
-            if give_up_at is not None and time.monotonic() > give_up_at:
-                return None  # stays unresolved: the final tally looks it up again
-            await asyncio.sleep(delay)
-            delay = min(max_delay_s, delay * 2)
-
-    async def _submit_loop(self) -> None:
-        pending: set[asyncio.Task] = set()
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            t = asyncio.create_task(self.submit(self.body(), cancel=self.rng.random() < 0.15))
-            pending.add(t)
-            t.add_done_callback(pending.discard)
-            next_at += 1 / self.rate
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), max(0.0, next_at - time.monotonic()))
-        if pending:
-            await asyncio.wait(pending, timeout=120)
-
-    async def states(self, states: tuple[str, ...] | None = None) -> dict[str, str]:
-        """job id → state for every job in the queue (or in these states), following the cursor."""
-        out: dict[str, str] = {}
-        for state in states or (None,):
-            cursor = None
-            while True:
-                params = {"limit": 1000, **({"state": state} if state else {}), **({"cursor": cursor} if cursor else {})}
-                r = await self.api.get("/v1/jobs", params=params)
-                r.raise_for_status()
-                doc = r.json()
-                out.update({j["job_id"]: j["state"] for j in doc["items"]})
-                cursor = doc.get("next")
-                if not cursor:
-                    break
-        return out
-
-    async def _lifecycle_loop(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                running = await self.states(("running",))
-                now = time.monotonic()
-                for job_id in running:
-                    job = self.jobs.get(job_id)
-                    if job is None or job.acked or job.closed:
-                        continue
-                    job.running_since = job.running_since or now
-                    if now - job.running_since >= job.hold_s:
-                        await self.finish(job, "cancel" if job.cancel else "complete")
-                for job in list(self.jobs.values()):
-                    if job.cancel and not (job.acked or job.closed) and job.job_id not in running \
-                            and now - job.submitted_at > job.hold_s * 2:
-                        await self.finish(job, "cancel")  # cancelled while still pending
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), 0.5)
-
-    async def finish(self, job: Job, how: str) -> bool:
-        path = f"/v1/jobs/{job.job_id}/{how}"
-        try:
-            r = await self.api.post(path, json={"reason": "chaos load"} if how == "cancel" else None)
-        except httpx.HTTPError:
-            return False
-        if r.status_code == 409:
-            job.closed = True
-        if r.status_code == 200:
-            job.acked = how
-            if how == "complete":
-                self.stats.completed += 1
-            else:
-                self.stats.cancelled += 1
-            return True
-        return False
-
-    async def drain(self, timeout: float = 180) -> dict[str, str]:
-        """No more submissions; settle every unresolved one; cancel what is still open; wait until all is
-        terminal. Returns the final job id → state."""
-        await self.stop()
-        deadline = time.monotonic() + timeout
-        for key, body in list(self.unresolved.items()):  # look each one up again by its key
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                r = await self.api.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
-                if r.status_code in (200, 201):
-                    job_id = r.json()["job_id"]
-                    if job_id not in self.jobs:
-                        self.jobs[job_id] = Job(job_id, key, time.monotonic(), 0, True)
-                        self.stats.accepted += 1
-                    self.unresolved.pop(key)
-        states: dict[str, str] = {}
-        while time.monotonic() < deadline:
-            try:
-                states = await self.states()
-            except (httpx.HTTPError, ValueError):
-                await asyncio.sleep(1)
-                continue
-            open_ = [j for j, s in states.items() if s not in TERMINAL and j in self.jobs]
-            if not open_:
-                break
-            for job_id in open_:
-                await self.finish(self.jobs[job_id], "cancel")
-            await asyncio.sleep(1)
-        return states
-
-    def verdict(self, states: dict[str, str]) -> dict:
-        lost, wrong = [], []
-        for job_id, job in self.jobs.items():
-            state = states.get(job_id)
-            if state is None or state not in TERMINAL:
-                lost.append({"job_id": job_id, "state": state})
-            elif job.acked == "complete" and state != "completed" or job.acked == "cancel" and state != "cancelled":
-                wrong.append({"job_id": job_id, "acked": job.acked, "state": state})
-        by_state: dict[str, int] = {}
-        for job_id in self.jobs:
-            s = states.get(job_id, "missing")
-            by_state[s] = by_state.get(s, 0) + 1
-        return {"accepted": len(self.jobs), "lost": len(lost) + len(wrong), "missing_or_stuck": lost[:20],
-                "not_where_acknowledged": wrong[:20], "unresolved_submissions": len(self.unresolved),
-                "final_states": by_state}
-
-    async def close(self) -> None:
-        await self.api.aclose()
-
-
 # --------------------------------------------------------------------------------------------------- the rounds
 @dataclass
 class Round:
@@ -373,7 +188,8 @@ class Round:
 
 class Chaos:
     def __init__(self, platform: Platform, load: Load, rng: random.Random, *, check_settle_s: float = 45.0,
-                 recovery_timeout_s: float = 120.0, say=print) -> None:  # type: ignore[no-untyped-def]
+                 recovery_timeout_s: float = 120.0, say=print,  # type: ignore[no-untyped-def]
+                 stop_while_down: bool = False) -> None:
         self.platform = platform
         self.load = load
         self.rng = rng
@@ -385,6 +201,9 @@ class Chaos:
         self.injected: set[tuple[str, str, int]] = set()  # (consumer, stream, seq) this run meant to dead-letter
         self.checks: list[Report] = []
         self._silenced = 0
+        self.work = AgentWork(load, agent_only_models(FLEET, {CHAOS_MODEL}),
+                              lambda node: bool(node) and str(node).startswith(platform.node_prefix + "-"), say,
+                              stop_while_down=stop_while_down)
 
     async def setup_agent(self) -> None:
         """A second simulated agent whose NATS connection goes through the partition proxy."""
@@ -403,10 +222,14 @@ class Chaos:
 
     def _start_agent(self, nats_url: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        # its work's state and logs in a folder of this run's (one the work's unprivileged user can enter), and the
+        # work goes when the agent does
+        env.update(GPUPOOL_AGENT_STATE_DIR=str(agent_state_dir(self.platform.data_dir / "chaos-agent")),
+                   GPUPOOL_AGENT_STOP_WORK_ON_EXIT="true")
         self.agent_log = open(self.platform.data_dir / "logs" / "chaos-agent.log", "ab")  # noqa: SIM115
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "libs.cli.main", "agent", "--simulate", str(CHAOS_NODES), "--prefix",
-             "chaos-node", "--gpus-per-node", "8", "--model", "H100-80GB", "--seed", "11", "--interval", "1",
+             self.platform.chaos_prefix, "--gpus-per-node", "8", "--model", CHAOS_MODEL, "--seed", "11", "--interval", "1",
              "--nats-url", nats_url, "--log-level", "WARNING"],
             env=env, stdout=self.agent_log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -433,6 +256,9 @@ class Chaos:
         self.say(f"round {number}: {fault}")
         t0 = time.monotonic()
         try:
+            if (prepare := getattr(self, f"_prepare_{kind}", None)) is not None:
+                await prepare(target, r)  # what the fault is to hit is in place before the clock starts
+                t0 = time.monotonic()
             waits = await getattr(self, f"_inject_{kind}")(target, r)
             probe = asyncio.create_task(self._probe(r, t0))
             recovered = await asyncio.wait_for(asyncio.gather(probe, *waits), self.recovery_timeout_s)
@@ -488,6 +314,10 @@ class Chaos:
             await asyncio.sleep(0.1)
 
     # --- the faults ---------------------------------------------------------------------------------------
+    async def _prepare_kill(self, service: str, r: Round) -> None:
+        if service == "agent":  # jobs' commands run on its nodes when it dies (chaos_work.py)
+            r.target = f"agent, {await self.work.prepare()}"
+
     async def _inject_kill(self, service: str, r: Round) -> list:
         if service.startswith("placement"):
             r.note += f" (leader: {self.placement_leader() or '?'})"
@@ -495,7 +325,15 @@ class Chaos:
         if pid is None:
             raise RuntimeError(f"no pid for {service}")
         os.kill(pid, signal.SIGKILL)
-        return [self._restarted(service, pid, service)]
+        killed_at = time.monotonic()
+        if service != "agent":
+            return [self._restarted(service, pid, service)]
+        restarted = asyncio.ensure_future(self._restarted(service, pid, service))
+
+        def note(text: str) -> None:
+            r.note += text
+
+        return [restarted, self.work.verify(killed_at, restarted, note)]
 
     def placement_leader(self) -> str | None:
         for name in ("placement", "placement-2"):
@@ -515,7 +353,7 @@ class Chaos:
         return [self._restarted(name, pid)]
 
     async def _inject_silence(self, _: str, r: Round) -> list:
-        main = sorted(n for n in await self.nodes() if not n.startswith("chaos-node"))
+        main = sorted(n for n in await self.nodes() if not n.startswith(self.platform.chaos_prefix))
         node = main[self._silenced % len(main)]
         self._silenced += 1
         seconds = NODE_LOST_AFTER_S + 4
@@ -534,7 +372,8 @@ class Chaos:
             self.proxy.heal()
             return True
 
-        return [heal(), self._node_cycle([f"chaos-node-{i}" for i in range(CHAOS_NODES)], seconds)]
+        return [heal(), self._node_cycle([f"{self.platform.chaos_prefix}-{i}" for i in range(CHAOS_NODES)],
+                                          seconds)]
 
     async def _node_cycle(self, names: list[str], seconds: float) -> bool:
         """The nodes were declared lost while away (reclamation then takes their GPUs back), and came back."""
@@ -623,6 +462,7 @@ class Chaos:
             await asyncio.sleep(0.5)
 
     async def close(self) -> None:
+        self.work.close()
         with contextlib.suppress(Exception):
             self.agent.send_signal(signal.SIGTERM)
             self.agent.wait(timeout=15)
@@ -687,9 +527,11 @@ def corrupt_telemetry(good: bytes, rng: random.Random) -> list[bytes]:
 async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None = None, seed: int = 0,
                     data_dir: Path | None = None, settle_s: float = 45.0, warmup_s: float = 5.0,
                     gap_s: float = 3.0, say=print, log_level: str = "WARNING",  # type: ignore[no-untyped-def]
-                    before_stop: Callable[[Platform], Awaitable[None]] | None = None) -> dict:
+                    before_stop: Callable[[Platform], Awaitable[None]] | None = None,
+                    stop_while_down: bool = False) -> dict:
     """Start a platform, run `rounds` rounds cycling through `faults` under load, drain, tally. Returns the
-    results (what `write_markdown` renders). `before_stop` may look at the drained platform before it stops."""
+    results (what `write_markdown` renders). `before_stop` may look at the drained platform before it stops.
+    `stop_while_down`: the `kill:agent` round also stops work while the agent is down (chaos_work.py)."""
     rng = random.Random(seed)
     plan = [(faults or list(FAULTS))[i % len(faults or FAULTS)] for i in range(rounds)]
     own_dir = data_dir is None
@@ -700,7 +542,7 @@ async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None 
     say(f"starting gpupool up in {data_dir} …")
     await asyncio.to_thread(platform.start)
     load = Load(platform.gateway, platform.run["admin_token"], rate, rng)
-    chaos = Chaos(platform, load, rng, check_settle_s=settle_s, say=say)
+    chaos = Chaos(platform, load, rng, check_settle_s=settle_s, say=say, stop_while_down=stop_while_down)
     result: dict = {}
     try:
         await chaos.setup_agent()
@@ -712,8 +554,7 @@ async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None 
             await chaos.round(i, fault)
             await asyncio.sleep(gap_s)
         say("draining the load …")
-        states = await load.drain()
-        tally = load.verdict(states)
+        tally = load.verdict(await load.drain())
         final = await check_async(chaos.check_config(settle_s=settle_s))
         chaos.checks.append(final)
         double = sum(1 for rep in chaos.checks for v in rep.violations if v.check == "gpu_exclusive")
@@ -792,8 +633,13 @@ def render_markdown(result: dict, command: str) -> str:
         f"Submissions retried with the same Idempotency-Key while a fault lasted: {result['load']['retried']}; "
         f"refused: {result['load']['rejected'] or 'none'}.",
         "",
+        f"Jobs with a command, run by the agents as real processes: {jobs.get('work_jobs', 0)} "
+        f"({', '.join(f'{v} {k}' for k, v in sorted(jobs.get('work_outcomes', {}).items())) or 'none'}); "
+        f"ended otherwise than their exit code says: {len(jobs.get('work_misended', []))}.",
+        "",
         "Recovery time per fault (from the fault until a probe job submitted at that moment is granted, the killed "
-        "process or restarted server answers again, and nodes taken away are back):",
+        "process or restarted server answers again, and nodes taken away are back; for `kill:agent`, until the work "
+        "on its nodes ended as its exit codes say and the stopped work was released with its exit):",
         "",
         "| fault | rounds | median s | max s |",
         "| --- | --- | --- | --- |",
@@ -846,6 +692,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-write", action="store_true", help="do not touch the markdown file")
     p.add_argument("--json", type=Path, default=None, help="also write the full results as JSON here")
     p.add_argument("--log-level", default="WARNING", help="the platform's log level (default WARNING)")
+    p.add_argument("--stop-while-down", action="store_true",
+                   help="kill:agent also cancels a running job while the agent is down (and the load goes on "
+                        "completing and cancelling): its re-adopted work must still be stopped and reported")
     return p
 
 
@@ -858,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = asyncio.run(run_chaos(rounds=args.rounds, rate=args.rate, faults=faults, seed=args.seed,
                                    data_dir=args.data_dir, settle_s=args.settle, log_level=args.log_level,
-                                   say=lambda line: print(line, flush=True)))
+                                   say=lambda line: print(line, flush=True), stop_while_down=args.stop_while_down))
     shown = list(argv if argv is not None else sys.argv[2:])
     for flag in ("--json", "--out", "--data-dir"):  # where files went is not how the run was made
         while flag in shown and shown.index(flag) + 1 < len(shown):

@@ -1,9 +1,11 @@
 """The short version of `task chaos`: a `gpupool up` with its own NATS and PostgreSQL and two placement replicas,
-a steady load of submissions, completions and cancellations over HTTP, and one round each of: SIGKILL of the
-placement leader, a NATS restart, a PostgreSQL crash and restart, an agent partitioned from the bus and healed, and
-a flood of poison messages. Every round must recover and pass `gpupool check`; no accepted job may be lost and no
-GPU held twice. Then the checker is shown to fail on that same real platform: a second live holder of a GPU,
-inserted with the trigger disabled, is found and named."""
+a steady load of submissions, completions and cancellations over HTTP (a third of the jobs run a real command on
+the simulated fleet), and one round each of: SIGKILL of the placement leader, SIGKILL of the agent while jobs'
+commands run on its nodes (each must still end with its own exit code, none lost), a NATS restart, a PostgreSQL
+crash and restart, an agent partitioned from the bus and healed, and a flood of poison messages. Every round must
+recover and pass `gpupool check`; no accepted job may be lost, no command may end otherwise than its exit code says,
+and no GPU may be held twice. Then the checker is shown to fail on that same real platform: a second live holder of
+a GPU, inserted with the trigger disabled, is found and named."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from libs.devstack.chaos import Platform, passed, run_chaos
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-FAULTS = ["kill:placement", "restart:nats", "restart:postgres", "partition:agent", "poison:consumers"]
+FAULTS = ["kill:placement", "kill:agent", "restart:nats", "restart:postgres", "partition:agent", "poison:consumers"]
 
 
 async def corrupt_and_check(platform: Platform) -> None:
@@ -54,6 +56,12 @@ def test_short_chaos_run_loses_nothing_and_check_passes_after_every_round() -> N
     assert not failed, failed
     assert result["jobs"]["lost"] == 0, result["jobs"]
     assert result["jobs"]["accepted"] > 20
+    # jobs' commands ran and ended as their exit codes said, also those running when the agent was SIGKILLed
+    assert result["jobs"]["work_jobs"] > 5 and not result["jobs"]["work_misended"], result["jobs"]
+    outcomes = result["jobs"]["work_outcomes"]
+    assert outcomes.get("marker → failed (exit 5)") == outcomes.get("marker → failed (exit 6)") == 1, outcomes
+    agent = next(r for r in result["rounds"] if r["spec"] == "kill:agent")
+    assert "ended as their exit codes said" in agent["note"] and "WRONG" not in agent["note"], agent
     assert result["double_allocations"] == 0
     assert result["final_check"]["ok"], result["final_check"]
     # each poison message was dead-lettered; nothing else was, but telemetry samples a consumer could not store
