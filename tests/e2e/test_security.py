@@ -24,6 +24,8 @@ MATRIX: dict[str, tuple[int, ...]] = {
     "list another team's jobs":       (1, 1, 0, 0, 0, 0),
     "read own team's job":            (1, 1, 1, 1, 1, 1),
     "read another team's job":        (1, 1, 0, 0, 0, 0),
+    "read own team's job logs":       (1, 1, 1, 1, 1, 1),
+    "read another team's job logs":   (1, 1, 0, 0, 0, 0),
     "cancel own team's job":          (1, 1, 1, 1, 0, 1),
     "cancel another team's job":      (1, 1, 0, 0, 0, 0),
     "complete own team's job":        (1, 0, 1, 1, 0, 1),
@@ -118,6 +120,9 @@ def calls(admin: httpx.Client) -> dict[str, Callable[[httpx.Client], httpx.Respo
         "list another team's jobs": lambda c: c.get("/v1/jobs", params={"team": OTHER}),
         "read own team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OWN)}"),
         "read another team's job": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OTHER)}"),
+        # allowed: 404 NoLogs (a pending job without a command has none); denied: 403 before anything is read
+        "read own team's job logs": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OWN)}/logs"),
+        "read another team's job logs": lambda c: c.get(f"/v1/jobs/{pending_job(admin, OTHER)}/logs"),
         "cancel own team's job": lambda c: c.post(f"/v1/jobs/{pending_job(admin, OWN)}/cancel"),
         "cancel another team's job": lambda c: c.post(f"/v1/jobs/{pending_job(admin, OTHER)}/cancel"),
         "complete own team's job": lambda c: c.post(f"/v1/jobs/{pending_job(admin, OWN)}/complete"),
