@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import signal
 import time
@@ -48,8 +49,11 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
     runner = WorkRunner(nc, agent.cluster, agent.node, None, agent._publish, device_dir=settings.device_dir,  # type: ignore[arg-type]
                         run_as_uid=settings.run_as_uid, log_max_bytes=settings.log_max_mib * 1024 * 1024,
                         kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants")
+    # the cgroup name carries the state dir's digest: simulated fleets of several platforms on one host (their nodes
+    # all named sim-node-N) never adopt or clean up each other's cgroups; a real node's name stays stable
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
     runner.executor = Executor(state_dir,
-                               f"{agent.cluster}-{agent.node}", on_exit=runner.on_exit, drivers=drivers,
+                               f"{agent.cluster}-{agent.node}-{digest}", on_exit=runner.on_exit, drivers=drivers,
                                default_uid=settings.run_as_uid, max_stop_grace_s=settings.max_stop_grace_s,
                                checkpoint_root=settings.checkpoint_root or None)
     return runner

@@ -341,9 +341,11 @@ class NodeAgent:
                     await asyncio.wait_for(stop.wait(), timeout=delay)
                 delay = min(30.0, delay * 2)
                 continue
+            live_here: set[str] = set()
             for item in items:
                 if item.get("node") != self.node or item.get("cluster") != self.cluster:
                     continue
+                live_here.add(item["allocation_id"])
                 if item["allocation_id"] in self.released:
                     continue
                 if self.work is not None:
@@ -355,6 +357,8 @@ class NodeAgent:
                         allocation_id=item["allocation_id"], job_id=item["job_id"], team=item["team"],
                         project=item["project"], kind="",
                         gpus=tuple(AllocatedGpu.model_validate(g) for g in item["gpus"]))
+            if self.work is not None:
+                self.work.on_synced(live_here, subscribed_at)
             if not self.synced:
                 log.info("allocations_synced", extra={"node": self.node, "live": len(self.live)})
             self.synced = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -59,6 +60,7 @@ class WorkRunner:
         self.waiting: dict[str, AllocationGranted] = {}  # granted, not launched yet (a MIG instance to come)
         self.launching: set[str] = set()
         self.ended: OrderedDict[str, None] = OrderedDict()  # allocations whose work ended (never launched again)
+        self.known_since: dict[str, float] = {}  # allocation → when this agent heard of it (0: from a previous agent)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopped = False
 
@@ -125,6 +127,7 @@ class WorkRunner:
         if grant.work is None or grant.allocation_id in self.ended or grant.allocation_id in self.grants:
             return
         self.grants[grant.allocation_id] = grant
+        self.known_since[grant.allocation_id] = time.monotonic()
         self._save_grant(grant)
         self.waiting[grant.allocation_id] = grant
         self.launch_ready({grant.allocation_id: mig_uuid} if mig_uuid else {})
@@ -160,10 +163,16 @@ class WorkRunner:
         """An allocation placement lists as live on this node (start-up and periodic sync): one with work that
         this agent does not run (a grant it missed) is launched, or reported ended if it is being stopped."""
         allocation_id = item["allocation_id"]
-        if not item.get("work") or allocation_id in self.grants or allocation_id in self.ended:
+        if not item.get("work") or allocation_id in self.ended:
             return
-        if allocation_id in self.executor.running():
-            return  # re-adopted after a restart
+        if allocation_id in self.grants or allocation_id in self.executor.running():
+            # ours (re-adopted after a restart, or granted): a stop asked for while this agent was not listening
+            # (allocation.preempting is core NATS) reaches the work now
+            if item.get("preempt_deadline") and allocation_id not in self.waiting:
+                deadline = datetime.fromisoformat(item["preempt_deadline"])
+                self._spawn(self.executor.stop(allocation_id, deadline=deadline,
+                                               reason=item.get("preempt_reason") or "Stopped"))
+            return
         try:
             grant = AllocationGranted(
                 allocation_id=allocation_id, job_id=item["job_id"], team=item["team"], project=item["project"],
@@ -180,6 +189,20 @@ class WorkRunner:
             self._spawn(self._report_unstarted(grant, "Stopped", "stopped before it started (missed grant)"))
             return
         self.on_granted(grant)
+
+    def on_synced(self, live: set[str], listened_since: float) -> None:
+        """After a sync: work whose allocation placement no longer lists as live (released while this agent was
+        down or not listening: a lost node, a report that timed out) is no longer entitled to its GPUs and is
+        killed. Only work this agent knew of before `listened_since` (when the listing began, time.monotonic()) is
+        judged: a grant that came later may be missing from the listing and still be live."""
+        for allocation_id in set(self.executor.running()) | set(self.grants):
+            if allocation_id in live or allocation_id in self.ended:
+                continue
+            if self.known_since.get(allocation_id, 0.0) >= listened_since:
+                continue
+            log.warning("work_without_live_allocation", extra={"node": self.node, "allocation_id": allocation_id})
+            self.waiting.pop(allocation_id, None)
+            self._spawn(self.executor.stop(allocation_id, deadline=utcnow(), reason="AllocationNotLive"))
 
     # --- launching and reporting -------------------------------------------------------------------------------
     def _spec(self, grant: AllocationGranted, mig_uuid: str | None) -> LaunchSpec:
@@ -250,6 +273,7 @@ class WorkRunner:
             self.ended.popitem(last=False)
         self.waiting.pop(allocation_id, None)
         self.grants.pop(allocation_id, None)
+        self.known_since.pop(allocation_id, None)
         await self._publish_until_taken(WorkExited(
             allocation_id=allocation_id, job_id=job_id, team=team, project=project, cluster=self.cluster,
             node=self.node, replica=replica, attempt=attempt, exit=exit), f"work_exited/{allocation_id}")

@@ -204,3 +204,33 @@ async def test_log_reads_never_split_a_character() -> None:
     assert reply.ok and reply.result["data"] == "caf" and reply.result["next_offset"] == 3
     missing = await r.read_logs(ReadLogs(allocation_id="zz", stream="stdout"))
     assert not missing.ok and missing.error.reason == "NoLogs"
+
+
+async def test_a_stop_missed_while_the_agent_was_away_reaches_the_work_at_the_next_sync() -> None:
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    r.on_granted(grant())
+    await settle()
+    item = {"allocation_id": "a1", "job_id": "j1", "work": {"command": ["python", "train.py"]},
+            "preempt_deadline": (NOW + timedelta(seconds=5)).isoformat(), "preempt_reason": "JobCancelled"}
+    r.on_live(item)
+    await settle()
+    assert [(a, d == NOW + timedelta(seconds=5), why) for a, d, why in ex.stops] == [("a1", True, "JobCancelled")]
+
+
+async def test_work_whose_allocation_is_no_longer_live_is_killed_but_a_newer_grant_is_left_alone() -> None:
+    import time
+
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    r.on_granted(grant("old"))
+    await settle()
+    listing_began = time.monotonic()
+    r.on_granted(grant("new"))  # granted while the listing was on its way: it may be missing from it
+    await settle()
+    r.on_synced(live=set(), listened_since=listing_began)
+    await settle()
+    assert [(a, why) for a, _, why in ex.stops] == [("old", "AllocationNotLive")]
+    r.on_synced(live={"new"}, listened_since=time.monotonic())  # a later sync: "new" is live and kept
+    await settle()
+    assert {a for a, _, _ in ex.stops} == {"old"}
