@@ -51,7 +51,8 @@ SUBJECTS = {"gpupool.allocation.granted": "granted", "gpupool.agent.work_started
             "gpupool.agent.work_exited": "exited", "gpupool.allocation.released": "released"}
 SPANS = (("submit_granted", "submit", "granted"), ("granted_started", "granted", "started"),
          ("started_exited", "started", "exited"), ("exited_released", "exited", "released"),
-         ("submit_started", "submit", "started"), ("submit_released", "submit", "released"))
+         ("submit_started", "submit", "started"), ("submit_released", "submit", "released"),
+         ("submit_ran", "submit", "ran"), ("ran_started", "ran", "started"), ("ran_ended", "ran", "ended"))
 SUBMITTED = re.compile(r"submitted job (\S+)")
 
 
@@ -64,8 +65,9 @@ def summarize(xs: list[float]) -> dict:
 
 
 def spans(marks: dict[str, float]) -> dict[str, float]:
-    """The phases of one job from the times its marks were seen (submit, granted, started, exited, released);
-    a phase whose two ends were not both seen is left out."""
+    """The phases of one job from the times its marks were seen (submit, granted, started, exited, released;
+    ran and ended: the executor's own record of the process's start and end); a phase whose two ends were not
+    both seen is left out."""
     return {name: marks[b] - marks[a] for name, a, b in SPANS if a in marks and b in marks}
 
 
@@ -95,6 +97,13 @@ def busy_pct(before: tuple[float, float], after: tuple[float, float]) -> float:
     return 100.0 * (after[0] - before[0]) / total if total > 0 else float("nan")
 
 
+def idle_busy(seconds: float) -> float:
+    """The whole machine's CPU busy % over `seconds` while this command does nothing: other users' load."""
+    before = cpu_times()
+    time.sleep(seconds)
+    return busy_pct(before, cpu_times())
+
+
 def med(values: list[float | None]) -> float:
     xs = [v for v in values if v is not None and v == v]
     return statistics.median(xs) if xs else float("nan")
@@ -114,7 +123,7 @@ def ratio(ours: float, theirs: float) -> str:
 
 
 def ms(x: object) -> str:
-    return f"{1000 * x:.0f} ms" if isinstance(x, int | float) and x == x else "–"
+    return f"{round(1000 * x) or 0:.0f} ms" if isinstance(x, int | float) and x == x else "–"
 
 
 def cgroup_kind() -> str:
@@ -149,15 +158,21 @@ class Events:
         self.released: dict[str, str] = {}  # job → release reason
         self.changed = asyncio.Event()
         self.nc: nats.NATS | None = None
+        self.offset = time.time() - time.monotonic()  # the executor's wall-clock records → this monotonic clock
 
     def on(self, subject: str, data: dict, at: float) -> None:
         mark = SUBJECTS.get(subject)
         job = data.get("job_id")
         if mark is None or not job:
             return
-        self.marks.setdefault(job, {}).setdefault(mark, at)
+        marks = self.marks.setdefault(job, {})
+        marks.setdefault(mark, at)
+        exit = data.get("exit") or {}
+        for key, name in (("started_at", "ran"), ("exited_at", "ended")):
+            if exit.get(key) and name not in marks:
+                with contextlib.suppress(TypeError, ValueError):
+                    marks[name] = dt.datetime.fromisoformat(exit[key]).timestamp() - self.offset
         if mark == "released":
-            exit = data.get("exit") or {}
             why = str(data.get("reason", ""))
             self.released.setdefault(job, f"{why} ({exit['reason']})" if exit.get("reason") else why)
         self.changed.set()
@@ -220,6 +235,9 @@ async def http_cycles(run: dict, token: str, events: Events, n: int, timeout: fl
     finally:
         await api.close()
     return {**summarize_spans(jobs), "failures": len(failures), "failure_examples": failures[:3]}
+
+
+PACED_SPANS = ("submit_granted", "submit_started", "submit_ran", "submit_released")
 
 
 def cli_argv() -> list[str]:
@@ -297,7 +315,8 @@ async def paced(run: dict, token: str, events: Events, rate: float, seconds: flo
     await asyncio.gather(*(submitter() for _ in range(32)))
     submit_s = time.monotonic() - begin
     await api.close()
-    await events.wait(lambda: all("released" in events.marks.get(j, {}) for j in submitted), max(30.0, 2 * seconds))
+    drain = max(30.0, 2 * seconds)
+    await events.wait(lambda: all("released" in events.marks.get(j, {}) for j in submitted), drain)
     busy = busy_pct(cpu0, cpu_times())
     # under load an agent's `work_started` can reach NATS after its `work_exited`: give those a moment
     await events.wait(lambda: all("started" in events.marks.get(j, {}) for j in submitted), 5.0)
@@ -306,12 +325,13 @@ async def paced(run: dict, token: str, events: Events, rate: float, seconds: flo
     return {"offered": n, "submitted": len(submitted), "errors": len(errors), "error_examples": errors[:3],
             "submitted_per_s": len(submitted) / submit_s if submit_s > 0 else float("nan"),
             "started": len(starts), "started_per_s": len(starts) / (max(starts) - begin) if starts else 0.0,
+            "steady_per_s": (len(starts) - 1) / (max(starts) - min(starts)) if len(starts) > 1 else float("nan"),
             "released": sum(1 for j in submitted if j in events.released),
             "started_after_exit": sum(1 for j in submitted if (m := events.marks.get(j, {})).get("started", 0.0)
                                       > m.get("exited", float("inf"))),
             "completed": sum(1 for j in submitted if events.released.get(j, "").startswith("WorkCompleted")),
             "release_reasons": dict(Counter(events.released[j] for j in submitted if j in events.released)),
-            "busy_pct": busy, **summarize_spans(jobs, ("submit_granted", "submit_started", "submit_released"))}
+            "busy_pct": busy, "drain_s": drain, **summarize_spans(jobs, PACED_SPANS)}
 
 
 def gpupool_run(args: argparse.Namespace, rates: list[float], label: str) -> dict:
@@ -414,6 +434,7 @@ class SlurmPeer:
         done = self.completions(offset)
         return {"offered": n, "submitted": phase["submitted_ok"], "started": phase["started"],
                 "submitted_per_s": phase["submit_jobs_per_s"], "started_per_s": phase["start_jobs_per_s"],
+                "steady_per_s": phase["start_jobs_per_s_steady"],
                 "busy_pct": busy,
                 "submit_started": summarize([r["t_start"] - r["t_sbatch"] for r in rows]),
                 "submit_released": summarize([done[r["jobid"]] - r["t_sbatch"] for r in rows if r["jobid"] in done]),
@@ -450,15 +471,25 @@ SEQUENTIAL = (
      "the CLI noticing the end: its next 0.5 s poll, the log streams closing, interpreter exit"),
     ("over HTTP: submit → granted", ("gpupool", "cycle", "submit_granted"),
      "gateway → queue → quota's admission → placement's cycle → `allocation.granted`"),
-    ("granted → process started", ("gpupool", "cycle", "granted_started"),
-     "the agent takes the grant; the executor makes the job's cgroup and starts the shim (`python -S`, its own "
-     "session), which forks and execs `true`; `agent.work_started`"),
-    ("process started → exited", ("gpupool", "cycle", "started_exited"),
-     "`true` runs; the shim reaps it, waits for the cgroup to be empty, writes its status; `agent.work_exited`"),
-    ("exited → GPUs free", ("gpupool", "cycle", "exited_released"),
+    ("granted → `agent.work_started`", ("gpupool", "cycle", "granted_started"),
+     "the agent takes the grant; the executor makes the job's cgroup, writes the attempt's plan and starts the "
+     "shim (`python -S`, its own session), which forks and execs `true` and reports back; then the agent "
+     "publishes `agent.work_started`"),
+    ("`agent.work_started` → `agent.work_exited`", ("gpupool", "cycle", "started_exited"),
+     "the two reports' arrival: `true` ends at once, so this is mostly the order in which the agent's two "
+     "publishes land (negative: the exit report came first)"),
+    ("`agent.work_exited` → GPUs free", ("gpupool", "cycle", "exited_released"),
      "placement releases the allocation (`allocation.released`, reason `WorkCompleted`)"),
-    ("**submit → process started**", ("gpupool", "cycle", "submit_started"), "the sum of the first two"),
-    ("**submit → GPUs free: the full cycle**", ("gpupool", "cycle", "submit_released"), "all four"),
+    ("**submit → process started** (`agent.work_started`)", ("gpupool", "cycle", "submit_started"),
+     "the first two"),
+    ("submit → process started, the executor's own record", ("gpupool", "cycle", "submit_ran"),
+     "to the shim's record of the exec (`exit.started_at`, wall clock, carried by `agent.work_exited`)"),
+    ("… that record → `agent.work_started` received", ("gpupool", "cycle", "ran_started"),
+     "how long after the exec the agent's report arrived"),
+    ("process run, the executor's own record", ("gpupool", "cycle", "ran_ended"),
+     "`true` from exec to exit as the shim saw it"),
+    ("**submit → GPUs free: the full cycle**", ("gpupool", "cycle", "submit_released"),
+     "submit → `allocation.released`"),
     ("Slurm: `srun -N1 -n1 --gres=gpu:1 -t 1 true`, wall time", ("slurm", "srun"),
      "srun's own start-up (a C binary), allocation at submit, step launch by slurmd/slurmstepd, `true`, step "
      "teardown; srun returns once the step has ended"),
@@ -491,6 +522,8 @@ def paced_rows(rates: list[float]) -> list[tuple[str, tuple[str, ...]]]:
         rows += [(f"{key}/s gpupool: jobs started", ("gpupool", "paced", key)),
                  (f"{key}/s gpupool: submit → granted", ("gpupool", "paced", key, "submit_granted")),
                  (f"{key}/s gpupool: submit → process started", ("gpupool", "paced", key, "submit_started")),
+                 (f"{key}/s gpupool: submit → process started, executor's record",
+                  ("gpupool", "paced", key, "submit_ran")),
                  (f"{key}/s gpupool: submit → GPUs free", ("gpupool", "paced", key, "submit_released")),
                  (f"{key}/s Slurm: jobs started", ("slurm", "paced", key)),
                  (f"{key}/s Slurm: `sbatch` command", ("slurm", "paced", key, "sbatch_wall")),
@@ -534,14 +567,14 @@ def paced_row(runs: list[dict], rate: str, name: str, path: tuple[str, ...]) -> 
     def lat(k: str, q: str) -> str:
         return ms(stat(runs, (*path, k), q))
 
-    return (f"| {rate}/s | {name} | {num('offered'):.0f} | {num('started'):.0f} | {num('started_per_s'):.1f} | "
-            f"{lat('submit_started', 'p50')} | {lat('submit_started', 'p99')} | {lat('submit_released', 'p50')} | "
-            f"{lat('submit_released', 'p99')} | {num('busy_pct'):.0f}% |")
+    return (f"| {rate}/s | {name} | {num('offered'):.0f} | {num('started'):.0f} | {num('steady_per_s'):.1f} | "
+            f"{lat('submit_started', 'p50')} | {lat('submit_started', 'p99')} | {lat('submit_ran', 'p50')} | "
+            f"{lat('submit_released', 'p50')} | {lat('submit_released', 'p99')} | {num('busy_pct'):.0f}% |")
 
 
 def paced_table(runs: list[dict], rates: list[float]) -> list[str]:
-    lines = ["| rate | system | jobs offered | started | started per s | submit → process started p50 | p99 | "
-             "submit → GPUs free p50 | p99 | machine CPU busy |", "|" + " --- |" * 10]
+    lines = ["| rate | system | jobs offered | started | started per s, steady | submit → process started p50 | p99 | "
+             "p50 by the executor's record | submit → GPUs free p50 | p99 | machine CPU busy |", "|" + " --- |" * 11]
     for rate in rates:
         key = f"{rate:g}"
         for system, name in (("gpupool", "gpupool"), ("slurm", "Slurm `sbatch`")):
@@ -573,16 +606,32 @@ def setting(result: dict) -> list[str]:
         peer = result.get("slurm_note") or "Slurm was not run."
     loads = "; ".join(f"run {i + 1}: " + ", ".join(f"{x:.2f}" for x in run["load"])
                       for i, run in enumerate(result["runs"]))
+    idle = ", ".join(f"run {i + 1}: {run.get('busy_before_pct', float('nan')):.0f}%"
+                     for i, run in enumerate(result["runs"]))
     note = f" {p['note']}" if p.get("note") else ""
     return [
         f"`{result['command']}` — {p['runs']} run(s), each on a fresh `gpupool up` (own NATS + PostgreSQL, every "
         f"service a process) with {nodes} simulated nodes ({gpus} GPUs) whose agent runs every job's command as a "
         f"real process: the executor's shim, in the job's own cgroup ({result.get('cgroups', 'cgroups unknown')} "
         "here). "
-        f"{peer} Machine: {result['machine']}. Load average (1, 5, 15 min) at the start: "
-        f"{', '.join(f'{x:.2f}' for x in result['load_start'])}; before each run: {loads}.{note} The platform's "
+        f"{peer} Machine: {result['machine']}. The machine's CPU busy over 5 s before each run, this command "
+        f"idle (other users' load): {idle}. Load average (1, 5, 15 min) at the start: "
+        f"{', '.join(f'{x:.2f}' for x in result['load_start'])}; before each run (after a first run, this includes "
+        f"the command's own phases): {loads}.{note} The platform's "
         "processes, the benchmark's client, the CLI subprocesses and Slurm's daemons all share these cores: the "
         "numbers are what this machine gives with everything on it, not what a cluster would.", ""]
+
+
+def paced_reading(runs: list[dict], rates: list[float]) -> list[str]:
+    """Where a system started jobs more slowly than they were offered: the latency is then its backlog."""
+    out = []
+    for rate in rates:
+        for system, name in (("gpupool", "gpupool"), ("slurm", "Slurm")):
+            got = count(runs, (system, "paced", f"{rate:g}", "steady_per_s"))
+            if got == got and got < 0.9 * rate:
+                out.append(f"At {rate:g} jobs/s {name} started only {got:.1f} jobs/s (steady): its backlog grew "
+                           "through the phase, so its latencies there are mostly the wait in that backlog.")
+    return [" ".join(out), ""] if out else []
 
 
 def reasons(phase: dict) -> str:
@@ -604,8 +653,9 @@ def failures(result: dict, rates: list[float]) -> list[str]:
                            "reached the benchmark after their `agent.work_exited`")
             if ph["errors"] or min(ph["completed"], ph["started"]) < ph["offered"]:
                 out.append(f"- run {i + 1}, {rate:g}/s: of {ph['offered']} offered, {ph['submitted']} accepted "
-                           f"({ph['errors']} errors), {ph['started']} started, {ph['released']} freed their GPUs "
-                           f"in time, {ph['completed']} completed"
+                           f"({ph['errors']} errors); by {ph.get('drain_s', 0):g} s after the last submission "
+                           f"{ph['started']} had started, {ph['released']} had freed their GPUs and "
+                           f"{ph['completed']} had completed"
                            + (f"; releases: {reasons(ph)}" if ph.get("release_reasons") else ""))
         s = run.get("slurm")
         if s and s["srun"]["failures"]:
@@ -635,9 +685,10 @@ INCLUDES = (
     "gpupool's times are the benchmark's monotonic clock when NATS delivered each event to it (JetStream publishes "
     "reach a core subscriber like any message); submit is the moment before the HTTP request (keep-alive "
     "connection, a member API token of team research, as the CLI uses).",
-    "granted → process started includes the executor's shim start: a fresh `python -S -m "
-    "services.agent.executor.shim` per attempt, the job's cgroup, fork and exec; started → exited includes the "
-    "shim's wait for an empty cgroup and its status file.",
+    "granted → `agent.work_started` includes the executor's shim start: a fresh `python -S -m "
+    "services.agent.executor.shim` per attempt, the job's cgroup, fork and exec, and the agent's report; "
+    "`agent.work_exited` follows the shim's wait for an empty cgroup and its status file. The executor's own "
+    "record (`exit.started_at`, `exit.exited_at`) is the shim's wall clock, mapped onto the benchmark's clock.",
     "`gpupool run` polls the job's state every 0.5 s (to see it start and to see it end) and follows both log "
     "streams until the job has ended; its wall time includes the interpreter's start-up and exit.",
     "Slurm's batch numbers are wall-clock times (`time.time()` before `sbatch`, the script's `$EPOCHREALTIME`, "
@@ -671,9 +722,12 @@ def markdown(result: dict) -> str:
               "`sbatch --gres=gpu:1 -t 2 -o /dev/null` of a batch script that writes `$EPOCHREALTIME` and exits "
               "(`sbatch --wrap true` with a time stamp); submit is the moment before `sbatch` runs (its start-up "
               "and RPC included, as gpupool's HTTP request is), started is the script's own time stamp, GPUs free "
-              "is slurmctld's `_job_complete: JobId=N done` log line (ms resolution). CPU busy: the whole "
-              "machine's, from /proc/stat, over the phase and its drain.", "",
-              *paced_table(runs, rates), ""]
+              "is slurmctld's `_job_complete: JobId=N done` log line (ms resolution). Started per s, steady: "
+              "(jobs started − 1) ÷ (last start − first start), bench.py's steady rate. Jobs that had not started "
+              "by the end of the drain (twice the phase, at least 30 s, after the last submission) are not in the "
+              "percentiles (see the shortfalls below). CPU busy: the whole machine's, from /proc/stat, over the "
+              "phase and its drain.", "",
+              *paced_table(runs, rates), "", *paced_reading(runs, rates)]
     if any(run.get("slurm") for run in runs):
         lines += ["### Side by side (this command, this machine)", "", *comparisons(runs, rates), ""]
     lines += [*reading(runs), "What the numbers include:", "", *(f"- {x}" for x in INCLUDES), ""]
@@ -717,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         say(slurm.note)
     try:
         for r in range(args.runs):
-            run: dict = {"load": list(os.getloadavg())}
+            run: dict = {"load": list(os.getloadavg()), "busy_before_pct": idle_busy(5.0)}
             run["gpupool"] = gpupool_run(args, rates, f"run {r + 1}/{args.runs}")
             if slurm and ready:
                 run["slurm"] = slurm.measure(args.cycles, rates, args.seconds, f"run {r + 1}/{args.runs} Slurm")
