@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -255,3 +257,31 @@ async def test_a_failed_attempt_is_restarted_per_its_policy_and_can_then_succeed
         assert "attempt 1 ok" in logs(api, job_id)  # the logs of the latest attempt
         never = run(api, "never-restarted", ["sh", "-c", "exit 1"])
         assert wait_finished(api, never)["attempts"] == 0
+
+
+def _cli(platform, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "GPUPOOL_URL": platform.gateway, "GPUPOOL_TOKEN": platform.run["admin_token"]}
+    return subprocess.run([sys.executable, "-m", "libs.cli.main", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+async def test_gpupool_run_prints_the_works_output_and_exits_with_its_code(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+    done = _cli(platform, "run", "--team", "research", "--", "sh", "-c", "echo hi; echo oops >&2; exit 7")
+    assert done.returncode == 7, (done.stdout, done.stderr)
+    assert done.stdout.splitlines() == ["hi"], done.stdout  # only the work's output on stdout
+    assert "oops" in done.stderr
+
+
+async def test_gpupool_logs_follow_streams_a_running_job_until_it_ends(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+        job_id = run(api, "chatty", ["sh", "-c", "echo one; sleep 3; echo two; sleep 1"])
+        wait_state(api, job_id, "running")
+        started = time.monotonic()
+        followed = _cli(platform, "logs", "-f", job_id)
+        assert followed.returncode == 0, followed.stderr
+        assert followed.stdout.split() == ["one", "two"], followed.stdout
+        assert time.monotonic() - started >= 2, "it returned before the job printed its second line"
+        assert api.get(f"/v1/jobs/{job_id}").json()["state"] == "completed"
