@@ -48,7 +48,8 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
     state_dir = Path(settings.state_dir) / agent.cluster / agent.node
     runner = WorkRunner(nc, agent.cluster, agent.node, None, agent._publish, device_dir=settings.device_dir,  # type: ignore[arg-type]
                         run_as_uid=settings.run_as_uid, log_max_bytes=settings.log_max_mib * 1024 * 1024,
-                        kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants")
+                        kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants",
+                        log_retention_s=settings.log_retention_s)
     # the cgroup name carries the state dir's digest: simulated fleets of several platforms on one host (their nodes
     # all named sim-node-N) never adopt or clean up each other's cgroups; a real node's name stays stable
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]

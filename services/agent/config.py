@@ -55,6 +55,8 @@ class AgentSettings(BaseSettings):
     stop_work_on_exit: bool = Field(default=False, description="Kill the node's work when the agent stops (`gpupool "
                                                                "up`'s simulated fleet); false: work survives a "
                                                                "restart and is re-adopted")
+    log_retention_s: float = Field(default=86_400.0, ge=0, description="How long an ended attempt's logs and work "
+                                                                       "dir are kept (checkpoints stay)")
     resync_s: float = Field(default=30.0, gt=0, description="How often the agent compares its work with "
                                                             "placement's live allocations (a missed grant)")
     http_host: str = "127.0.0.1"

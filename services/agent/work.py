@@ -43,7 +43,9 @@ class WorkRunner:
 
     def __init__(self, nc: NatsClient, cluster: str, node: str, executor: Executor, publish: Publish, *,
                  device_dir: str = "/dev", run_as_uid: int | None = None, log_max_bytes: int | None = None,
-                 kill_on_close: bool = False, grants_dir: Path | None = None) -> None:
+                 kill_on_close: bool = False, grants_dir: Path | None = None,
+                 log_retention_s: float = 86_400.0) -> None:
+        self.log_retention_s = log_retention_s
         self.kill_on_close = kill_on_close
         # each grant whose work runs here, kept on disk until its exit is published: an agent restarted meanwhile
         # knows whose re-adopted work it reports
@@ -195,6 +197,9 @@ class WorkRunner:
         down or not listening: a lost node, a report that timed out) is no longer entitled to its GPUs and is
         killed. Only work this agent knew of before `listened_since` (when the listing began, time.monotonic()) is
         judged: a grant that came later may be missing from the listing and still be live."""
+        # ended attempts are kept (their logs stay readable) for the retention, then forgotten with their dirs
+        with contextlib.suppress(OSError):
+            self.executor.prune(self.log_retention_s)
         for allocation_id in set(self.executor.running()) | set(self.grants):
             if allocation_id in live or allocation_id in self.ended:
                 continue

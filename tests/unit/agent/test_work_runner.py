@@ -54,6 +54,10 @@ class FakeExecutor:
     def close(self) -> None:
         return None
 
+    def prune(self, keep_s: float) -> list[str]:
+        self.pruned = keep_s
+        return []
+
 
 def runner(executor: FakeExecutor) -> tuple[WorkRunner, list]:
     published: list = []
@@ -231,6 +235,7 @@ async def test_work_whose_allocation_is_no_longer_live_is_killed_but_a_newer_gra
     r.on_synced(live=set(), listened_since=listing_began)
     await settle()
     assert [(a, why) for a, _, why in ex.stops] == [("old", "AllocationNotLive")]
+    assert ex.pruned == 86_400.0  # each sync also forgets attempts that ended longer ago than the retention
     r.on_synced(live={"new"}, listened_since=time.monotonic())  # a later sync: "new" is live and kept
     await settle()
     assert {a for a, _, _ in ex.stops} == {"old"}
