@@ -124,8 +124,14 @@ class Driver:
     launchers: tuple[str, ...] = ()  # exe basenames that are not the work (no stop signal, started = gone)
     setup_failure: tuple[dict, ...] = ()  # how the launcher says it failed before the work started
     extra_devices: tuple[DeviceRule, ...] = ()
+    _available: tuple[bool, str] | None = None  # the probe's answer, asked once per driver
 
     def available(self) -> tuple[bool, str]:
+        if self._available is None:
+            self._available = self._probe()
+        return self._available
+
+    def _probe(self) -> tuple[bool, str]:
         return True, ""
 
     def preflight(self, spec: LaunchSpec, uid: int, gid: int) -> str:
@@ -173,12 +179,6 @@ class SandboxDriver(Driver):
 
     def __init__(self, bwrap: str | None = None) -> None:
         self.bwrap = bwrap or shutil.which("bwrap") or ""
-        self._available: tuple[bool, str] | None = None
-
-    def available(self) -> tuple[bool, str]:
-        if self._available is None:
-            self._available = self._probe()
-        return self._available
 
     def _probe(self) -> tuple[bool, str]:
         if not self.bwrap:
@@ -242,12 +242,6 @@ class ContainerDriver(Driver):
             (p for p in ("/usr/sbin/runc", "/usr/bin/runc") if os.path.exists(p)), "")
         self.conf = os.path.join(state_dir, "podman", "containers.conf")
         self.cgroups_kind = cgroups_kind
-        self._available: tuple[bool, str] | None = None
-
-    def available(self) -> tuple[bool, str]:
-        if self._available is None:
-            self._available = self._probe()
-        return self._available
 
     def _probe(self) -> tuple[bool, str]:
         if not self.podman or not self.runc:
