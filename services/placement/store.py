@@ -243,7 +243,13 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
     """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation) and their
     GPUs, in one statement. `finished`: the job is over; the same statement remembers it in `finished_jobs` (a late
     or redelivered submission never places it) and stops wanting it. `with_work`: only allocations that run work
-    (True) or only those that do not (False); `exit`: how the work ended (JSON), kept with the release."""
+    (True) or only those that do not (False); `exit`: how the work ended (JSON), kept with the release.
+
+    The job's wanted row is locked first, in its own statement: a cycle placing the job right now holds it
+    (`claim_jobs`) until it commits, and the release's statement, which starts after that, then sees the
+    allocations the cycle wrote. In one statement they would be invisible to it, and a job cancelled while
+    being placed would keep its GPUs."""
+    await conn.execute("SELECT 1 FROM pending_jobs WHERE job_id = $1 FOR UPDATE", job_id)
     rows = await conn.fetch(
         f"""WITH a AS (
                 UPDATE allocations SET released_at = $2, release_reason = $3, exit = $9

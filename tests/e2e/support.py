@@ -120,6 +120,9 @@ def finish_all(api) -> None:  # type: ignore[no-untyped-def]
                      for job in api.get("/v1/jobs", params={"state": state, "limit": 1000}).json()["items"]]
         for job in open_jobs:
             api.post(f"/v1/jobs/{job['job_id']}/cancel", json={"reason": "test cleanup"})
-        if not open_jobs and not api.get("/v1/allocations", params={"active": "true"}).json()["items"]:
+        held = api.get("/v1/allocations", params={"active": "true"}).json()["items"]
+        if not open_jobs and not held:
             return
         time.sleep(0.2)
+    raise AssertionError(f"cleanup left {len(open_jobs)} open jobs and GPUs held by "
+                         f"{sorted({a['job_id'] for a in held})} after 30 s")
