@@ -686,7 +686,7 @@ INCLUDES = (
     "reach a core subscriber like any message); submit is the moment before the HTTP request (keep-alive "
     "connection, a member API token of team research, as the CLI uses).",
     "granted → `agent.work_started` includes the executor's shim start: a fresh `python -S -m "
-    "services.agent.executor.shim` per attempt, the job's cgroup, fork and exec, and the agent's report; "
+    "services.agent.executor.shim` (`python -S -c`) per attempt, the job's cgroup, fork and exec, and the agent's report; "
     "`agent.work_exited` follows the shim's wait for an empty cgroup and its status file. The executor's own "
     "record (`exit.started_at`, `exit.exited_at`) is the shim's wall clock, mapped onto the benchmark's clock.",
     "`gpupool run` polls the job's state every 0.5 s (to see it start and to see it end) and follows both log "

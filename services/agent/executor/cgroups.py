@@ -24,11 +24,13 @@ Standard library only: the shim imports this module on every job's start path.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import time
-from collections import namedtuple
+
+try:  # the C module: `signal` builds enums, milliseconds of the shim's start on every job
+    import _signal as signal
+except ImportError:  # pragma: no cover - not CPython
+    import signal  # type: ignore[no-redef]
 
 TYPE_CHECKING = False  # typing itself costs the shim ~4 ms to import
 if TYPE_CHECKING:
@@ -43,8 +45,26 @@ class CgroupError(Exception):
     pass
 
 
-# (namedtuples, not dataclasses: this module is on the shim's start path and dataclasses cost milliseconds)
-class DeviceRule(namedtuple("DeviceRule", "kind major minor access", defaults=("rwm",))):
+def _record(name: str, names: str, defaults: tuple = ()) -> type:
+    """A named tuple type, positional only: `collections.namedtuple` (like dataclasses) costs the shim, whose
+    start path this module is on, milliseconds per job to import and build."""
+    fields = tuple(names.split())
+    least = len(fields) - len(defaults)
+
+    def __new__(cls, *values):  # type: ignore[no-untyped-def]
+        if not least <= len(values) <= len(fields):
+            raise TypeError(f"{name} takes {least} to {len(fields)} values, not {len(values)}")
+        return tuple.__new__(cls, values + defaults[len(values) - least:])
+
+    def __repr__(self) -> str:  # type: ignore[no-untyped-def]
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in zip(fields, self, strict=True))})"
+
+    body = {"__slots__": (), "__new__": __new__, "__repr__": __repr__, "_fields": fields,
+            **{k: property(lambda self, i=i: self[i], doc=k) for i, k in enumerate(fields)}}
+    return type(name, (tuple,), body)
+
+
+class DeviceRule(_record("DeviceRule", "kind major minor access", defaults=("rwm",))):
     """kind "c" or "b"; major/minor None: any; access "rwm" or a part of it."""
 
     __slots__ = ()
@@ -56,7 +76,7 @@ class DeviceRule(namedtuple("DeviceRule", "kind major minor access", defaults=("
 
 # cpu_s: user + system of everything that ran in the cgroup (exited processes included); memory_bytes: charged
 # now (page cache included); rss_bytes: anonymous (resident) memory now; oom_kills: OOM kills counted.
-CgroupStats = namedtuple("CgroupStats", "cpu_s memory_bytes rss_bytes oom_kills")
+CgroupStats = _record("CgroupStats", "cpu_s memory_bytes rss_bytes oom_kills")
 
 
 _NO_STATS = CgroupStats(0.0, 0, 0, 0)
@@ -64,7 +84,7 @@ _NO_STATS = CgroupStats(0.0, 0, 0, 0)
 
 # --- mounts -----------------------------------------------------------------------------------------------------
 # fstype "cgroup" or "cgroup2"; options: v1's controllers (and name=...)
-Mount = namedtuple("Mount", "fstype path options")
+Mount = _record("Mount", "fstype path options")
 
 
 def _unescape(field: str) -> str:
@@ -144,8 +164,10 @@ def _rmtree_dirs(directory: str) -> bool:
 
 def _sigkill_all(pids: Iterable[int]) -> None:
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 # --- the interface ----------------------------------------------------------------------------------------------
@@ -269,8 +291,10 @@ class V1Cgroup(JobCgroup):
         except OSError:
             _sigkill_all(self.pids())
         finally:
-            with contextlib.suppress(OSError):
+            try:
                 _write(state, "THAWED")
+            except OSError:
+                pass
 
     def stats(self) -> CgroupStats:
         cpu_ns = 0
@@ -364,8 +388,10 @@ class V2Cgroup(JobCgroup):
         except OSError:
             _sigkill_all(self.pids())
         finally:
-            with contextlib.suppress(OSError):
+            try:
                 _write(freeze, "0")
+            except OSError:
+                pass
 
     def stats(self) -> CgroupStats:
         usage_us = _keyed(_read(os.path.join(self.dir, "cpu.stat")), "usage_usec") or 0
@@ -466,8 +492,10 @@ class CgroupSystem:
         """Allocation ids that have a cgroup of this node now (to find ones nobody remembers)."""
         out: set[str] = set()
         for base in self.base(name):
-            with contextlib.suppress(OSError):
+            try:
                 out.update(e for e in os.listdir(base) if os.path.isdir(os.path.join(base, e)))
+            except OSError:
+                pass
         return out
 
 

@@ -3,14 +3,51 @@
 Per stream two files, each at most `max_bytes`: `stdout.log` (being written) and `stdout.log.1` (the one before).
 Offsets count bytes since the attempt started and survive rotation: `stdout.log.idx` holds `base`, the offset of
 the first byte of `stdout.log`, and a generation number the writer makes odd while it rotates and even after (a
-seqlock: a reader that sees an odd or changed generation reads again). Standard library only (the shim)."""
+seqlock: a reader that sees an odd or changed generation reads again). Standard library only, and neither `json`
+nor `contextlib` on the writer's side: this module is on the shim's start path (`dumps` is its JSON)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import time
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ch < " " or "\ud800" <= ch <= "\udfff":  # control characters; lone surrogates
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def dumps(value: object) -> str:
+    """JSON of plain data (dicts with str keys, lists, tuples, str, int, float, bool, None), as `json.dumps` writes
+    it; what the shim writes without importing `json` (and `re`) on every job's start path."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{value!r} is not JSON")
+        return repr(value)
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_string(str(k))}: {dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(dumps(v) for v in value) + "]"
+    raise TypeError(f"{type(value).__name__} is not plain data")
 
 
 def _atomic_write(path: str, data: bytes) -> None:
@@ -31,13 +68,14 @@ class RotatingLog:
         self.size = 0  # bytes in stdout.log
         self.gen = 0
         self.fd = self._open()
-        self._index()
+        # no index until the first rotation: a missing one reads as generation 0, base 0 (a file less per job)
+        _remove(self.path + ".idx")
 
     def _open(self) -> int:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o640)
 
     def _index(self) -> None:
-        _atomic_write(self.path + ".idx", json.dumps({"gen": self.gen, "base": self.base}).encode())
+        _atomic_write(self.path + ".idx", dumps({"gen": int(self.gen), "base": int(self.base)}).encode())
 
     @property
     def total(self) -> int:
@@ -66,15 +104,29 @@ class RotatingLog:
         self._index()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        try:
             os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _index(path: str) -> tuple[int, int] | None:
+    """(generation, base) from the log's index; (0, 0) while it has none (never rotated); None if unreadable."""
+    import json  # the reader's side (the executor): not on the shim's path
+
     try:
         with open(path + ".idx", "rb") as f:
             d = json.loads(f.read())
         return int(d["gen"]), int(d["base"])
+    except FileNotFoundError:
+        return (0, 0) if os.path.exists(path) else None
     except (OSError, ValueError, KeyError):
         return None
 

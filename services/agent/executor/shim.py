@@ -2,8 +2,8 @@
 [REPORT_FD]`.
 
 The executor starts it in its own session, so that it and the work survive the agent (a `kill -9` of the agent
-leaves both running; the next agent re-adopts them from its state file). It reads `ATTEMPT_DIR/spec.json`
-(the executor's `plan`: what to exec, as whom, where, in which cgroup), then:
+leaves both running; the next agent re-adopts them from its records). It reads `ATTEMPT_DIR/plan.marshal` (the
+executor's `plan`: what to exec, as whom, where, in which cgroup; the record holds the spec), then:
 
 1. forks the work; the child makes itself a session leader, joins the job cgroup in every hierarchy (writing its
    own pid, while still root), clears supplementary groups, sets gid and uid, chdirs and execs — a failure at any
@@ -17,32 +17,45 @@ leaves both running; the next agent re-adopts them from its state file). It read
    exits it kills whatever is left in the cgroup and waits until the cgroup is empty;
 5. writes `status.json` atomically (exit code or signal, rusage, times, OOM events, log sizes) and exits.
 
-Standard library only, and imports little: it is on every job's start path.
+Standard library only, and imports little: it is on every job's start path (no json, re, contextlib, selectors:
+each costs milliseconds of CPU per job; `logs.dumps` writes its JSON).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import marshal
 import os
 import resource
-import selectors
-import signal
+import select
 import sys
 import time
 
+try:  # the C module: `signal` builds enums, milliseconds of every job's start
+    import _signal as signal
+except ImportError:  # pragma: no cover - not CPython
+    import signal  # type: ignore[no-redef]
+
 from services.agent.executor import cgroups
-from services.agent.executor.logs import RotatingLog, _atomic_write
+from services.agent.executor.logs import RotatingLog, _atomic_write, dumps
 
 PR_SET_CHILD_SUBREAPER = 36
 _HEAD = 4096  # bytes of the launcher's stderr kept to recognise its setup failures
 
 
 def _json_write(path: str, data: dict) -> None:
-    _atomic_write(path, json.dumps(data).encode())
+    _atomic_write(path, dumps(data).encode())
 
 
 def _subreaper() -> None:
+    """prctl(PR_SET_CHILD_SUBREAPER): the work's orphans are re-parented to the shim, which reaps them. Through
+    `_ctypes`' own call, not `ctypes` (whose import is ~4 ms of CPU on every job's start)."""
+    try:
+        import _ctypes
+
+        _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"), (PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0))
+        return
+    except (ImportError, AttributeError, OSError):
+        pass
     try:
         import ctypes
 
@@ -70,8 +83,10 @@ def _child(plan: dict, out_w: int, err_w: int, ex_w: int) -> None:
         os.closerange(ex_w + 1, 1 << 16)
         signal.set_wakeup_fd(-1)
         for sig in range(1, signal.NSIG):
-            with contextlib.suppress(OSError, ValueError, RuntimeError):
+            try:
                 signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError, RuntimeError):
+                pass
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         stage = "credentials"
         if plan.get("uid") is not None:
@@ -84,18 +99,26 @@ def _child(plan: dict, out_w: int, err_w: int, ex_w: int) -> None:
         stage = "exec"
         os.execve(plan["path"], plan["argv"], plan["env"])
     except BaseException as e:  # noqa: BLE001 - everything must reach the parent
-        with contextlib.suppress(OSError):
-            os.write(ex_w, json.dumps({"stage": stage, "errno": getattr(e, "errno", None) or 0,
-                                       "message": f"{stage}: {e}"}).encode())
+        try:
+            os.write(ex_w, marshal.dumps({"stage": stage, "errno": getattr(e, "errno", None) or 0,
+                                          "message": f"{stage}: {e}"}))
+        except OSError:
+            pass
     finally:
         os._exit(127)
 
 
+_ALIASES = ("SIGIOT", "SIGCLD", "SIGPOLL")  # other names of SIGABRT, SIGCHLD, SIGIO
+
+
 def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:  # a real-time signal without a name of its own
-        return f"SIGRTMIN+{number - signal.SIGRTMIN}" if number > signal.SIGRTMIN else f"SIG{number}"
+    """The name `signal.Signals(number).name` gives (SIGTERM, SIGRTMIN, ...), without the enum."""
+    for name, value in vars(signal).items():
+        if value == number and name.startswith("SIG") and not name.startswith("SIG_") and name not in _ALIASES \
+                and isinstance(value, int):
+            return name
+    # a real-time signal without a name of its own
+    return f"SIGRTMIN+{number - signal.SIGRTMIN}" if number > signal.SIGRTMIN else f"SIG{number}"
 
 
 def _read_all(fd: int) -> bytes:
@@ -114,8 +137,8 @@ class Shim:
     def __init__(self, attempt_dir: str, report_fd: int | None) -> None:
         self.dir = attempt_dir
         self.report_fd = report_fd
-        with open(os.path.join(attempt_dir, "spec.json")) as f:
-            self.plan = json.load(f)["plan"]
+        with open(os.path.join(attempt_dir, "plan.marshal"), "rb") as f:
+            self.plan = marshal.loads(f.read())
         self.cg = cgroups.from_descriptor(self.plan["cgroup"])
         self.launchers = tuple(self.plan.get("launchers") or ())
         self.pid = 0
@@ -124,7 +147,8 @@ class Shim:
         self.announced = False
         self.oom_events = 0
         self.head = bytearray()
-        self.sel = selectors.DefaultSelector()
+        self.poll = select.poll()
+        self.watched: dict[int, str] = {}  # fd → "log", "oom" or "wake"
         self.logs: dict[int, RotatingLog] = {}
         self.err_fd = -1
 
@@ -147,16 +171,18 @@ class Shim:
         failure = _read_all(ex_r)
         os.close(ex_r)
         if failure:
-            with contextlib.suppress(ChildProcessError):
+            try:
                 os.waitpid(pid, 0)
-            self._fail(json.loads(failure))
+            except ChildProcessError:
+                pass
+            self._fail(marshal.loads(failure))
             return False
         self.started_at = time.time()
         if isinstance(self.cg, cgroups.NoCgroup):
             self.cg = cgroups.NoCgroup(pid)
         for fd in self.logs:
             os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ)
+            self._register(fd, "log")
         self._watch_oom()
         if self.plan.get("ready", "exec") == "exec" or not self.launchers:
             self._announce()
@@ -173,16 +199,22 @@ class Shim:
             ofd = os.open(os.path.join(memory, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
             with open(os.path.join(memory, "cgroup.event_control"), "w") as f:
                 f.write(f"{efd} {ofd}")
-            self.sel.register(efd, selectors.EVENT_READ, "oom")
+            self._register(efd, "oom")
         except OSError:
             pass
+
+    def _register(self, fd: int, what: str) -> None:
+        self.poll.register(fd, select.POLLIN)
+        self.watched[fd] = what
 
     def _report(self, line: dict) -> None:
         if self.report_fd is None:
             return
-        with contextlib.suppress(OSError):
-            os.write(self.report_fd, (json.dumps(line) + "\n").encode())
+        try:
+            os.write(self.report_fd, (dumps(line) + "\n").encode())
             os.close(self.report_fd)
+        except OSError:
+            pass
         self.report_fd = None
 
     def _announce(self) -> None:
@@ -199,25 +231,37 @@ class Shim:
 
     # -- watch -----------------------------------------------------------------------------------------------
     def _pump(self, timeout: float | None) -> None:
-        for key, _ev in self.sel.select(timeout):
-            if key.data == "oom":
-                with contextlib.suppress(OSError):
-                    self.oom_events += int.from_bytes(os.read(key.fd, 8), sys.byteorder)
+        try:
+            ready = self.poll.poll(None if timeout is None else timeout * 1000)
+        except InterruptedError:
+            ready = []
+        for fd, _ev in ready:
+            what = self.watched.get(fd)
+            if what == "oom":
+                try:
+                    self.oom_events += int.from_bytes(os.read(fd, 8), sys.byteorder)
+                except OSError:
+                    pass
                 continue
-            if key.data == "wake":
-                with contextlib.suppress(OSError):
-                    os.read(key.fd, 4096)
+            if what == "wake":
+                try:
+                    os.read(fd, 4096)
+                except OSError:
+                    pass
+                continue
+            if what != "log":
                 continue
             try:
-                data = os.read(key.fd, 65536)
+                data = os.read(fd, 65536)
             except BlockingIOError:
                 continue
-            if not data:
-                self.sel.unregister(key.fd)
-                os.close(key.fd)
+            if not data:  # the writers are gone (POLLHUP reads as end of file too)
+                self.poll.unregister(fd)
+                del self.watched[fd]
+                os.close(fd)
                 continue
-            self.logs[key.fd].write(data)
-            if key.fd == self.err_fd and len(self.head) < _HEAD:
+            self.logs[fd].write(data)
+            if fd == self.err_fd and len(self.head) < _HEAD:
                 self.head += data[:_HEAD - len(self.head)]
         self._reap()
 
@@ -237,7 +281,7 @@ class Shim:
 
     def watch(self) -> None:
         wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        self._register(wake_r, "wake")
         signal.set_wakeup_fd(wake_w)
         self._reap()
         ready_by = time.monotonic() + float(self.plan.get("ready_timeout_s", 60))
@@ -299,7 +343,7 @@ class Shim:
         """Read the pipes to their end: every writer is dead once the cgroup is empty (outside cgroups a process
         that left the session may still hold them, hence the bound)."""
         end = time.monotonic() + timeout
-        while any(fd in self.logs for fd in self.sel.get_map()) and time.monotonic() < end:
+        while any(what == "log" for what in self.watched.values()) and time.monotonic() < end:
             self._pump(0.05)
 
 

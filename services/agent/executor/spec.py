@@ -64,7 +64,12 @@ class LaunchSpec:
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES  # per stream and file: stdout.log + stdout.log.1
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data (JSON-able), built field by field: `asdict`'s deep copy was most of a launch's CPU."""
+        out = {f: getattr(self, f) for f in _SPEC_FIELDS}
+        out["argv"], out["env"], out["gpu_indices"] = list(self.argv), dict(self.env), list(self.gpu_indices)
+        out["limits"] = {"cpu_milli": self.limits.cpu_milli, "memory_mib": self.limits.memory_mib,
+                         "pids": self.limits.pids}
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
@@ -101,6 +106,9 @@ class LaunchSpec:
         if any(v is not None and v <= 0 for v in (lim.cpu_milli, lim.memory_mib, lim.pids)):
             out.append("limits must be positive")
         return out
+
+
+_SPEC_FIELDS = tuple(f.name for f in fields(LaunchSpec))
 
 
 @dataclass(frozen=True)

@@ -268,3 +268,23 @@ async def test_a_cancelled_launch_still_runs_and_reports(make_executor, reports)
     call.cancel()
     r = await reports.next()  # the attempt was watched all the same: never orphaned
     assert (r.allocation_id, r.exit_code) == ("a-cancel", 9)
+
+
+async def test_the_shim_adopts_the_works_orphans(make_executor, reports, state_dir) -> None:
+    """PR_SET_CHILD_SUBREAPER: a process whose parent exits is re-parented to the attempt's shim (which reaps it),
+    not to the machine's init."""
+    ex = make_executor()
+    work = await ex.launch(spec("a-orphan", ["sh", "-c", "(sleep 30 & echo $! > orphan) ; sleep 30"]))
+    shim = ex.running()["a-orphan"]["shim_pid"]
+    orphan_file = state_dir / "jobs" / "job-a-orphan" / "work" / "orphan"
+    deadline = time.monotonic() + 10
+    while not (orphan_file.exists() and orphan_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the orphan never started"
+        await asyncio.sleep(0.02)
+    orphan = int(orphan_file.read_text())
+    with open(f"/proc/{orphan}/stat") as f:
+        ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+    assert ppid == shim and ppid != work
+    await ex.stop("a-orphan", signal="SIGKILL")
+    r = await reports.next()
+    assert r.allocation_id == "a-orphan" and not alive(orphan)

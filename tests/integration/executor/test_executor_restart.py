@@ -31,7 +31,9 @@ def spec(alloc: str, argv: list[str], **kw) -> LaunchSpec:
 
 
 def state(state_dir) -> dict:
-    return json.loads((state_dir / "executor.json").read_text())
+    """Every attempt's record, as the next executor reads them."""
+    return {"attempts": [json.loads(p.read_text().splitlines()[-1])["attempt"]
+                         for p in sorted((state_dir / "attempts").glob("*/record.jsonl"))]}
 
 
 async def test_running_work_is_adopted_and_its_exit_reported(make_executor, reports, state_dir) -> None:
@@ -157,3 +159,28 @@ async def test_work_survives_kill_9_of_the_agent_and_its_process_group(make_exec
     (state_dir / "jobs" / "job-r-kill9" / "work" / "go").touch()
     r = await reports.next()
     assert (r.exit_code, r.reason, r.pid) == (5, "NonZeroExit", pid)
+
+
+async def test_the_single_state_file_of_an_older_agent_is_taken_over(make_executor, reports, state_dir) -> None:
+    """An agent upgraded over running work: the attempts in the old `executor.json` become records and are
+    adopted; the old file goes."""
+    a = make_executor()
+    pid = await a.launch(spec("r-legacy", WAIT_FOR_GO))
+    a.close()
+    record = state_dir / "attempts" / "r-legacy" / "record.jsonl"
+    legacy = {"version": 1, "cgroup_name": "x", "attempts": [json.loads(record.read_text().splitlines()[-1])["attempt"]]}
+    record.unlink()
+    (state_dir / "executor.json").write_text(json.dumps(legacy))
+    b = make_executor()
+    assert await b.adopt() == ["r-legacy"] and b.running()["r-legacy"]["pid"] == pid
+    assert record.exists() and not (state_dir / "executor.json").exists()
+    (state_dir / "jobs" / "job-r-legacy" / "work" / "go").touch()
+    r = await reports.next()
+    assert (r.allocation_id, r.exit_code) == ("r-legacy", 5)
+
+
+async def test_an_attempt_dir_without_a_record_is_removed_at_start(make_executor, state_dir) -> None:
+    stray = state_dir / "attempts" / "never-recorded"
+    (stray / "control").mkdir(parents=True)
+    make_executor()
+    assert not stray.exists()
