@@ -33,6 +33,7 @@ from services.agent.executor.drivers import (
     device_rules,
     make_drivers,
 )
+from services.agent.executor.forkserver import ServerUnanswered, ShimStarter
 from services.agent.executor.logs import read_log
 from services.agent.executor.spec import (
     _SAFE_ID,
@@ -68,7 +69,7 @@ class Executor:
                  on_exit: Callable[[ExitReport], Awaitable[None]], drivers: set[str] | None = None,
                  python: str = sys.executable, default_uid: int = NOBODY, default_gid: int = NOBODY,
                  max_stop_grace_s: float = 300, cgroups: str = "auto", launch_timeout_s: float = 120,
-                 checkpoint_root: Path | str | None = None) -> None:
+                 checkpoint_root: Path | str | None = None, fork_server: bool = True) -> None:
         if not _SAFE_ID.match(cgroup_name):
             raise ValueError(f"cgroup_name {cgroup_name!r} must match {_SAFE_ID.pattern}")
         self.state_dir = Path(state_dir)
@@ -100,6 +101,8 @@ class Executor:
         self._launching: dict[str, asyncio.Task[int]] = {}
         self._background: set[asyncio.Task] = set()
         self._closed = False
+        self._starter = ShimStarter(python, {"PATH": DEFAULT_PATH, "PYTHONPATH": _ROOT},
+                                    str(self.state_dir / "forkserver.log"), use_server=fork_server)
 
     # --- drivers -------------------------------------------------------------------------------------------
     def offered_drivers(self) -> dict[str, str | None]:
@@ -273,8 +276,8 @@ class Executor:
         os.close(w)
         shim_log = os.path.join(rec.attempt_dir, "shim.log")
         try:
-            pid = _spawn_shim(self._python, rec.attempt_dir, shim_log, w3)
-        except OSError as e:
+            pid = await self._starter.start(rec.attempt_dir, shim_log, w3)
+        except (OSError, ServerUnanswered) as e:
             os.close(r)
             await self._abort(rec, job_cg)
             raise LaunchError("LaunchFailed", f"cannot start the shim {self._python}: {e}") from e
@@ -683,6 +686,7 @@ class Executor:
         for task in list(self._background):
             task.cancel()
         self._live.clear()
+        self._starter.close()
         if self._lock is not None:
             os.close(self._lock)  # releases the flock: another executor may take this state dir
             self._lock = None
@@ -736,20 +740,6 @@ def _tail(path: str, n: int = 2000) -> str:
             return ": " + f.read().decode(errors="replace").strip()
     except OSError:
         return ""
-
-
-SHIM_MAIN = "import sys; from services.agent.executor.shim import main; sys.exit(main(sys.argv))"
-
-
-def _spawn_shim(python: str, attempt_dir: str, shim_log: str, report_fd: int) -> int:
-    """Start the shim in its own session (it and the work outlive the agent); the report pipe becomes its fd 3."""
-    # -c, not -m: runpy alone would cost every job's start ~8 ms of CPU; -S: no site-packages
-    argv = [python, "-S", "-P", "-c", SHIM_MAIN, attempt_dir, "3"]  # -P: nothing from the cwd
-    env = {"PATH": DEFAULT_PATH, "PYTHONPATH": _ROOT}
-    return os.posix_spawn(python, argv, env, setsid=True, file_actions=[
-        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, shim_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
-        (os.POSIX_SPAWN_DUP2, 1, 2), (os.POSIX_SPAWN_DUP2, report_fd, 3)])
 
 
 def _reaped(pid: int) -> bool:

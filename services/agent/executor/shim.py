@@ -363,5 +363,78 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _reap_children(*_: object) -> None:
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _become_shim(attempt_dir: str, report_fd: int, log_fd: int) -> int:
+    """In a child of the fork server: the fds a spawned shim would have (stdin /dev/null, stdout and stderr the
+    shim log, the report pipe as fd 3, nothing else), its own session, then the shim."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.dup2(report_fd, 3)
+    os.closerange(4, 1 << 16)
+    return main(["shim", attempt_dir, "3"])
+
+
+def serve(sock_fd: int) -> int:
+    """The executor's fork server: `python -S -P -c "...shim import serve..."` with a SOCK_SEQPACKET socket as
+    `sock_fd`. Each request is an attempt dir with two fds (the report pipe's write end, the open shim log); the
+    server forks, the child becomes that attempt's shim (`_become_shim`) and the reply is its pid (`"<pid>"`, or
+    `"E <why>"`). Paying the interpreter's start and these imports once per executor instead of once per job is
+    most of a launch's CPU. It reaps the shims it forked (they are its children until it ends, then init's, as a
+    spawned shim is the agent's) and exits when the executor's end of the socket closes."""
+    import socket
+
+    sock = socket.socket(fileno=sock_fd)
+    signal.signal(signal.SIGCHLD, _reap_children)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for `gpupool up`: the executor closes us
+    try:
+        import _ctypes  # noqa: F401 - the shims' subreaper call, imported once here
+    except ImportError:
+        pass
+    while True:
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 8192, 2)
+        if not msg:
+            return 0
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            sock.sendall(b"E a request carries the report pipe and the shim log")
+            continue
+        report_fd, log_fd = fds
+        try:
+            pid = os.fork()
+        except OSError as e:
+            pid = -1
+            sock.sendall(f"E fork: {e}".encode())
+        if pid == 0:
+            code = 127
+            try:
+                sock.close()
+                code = _become_shim(os.fsdecode(msg), report_fd, log_fd)
+            except BaseException as e:  # noqa: BLE001 - the child must never return into the server's loop
+                try:
+                    os.write(2, f"shim: {e!r}\n".encode())
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        os.close(report_fd)
+        os.close(log_fd)
+        if pid > 0:
+            sock.sendall(str(pid).encode())
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
