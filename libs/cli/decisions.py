@@ -10,13 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 from libs.client import GpupoolClient
-from libs.core import codec, schedule
 
 EXIT_OK, EXIT_DIFFERENT = 0, 1
 
 
 def replay(decision: Any) -> dict[str, Any]:
     """Schedule the recorded input again; compare the plan with what was recorded, decision by decision."""
+    from libs.core import codec, schedule  # the scheduling core: only this command needs it (~0.1 s of start-up)
+
     if not decision.input_gzip_base64:
         raise ValueError("the decision carries no recorded input")
     inputs = codec.loads(gzip.decompress(base64.b64decode(decision.input_gzip_base64)))

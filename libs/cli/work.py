@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from libs.cli import people
@@ -35,7 +35,8 @@ ISOLATIONS = ("process", "sandbox", "container")
 LOG_STREAMS = ("stdout", "stderr", "both")
 WAITING = ("awaiting_approval", "pending", "launching")
 NAME_CHARS = re.compile(r"[^a-z0-9._-]+")
-POLL_S = 0.5  # `gpupool run` asks for the job's state this often while it waits
+POLL_S = 0.5  # `gpupool run` asks for the job's state at most this far apart while it waits
+FIRST_POLL_S = 0.05  # ... and first this soon: a job that starts (or ends) at once is seen at once
 
 # YAML keys of the work (the HTTP body's, plus the dashed spellings the shape keys also accept)
 WORK_KEYS = {"command": "command", "env": "env", "workdir": "workdir", "limits": "limits",
@@ -315,14 +316,22 @@ class Runner:
             detail = f": {job.message}" if job.message and job.state in WAITING else ""
             self.say(f"job {self.job_id} is {job.state}{where}{detail}")
 
-    def wait_until_started(self) -> None:
+    def _pauses(self) -> Iterator[float]:
+        """FIRST_POLL_S, then half as long again each time, up to poll_s: a quick job is not kept waiting for a
+        fixed half second, a long one costs the gateway two requests a second."""
+        pause = min(FIRST_POLL_S, self.poll_s)
         while True:
+            yield pause
+            pause = min(self.poll_s, pause * 1.5)
+
+    def wait_until_started(self) -> None:
+        for pause in self._pauses():
             job = self.gp.get_job(self.job_id)
             self._watch(job)
             if job.state not in WAITING:
                 self.started = True
                 return
-            self.sleep(self.poll_s)
+            self.sleep(pause)
 
     def stream(self) -> None:
         if not self.pumps:
@@ -363,12 +372,13 @@ class Runner:
             if "NoLogs" not in lost:
                 self.say(f"log stream ended early ({lost}); waiting for the job to end")
         self.lost.clear()
-        while True:
+        for pause in self._pauses():
             job = self.gp.get_job(self.job_id)
             self._watch(job)
             if job.finished:
                 return job
-            self.sleep(self.poll_s)
+            self.sleep(pause)
+        raise AssertionError("unreachable")  # _pauses never ends
 
 
 def cmd_run(args: argparse.Namespace, gp: GpupoolClient) -> int:

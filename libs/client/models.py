@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class ApiModel(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # defer_build: a model's validator is built when first used, not at import (the CLI's start-up)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 

@@ -322,3 +322,12 @@ def test_completion_knows_run_logs_and_the_work_flags(capsys):
         assert main(["completion", shell]) == 0
         script = capsys.readouterr().out
         assert '"run"' in script and '"logs"' in script and "--stop-grace" in script
+
+
+def test_run_polls_soon_then_backs_off_to_its_ceiling() -> None:
+    pauses = []
+    runner = work.Runner(None, "j1", poll_s=0.5, sleep=pauses.append)  # type: ignore[arg-type]
+    it = runner._pauses()
+    first = [next(it) for _ in range(12)]
+    assert first[0] == work.FIRST_POLL_S and first == sorted(first) and first[-1] == 0.5
+    assert all(b <= a * 1.5 + 1e-9 for a, b in zip(first, first[1:], strict=False))
