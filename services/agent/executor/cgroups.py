@@ -479,6 +479,16 @@ class CgroupSystem:
             return [os.path.join(self._v2, "gpupool", name)]
         return [os.path.join(m, "gpupool", name) for m in dict.fromkeys(self._v1.values())]
 
+    def release_node(self, name: str) -> None:
+        """Remove the node's parent directories where they are empty (a job's cgroup left in one keeps it): an
+        executor that goes away leaves no empty cgroups behind, however many state dirs came and went."""
+        others = [os.path.join(m, "gpupool", name) for m in self._others] if self.kind == "v1" else []
+        for base in self.base(name) + others:
+            try:
+                os.rmdir(base)
+            except OSError:
+                pass
+
     def job(self, name: str, allocation_id: str) -> JobCgroup:
         rel = os.path.join("gpupool", name, allocation_id)
         if self.kind == "v2" and self._v2:

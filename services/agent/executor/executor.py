@@ -687,6 +687,7 @@ class Executor:
             task.cancel()
         self._live.clear()
         self._starter.close()
+        self.cgroups.release_node(self.cgroup_name)  # only where empty: running work keeps its cgroups
         if self._lock is not None:
             os.close(self._lock)  # releases the flock: another executor may take this state dir
             self._lock = None

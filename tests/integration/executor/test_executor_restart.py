@@ -184,3 +184,18 @@ async def test_an_attempt_dir_without_a_record_is_removed_at_start(make_executor
     (stray / "control").mkdir(parents=True)
     make_executor()
     assert not stray.exists()
+
+
+@needs_cgroups
+async def test_closing_leaves_no_empty_node_cgroup_but_keeps_running_work(make_executor, reports, state_dir,
+                                                                          node) -> None:
+    a = make_executor()
+    await a.launch(spec("r-keep", WAIT_FOR_GO))
+    a.close()  # work running: the node's cgroups stay (it is re-adopted from them)
+    assert CGROUPS.jobs(node) == {"r-keep"} and all(os.path.isdir(b) for b in CGROUPS.base(node))
+    b = make_executor()
+    await b.adopt()
+    (state_dir / "jobs" / "job-r-keep" / "work" / "go").touch()
+    assert (await reports.next()).allocation_id == "r-keep"
+    b.close()  # nothing running: no empty directory is left behind in any hierarchy
+    assert not any(os.path.exists(base) for base in CGROUPS.base(node))
