@@ -461,23 +461,24 @@ class SlurmPeer:
 # (label, path into a run, what the number includes)
 SEQUENTIAL = (
     ("`gpupool run -- true`: the CLI's wall time", ("gpupool", "cli", "wall"),
-     "what a user waits: Python start-up and the CLI's imports, the submit, the CLI's state polls (every 0.5 s) "
-     "and its two log streams to their end"),
+     "what a user waits: Python start-up and the CLI's imports, the submit, the CLI's state polls (after 50 ms, "
+     "then up to 0.5 s apart) and its two log streams to their end"),
     ("… its start-up alone (`gpupool run --help`, measured apart)", ("gpupool", "cli", "startup"),
      "interpreter, the CLI's imports, argument parsing, exit; no request"),
     ("… CLI spawned → process started", ("gpupool", "cli", "spawn_started"), "start-up + submit + the platform"),
     ("… CLI spawned → GPUs free", ("gpupool", "cli", "spawn_released"), "the same, to `allocation.released`"),
     ("… GPUs free → CLI exited", ("gpupool", "cli", "released_exit"),
-     "the CLI noticing the end: its next 0.5 s poll, the log streams closing, interpreter exit"),
+     "the CLI noticing the end: the gateway's next read of the log streams (50 ms after output, then up to "
+     "0.5 s apart), the CLI's next state poll, interpreter exit"),
     ("over HTTP: submit → granted", ("gpupool", "cycle", "submit_granted"),
      "gateway → queue → quota's admission → placement's cycle → `allocation.granted`"),
     ("granted → `agent.work_started`", ("gpupool", "cycle", "granted_started"),
-     "the agent takes the grant; the executor makes the job's cgroup, writes the attempt's plan and starts the "
-     "shim (`python -S`, its own session), which forks and execs `true` and reports back; then the agent "
-     "publishes `agent.work_started`"),
+     "the agent takes the grant; the executor makes the job's cgroup, writes the attempt's plan and has its "
+     "fork server fork the shim (its own session), which forks and execs `true` and reports back; then the "
+     "agent publishes `agent.work_started`"),
     ("`agent.work_started` → `agent.work_exited`", ("gpupool", "cycle", "started_exited"),
-     "the two reports' arrival: `true` ends at once, so this is mostly the order in which the agent's two "
-     "publishes land (negative: the exit report came first)"),
+     "the two reports' arrival: `true` ends at once, and the agent publishes the exit only once JetStream has "
+     "taken the start"),
     ("`agent.work_exited` → GPUs free", ("gpupool", "cycle", "exited_released"),
      "placement releases the allocation (`allocation.released`, reason `WorkCompleted`)"),
     ("**submit → process started** (`agent.work_started`)", ("gpupool", "cycle", "submit_started"),
@@ -673,8 +674,8 @@ def reading(runs: list[dict]) -> list[str]:
     text = (f"Of `gpupool run -- true`'s {p50('gpupool', 'cli', 'wall')} (p50) the platform's own cycle, HTTP submit "
             f"→ GPUs free, is {p50('gpupool', 'cycle', 'submit_released')}; the rest is the CLI: its start-up "
             f"before the request ({p50('gpupool', 'cli', 'startup')} measured apart), and "
-            f"{p50('gpupool', 'cli', 'released_exit')} from GPUs free to its exit (its next 0.5 s state poll, the log "
-            "streams closing, the interpreter's exit).")
+            f"{p50('gpupool', 'cli', 'released_exit')} from GPUs free to its exit (the log streams closing at the "
+            "gateway's next read, the CLI's next state poll, the interpreter's exit).")
     if any(run.get("slurm") for run in runs):
         text += (f" `srun true` ({p50('slurm', 'srun')}) pays its own start-up too, but it is a C binary and waits "
                  "on the step's completion message instead of polling.")
@@ -685,12 +686,14 @@ INCLUDES = (
     "gpupool's times are the benchmark's monotonic clock when NATS delivered each event to it (JetStream publishes "
     "reach a core subscriber like any message); submit is the moment before the HTTP request (keep-alive "
     "connection, a member API token of team research, as the CLI uses).",
-    "granted → `agent.work_started` includes the executor's shim start: a fresh `python -S -m "
-    "services.agent.executor.shim` (`python -S -c`) per attempt, the job's cgroup, fork and exec, and the agent's report; "
+    "granted → `agent.work_started` includes the executor's shim start: a shim per attempt, forked by the "
+    "executor's fork server (one `python -S` per node), the job's cgroup, fork and exec, and the agent's report; "
     "`agent.work_exited` follows the shim's wait for an empty cgroup and its status file. The executor's own "
     "record (`exit.started_at`, `exit.exited_at`) is the shim's wall clock, mapped onto the benchmark's clock.",
-    "`gpupool run` polls the job's state every 0.5 s (to see it start and to see it end) and follows both log "
-    "streams until the job has ended; its wall time includes the interpreter's start-up and exit.",
+    "`gpupool run` polls the job's state 50 ms after the submit, then half as long again each time up to 0.5 s "
+    "(to see it start and to see it end), and follows both log streams until the job has ended (the gateway "
+    "reads the agent 50 ms after new output, then up to 0.5 s apart); its wall time includes the interpreter's "
+    "start-up and exit.",
     "Slurm's batch numbers are wall-clock times (`time.time()` before `sbatch`, the script's `$EPOCHREALTIME`, "
     "slurmctld's log at ms resolution), all on this machine's one clock; `srun` is timed around the command.",
     f"Before each sequential series {WARMUP} jobs (and {WARMUP} `srun` calls) are run and not counted.",

@@ -61,6 +61,10 @@ class WorkRunner:
         self.grants: dict[str, AllocationGranted] = {}  # allocations with work that this node runs or will run
         self.waiting: dict[str, AllocationGranted] = {}  # granted, not launched yet (a MIG instance to come)
         self.launching: set[str] = set()
+        # allocation → set once its start was reported (or its launch failed): its exit is reported after that,
+        # so `agent.work_started` never reaches anyone after `agent.work_exited` (a quick command's exit is
+        # known while the start report is still on its way)
+        self.start_reported: dict[str, asyncio.Event] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()  # allocations whose work ended (never launched again)
         self.known_since: dict[str, float] = {}  # allocation → when this agent heard of it (0: from a previous agent)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -142,6 +146,7 @@ class WorkRunner:
                 continue
             del self.waiting[allocation_id]
             self.launching.add(allocation_id)
+            self.start_reported[allocation_id] = asyncio.Event()
             self._spawn(self._launch(grant, mig_uuids.get(allocation_id)))
 
     async def on_preempting(self, data: AllocationPreempting) -> None:
@@ -226,27 +231,34 @@ class WorkRunner:
             **({"log_max_bytes": self.log_max_bytes} if self.log_max_bytes else {}))
 
     async def _launch(self, grant: AllocationGranted, mig_uuid: str | None) -> None:
+        reported = self.start_reported.setdefault(grant.allocation_id, asyncio.Event())
         try:
-            spec = self._spec(grant, mig_uuid)
-            pid = await self.executor.launch(spec)
-        except LaunchError as exc:
-            log.warning("work_launch_failed", extra={"node": self.node, "allocation_id": grant.allocation_id,
-                                                     "reason": exc.reason, "detail": exc.message})
-            await self._report_unstarted(grant, exc.reason, exc.message)
-            return
-        except Exception as exc:  # never leave a grant neither started nor ended
-            log.exception("work_launch_crashed", extra={"node": self.node, "allocation_id": grant.allocation_id})
-            await self._report_unstarted(grant, "LaunchFailed", f"{type(exc).__name__}: {exc}"[:500])
-            return
+            try:
+                spec = self._spec(grant, mig_uuid)
+                pid = await self.executor.launch(spec)
+            except LaunchError as exc:
+                log.warning("work_launch_failed", extra={"node": self.node, "allocation_id": grant.allocation_id,
+                                                         "reason": exc.reason, "detail": exc.message})
+                reported.set()
+                await self._report_unstarted(grant, exc.reason, exc.message)
+                return
+            except Exception as exc:  # never leave a grant neither started nor ended
+                log.exception("work_launch_crashed", extra={"node": self.node,
+                                                            "allocation_id": grant.allocation_id})
+                reported.set()
+                await self._report_unstarted(grant, "LaunchFailed", f"{type(exc).__name__}: {exc}"[:500])
+                return
+            finally:
+                self.launching.discard(grant.allocation_id)
+            log.info("work_started", extra={"node": self.node, "allocation_id": grant.allocation_id,
+                                            "job_id": grant.job_id, "pid": pid})
+            assert grant.work is not None
+            await self._publish_until_taken(WorkStarted(
+                allocation_id=grant.allocation_id, job_id=grant.job_id, team=grant.team, project=grant.project,
+                cluster=self.cluster, node=self.node, replica=grant.replica, attempt=grant.attempt, pid=pid,
+                isolation=grant.work.isolation, started_at=utcnow()), f"work_started/{grant.allocation_id}")
         finally:
-            self.launching.discard(grant.allocation_id)
-        log.info("work_started", extra={"node": self.node, "allocation_id": grant.allocation_id,
-                                        "job_id": grant.job_id, "pid": pid})
-        assert grant.work is not None
-        await self._publish_until_taken(WorkStarted(
-            allocation_id=grant.allocation_id, job_id=grant.job_id, team=grant.team, project=grant.project,
-            cluster=self.cluster, node=self.node, replica=grant.replica, attempt=grant.attempt, pid=pid,
-            isolation=grant.work.isolation, started_at=utcnow()), f"work_started/{grant.allocation_id}")
+            reported.set()  # also when cancelled (the agent stops): an exit report never waits forever
 
     async def _report_unstarted(self, grant: AllocationGranted, reason: str, message: str) -> None:
         now = utcnow()
@@ -279,6 +291,10 @@ class WorkRunner:
         self.waiting.pop(allocation_id, None)
         self.grants.pop(allocation_id, None)
         self.known_since.pop(allocation_id, None)
+        started = self.start_reported.get(allocation_id)
+        if started is not None:  # the start first (see start_reported)
+            await started.wait()
+            self.start_reported.pop(allocation_id, None)
         await self._publish_until_taken(WorkExited(
             allocation_id=allocation_id, job_id=job_id, team=team, project=project, cluster=self.cluster,
             node=self.node, replica=replica, attempt=attempt, exit=exit), f"work_exited/{allocation_id}")

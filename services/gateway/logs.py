@@ -35,12 +35,13 @@ LogStreamParam = Literal["stdout", "stderr", "both"]
 TEXT = "text/plain; charset=utf-8"
 ACTIVE = frozenset({"launching", "running", "preempting"})
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
-POLL_S = 0.5  # between reads while following
+POLL_S = 0.5  # between reads while following, at most
+FIRST_POLL_S = 0.05  # ... and at first, and again after new output: a quick job's stream ends at once
 # How a read treats an agent's failure: `plain` answers it as the problem; `first` (a follow's first read, before the
 # stream starts) does too, except a 404 (the agent has not started the work yet: waited for); `follow` waits for all.
 ReadMode = Literal["plain", "first", "follow"]
 FOLLOW_MAX_S = 24 * 3600.0  # a follower is ended after this long
-REFRESH_EVERY = 10  # polls between re-reading the job and its allocations while output flows
+REFRESH_S = 5.0  # between re-reading the job and its allocations while output flows
 READ_BYTES = 1_048_576  # one ReadLogs at most (the contract's limit)
 READ_MAX_BYTES = 8 * READ_BYTES  # a plain read of one stream stops here (use tail or follow beyond)
 TAIL_BYTES_PER_LINE = 512  # tail=N asks the agent for N × this many bytes, then cuts to N lines
@@ -290,14 +291,15 @@ class LogReader:
         deadline = loop.time() + FOLLOW_MAX_S
         if first:
             yield first
-        polls = 0
+        pause, refreshed = FIRST_POLL_S, loop.time()
         while loop.time() < deadline:
             if await self.req.is_disconnected():
                 return
-            await asyncio.sleep(POLL_S)
-            polls += 1
+            await asyncio.sleep(pause)
+            pause = min(POLL_S, pause * 1.5)  # quiet: ask less often, up to POLL_S
             try:
-                if not self.targets or self.settled or polls % REFRESH_EVERY == 0:
+                if not self.targets or self.settled or loop.time() - refreshed >= REFRESH_S:
+                    refreshed = loop.time()
                     await self.refresh()
                     if self.finished():
                         break
@@ -308,6 +310,7 @@ class LogReader:
                 log.info("logs_follow_ended", extra={"job_id": self.job.get("job_id"), "reason": exc.reason})
                 break
             if text:
+                pause = FIRST_POLL_S  # output flows: follow it closely
                 yield text
         rest = self.flush()
         if rest:

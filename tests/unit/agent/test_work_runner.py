@@ -239,3 +239,31 @@ async def test_work_whose_allocation_is_no_longer_live_is_killed_but_a_newer_gra
     r.on_synced(live={"new"}, listened_since=time.monotonic())  # a later sync: "new" is live and kept
     await settle()
     assert {a for a, _, _ in ex.stops} == {"old"}
+
+
+async def test_an_exit_known_while_the_start_report_is_on_its_way_is_reported_after_it() -> None:
+    """A quick command (`true`) ends while `agent.work_started` is still being published: the exit report waits
+    for it, so nobody sees the work end before it started."""
+    ex = FakeExecutor()
+    gate = asyncio.Event()
+    published: list = []
+
+    async def publish(event, identity: str) -> bool:  # type: ignore[no-untyped-def]
+        if isinstance(event, WorkStarted):
+            await gate.wait()  # JetStream is slow to take the start report
+        published.append(event)
+        return True
+
+    r = WorkRunner(None, "c", "n1", ex, publish, device_dir="/tmp/dev", run_as_uid=1000)  # type: ignore[arg-type]
+    r.on_granted(grant())
+    await settle()
+    assert ex.launched and published == []
+    exiting = asyncio.ensure_future(r.on_exit(ExitReport(
+        allocation_id="a1", job_id="j1", attempt=2, replica=1, exit_code=0, signal=None, oom=False,
+        reason="Completed", message="exit 0", started_at=NOW, exited_at=NOW, wall_s=0.001, cpu_s=0.0,
+        stopped=False, pid=4242)))
+    await settle()
+    assert published == [] and not exiting.done()  # held back behind the start
+    gate.set()
+    await asyncio.wait_for(exiting, 1)
+    assert [type(e) for e in published] == [WorkStarted, WorkExited]
