@@ -16,7 +16,10 @@ EXIT_OK, EXIT_DIFFERENT = 0, 1
 
 def replay(decision: Any) -> dict[str, Any]:
     """Schedule the recorded input again; compare the plan with what was recorded, decision by decision."""
-    from libs.core import codec, schedule  # the scheduling core: only this command needs it (~0.1 s of start-up)
+    from libs.core import (  # the scheduling core: only this command needs it (~0.1 s of start-up)
+        codec,
+        schedule,
+    )
 
     if not decision.input_gzip_base64:
         raise ValueError("the decision carries no recorded input")
