@@ -26,6 +26,7 @@ from pydantic import ValidationError, create_model
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, parse_envelope
 from libs.contracts.events import EVENT_TYPES, EventData, decode_data
+from libs.contracts.origins import vet
 from libs.observability.metrics import BUS_HANDLE_SECONDS, BUS_MESSAGES
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,21 @@ class BatchConsumer(EventConsumer):
         expected = only_event_type(spec.filter_subjects)
         self._typed: Any = typed_envelope(expected) if expected is not None else None
 
-    def decode(self, raw: bytes) -> tuple[CloudEvent, EventData]:
-        """(envelope, payload); raises InvalidEnvelope. On the one-pass path `event.data` is the payload itself."""
+    def decode(self, raw: bytes, subject: str | None = None) -> tuple[CloudEvent, EventData]:
+        """(envelope, payload), vetted (libs/contracts/origins.py); raises InvalidEnvelope. On the one-pass path
+        `event.data` is the payload itself."""
+        decoded = None
         if self._typed is not None:
             # not the expected shape: fall through to the general decode, which says why (or decodes another type)
             with contextlib.suppress(ValidationError):
                 event = self._typed.model_validate_json(raw)
-                return event, event.data
-        event = parse_envelope(raw)
-        return event, decode_data(event)
+                decoded = event, event.data
+        if decoded is None:
+            event = parse_envelope(raw)
+            decoded = event, decode_data(event)
+        if self.spec.vet:
+            vet(raw, decoded[0], decoded[1], subject)
+        return decoded
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
@@ -86,7 +93,7 @@ class BatchConsumer(EventConsumer):
         good, decoded = [], []
         for msg in msgs:
             try:
-                decoded.append(self.decode(msg.data))
+                decoded.append(self.decode(msg.data, msg.subject))
                 good.append(msg)
             except InvalidEnvelope as exc:
                 await self.dead_letter(msg, "InvalidMessage", str(exc))

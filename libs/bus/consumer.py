@@ -2,7 +2,9 @@
 
 Outcomes of one message:
 - handled → `ack` (the handler has already committed its effect and its inbox row);
-- undecodable / invalid / `Poison` raised → copied to `gpupool.dlq.<consumer>` with the reason, then `term`;
+- undecodable / invalid / not from its type's owner or not on its subject (libs/contracts/origins.py) / `Poison`
+  raised / a failure of the event's own content (`permanent`: ValueError, TypeError, ArithmeticError,
+  RecursionError, asyncpg's DataError) → copied to `gpupool.dlq.<consumer>` with the reason, then `term`;
 - any other exception → `nak` with exponential backoff, until `max_deliver` is reached, then dead-lettered
   (`Busy`, contention rather than failure, the same but logged without a traceback and counted as `busy`).
 Messages are handled one at a time per consumer so events about one entity apply in stream order.
@@ -35,6 +37,7 @@ from libs.bus.publisher import MSG_ID_HEADER, publish_raw
 from libs.contracts import subjects
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, parse_envelope
 from libs.contracts.events import EventData, decode_data
+from libs.contracts.origins import vet
 from libs.observability.metrics import (
     BUS_CONSUMER_ACK_PENDING,
     BUS_CONSUMER_PENDING,
@@ -65,6 +68,21 @@ class Poison(Exception):
         self.reason = reason
 
 
+# Failures no retry can cure: the event's content is what fails (a value no column takes, text PostgreSQL refuses,
+# arithmetic that overflows, a model's validation). Such an event is dead-lettered at its first failure instead of
+# holding its consumer through `max_deliver` back-offs; the consumer goes on with the next.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, ArithmeticError, RecursionError)
+
+
+def permanent(exc: BaseException) -> bool:
+    """True for a failure of the event itself (see PERMANENT_ERRORS; also asyncpg's DataError class, told by name:
+    the bus does not import the database driver). Connection losses, timeouts, deadlocks and serialization
+    failures are not: they are retried."""
+    if isinstance(exc, PERMANENT_ERRORS):
+        return True
+    return any(c.__name__ == "DataError" and c.__module__.startswith("asyncpg") for c in type(exc).__mro__)
+
+
 class Busy(Exception):
     """Raised by a handler whose entity another transaction is changing right now (another replica's batch, say)
     when waiting for it could deadlock: the message is retried after the usual back-off like any failure, but this
@@ -82,6 +100,9 @@ class ConsumerSpec:
     backoff_base_s: float = 0.2
     backoff_max_s: float = 10.0
     max_ack_pending: int = 1000
+    # events are input: the owner's source, the subject its publisher uses, no NUL (libs/contracts/origins.py);
+    # off only for a test of the consumer's own mechanics on a subject of its own
+    vet: bool = True
 
 
 def backoff_delay(spec: ConsumerSpec, num_delivered: int) -> float:
@@ -236,6 +257,8 @@ class EventConsumer:
             try:
                 event = parse_envelope(msg.data)
                 data = decode_data(event)
+                if self.spec.vet:
+                    vet(msg.data, event, data, msg.subject)
             except InvalidEnvelope as exc:
                 await self.dead_letter(msg, "InvalidMessage", str(exc))
                 return False
@@ -249,6 +272,11 @@ class EventConsumer:
             except Exception as exc:
                 delivered = msg.metadata.num_delivered
                 span.record_exception(exc)
+                if permanent(exc) and not isinstance(exc, Busy):
+                    log.error("handler_failed_on_the_event", exc_info=exc, extra={"consumer": consumer,
+                                                                                 "event_id": event.id})
+                    await self.dead_letter(msg, "HandlerFailed", repr(exc)[:2000])
+                    return False
                 if delivered >= self.spec.max_deliver:
                     await self.dead_letter(msg, "MaxDeliveriesExceeded", repr(exc))
                     return False

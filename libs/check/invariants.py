@@ -21,6 +21,7 @@ from typing import Any
 from libs.check.model import Violation
 from libs.check.snapshot import OutboxRow, ServiceStore, Snapshot, StreamView
 from libs.contracts import subjects
+from libs.contracts.origins import OWNERS, TYPE_OWNERS, owner_of, source_allowed
 
 STATE_CHANGED = subjects.JOB_STATE_CHANGED
 GRANTED = subjects.ALLOCATION_GRANTED
@@ -636,6 +637,31 @@ def dead_letters(stores: Iterable[ServiceStore], streams: StreamView) -> Result:
                 f"{emitted_ids[d.event_id]}'s event ({d.subject}, {d.stream} seq {d.stream_seq}) was dead-lettered "
                 f"by {d.consumer}: {d.reason}: {d.error[:200]}", {"consumer": d.consumer, "reason": d.reason}))
     return len(streams.dead_letters), out
+
+
+# --- event_origins -----------------------------------------------------------------------------------------------
+def event_origins(streams: StreamView) -> Result:
+    """An event in the stream whose source is not its type's owner got past NATS permissions (a forger with some
+    identity's credentials, or a tool publishing by hand): consumers refuse it, and it is named here."""
+    out = []
+    for e in streams.events:
+        if e.type is None:
+            continue
+        if not source_allowed(e.type, e.source or ""):
+            owner = owner_of(e.type)
+            out.append(Violation(
+                "event_origins", "event_from_wrong_source", e.event_id or f"seq {e.seq}",
+                f"{e.type} on {e.subject} (seq {e.seq}) claims source {e.source!r}; "
+                + (f"only /gpupool/{owner} publishes it" if owner else "no gpupool service publishes that type"),
+                {"type": e.type, "source": e.source, "seq": e.seq}))
+    return len(streams.events), out
+
+
+def dead_letter_sources(streams: StreamView) -> dict[str, int]:
+    """Dead letters by the source they claim, those that are not a service's marked: forgeries turned away."""
+    services = set(OWNERS.values()) | set(TYPE_OWNERS.values())
+    return dict(Counter((d.source or "?") if (d.source or "").removeprefix("/gpupool/").split("/")[0] in services
+                        else f"{d.source or '?'} (not a service)" for d in streams.dead_letters))
 
 
 def dead_letter_summary(streams: StreamView) -> dict[str, int]:

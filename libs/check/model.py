@@ -18,6 +18,7 @@ CHECKS: dict[str, str] = {
     "event_delivery": "every published outbox row is in its stream, and no service event lacks its outbox row",
     "consumer_lag": "no durable consumer leaves a message unprocessed beyond its bound",
     "dead_letters": "no genuine event (one a service emitted) was dead-lettered",
+    "event_origins": "every event in the streams comes from the service that owns its type",
     "job_liveness": "every job wanted beyond its bound is known to placement and was considered by a cycle",
     "scheduler_progress": "placement has decided since every job it has wanted beyond its bound was submitted",
 }

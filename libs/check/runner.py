@@ -36,6 +36,9 @@ class CheckConfig:
     report_window_s: float = 15.0
     settle_s: float = 0.0  # retry a failing check for this long before reporting (0: judge once)
     only: set[str] | None = None
+    # event ids a fault injector (`gpupool chaos`) put into the streams on purpose, forged or poison: not held
+    # against the platform (their dead letters are still counted)
+    injected: frozenset[str] = frozenset()
 
     @classmethod
     def from_run_file(cls, path: Path, **overrides) -> CheckConfig:  # type: ignore[no-untyped-def]
@@ -78,6 +81,8 @@ async def _once(config: CheckConfig) -> Report:
             streams = await read_streams(config.nats_url)
         except StreamsUnavailable as exc:
             report.errors.append(str(exc))
+        if streams is not None and config.injected:
+            streams.events = [e for e in streams.events if e.event_id not in config.injected]
     snapshot = Snapshot(stores=stores, streams=streams, reported_quota_use=reported, reported_at=reported_at,
                         reported_by=reported_by)
     foreign = await _foreign_events(config, snapshot) if streams is not None else {}
@@ -115,6 +120,7 @@ def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[st
         if streams and snap.stores else None,
         "consumer_lag": (lambda: invariants.consumer_lag(streams, config.lag_max_age_s)) if streams else None,
         "dead_letters": (lambda: invariants.dead_letters(snap.stores.values(), streams)) if streams else None,
+        "event_origins": (lambda: invariants.event_origins(streams)) if streams else None,
         "job_liveness": (lambda: liveness.job_liveness(queue, placement, config.pending_max_age_s))
         if queue and placement else None,
         "scheduler_progress": (lambda: liveness.scheduler_progress(placement, config.decision_max_age_s))
@@ -135,6 +141,7 @@ def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[st
         report.info["quota_use"] = {f"{t}/{m}": round(v, 3) for (t, m), v in sorted(invariants.live_use(placement).items())}
     if streams is not None:
         report.info["dead_letters"] = invariants.dead_letter_summary(streams)
+        report.info["dead_letter_sources"] = invariants.dead_letter_sources(streams)
         report.info["consumers"] = {f"{c.stream}/{c.name}": {"pending": c.num_pending, "ack_pending": c.num_ack_pending,
                                                            "redelivered": c.num_redelivered}
                                     for c in streams.consumers}

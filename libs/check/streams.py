@@ -17,7 +17,9 @@ from libs.contracts import subjects
 
 MSG_ID = "Nats-Msg-Id"
 # Subjects read in full: the events the invariants fold. Every other message is read headers-only (its id).
-FULL_SUBJECTS = (subjects.JOB_STATE_CHANGED, subjects.ALLOCATION_ALL)
+# read whole: the events the invariants compare, and the policy events a forger would aim at (event_origins)
+FULL_SUBJECTS = (subjects.JOB_STATE_CHANGED, subjects.ALLOCATION_ALL, subjects.QUOTA_SET,
+                 subjects.QUOTA_PRIORITY_CLASS_SET, subjects.QUOTA_TEAM_CREATED)
 ID_STREAMS = (subjects.EVENTS_STREAM.name, subjects.ROLLUPS_STREAM.name)
 
 
@@ -94,7 +96,7 @@ async def _read(js: JetStreamContext, stream: str, subject: str, last_seq: int |
 def _event(seq: int, subject: str, raw: bytes) -> StreamEvent:
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested past the parser's stack
         doc = None
     if not isinstance(doc, dict):
         return StreamEvent(seq, subject, None, None, None, None)

@@ -51,7 +51,7 @@ from libs.devstack.stack import agent_state_dir
 
 SERVICES = ("inventory", "quota", "queue", "placement", "placement-2", "reclamation", "accounting", "gateway", "agent")
 FAULTS = (*(f"kill:{s}" for s in SERVICES), "restart:nats", "restart:postgres", "silence:node", "partition:agent",
-          "poison:consumers", "corrupt:telemetry")
+          "poison:consumers", "corrupt:telemetry", "forge:policy")
 FLEET = "H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8"
 CHAOS_NODES = 2  # simulated nodes behind the partitionable proxy
 CHAOS_MODEL = "H100-80GB"  # the second agent's nodes' GPUs
@@ -199,6 +199,7 @@ class Chaos:
         self.rounds: list[Round] = []
         self.poison_ids: set[str] = set()
         self.injected: set[tuple[str, str, int]] = set()  # (consumer, stream, seq) this run meant to dead-letter
+        self.injected_ids: set[str] = set()  # envelope ids of what it published on purpose (told to the check)
         self.checks: list[Report] = []
         self._silenced = 0
         self.work = AgentWork(load, agent_only_models(FLEET, {CHAOS_MODEL}),
@@ -284,7 +285,8 @@ class Chaos:
         longer than any fault lasts, and the check looks again for `--settle` s: work stalled by a healed fault is
         considered within a cycle, so only a scheduler that stays stalled fails a round."""
         return CheckConfig.from_run_file(self.platform.data_dir / "run.json", outbox_max_age_s=30,
-                                         lag_max_age_s=60, pending_max_age_s=60, decision_max_age_s=60, **overrides)
+                                         lag_max_age_s=60, pending_max_age_s=60, decision_max_age_s=60,
+                                         injected=frozenset(self.injected_ids), **overrides)
 
     async def _probe(self, r: Round, t0: float) -> bool:
         """A one-GPU job submitted at the fault: the platform serves again once it is granted."""
@@ -397,6 +399,17 @@ class Chaos:
         r.target = f"{count} messages, {len(expected)} deliveries"
         return [self._dead_lettered(expected)]
 
+    async def _inject_forge(self, _: str, r: Round) -> list:
+        """Forged policy events (issue #16): the quota.set that once stopped every scheduling cycle, one from an
+        identity that is not the quota service, one with a NUL. Each must be dead-lettered by every consumer of
+        quota.set, and the round's probe job must still be granted: scheduling goes on."""
+        bodies = forged_policy_events(self.rng)
+        published = [await self._publish_poison(subjects.QUOTA_SET, body) for body in bodies]
+        self.injected_ids |= {json.loads(body)["id"] for body in bodies}
+        expected = await self._expected_dead_letters(subjects.EVENTS_STREAM.name, published)
+        r.target = f"{len(bodies)} forged quota.set, {len(expected)} deliveries"
+        return [self._dead_lettered(expected)]
+
     async def _inject_corrupt(self, _: str, r: Round) -> list:
         last = await self.js.get_last_msg(subjects.TELEMETRY_STREAM.name, subjects.TELEMETRY_ALL)
         good = last.data or b"{}"
@@ -410,6 +423,8 @@ class Chaos:
     async def _publish_poison(self, subject: str, body: bytes) -> tuple[str, int]:
         msg_id = f"chaos-poison-{uuid.uuid4()}"
         self.poison_ids.add(msg_id)
+        with contextlib.suppress(ValueError, UnicodeDecodeError, TypeError, KeyError):
+            self.injected_ids.add(str(json.loads(body)["id"]))  # a poison CloudEvent's own id
         ack = await self.js.publish(subject, body, headers={"Nats-Msg-Id": msg_id})
         return subject, ack.seq
 
@@ -504,6 +519,25 @@ def poison_message(rng: random.Random, i: int) -> bytes:
                        "data": {"job_id": "x" * 300_000}}).encode()
 
 
+def forged_policy_events(rng: random.Random) -> list[bytes]:
+    """quota.set events a forger with publish rights on the subject sends: the quota service's source with
+    numbers that overflow the scheduler (guaranteed 1e308, a revision of 10^12), another identity's source with a
+    plausible body, and a NUL in a field PostgreSQL stores as text."""
+    now = datetime.now(UTC).isoformat()
+
+    def quota_set(source: str, **data: object) -> bytes:
+        body = {"path": "default/platform", "gpu_model": "*", "guaranteed": 0.0, "borrowing_limit": 0.0,
+                "lending_limit": None, "weight": 1.0, "deleted": False, "revision": 10**12, "set_at": now,
+                "loaned": 0.0, **data}
+        return json.dumps({"specversion": "1.0", "id": str(uuid.uuid4()), "source": source,
+                           "type": "io.gpupool.quota.set.v1", "subject": body["path"], "time": now,
+                           "data": body}).encode()
+
+    return [quota_set("/gpupool/quota", guaranteed=1e308),
+            quota_set("/gpupool/agent", revision=rng.randint(10**6, 10**9)),
+            quota_set("/gpupool/quota", gpu_model="H100\u0000")]
+
+
 def corrupt_telemetry(good: bytes, rng: random.Random) -> list[bytes]:
     """A telemetry batch gone bad on the wire: truncated, bit-flipped, with nonsense readings, of another type."""
     out = [good[: max(1, len(good) // 2)]]
@@ -527,10 +561,11 @@ def corrupt_telemetry(good: bytes, rng: random.Random) -> list[bytes]:
 async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None = None, seed: int = 0,
                     data_dir: Path | None = None, settle_s: float = 45.0, warmup_s: float = 5.0,
                     gap_s: float = 3.0, say=print, log_level: str = "WARNING",  # type: ignore[no-untyped-def]
-                    before_stop: Callable[[Platform], Awaitable[None]] | None = None,
+                    before_stop: Callable[[Platform, frozenset[str]], Awaitable[None]] | None = None,
                     stop_while_down: bool = False) -> dict:
     """Start a platform, run `rounds` rounds cycling through `faults` under load, drain, tally. Returns the
-    results (what `write_markdown` renders). `before_stop` may look at the drained platform before it stops.
+    results (what `write_markdown` renders). `before_stop` may look at the drained platform before it stops (with the ids of the events this run injected
+    on purpose, for a check of its own).
     `stop_while_down`: the `kill:agent` round also stops work while the agent is down (chaos_work.py)."""
     rng = random.Random(seed)
     plan = [(faults or list(FAULTS))[i % len(faults or FAULTS)] for i in range(rounds)]
@@ -581,7 +616,7 @@ async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None 
             "data_dir": str(data_dir),
         }
         if before_stop is not None:
-            await before_stop(platform)
+            await before_stop(platform, frozenset(chaos.injected_ids))
         return result
     finally:
         await load.stop()

@@ -24,7 +24,7 @@ from libs.bus.publisher import MSG_ID_HEADER, publish_event, publish_raw, publis
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import ListAllocations
-from libs.contracts.envelope import InvalidEnvelope, parse_envelope, utcnow, uuid7
+from libs.contracts.envelope import InvalidEnvelope, utcnow, uuid7
 from libs.contracts.events import (
     AllocatedGpu,
     AllocationGranted,
@@ -33,8 +33,8 @@ from libs.contracts.events import (
     EventData,
     FractionExceeded,
     MigApplied,
-    decode_data,
 )
+from libs.contracts.origins import accept
 from libs.core import mig as migcat
 from libs.observability.tracing import inject_headers
 from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
@@ -120,7 +120,7 @@ AllocationChange = AllocationGranted | AllocationPreempting | AllocationReleased
 def allocation_route(msg: Message) -> tuple[tuple[str, str], AllocationChange] | None:
     """(cluster, node) a grant, stop request or release is for, with the event; None for anything else."""
     try:
-        data = decode_data(parse_envelope(msg.data))
+        _event, data = accept(msg.data, msg.subject)  # placement's, on its own subject
     except (InvalidEnvelope, json.JSONDecodeError):
         return None
     if not isinstance(data, AllocationGranted | AllocationPreempting | AllocationReleased):

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from libs.contracts import subjects
+from libs.contracts.origins import accept
 from services.gateway.domain import Action, Principal
 from services.gateway.handlers import ERRORS, Caller, require
 
@@ -59,11 +60,11 @@ async def stream_events(
     if team is not None:
         require(caller, Action.JOB_READ, team)
     wanted = [t for t in (types or []) if t]
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=BUFFER)
+    queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(maxsize=BUFFER)
 
     async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
         try:
-            queue.put_nowait(msg.data)
+            queue.put_nowait((msg.subject, msg.data))
         except asyncio.QueueFull:
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(None)  # tell the reader it fell behind
@@ -79,14 +80,16 @@ async def stream_events(
                 if await req.is_disconnected():
                     return
                 try:
-                    raw = await asyncio.wait_for(queue.get(), timeout=min(KEEPALIVE_S, remaining))
+                    item = await asyncio.wait_for(queue.get(), timeout=min(KEEPALIVE_S, remaining))
                 except TimeoutError:
                     yield b": keepalive\n\n"
                     continue
-                if raw is None:
+                if item is None:
                     yield b"event: overflow\ndata: {\"detail\": \"reader fell behind; reconnect\"}\n\n"
                     return
+                subject, raw = item
                 try:
+                    accept(raw, subject)  # what consumers would refuse (a forgery, poison) no caller sees either
                     doc = json.loads(raw)
                 except ValueError:
                     continue

@@ -19,11 +19,12 @@ from libs.devstack.chaos import Platform, passed, run_chaos
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-FAULTS = ["kill:placement", "kill:agent", "restart:nats", "restart:postgres", "partition:agent", "poison:consumers"]
+FAULTS = ["kill:placement", "kill:agent", "restart:nats", "restart:postgres", "partition:agent", "poison:consumers",
+          "forge:policy"]
 
 
-async def corrupt_and_check(platform: Platform) -> None:
-    config = CheckConfig.from_run_file(platform.data_dir / "run.json", settle_s=20)
+async def corrupt_and_check(platform: Platform, injected: frozenset[str]) -> None:
+    config = CheckConfig.from_run_file(platform.data_dir / "run.json", settle_s=20, injected=injected)
     clean = await check_async(config)
     assert clean.ok, clean.to_text()
     dsn = platform.run["database_urls"]["placement"]
@@ -43,7 +44,7 @@ async def corrupt_and_check(platform: Platform) -> None:
             await conn.execute("ALTER TABLE allocation_gpus ENABLE TRIGGER allocation_gpus_fit")
     finally:
         await conn.close()
-    report = await check_async(CheckConfig.from_run_file(platform.data_dir / "run.json"))
+    report = await check_async(CheckConfig.from_run_file(platform.data_dir / "run.json", injected=injected))
     held = [v for v in report.violations if v.kind == "gpu_double_held"]
     assert [v.subject for v in held] == [gpu], report.to_text()
     assert "twin-1" in held[0].detail and "twin-2" in held[0].detail

@@ -33,6 +33,7 @@ from libs.contracts.events import (
     TelemetryRolledUp,
     subject_for,
 )
+from libs.contracts.origins import owner_of
 from libs.contracts.reports import (
     CapacityReportQuery,
     EfficiencyReportQuery,
@@ -199,7 +200,7 @@ async def play_scenario(js: JetStreamContext, rt: ServiceRuntime) -> dict[str, C
                                                        orphan="process_without_allocation", pids=[4242],
                                                        since=at(112), detected_at=at(115))))
     for when, name, data in sorted(timeline, key=lambda t: t[0]):
-        source = "/gpupool/queue" if name.startswith("submit") else "/gpupool/placement"
+        source = f"/gpupool/{owner_of(data.event_type)}"  # each event from the service that owns it
         sent[name] = await publish(js, data, source, time=when)
     for m in range(31, 125):
         await publish(js, rollup("n1", m, {0: 80.0, 1: 2.0, 2: 50.0, 3: 0.0}), "/gpupool/inventory")

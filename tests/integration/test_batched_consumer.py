@@ -79,7 +79,7 @@ async def publish_jobs(js: JetStreamContext, job_ids: list[str]) -> list[str]:
     """Published before the consumer starts, so its first fetch gets them all as one batch."""
     ids = []
     for job_id in job_ids:
-        event = job(job_id).to_cloudevent("/gpupool/test")
+        event = job(job_id).to_cloudevent("/gpupool/queue")
         await publish_event(js, subjects.JOB_SUBMITTED, event)
         ids.append(event.id)
     return ids
@@ -94,7 +94,7 @@ def applier(db: asyncpg.Pool, durable: str, *, poison: set[str] = frozenset(),  
         assert isinstance(data, JobSubmitted)
         if seen is not None:
             seen.append(data.job_id)
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             if not await uow.first_time(durable, event.id):
                 return
             if before_effect is not None:
@@ -208,7 +208,9 @@ async def test_a_transient_failure_in_a_batch_rolls_back_only_that_message_and_i
         await uow.conn.execute("INSERT INTO effects (event_id, job_id, txid) VALUES ('x', 'partial', 0)")
         if failures.get(data.job_id):
             failures[data.job_id] -= 1
-            await uow.conn.execute("SELECT 1/0")  # a failed statement: the savepoint, not the batch, is aborted
+            # a failed statement (a serialization failure: transient, so retried): the savepoint, not the batch,
+            # is aborted
+            await uow.conn.execute("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$")
 
     ids = await publish_jobs(js, ["j-0", "j-1", "j-2"])
     consumer = EventConsumer(js, spec("transient"), applier(db, "transient", before_effect=fail_once),
@@ -305,12 +307,12 @@ async def test_after_commit_work_runs_after_the_batch_commits_and_sees_the_batch
 async def test_a_unit_of_work_in_a_task_spawned_inside_a_batch_uses_its_own_transaction(
         db: asyncpg.Pool) -> None:
     async def spawned() -> bool:
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             await uow.conn.execute("INSERT INTO effects (event_id, job_id, txid) VALUES ('t', 'task', 0)")
             return uow.batched
 
     async with BatchTransaction(db) as batch:
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             assert uow.batched and uow.conn is batch.conn
         # the task inherits the context variable, not the right to the batch's connection
         assert await asyncio.create_task(spawned()) is False
@@ -318,10 +320,10 @@ async def test_a_unit_of_work_in_a_task_spawned_inside_a_batch_uses_its_own_tran
 
 
 async def test_events_emitted_in_one_unit_of_work_are_written_together_in_emit_order(db: asyncpg.Pool) -> None:
-    async with UnitOfWork(db, "/gpupool/test") as uow:
+    async with UnitOfWork(db, "/gpupool/queue") as uow:
         ids = [(await uow.emit(job(f"j-{n}"))).id for n in range(7)]
     async with BatchTransaction(db):  # and as a savepoint of a batch
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             ids += [(await uow.emit(job(f"k-{n}"))).id for n in range(3)]
     rows = await db.fetch("SELECT event_id, subject FROM outbox ORDER BY seq")
     assert [r["event_id"] for r in rows] == ids
@@ -331,10 +333,10 @@ async def test_events_emitted_in_one_unit_of_work_are_written_together_in_emit_o
 async def test_a_failing_unit_of_work_in_a_batch_leaves_no_outbox_row(db: asyncpg.Pool) -> None:
     async with BatchTransaction(db):
         with pytest.raises(RuntimeError):
-            async with UnitOfWork(db, "/gpupool/test") as uow:
+            async with UnitOfWork(db, "/gpupool/queue") as uow:
                 await uow.emit(job("gone"))
                 raise RuntimeError("handler failed after emitting")
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             kept = await uow.emit(job("kept"))
     assert [r["event_id"] for r in await db.fetch("SELECT event_id FROM outbox")] == [kept.id]
 
@@ -344,26 +346,26 @@ async def test_nested_units_of_work_in_a_batch_roll_back_with_the_one_that_faile
         await uow.conn.execute("INSERT INTO effects (event_id, job_id, txid) VALUES ($1, $1, txid_current())", name)
 
     async with BatchTransaction(db):
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             await effect(uow, "first")
         with pytest.raises(RuntimeError):
-            async with UnitOfWork(db, "/gpupool/test") as outer:
+            async with UnitOfWork(db, "/gpupool/queue") as outer:
                 await effect(outer, "outer")
-                async with UnitOfWork(db, "/gpupool/test") as inner:
+                async with UnitOfWork(db, "/gpupool/queue") as inner:
                     await effect(inner, "inner")
                 raise RuntimeError("the outer one fails after the inner one succeeded")
-        async with UnitOfWork(db, "/gpupool/test") as outer:
+        async with UnitOfWork(db, "/gpupool/queue") as outer:
             await effect(outer, "outer-2")
             with pytest.raises(asyncpg.DivisionByZeroError):
-                async with UnitOfWork(db, "/gpupool/test") as inner:
+                async with UnitOfWork(db, "/gpupool/queue") as inner:
                     await effect(inner, "inner-2")
                     await inner.conn.execute("SELECT 1/0")
             await effect(outer, "after-inner-2")  # the failed inner one left the outer usable
         for n in range(3):
-            async with UnitOfWork(db, "/gpupool/test") as uow:
+            async with UnitOfWork(db, "/gpupool/queue") as uow:
                 await effect(uow, f"many-{n}")
         with pytest.raises(RuntimeError):
-            async with UnitOfWork(db, "/gpupool/test") as uow:
+            async with UnitOfWork(db, "/gpupool/queue") as uow:
                 await effect(uow, "last")
                 raise RuntimeError("rolls back to its own savepoint, not to an earlier sibling's")
     rows = [r["event_id"] for r in await db.fetch("SELECT event_id FROM effects ORDER BY n")]
@@ -383,7 +385,7 @@ async def test_the_pipelined_relay_publishes_a_batch_in_commit_order_and_marks_i
         db: asyncpg.Pool, js: JetStreamContext) -> None:
     ids = []
     for n in range(60):
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             ids.append((await uow.emit(job(f"j-{n}"))).id)
     single_calls = 0
 
@@ -404,7 +406,7 @@ async def test_a_pipelined_batch_marks_only_acked_rows_and_records_the_failure_o
         db: asyncpg.Pool, js: JetStreamContext) -> None:
     ids = []
     for n in range(3):
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             ids.append((await uow.emit(job(f"j-{n}"))).id)
     # the middle row points at a subject no stream captures: JetStream answers "no responders" for it alone
     await db.execute("UPDATE outbox SET subject = 'nowhere.at.all' WHERE event_id = $1", ids[1])
@@ -424,7 +426,7 @@ async def test_a_pipelined_batch_marks_only_acked_rows_and_records_the_failure_o
 
 async def test_publish_raw_batch_reports_each_message_and_a_republished_id_is_stored_once(
         js: JetStreamContext) -> None:
-    msgs = [(subjects.JOB_SUBMITTED, job(f"j-{n}").to_cloudevent("/gpupool/test").to_json(),
+    msgs = [(subjects.JOB_SUBMITTED, job(f"j-{n}").to_cloudevent("/gpupool/queue").to_json(),
              {"Nats-Msg-Id": f"id-{n}"}) for n in range(5)]
     first = await publish_raw_batch(js, msgs)
     again = await publish_raw_batch(js, msgs)  # a relay that crashed before marking: same ids again

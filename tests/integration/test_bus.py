@@ -110,7 +110,7 @@ async def test_ensure_streams_creates_streams_with_the_contract_duplicate_window
 
 async def test_ensure_streams_is_idempotent_and_keeps_stored_messages(bus: tuple[NATS, JetStreamContext]) -> None:
     _, js = bus
-    await publish_event(js, SUBJECT, job().to_cloudevent("/test"))
+    await publish_event(js, SUBJECT, job().to_cloudevent("/gpupool/queue"))
     await ensure_streams(js)
     await ensure_streams(js)
     assert len(await js.streams_info()) == len(STREAMS)
@@ -131,10 +131,10 @@ async def test_ensure_streams_corrects_a_drifted_duplicate_window(bus: tuple[NAT
 # --- publish ---------------------------------------------------------------------------------------------------
 async def test_publishing_the_same_event_twice_stores_it_once(bus: tuple[NATS, JetStreamContext]) -> None:
     _, js = bus
-    event = job().to_cloudevent("/test")
+    event = job().to_cloudevent("/gpupool/queue")
     first = await publish_event(js, SUBJECT, event)
     second = await publish_event(js, SUBJECT, event)
-    other = await publish_event(js, SUBJECT, job("j-2").to_cloudevent("/test"))
+    other = await publish_event(js, SUBJECT, job("j-2").to_cloudevent("/gpupool/queue"))
     assert not first.duplicate
     assert second.duplicate is True and second.seq == first.seq
     assert other.seq == first.seq + 1
@@ -160,7 +160,7 @@ async def test_consumer_acks_a_handled_event(bus: tuple[NATS, JetStreamContext],
         seen.append((event.id, data))
 
     await start_consumer(js, consumers, fast_spec("acks"), handler)
-    event = job().to_cloudevent("/test")
+    event = job().to_cloudevent("/gpupool/queue")
     await publish_event(js, SUBJECT, event)
     await eventually(lambda: bool(seen), what="the handler called")  # (consumer info may lag the delivery)
     await eventually(lambda: settled(js, "acks"), what="ack")
@@ -182,7 +182,7 @@ async def test_transient_failure_is_redelivered_with_backoff_then_succeeds(
             raise ConnectionError("database blip")
 
     await start_consumer(js, consumers, fast_spec("flaky", backoff_base_s=0.3, backoff_max_s=2.0), flaky)
-    await publish_event(js, SUBJECT, job().to_cloudevent("/test"))
+    await publish_event(js, SUBJECT, job().to_cloudevent("/gpupool/queue"))
     await eventually(lambda: len(attempts) == 3, what="third attempt")
     await eventually(lambda: settled(js, "flaky"), what="ack after retries")
     # nak delays 0.3 s then 0.6 s (ack_wait is 5 s, so these redeliveries come from the nak delay)
@@ -210,7 +210,7 @@ async def test_a_busy_entity_is_retried_quietly_and_counted_as_busy(
     before = busy()
     with caplog.at_level("INFO", logger="libs.bus.consumer"):
         await start_consumer(js, consumers, fast_spec("busy", backoff_base_s=0.2, backoff_max_s=1.0), contended)
-        await publish_event(js, SUBJECT, job().to_cloudevent("/test"))
+        await publish_event(js, SUBJECT, job().to_cloudevent("/gpupool/queue"))
         await eventually(lambda: settled(js, "busy"), what="ack after the retry")
     assert len(attempts) == 2 and busy() == before + 1
     [record] = [r for r in caplog.records if r.getMessage() == "handler_busy_will_retry"]
@@ -231,7 +231,7 @@ async def test_handler_that_keeps_failing_is_dead_lettered_after_max_deliver(
         raise RuntimeError("still broken")
 
     await start_consumer(js, consumers, fast_spec("stuck", max_deliver=3), broken)
-    event = job().to_cloudevent("/test")
+    event = job().to_cloudevent("/gpupool/queue")
     ack = await publish_event(js, SUBJECT, event)
     # (not `settled`: while a nak delay runs, the message counts as neither pending nor ack-pending)
     await eventually(lambda: dlq_count(js, 1), what="dead letter")
@@ -261,7 +261,7 @@ async def test_poison_raised_by_a_handler_is_dead_lettered_at_once(
         raise Poison("UnknownTeam", "team ml does not exist")
 
     await start_consumer(js, consumers, fast_spec("refuses"), refuses)
-    await publish_event(js, SUBJECT, job().to_cloudevent("/test"))
+    await publish_event(js, SUBJECT, job().to_cloudevent("/gpupool/queue"))
     await eventually(lambda: settled(js, "refuses"), what="dead letter")
     [dead] = await dlq_messages(js)
     assert dead.headers["Gpupool-Dlq-Reason"] == "UnknownTeam"
@@ -278,14 +278,14 @@ async def test_undecodable_messages_are_dead_lettered_and_the_next_good_message_
     async def handler(event: CloudEvent, data: EventData) -> None:
         handled.append(event.id)
 
-    unknown_type = CloudEvent(id=uuid7(), source="/test", type="io.gpupool.job.teleported.v1",
+    unknown_type = CloudEvent(id=uuid7(), source="/gpupool/queue", type="io.gpupool.job.teleported.v1",
                               time=datetime.now(UTC), data={"job_id": "j-1"})
-    bad_payload = job().to_cloudevent("/test").model_copy(update={"data": {"job_id": "j-1"}})
+    bad_payload = job().to_cloudevent("/gpupool/queue").model_copy(update={"data": {"job_id": "j-1"}})
     poison = [b"\x00\xff garbage", json.dumps({"hello": "world"}).encode(), unknown_type.to_json(),
               bad_payload.to_json()]
     for raw in poison:
         await publish_raw(js, SUBJECT, raw, {"Nats-Msg-Id": uuid7()})
-    good = job("j-good").to_cloudevent("/test")
+    good = job("j-good").to_cloudevent("/gpupool/queue")
     await publish_event(js, SUBJECT, good)
 
     await start_consumer(js, consumers, fast_spec("picky"), handler)
@@ -314,7 +314,7 @@ async def test_consumer_survives_a_dead_letter_stream_outage(
     await js.delete_stream(DLQ_STREAM.name)
     await start_consumer(js, consumers, fast_spec("resilient", max_deliver=20, backoff_base_s=0.1), handler)
     await publish_raw(js, SUBJECT, b"garbage", {"Nats-Msg-Id": uuid7()})
-    await publish_event(js, SUBJECT, job("after-garbage").to_cloudevent("/test"))
+    await publish_event(js, SUBJECT, job("after-garbage").to_cloudevent("/gpupool/queue"))
     await eventually(lambda: handled == ["after-garbage"], what="next good message despite the DLQ outage")
 
     await ensure_streams(js)  # the DLQ comes back: the poison message is parked on a later delivery
@@ -322,7 +322,7 @@ async def test_consumer_survives_a_dead_letter_stream_outage(
     await eventually(lambda: settled(js, "resilient"), what="terminated")
     [dead] = await dlq_messages(js)
     assert dead.data == b"garbage"
-    await publish_event(js, SUBJECT, job("later").to_cloudevent("/test"))
+    await publish_event(js, SUBJECT, job("later").to_cloudevent("/gpupool/queue"))
     await eventually(lambda: handled == ["after-garbage", "later"], what="consumer still alive")
 
 
@@ -338,7 +338,7 @@ async def test_stop_lets_the_message_in_hand_finish_and_ack(
         done.append(event.id)
 
     consumer = await start_consumer(js, consumers, fast_spec("draining"), slow)
-    event = job().to_cloudevent("/test")
+    event = job().to_cloudevent("/gpupool/queue")
     await publish_event(js, SUBJECT, event)
     await asyncio.wait_for(entered.wait(), 5)
     stopping = asyncio.create_task(consumer.stop())
@@ -371,7 +371,7 @@ async def test_consumer_span_continues_the_trace_from_the_traceparent_header(
     async def handler(event: CloudEvent, data: EventData) -> None:
         seen_in_handler.append(trace.get_current_span().get_span_context().trace_id)
 
-    event = job().to_cloudevent("/test", traceparent=f"00-{trace_id}-{parent_id}-01")
+    event = job().to_cloudevent("/gpupool/queue", traceparent=f"00-{trace_id}-{parent_id}-01")
     await publish_event(js, SUBJECT, event)
     stored = await js.get_msg(EVENTS_STREAM.name, 1)
     assert stored.headers["traceparent"] == f"00-{trace_id}-{parent_id}-01"
@@ -391,7 +391,7 @@ async def test_publish_event_injects_the_current_span_when_the_event_has_no_trac
         bus: tuple[NATS, JetStreamContext], spans: InMemorySpanExporter) -> None:
     _, js = bus
     with trace.get_tracer("test").start_as_current_span("producer") as span:
-        ack = await publish_event(js, SUBJECT, job().to_cloudevent("/test"))
+        ack = await publish_event(js, SUBJECT, job().to_cloudevent("/gpupool/queue"))
         expected_trace = format(span.get_span_context().trace_id, "032x")
     stored = await js.get_msg(EVENTS_STREAM.name, ack.seq)
     assert stored.headers["traceparent"].split("-")[1] == expected_trace

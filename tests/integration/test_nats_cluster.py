@@ -65,7 +65,7 @@ async def clients() -> AsyncIterator[list[NATS]]:
 def job_event(i: int) -> CloudEvent:
     data = JobSubmitted(job_id=f"j-{i:04d}", name="train", team="ml", project="default", kind="training",
                         priority_class="normal", priority=500, gpus=1, submitted_at=datetime.now(UTC))
-    return data.to_cloudevent("/test/cluster", event_id=f"evt-{i:04d}")
+    return data.to_cloudevent("/gpupool/queue", event_id=f"evt-{i:04d}")
 
 
 async def publish_until_acked(js, event: CloudEvent, deadline: float) -> int:  # type: ignore[no-untyped-def]

@@ -27,7 +27,9 @@ from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from libs.runtime.settings import ServiceSettings
 
-NAME = "rtdemo"
+# a stand-in for the queue service: what it emits and consumes are the queue's events, which only /gpupool/queue
+# may send (libs/contracts/origins.py)
+NAME = "queue"
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing")]
 
@@ -106,11 +108,11 @@ async def test_mounted_routes_serve_commands_and_consume_events_through_the_outb
     async def on_submitted(event: CloudEvent, data: JobSubmitted) -> None:
         consumed.append(event)
 
-    routes = Routes(commands={"gpupool.cmd.rtdemo.greet": (Greet, greet)}, events={JobSubmitted: on_submitted})
+    routes = Routes(commands={"gpupool.cmd.queue.greet": (Greet, greet)}, events={JobSubmitted: on_submitted})
     await rt.start()
     try:
         await rt.mount(routes)
-        reply = await request(rt.nc, "gpupool.cmd.rtdemo.greet", Greet(who="j-42"), timeout=3)
+        reply = await request(rt.nc, "gpupool.cmd.queue.greet", Greet(who="j-42"), timeout=3)
         assert reply == Reply.success({"hello": "j-42"})
         # outbox → relay (woken by the commit) → stream → the service's own durable consumer
         await eventually(lambda: len(consumed) == 1, what="event consumed")

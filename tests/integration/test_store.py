@@ -175,7 +175,7 @@ def test_migration_files_must_be_numbered_and_unique(tmp_path: Path) -> None:
 async def test_a_unit_of_work_that_raises_rolls_back_the_state_change_and_its_outbox_row(db: asyncpg.Pool) -> None:
     commits: list[int] = []
     with pytest.raises(RuntimeError, match="boom"):
-        async with UnitOfWork(db, "/gpupool/test", on_commit=lambda: commits.append(1)) as uow:
+        async with UnitOfWork(db, "/gpupool/queue", on_commit=lambda: commits.append(1)) as uow:
             await uow.conn.execute("INSERT INTO widgets (id, size) VALUES ('w1', 1)")
             await uow.emit(job("j-1"))
             # outbox rows are written together when the unit of work ends, not one statement per emit
@@ -191,7 +191,7 @@ async def test_a_committed_unit_of_work_stores_the_state_change_and_the_event_to
     tracer_provider = setup_tracing("store-tests")
     assert tracer_provider is not None
     with trace.get_tracer("test").start_as_current_span("submit") as span:
-        async with UnitOfWork(db, "/gpupool/test", on_commit=lambda: commits.append(1)) as uow:
+        async with UnitOfWork(db, "/gpupool/queue", on_commit=lambda: commits.append(1)) as uow:
             await uow.conn.execute("INSERT INTO widgets (id, size) VALUES ('w1', 1)")
             event = await uow.emit(job("j-1"))
     assert commits == [1]
@@ -199,7 +199,7 @@ async def test_a_committed_unit_of_work_stores_the_state_change_and_the_event_to
     row = await db.fetchrow("SELECT * FROM outbox")
     assert row["event_id"] == event.id and row["subject"] == subjects.JOB_SUBMITTED
     assert CloudEvent.model_validate_json(bytes(row["payload"])) == event
-    assert event.source == "/gpupool/test"
+    assert event.source == "/gpupool/queue"
     trace_id = format(span.get_span_context().trace_id, "032x")
     assert row["traceparent"].split("-")[1] == trace_id == event.traceparent.split("-")[1]
     assert row["published_at"] is None
@@ -208,23 +208,23 @@ async def test_a_committed_unit_of_work_stores_the_state_change_and_the_event_to
 
 async def test_a_unit_of_work_that_emits_nothing_does_not_wake_the_relay(db: asyncpg.Pool) -> None:
     commits: list[int] = []
-    async with UnitOfWork(db, "/gpupool/test", on_commit=lambda: commits.append(1)) as uow:
+    async with UnitOfWork(db, "/gpupool/queue", on_commit=lambda: commits.append(1)) as uow:
         await uow.conn.execute("INSERT INTO widgets (id, size) VALUES ('w1', 1)")
     assert commits == []
 
 
 async def test_inbox_first_time_is_false_for_a_repeated_consumer_and_event(db: asyncpg.Pool) -> None:
-    async with UnitOfWork(db, "/gpupool/test") as uow:
+    async with UnitOfWork(db, "/gpupool/queue") as uow:
         assert await uow.first_time("placement", "e-1") is True
-    async with UnitOfWork(db, "/gpupool/test") as uow:
+    async with UnitOfWork(db, "/gpupool/queue") as uow:
         assert await uow.first_time("placement", "e-1") is False
         assert await uow.first_time("accounting", "e-1") is True  # each consumer keeps its own inbox
         assert await uow.first_time("placement", "e-2") is True
     with pytest.raises(RuntimeError):
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             assert await uow.first_time("placement", "e-3") is True
             raise RuntimeError("handler failed")
-    async with UnitOfWork(db, "/gpupool/test") as uow:  # a rolled-back handling did not mark the event seen
+    async with UnitOfWork(db, "/gpupool/queue") as uow:  # a rolled-back handling did not mark the event seen
         assert await uow.first_time("placement", "e-3") is True
 
 
@@ -233,7 +233,7 @@ async def test_relay_publishes_committed_rows_in_order_with_the_event_id_as_msg_
         db: asyncpg.Pool, js: JetStreamContext) -> None:
     ids = []
     for n in range(5):
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             ids.append((await uow.emit(job(f"j-{n}"))).id)
     relay = OutboxRelay(db, functools.partial(publish_raw, js), "test", batch=2)
     assert await relay.pending_count() == 5
@@ -252,7 +252,7 @@ async def test_relay_running_in_the_background_publishes_soon_after_commit(
     relay = OutboxRelay(db, functools.partial(publish_raw, js), "test", poll_interval_s=30)
     relay.start()
     try:
-        async with UnitOfWork(db, "/gpupool/test", on_commit=relay.wake) as uow:
+        async with UnitOfWork(db, "/gpupool/queue", on_commit=relay.wake) as uow:
             event = await uow.emit(job("j-1"))
         # poll_interval is 30 s: only the commit's wake-up can make this fast
         await eventually(lambda: _stream_count(js, 1), timeout=3, what="relay woken by commit")
@@ -268,7 +268,7 @@ async def _stream_count(js: JetStreamContext, n: int) -> bool:
 
 async def test_relay_crash_after_publish_before_marking_does_not_duplicate_the_stream_message(
         db: asyncpg.Pool, js: JetStreamContext) -> None:
-    async with UnitOfWork(db, "/gpupool/test") as uow:
+    async with UnitOfWork(db, "/gpupool/queue") as uow:
         event = await uow.emit(job("j-1"))
     row = await db.fetchrow("SELECT subject, payload FROM outbox WHERE event_id = $1", event.id)
     # the "crashed" relay published the row but never marked it
@@ -284,7 +284,7 @@ async def test_relay_failure_marks_what_was_sent_and_records_the_error_on_the_fa
         db: asyncpg.Pool, js: JetStreamContext) -> None:
     ids = []
     for n in range(3):
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             ids.append((await uow.emit(job(f"j-{n}"))).id)
     calls = 0
 
@@ -319,7 +319,7 @@ def _idempotent_handler(db: asyncpg.Pool, durable: str, after_commit: Callable[[
                         deliveries: list[str]) -> Callable[[CloudEvent, EventData], Awaitable[None]]:
     async def handler(event: CloudEvent, data: EventData) -> None:
         deliveries.append(event.id)
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             if await uow.first_time(durable, event.id):
                 await uow.conn.execute("INSERT INTO effects (event_id) VALUES ($1)", event.id)
         await after_commit(len(deliveries))
@@ -343,7 +343,7 @@ async def test_redelivery_after_a_crash_before_ack_is_applied_once(db: asyncpg.P
     consumer = EventConsumer(js, _spec("applier"), _idempotent_handler(db, "applier", crash_first_time, deliveries))
     await consumer.start()
     try:
-        async with UnitOfWork(db, "/gpupool/test") as uow:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
             event = await uow.emit(job("j-1"))
         await OutboxRelay(db, functools.partial(publish_raw, js), "test").publish_pending()
         await eventually(lambda: len(deliveries) >= 2 and _acked(js, "applier"), what="redelivered and acked")
@@ -370,7 +370,7 @@ async def test_redelivery_to_a_new_process_after_one_died_before_ack_is_applied_
     doomed = EventConsumer(doomed_nc.jetstream(), _spec("survivor"),
                            _idempotent_handler(db, "survivor", die_after_commit, deliveries))
     await doomed.start()
-    async with UnitOfWork(db, "/gpupool/test") as uow:
+    async with UnitOfWork(db, "/gpupool/queue") as uow:
         event = await uow.emit(job("j-1"))
     await OutboxRelay(db, functools.partial(publish_raw, js), "test").publish_pending()
     await asyncio.wait_for(committed.wait(), 5)

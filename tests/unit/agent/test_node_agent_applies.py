@@ -14,6 +14,7 @@ from libs.contracts.events import (
     EventData,
     FractionExceeded,
     MigApplied,
+    subject_for,
 )
 from services.agent.handlers import NodeAgent
 from services.agent.nvml_sim import SimulatedNvml
@@ -34,6 +35,7 @@ class CapturingAgent(NodeAgent):
 class Msg:
     def __init__(self, data: EventData) -> None:
         self.data = data.to_cloudevent("/gpupool/placement").model_dump_json().encode()
+        self.subject = subject_for(data)  # where placement publishes it (the agent checks)
 
 
 def grant(allocation_id: str, gpu: AllocatedGpu, kind: str = "training") -> Msg:

@@ -53,7 +53,7 @@ def test_other_types_and_bad_messages_go_through_the_general_decode() -> None:
     c = consumer((subjects.TELEMETRY_ALL,))
     job = JobSubmitted(job_id="j", name="n", team="t", project="p", kind="training", priority_class="normal",
                        priority=1, gpus=1, submitted_at=datetime(2026, 1, 1, tzinfo=UTC))
-    _, data = c.decode(job.to_cloudevent("/gpupool/test").to_json())
+    _, data = c.decode(job.to_cloudevent("/gpupool/queue").to_json())
     assert data == job
     with pytest.raises(InvalidEnvelope, match="utilization_gpu_pct"):
         c.decode(telemetry_bytes().replace(b'"utilization_gpu_pct":12.5', b'"utilization_gpu_pct":150.0'))
