@@ -26,7 +26,7 @@ async def main() -> None:
     await runtime.consume(runtime.name, table.event_subjects(), table.dispatch, batched=True,
                           ack_wait_s=settings.consumer_ack_wait_s, batch=settings.consumer_batch)
     await runtime.nc.subscribe(subjects.PLACEMENT_WAKE, cb=handlers.on_leader_wake)  # every replica: see _wake
-    runtime.background(handlers.reconcile_policy(), "policy-reconcile")
+    runtime.background(handlers.reconcile_forever(), "policy-reconcile")
     runtime.background(lease.run(), "leader-lease")
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")
     runtime.on_shutdown(lease.stop)

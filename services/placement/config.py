@@ -21,6 +21,9 @@ class PlacementSettings(ServiceSettings):
     consumer_batch: int = Field(default=32, ge=1, le=256,
                                 description="Events fetched and applied in one transaction")
     preemption_grace_s: float = Field(default=30.0, ge=0, description="Checkpoint time a preempted job gets")
+    policy_reconcile_s: float = Field(default=300.0, ge=5, le=86_400,
+                                      description="Between reconciliations with the quota service's policy (a "
+                                                  "forged policy row is repaired within this)")
     max_stop_grace_s: float = Field(default=300.0, ge=0, le=3600,
                                     description="Longest stop grace a job's work gets on cancel, completion, "
                                                 "reclaim or scale-down (its own stop_grace_s below this)")

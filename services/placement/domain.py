@@ -361,6 +361,25 @@ class DecisionEncoder:
 RELEASE_AT_ONCE = frozenset({"NodeLost"})
 
 
+BACKOFF_FIRST_S = 1.0  # a replicated job's first failed replica waits this long to be placed again ...
+BACKOFF_MAX_S = 300.0  # ... doubling with each failure in a row, up to this
+HEALTHY_RUN_S = 60.0  # a replica that ran this long before failing starts the count again
+
+
+def replica_back_off(failures_before: int, ran_s: float) -> tuple[int, float]:
+    """Pure rule: a replica of a replicated job failed after running `ran_s` (0 for a launch failure). Returns the
+    failures in a row now and how long the job's next placement waits (Kubernetes' crash-loop back-off)."""
+    failures = 1 if ran_s >= HEALTHY_RUN_S else failures_before + 1
+    return failures, min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30))
+
+
+def backoff_reasons(backing_off: Mapping[str, Row]) -> dict[str, tuple[str, str]]:
+    """The pending reason of each replicated job waiting out its back-off (what `explain` shows)."""
+    return {job_id: ("CrashLoopBackOff", f"{row['replica_failures']} replica failure(s) in a row; placed again "
+                                         f"after {row['not_before'].isoformat()}")
+            for job_id, row in backing_off.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkEnd:
     """What placement does when the agent reports an allocation's work ended (its cgroup empty): release it with

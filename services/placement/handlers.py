@@ -77,12 +77,14 @@ from services.placement.domain import (
     RequestBuilder,
     WantedJobs,
     allocated_gpus,
+    backoff_reasons,
     build_policy,
     build_snapshot,
     decided_placements,
     offered_models,
     on_work_end,
     pending_reasons,
+    replica_back_off,
     split_unit,
     workload_environment,
 )
@@ -262,9 +264,23 @@ class PlacementHandlers:
             remaining = await store.live_count(uow.conn, data.job_id)
             await self._announce_releases(uow, data.job_id, end.reason, released, exit=data.exit,
                                           remaining=remaining)
-            # a replica of a service is wanted back at once; a single job or gang only if the queue restarts it
+            # a replica of a service is wanted back (after its crash-loop back-off, if it failed); a single job or
+            # gang only if the queue restarts it
             await store.refresh_satisfied(uow.conn, data.job_id, after_release=True)
+            if end.reason == "WorkFailed":
+                await self._back_off(uow, data)
         self._kick.set()
+
+    async def _back_off(self, uow, data: WorkExited) -> None:  # type: ignore[no-untyped-def]
+        """A replica of a replicated job failed: the job's next placement waits (domain.replica_back_off)."""
+        wanted = await store.replica_failures(uow.conn, data.job_id)
+        if wanted is None or wanted[0] <= 1:
+            return
+        failures, delay = replica_back_off(wanted[1], data.exit.wall_s)
+        await store.back_off(uow.conn, data.job_id, failures, utcnow() + timedelta(seconds=delay))
+        log.warning("replica_back_off", extra={"job_id": data.job_id, "replica": data.replica,
+                                                "failures": failures, "delay_s": delay,
+                                                "exit_reason": data.exit.reason})
 
     # --- the policy, learned from the quota service ----------------------------------------------------------
     async def on_team_created(self, event: CloudEvent, data: TeamCreated) -> None:
@@ -282,9 +298,22 @@ class PlacementHandlers:
             uow.after_commit(self._wake)
             await store.upsert_priority_class(uow.conn, data)
 
+    async def reconcile_forever(self) -> None:
+        """Reconcile at start and then every `policy_reconcile_s`: a row a forged event put in (one past every
+        revision the quota service handed out) is repaired from the owner's own answer within that time."""
+        while True:
+            try:
+                await self.reconcile_policy()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("policy_reconcile_failed")
+            await asyncio.sleep(self.settings.policy_reconcile_s)
+
     async def reconcile_policy(self) -> None:
-        """At start, catch up with the quota service's whole policy (events keep it current afterwards). Rows
-        carry revisions, so this can never overwrite something newer learned from an event."""
+        """Catch up with the quota service's whole policy (events keep it current in between). Rows carry
+        revisions, so this never overwrites something newer learned from an event, except a row whose revision
+        the quota service never handed out: that is a forgery, dropped for the owner's answer."""
         delay = 0.5
         while True:
             try:
@@ -298,6 +327,11 @@ class PlacementHandlers:
             delay = min(10.0, delay * 2)
         doc = reply.result
         async with self.rt.uow() as uow:
+            if doc.get("revision_max") is not None:
+                dropped = await store.drop_policy_beyond(uow.conn, int(doc["revision_max"]))
+                if dropped:
+                    log.warning("forged_policy_dropped", extra={"rows": dropped,
+                                                                "revision_max": doc["revision_max"]})
             for t in doc["teams"]:
                 await store.upsert_team(uow.conn, t["team"], t["org"], t["revision"])
             for q in doc["quotas"]:
@@ -364,12 +398,23 @@ class PlacementHandlers:
                 live[r["job_id"]].add(r["replica"])
             # A unit whose victims are still checkpointing waits for them instead of choosing more victims.
             waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
-            requests = [q for q in self._requests.build(state["pending"], live, offered_models(gpus),
+            # a replicated job in its crash-loop back-off waits (its reason says so)
+            now_at = utcnow()
+            backing_off = {r["job_id"]: r for r in state["pending"]
+                           if r["not_before"] is not None and r["not_before"] > now_at}
+            ready = [r for r in state["pending"] if r["job_id"] not in backing_off] if backing_off else state["pending"]
+            requests = [q for q in self._requests.build(ready, live, offered_models(gpus),
                                                         self.settings.dev_fraction_milli,
                                                         self.settings.dev_gpu_memory_mib)
                         if q.job_id not in waiting]
             if not requests:
                 PENDING_UNITS.clear()
+                if backing_off:  # nothing else to place: still say why these wait
+                    reasons = backoff_reasons(backing_off)
+                    changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
+                    if changed:
+                        await store.record_pending_reasons(uow.conn, changed)
+                        self._reasons_written.update(reasons)
                 return -1
             policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
                                   self.settings.min_runtime_s)
@@ -388,7 +433,7 @@ class PlacementHandlers:
                                               {r["job_id"]: r["traceparent"] for r in state["pending"]}) if units else []
             applied = {u.unit for u in written}
             report_plan(plan)
-            reasons = pending_reasons(plan.pending, requests)  # what `explain` shows
+            reasons = {**pending_reasons(plan.pending, requests), **backoff_reasons(backing_off)}  # for `explain`
             # write only what changed: a backlog keeps the same reasons cycle after cycle
             changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
             if changed:

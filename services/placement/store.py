@@ -115,7 +115,7 @@ SELECT json_build_object(
       FROM (
       SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
              gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile,
-             exclusive, isolation, changed_xid
+             exclusive, isolation, not_before, replica_failures, changed_xid
       FROM pending_jobs WHERE NOT satisfied) q),
   'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
@@ -129,7 +129,7 @@ SELECT json_build_object(
 )::text"""
 _FLOATS = {"quotas": ("guaranteed", "borrowing_limit", "lending_limit", "weight"), "classes": ("min_runtime_s",),
            "running": ("max_runtime_s",), "pending": ("max_runtime_s",)}
-_TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at",)}
+_TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at", "not_before")}
 
 
 async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, Any]:
@@ -274,6 +274,18 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
     return out
 
 
+async def replica_failures(conn: asyncpg.Connection, job_id: str) -> tuple[int, int] | None:
+    """(replicas, failures in a row) of a wanted job, its row locked; None if it is not wanted."""
+    row = await conn.fetchrow("SELECT replicas, replica_failures FROM pending_jobs WHERE job_id = $1 FOR UPDATE",
+                              job_id)
+    return None if row is None else (row["replicas"], row["replica_failures"])
+
+
+async def back_off(conn: asyncpg.Connection, job_id: str, failures: int, not_before: datetime) -> None:
+    await conn.execute("UPDATE pending_jobs SET replica_failures = $2, not_before = $3 WHERE job_id = $1",
+                       job_id, failures, not_before)
+
+
 async def is_wanted(conn: asyncpg.Connection, job_id: str) -> bool:
     return await conn.fetchval("SELECT 1 FROM pending_jobs WHERE job_id = $1", job_id) is not None
 
@@ -351,6 +363,15 @@ async def due_preemptions(conn: asyncpg.Connection, now: datetime, report_timeou
 
 
 # --- the policy, learned from the quota service -----------------------------------------------------------------
+async def drop_policy_beyond(conn: asyncpg.Connection, revision_max: int) -> int:
+    """Forget policy rows with a revision the quota service never handed out (a forged event's): the owner's own
+    answer, upserted next, takes their place. Returns how many went."""
+    n = 0
+    for table in ("policy_teams", "policy_quotas", "policy_priority_classes"):
+        n += int((await conn.execute(f"DELETE FROM {table} WHERE revision > $1", revision_max)).split()[-1])
+    return n
+
+
 async def upsert_team(conn: asyncpg.Connection, team: str, org: str, revision: int) -> None:
     await conn.execute(
         """INSERT INTO policy_teams (team, org, revision) VALUES ($1,$2,$3)

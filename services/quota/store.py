@@ -96,7 +96,10 @@ async def policy(conn: asyncpg.Connection) -> dict[str, list[dict]]:
     teams = await conn.fetch("SELECT team, org, revision FROM teams ORDER BY team")
     quotas = await conn.fetch(f"SELECT {_QUOTA_COLUMNS} FROM quota_entries_effective ORDER BY path, gpu_model")
     classes = await conn.fetch(f"SELECT {_CLASS_COLUMNS} FROM priority_classes ORDER BY value DESC, name")
+    # the highest revision this service has handed out: a read model holding a higher one holds a forgery
+    revision_max = await conn.fetchval("SELECT last_value FROM policy_revision")
     return {
+        "revision_max": int(revision_max),
         "teams": [dict(r) for r in teams],
         "quotas": [{**dict(r), "updated_at": r["updated_at"].isoformat()} for r in quotas],
         "priority_classes": [{**dict(r), "updated_at": r["updated_at"].isoformat()} for r in classes],

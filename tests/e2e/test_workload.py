@@ -6,6 +6,8 @@ before its GPUs go to the next holder. Needs root (cgroups, device nodes); skipp
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import stat
 import subprocess
@@ -203,6 +205,21 @@ async def test_a_command_that_does_not_exist_fails_at_launch(platform) -> None: 
             _, _, released = await watcher.wait_for(AllocationReleased, job_id)
             assert released.exit is not None and released.exit.reason == "CommandNotFound"
             assert "WorkStarted" not in [h["reason"] for h in job["history"]]
+
+
+async def test_a_replicated_job_whose_replicas_keep_failing_backs_off_instead_of_looping(platform) -> None:  # type: ignore[no-untyped-def]
+    """Each failed replica pushes the job's next placement back (1 s, doubling): in 6 s a replica that can never
+    start is placed a handful of times, not hundreds (it was ~25 times a second), and `explain` says why."""
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            job_id = run(api, "crashloop", ["no-such-command"], kind="inference", replicas=2)
+            await asyncio.sleep(6)
+            granted = len(watcher.of(AllocationGranted, job_id))
+            assert 2 <= granted <= 8, granted  # 2 at first, then one more per back-off step (1, 2, 4 s ...)
+            explained = api.get(f"/v1/jobs/{job_id}/explain").json()
+            assert "CrashLoopBackOff" in json.dumps(explained), explained
+            api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "test"})
 
 
 async def test_an_idle_dev_session_is_reclaimed_from_measured_idleness_and_a_busy_one_is_not(platform) -> None:  # type: ignore[no-untyped-def]

@@ -121,3 +121,16 @@ def test_a_gpu_process_belongs_to_the_allocation_whose_cgroup_holds_it() -> None
     out = attribute_by_cgroup(procs, {10: "a-cgroup", 12: "a-cgroup"})
     # the cgroup wins over a forged environment; outside every cgroup the environment still counts
     assert [p.allocation_id for p in out] == ["a-cgroup", "a-env", "a-cgroup"]
+
+
+def test_a_failing_replica_backs_off_doubling_up_to_five_minutes_and_a_healthy_run_starts_over() -> None:
+    from services.placement.domain import BACKOFF_MAX_S, replica_back_off
+
+    failures, delays = 0, []
+    for _ in range(12):
+        failures, delay = replica_back_off(failures, 0.0)  # a launch failure: it never ran
+        delays.append(delay)
+    assert delays[:5] == [1.0, 2.0, 4.0, 8.0, 16.0] and delays[-1] == BACKOFF_MAX_S == 300.0
+    assert replica_back_off(11, 61.0) == (1, 1.0)  # it ran a minute: the count starts again
+    assert replica_back_off(2, 59.0) == (3, 4.0)
+    assert replica_back_off(10**6, 0.0)[1] == 300.0  # no overflow however long it loops
