@@ -42,6 +42,7 @@ FIRST_POLL_S = 0.05  # ... and at first, and again after new output: a quick job
 ReadMode = Literal["plain", "first", "follow"]
 FOLLOW_MAX_S = 24 * 3600.0  # a follower is ended after this long
 REFRESH_S = 5.0  # between re-reading the job and its allocations while output flows
+SETTLED_REFRESH_S = 0.1  # ... and once its output is complete, until the job has ended
 READ_BYTES = 1_048_576  # one ReadLogs at most (the contract's limit)
 READ_MAX_BYTES = 8 * READ_BYTES  # a plain read of one stream stops here (use tail or follow beyond)
 TAIL_BYTES_PER_LINE = 512  # tail=N asks the agent for N × this many bytes, then cuts to N lines
@@ -298,7 +299,12 @@ class LogReader:
             await asyncio.sleep(pause)
             pause = min(POLL_S, pause * 1.5)  # quiet: ask less often, up to POLL_S
             try:
-                if not self.targets or self.settled or loop.time() - refreshed >= REFRESH_S:
+                # the job and its allocations (two requests to the queue and placement): while it has not started,
+                # at most every POLL_S however fast its output is read; once its output is complete, soon after
+                # (its end is what the follower waits for); while output flows, every REFRESH_S
+                since = loop.time() - refreshed
+                if (since >= POLL_S and not self.targets) or (self.settled and since >= SETTLED_REFRESH_S) \
+                        or since >= REFRESH_S:
                     refreshed = loop.time()
                     await self.refresh()
                     if self.finished():

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+# the generated run alone takes ~4.5 min on 2 cores; the subprocess may take 10
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(660)]
 
 MIN_REQUESTS = 2000
 
