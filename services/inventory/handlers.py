@@ -41,6 +41,7 @@ from libs.contracts.events import (
     TelemetryRolledUp,
     TelemetrySampled,
 )
+from libs.runtime.loops import every
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.inventory import store
@@ -223,15 +224,8 @@ class InventoryHandlers:
     async def node_sweeper(self) -> None:
         """Background task. The first sweep waits one threshold after start, so telemetry that queued up while
         inventory was down is consumed before anyone is judged silent."""
-        await asyncio.sleep(self.settings.node_lost_after_s)
-        while True:
-            try:
-                await self.sweep_lost_nodes()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("node_sweep_failed")
-            await asyncio.sleep(self.settings.node_sweep_interval_s)
+        await every(self.settings.node_sweep_interval_s, self.sweep_lost_nodes, log=log, failure="node_sweep_failed",
+                    first_delay_s=self.settings.node_lost_after_s)
 
     # --- rollups and orphans ------------------------------------------------------------------------------------
     async def close_rollups(self, now: datetime | None = None) -> list[TelemetryRolledUp]:

@@ -67,6 +67,7 @@ from libs.observability.metrics import (
     SCHEDULING_PHASE_SECONDS,
 )
 from libs.observability.tracing import extract_context, tracer
+from libs.runtime.loops import every
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
@@ -301,14 +302,7 @@ class PlacementHandlers:
     async def reconcile_forever(self) -> None:
         """Reconcile at start and then every `policy_reconcile_s`: a row a forged event put in (one past every
         revision the quota service handed out) is repaired from the owner's own answer within that time."""
-        while True:
-            try:
-                await self.reconcile_policy()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("policy_reconcile_failed")
-            await asyncio.sleep(self.settings.policy_reconcile_s)
+        await every(self.settings.policy_reconcile_s, self.reconcile_policy, log=log, failure="policy_reconcile_failed")
 
     async def reconcile_policy(self) -> None:
         """Catch up with the quota service's whole policy (events keep it current in between). Rows carry
@@ -411,10 +405,8 @@ class PlacementHandlers:
                 PENDING_UNITS.clear()
                 if backing_off:  # nothing else to place: still say why these wait
                     reasons = backoff_reasons(backing_off)
-                    changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
-                    if changed:
-                        await store.record_pending_reasons(uow.conn, changed)
-                        self._reasons_written.update(reasons)
+                    await self._write_reasons(uow, reasons)
+                    self._reasons_written.update(reasons)
                 return -1
             policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
                                   self.settings.min_runtime_s)
@@ -434,10 +426,7 @@ class PlacementHandlers:
             applied = {u.unit for u in written}
             report_plan(plan)
             reasons = {**pending_reasons(plan.pending, requests), **backoff_reasons(backing_off)}  # for `explain`
-            # write only what changed: a backlog keeps the same reasons cycle after cycle
-            changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
-            if changed:
-                await store.record_pending_reasons(uow.conn, changed)
+            await self._write_reasons(uow, reasons)
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
         # committed: remember what is now in the store
@@ -450,6 +439,12 @@ class PlacementHandlers:
             log.info("job_placed", extra={"job_id": u.job_id, "allocation_ids": [a[0] for a in u.allocations],
                                           "nodes": sorted({a[6] for a in u.allocations})})
         return len(applied)
+
+    async def _write_reasons(self, uow, reasons: dict[str, tuple[str, str]]) -> None:  # type: ignore[no-untyped-def]
+        """Write only the pending reasons that changed: a backlog keeps the same reasons cycle after cycle."""
+        changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
+        if changed:
+            await store.record_pending_reasons(uow.conn, changed)
 
     async def _record_decision(self, uow, snapshot, requests, policy, now: float, plan, applied: set[str],  # type: ignore[no-untyped-def]
                                policy_revision: int | None) -> str | None:

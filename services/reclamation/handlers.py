@@ -9,7 +9,6 @@ event arrives. Conditional updates make two replicas of this service decide each
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
@@ -29,6 +28,7 @@ from libs.contracts.events import (
     ReclaimWarned,
     TelemetrySampled,
 )
+from libs.runtime.loops import every
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.reclamation import store
@@ -124,14 +124,7 @@ class ReclamationHandlers:
 
     # --- the sweep ------------------------------------------------------------------------------------------------
     async def sweep_loop(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reclaim_sweep_failed")
-            await asyncio.sleep(self.settings.sweep_interval_s)
+        await every(self.settings.sweep_interval_s, self.sweep, log=log, failure="reclaim_sweep_failed")
 
     async def sweep(self) -> None:
         now = utcnow()
