@@ -7,15 +7,28 @@ reason and a human message, which the gateway turns into an RFC 9457 problem bod
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
 from libs.contracts.work import Arg, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+# The dates a command may carry: a price from year 1 or a loan to year 9999 is a typo, and arithmetic on it
+# overflows. Both ends are exclusive of nothing a real fleet needs.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+
+
+def in_calendar(value: datetime) -> datetime:
+    """A zoned date between EARLIEST and LATEST, in UTC."""
+    if value.tzinfo is None:
+        raise ValueError("needs a time zone")
+    if not EARLIEST <= value < LATEST:
+        raise ValueError(f"must lie between {EARLIEST.year} and {LATEST.year}")
+    return value.astimezone(UTC)
 
 JobKind = Literal["training", "inference", "dev", "batch"]
 JobState = Literal["awaiting_approval", "pending", "launching", "running", "preempting", "completed", "cancelled",
@@ -245,6 +258,9 @@ class SubmitJob(Command, JobShape, JobWork):
     priority_class: str = "normal"
     gpu_models: list[str] = Field(default_factory=list, max_length=16)
     idempotency_key: str | None = Field(default=None, max_length=255)
+    idempotency_scope: str = Field(default="", max_length=320,
+                                   description="whose key it is (the gateway's caller): keys of two callers never "
+                                               "collide")
     submitted_by: str = "anonymous"
 
 
@@ -385,7 +401,8 @@ class RequestQuotaLoan(Command):
     path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org/team or org/team/project")
     gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
     gpus: int = Field(ge=1, le=100_000, description="extra guaranteed GPUs")
-    until: datetime = Field(description="the loan ends then (at most 90 days ahead)")
+    until: Annotated[datetime, AfterValidator(in_calendar)] = Field(
+        description="the loan ends then (at most 90 days ahead), with a time zone")
     reason: str = Field(min_length=1, max_length=500)
     requested_by: str = "anonymous"
 

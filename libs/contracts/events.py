@@ -304,6 +304,8 @@ class JobStarted(EventData):
     cluster: str
     node: str
     started_at: datetime
+    team: str | None = Field(default=None, description="the job's team (absent on events from before it was "
+                                                        "carried: those are shown only to platform-wide readers)")
 
 
 class JobCompleted(EventData):

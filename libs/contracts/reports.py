@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from libs.contracts.commands import Command
+from libs.contracts.commands import Command, in_calendar
 
 # What GPU-seconds can be grouped and filtered by. `user` is who submitted the job; `sharing` is whole, fraction
 # or mig; `mig_profile` is empty for whole GPUs and fractions.
@@ -97,6 +97,8 @@ class SetCostRate(Command):
     def _price_unless_delete(self) -> SetCostRate:
         if self.effective_from.tzinfo is None:
             raise ValueError("effective_from needs a time zone")
+        if not self.delete:  # a price out of the calendar may still be withdrawn
+            in_calendar(self.effective_from)
         if not self.delete and self.price_per_hour is None:
             raise ValueError("price_per_hour is required")
         return self

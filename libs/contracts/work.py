@@ -33,7 +33,7 @@ Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS)]
 class WorkLimits(BaseModel):
     """Enforced on the node by the work's cgroup. None: no limit beyond the node's."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     cpu_milli: int | None = Field(default=None, ge=10, le=1_024_000,
                                   description="CPU time as milli-cores (1000 = one core), CFS quota")
@@ -47,7 +47,7 @@ class WorkLimits(BaseModel):
 class RestartPolicy(BaseModel):
     """What happens when an attempt fails (non-zero exit, signal, out of memory, launch failure)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     policy: Literal["never", "on_failure"] = "never"
     attempts: int = Field(default=0, ge=0, le=100, description="restarts after failures (with on_failure)")

@@ -19,11 +19,13 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from libs.contracts.commands import NAME_PATTERN
 from libs.store.database import Pool
 from services.gateway import store
 from services.gateway.config import GatewaySettings
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TOUCH_EVERY_S = 60.0  # last_used_at is for people: at most one write a minute per token
 CACHE_SIZE = 10_000
+TEAM_NAME = re.compile(NAME_PATTERN)
 
 
 class AuthError(Exception):
@@ -219,9 +222,20 @@ class Authenticator:
         except (jwt.PyJWTError, jwt.PyJWKClientError) as exc:
             log.info("oidc_token_rejected", extra={"error": str(exc)})
             raise AuthError("InvalidToken", "the identity token is not valid for this gateway") from exc
-        role = claims.get(s.oidc_role_claim, s.oidc_default_role)
-        if role not in ROLES:
-            raise AuthError("InvalidToken", f"the identity token carries an unknown role {role!r}")
-        team = claims.get(s.oidc_team_claim)
-        return (Principal(subject=str(claims["sub"]), role=role, team=team if isinstance(team, str) else None,
-                          via="oidc"), float(claims["exp"]))
+        return oidc_principal(claims, s), float(claims["exp"])
+
+
+def oidc_principal(claims: dict[str, Any], s: GatewaySettings) -> Principal:
+    """The principal a verified token's claims name. Malformed claims are refused, not guessed at: a role or team
+    that is not one string of the right form, or a subject that is not a string. A token without a team claim
+    gets a principal without a team, which sees nothing team-scoped unless its role is platform-wide."""
+    role = claims.get(s.oidc_role_claim, s.oidc_default_role)
+    if not isinstance(role, str) or role not in ROLES:
+        raise AuthError("InvalidToken", f"the identity token carries an unknown role {str(role)[:64]!r}")
+    team = claims.get(s.oidc_team_claim)
+    if team is not None and not (isinstance(team, str) and TEAM_NAME.fullmatch(team)):
+        raise AuthError("InvalidToken", f"the identity token's {s.oidc_team_claim} claim must be one team name")
+    subject = claims["sub"]
+    if not isinstance(subject, str) or not 0 < len(subject) <= 255:
+        raise AuthError("InvalidToken", "the identity token's sub claim must be a string of 1–255 characters")
+    return Principal(subject=subject, role=role, team=team, via="oidc")

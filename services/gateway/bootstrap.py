@@ -29,9 +29,11 @@ from services.gateway.auth import Authenticator
 from services.gateway.config import GatewaySettings
 from services.gateway.decisions import router as decisions_router
 from services.gateway.domain import problem
+from services.gateway.events import StreamSlots
 from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
 from services.gateway.logs import router as logs_router
+from services.gateway.malformed import protocol_class
 from services.gateway.nodes import router as nodes_router
 from services.gateway.policy import router as policy_router
 from services.gateway.reports import router as reports_router
@@ -75,16 +77,26 @@ class EdgeMiddleware:
                 scope, receive, send)
             return
         length: str | None = None
+        chunked = False
         carrier: dict[str, str] = {}
         for key, value in scope.get("headers", ()):
             if key == b"content-length":
                 length = value.decode("latin-1")
+            elif key == b"transfer-encoding":
+                chunked = True
             elif key in _TRACE_HEADERS:
                 carrier[key.decode("latin-1")] = value.decode("latin-1")
+        too_large = problem(413, "PayloadTooLarge", f"request bodies are limited to {self.max_body_bytes} bytes",
+                            instance=path)
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            await problem(413, "PayloadTooLarge", f"request bodies are limited to {self.max_body_bytes} bytes",
-                          instance=path)(scope, receive, send)
+            await too_large(scope, receive, send)
             return
+        if chunked and length is None:
+            # no declared length: read at most the limit here, before any route (or authentication) runs
+            receive = await bounded_body(receive, self.max_body_bytes)
+            if receive is None:
+                await too_large(scope, _disconnected, send)
+                return
         method = scope.get("method", "GET")
         status = 500
         if recording():
@@ -122,6 +134,39 @@ class EdgeMiddleware:
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 
 
+async def bounded_body(receive: Any, limit: int) -> Any:
+    """Read a body of undeclared length (chunked) whole while it stays within `limit` bytes, and return a
+    `receive` that replays it; None as soon as it passes the limit (the rest is never read or kept)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away: let the app see that
+            first: dict | None = message
+            break
+        body = message.get("body", b"")
+        size += len(body)
+        if size > limit:
+            return None
+        chunks.append(body)
+        if not message.get("more_body", False):
+            first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            break
+
+    async def replay() -> dict:
+        nonlocal first
+        if first is not None:
+            message, first = first, None
+            return message
+        return await receive()
+
+    return replay
+
+
+async def _disconnected() -> dict:
+    return {"type": "http.disconnect"}
+
+
 def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -148,6 +193,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         **_NO_NATIVE_TELEMETRY,
     )
     app.state.settings = settings
+    app.state.event_streams = StreamSlots(settings.max_event_streams)
     app.include_router(router)
     app.include_router(logs_router)
     app.include_router(events_router)
@@ -159,7 +205,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:
-        return problem(exc.status, exc.reason, exc.detail, instance=req.url.path, **exc.extensions)
+        return problem(exc.status, exc.reason, exc.detail, instance=req.url.path, headers=exc.headers,
+                       **exc.extensions)
 
     @app.exception_handler(ServiceUnavailable)
     async def on_unavailable(req: Request, exc: ServiceUnavailable) -> JSONResponse:
@@ -225,4 +272,4 @@ def main() -> None:
     setup_logging("gateway", settings.log_level)
     setup_tracing("gateway")
     uvicorn.run(create_app(settings), host=settings.http_host, port=settings.port, log_config=None,
-                access_log=False, timeout_graceful_shutdown=10)
+                access_log=False, timeout_graceful_shutdown=10, http=protocol_class())

@@ -15,6 +15,8 @@ class GatewaySettings(ServiceSettings):
     admin_token: str = Field(default="", description="Bootstrap bearer token with the platform-admin role")
     request_timeout_s: float = 5.0
     max_body_bytes: int = Field(default=64 * 1024, description="Larger request bodies are refused with 413")
+    max_event_streams: int = Field(default=8, ge=1, le=10_000, description="open `GET /v1/events` streams per "
+                                   "caller; more are refused with 429")
     token_cache_s: float = Field(default=30.0, ge=0, description="How long a verified token is reused without a "
                                  "database lookup (revocations still apply at once); 0 turns the cache off")
     # OIDC / JWT bearer tokens (optional): validated against this issuer, audience and JWKS.

@@ -78,11 +78,21 @@ class Principal:
     token_id: str | None = None
 
     def scope(self, action: Action) -> str | None:
-        """ANY, TEAM, or None when the role may not do this at all."""
+        """ANY, TEAM, or None when the role may not do this at all. A team-scoped role without a team (an OIDC
+        token without a team claim) may do nothing team-scoped; only a team-less service *API token*, which a
+        platform admin minted on purpose, acts across teams."""
         scope = POLICY[action].get(self.role)
-        if scope == TEAM and self.team is None and self.role == "service":
-            return ANY  # a team-less service account acts across teams
+        if scope == TEAM and self.team is None:
+            return ANY if self.role == "service" and self.via == "token" else None
         return scope
+
+    @property
+    def identity(self) -> str:
+        """Who this caller is for keys it chooses (Idempotency-Key), stable across its requests: one API token,
+        one OIDC subject, or the bootstrap admin."""
+        if self.via == "token":
+            return f"token:{self.token_id}"
+        return f"{self.via}:{self.subject}"
 
     def may(self, action: Action, team: str | None = None) -> bool:
         scope = self.scope(action)
@@ -123,7 +133,7 @@ def secret_matches(secret: str, stored_hash: str) -> bool:
 
 
 def problem(status: int, reason: str, detail: str, *, instance: str | None = None,
-            **extensions: Any) -> JSONResponse:
+            headers: dict[str, str] | None = None, **extensions: Any) -> JSONResponse:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + reason,
         "title": HTTPStatus(status).phrase,
@@ -134,5 +144,6 @@ def problem(status: int, reason: str, detail: str, *, instance: str | None = Non
     if instance:
         body["instance"] = instance
     body.update({k: v for k, v in extensions.items() if v not in (None, {}, [])})
-    headers = {"WWW-Authenticate": 'Bearer realm="gpupool"'} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="gpupool"'}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_CONTENT_TYPE, headers=headers)

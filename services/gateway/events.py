@@ -16,11 +16,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from libs.contracts import subjects
 from libs.contracts.origins import accept
-from services.gateway.domain import Action, Principal
-from services.gateway.handlers import ERRORS, Caller, require
+from services.gateway.domain import ANY, Action, Principal
+from services.gateway.handlers import ERRORS, ApiError, Caller, require
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -28,19 +29,55 @@ KEEPALIVE_S = 15.0
 BUFFER = 1000
 
 
+# Events about the pool or platform-wide policy, which every caller may read (`POOL_READ`, `TEAM_READ`). Every
+# other event is about a team's work and is shown only to those who may read that team's jobs: it must carry
+# `team`, and one without (an event from before it was carried) goes only to platform-wide readers. A unit test
+# holds every event type to one of the two.
+PUBLIC_TYPES = ("io.gpupool.node.", "io.gpupool.gpu.health_changed.", "io.gpupool.gpu.sharing_set.",
+                "io.gpupool.telemetry.", "io.gpupool.quota.set.", "io.gpupool.quota.priority_class_set.",
+                "io.gpupool.quota.team_created.", "io.gpupool.usage.rate_set.")
+DECISION_TYPES = "io.gpupool.decision."
+
+
 def visible(principal: Principal, doc: dict) -> bool:
-    """Team-scoped callers see their own team's events and team-less ones (nodes, GPUs); scheduling decisions name
-    every team's jobs, so only those who may read decisions see them."""
-    if str(doc.get("type", "")).startswith("io.gpupool.decision."):
+    """Decisions name every team's jobs: only those who may read decisions see them. Public types go to everyone;
+    the rest only to callers who may read the team the event names."""
+    kind = str(doc.get("type", ""))
+    if kind.startswith(DECISION_TYPES):
         return principal.may(Action.DECISION_READ)
-    team = (doc.get("data") or {}).get("team")
-    return team is None or principal.may(Action.JOB_READ, team)
+    if kind.startswith(PUBLIC_TYPES) or principal.scope(Action.JOB_READ) == ANY:
+        return True
+    data = doc.get("data")
+    team = data.get("team") if isinstance(data, dict) else None
+    return isinstance(team, str) and principal.may(Action.JOB_READ, team)
 
 
 def matches(doc: dict, types: list[str], team: str | None) -> bool:
     if types and not any(doc.get("type", "").startswith(t) for t in types):
         return False
     return team is None or (doc.get("data") or {}).get("team") == team
+
+
+class StreamSlots:
+    """How many event streams each caller has open: beyond `limit` a new one is refused (429), so one token cannot
+    hold hundreds of subscriptions and connections."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: dict[str, int] = {}
+
+    def take(self, who: str) -> bool:
+        if self.open.get(who, 0) >= self.limit:
+            return False
+        self.open[who] = self.open.get(who, 0) + 1
+        return True
+
+    def give_back(self, who: str) -> None:
+        left = self.open.get(who, 0) - 1
+        if left > 0:
+            self.open[who] = left
+        else:
+            self.open.pop(who, None)
 
 
 @router.get(
@@ -59,6 +96,10 @@ async def stream_events(
     require(caller, Action.POOL_READ)
     if team is not None:
         require(caller, Action.JOB_READ, team)
+    slots: StreamSlots = req.app.state.event_streams
+    if not slots.take(caller.identity):
+        raise ApiError(429, "TooManyStreams", f"at most {slots.limit} event streams may be open per caller; close "
+                                              f"one first", headers={"Retry-After": "5"})
     wanted = [t for t in (types or []) if t]
     queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(maxsize=BUFFER)
 
@@ -70,7 +111,26 @@ async def stream_events(
                 queue.put_nowait(None)  # tell the reader it fell behind
 
     nc = req.app.state.nc
-    subs = [await nc.subscribe(f"{subjects.PREFIX}.{entity}.>", cb=on_msg) for entity in subjects.EVENT_ENTITIES]
+    subs: list = []
+    closed = False
+
+    async def close() -> None:
+        """Once, whichever comes first: the body's end, or the response's end without the body ever starting."""
+        nonlocal closed
+        if closed:
+            return
+        closed = True
+        slots.give_back(caller.identity)
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    try:
+        for entity in subjects.EVENT_ENTITIES:
+            subs.append(await nc.subscribe(f"{subjects.PREFIX}.{entity}.>", cb=on_msg))
+    except BaseException:
+        await close()
+        raise
 
     async def body() -> AsyncIterator[bytes]:
         deadline = time.monotonic() + max_seconds
@@ -97,9 +157,7 @@ async def stream_events(
                     continue
                 yield f"id: {doc.get('id', '')}\nevent: {doc.get('type', 'message')}\ndata: ".encode() + raw + b"\n\n"
         finally:
-            for sub in subs:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+            await close()
 
-    return StreamingResponse(body(), media_type="text/event-stream",
+    return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(close),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

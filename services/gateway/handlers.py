@@ -36,6 +36,7 @@ from libs.contracts.commands import (
 from libs.core import mig as migcat
 from services.gateway import store
 from services.gateway.auth import AuthError
+from services.gateway.bodies import RequestBody
 from services.gateway.domain import (
     ANY,
     TEAM_ADMIN_GRANTABLE,
@@ -49,12 +50,14 @@ from services.gateway.pool import NODE_FACTS_EXAMPLE, NODE_TOTALS_EXAMPLE, combi
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str, detail: str, **extensions: Any) -> None:
+    def __init__(self, status: int, reason: str, detail: str, *, headers: dict[str, str] | None = None,
+                 **extensions: Any) -> None:
         super().__init__(detail)
         self.status, self.reason, self.detail, self.extensions = status, reason, detail, extensions
+        self.headers = headers
 
 
-class JobRequestBody(JobShape, JobWork):
+class JobRequestBody(RequestBody, JobShape, JobWork):
     """What a caller sends to submit a job: `gpus` on one node, a gang (`gang_nodes` × `gpus_per_node`, all or
     nothing), or `replicas` independent copies (an inference service; scale it later with PATCH). With `command`
     the agent of every granted node runs it (one process tree per allocation, logs at `/v1/jobs/{id}/logs`); the
@@ -108,12 +111,12 @@ class JobRequestBody(JobShape, JobWork):
         return self
 
 
-class ScaleBody(BaseModel):
+class ScaleBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"replicas": 4}]}}
     replicas: int = Field(ge=1, le=256)
 
 
-class CancelBody(BaseModel):
+class CancelBody(RequestBody):
     model_config = {"extra": "forbid"}
     reason: str = Field(default="cancelled by user", max_length=500)
 
@@ -220,7 +223,8 @@ async def submit_job(body: JobRequestBody, req: Request, response: Response, cal
                      idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> dict:
     require(caller, Action.JOB_SUBMIT, body.team)
     result = await call(req, subjects.CMD_QUEUE_SUBMIT_JOB, SubmitJob(
-        **body.model_dump(), idempotency_key=idempotency_key, submitted_by=caller.subject))
+        **body.model_dump(), idempotency_key=idempotency_key, idempotency_scope=caller.identity,
+        submitted_by=caller.subject))
     created = result.pop("created", True)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/v1/jobs/{result['job_id']}"
@@ -364,7 +368,7 @@ async def list_tracked(req: Request, caller: Caller) -> dict:
 
 
 # --- tokens ----------------------------------------------------------------------------------------------------
-class TokenRequest(BaseModel):
+class TokenRequest(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
         {"name": "alice-laptop", "role": "member", "team": "research", "expires_in_days": 90}]}}
 
@@ -400,6 +404,10 @@ async def create_token(body: TokenRequest, req: Request, caller: Caller) -> NewT
                                              f"in team {caller.team!r}", action=Action.TOKEN_MANAGE.value)
     if body.role in ("team-admin", "member", "viewer") and body.team is None:
         raise ApiError(422, "TeamRequired", f"a {body.role} token must name its team")
+    if body.team is not None:
+        teams = (await call(req, subjects.QUERY_QUOTA_LIST_TEAMS, Empty()))["items"]
+        if not any(t["team"] == body.team for t in teams):
+            raise ApiError(422, "UnknownTeam", f"team {body.team!r} does not exist", team=body.team)
     token_id, token, secret_hash = mint_token()
     expires = datetime.now(UTC) + timedelta(days=body.expires_in_days) if body.expires_in_days else None
     async with req.app.state.pool.acquire() as conn, conn.transaction():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from libs.contracts import subjects
 from libs.contracts.commands import (
@@ -21,6 +21,7 @@ from libs.contracts.commands import (
     SetGpuHealth,
     SetGpuSharing,
 )
+from services.gateway.bodies import RequestBody
 from services.gateway.domain import Action
 from services.gateway.handlers import ERRORS, Caller, call, record, require
 from services.gateway.pool import NODE_FACTS_EXAMPLE
@@ -34,19 +35,19 @@ Cluster = Annotated[str | None, Query(pattern=NAME_PATTERN, description="Needed 
                                                                        "several clusters")]
 
 
-class CordonBody(BaseModel):
+class CordonBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"reason": "kernel upgrade"}]}}
     reason: str = Field(default="", max_length=500)
 
 
-class SharingBody(BaseModel):
+class SharingBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"mode": "fractional"}]}}
     mode: Literal["exclusive", "fractional", "mig"] = Field(
         description="exclusive: whole GPUs only; fractional: shares of compute and memory (CUDA MPS); mig: MIG "
                     "slices. Applies to new placements; held work is never moved")
 
 
-class HealthBody(BaseModel):
+class HealthBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
         {"action": "clear", "reason": "GPU reset, nvidia-smi -q clean"}, {"action": "quarantine",
                                                                          "reason": "fan failure"}]}}

@@ -5,11 +5,10 @@ The quota service owns all of it; these routes are request/reply to it plus an a
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from libs.contracts import subjects
 from libs.contracts.commands import (
@@ -29,20 +28,21 @@ from libs.contracts.commands import (
     SetQuota,
     SetReclaimPolicy,
 )
+from services.gateway.bodies import Instant, RequestBody
 from services.gateway.domain import Action
 from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require, team_filter
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 
-class TeamBody(BaseModel):
+class TeamBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"team": "vision", "org": "research"}]}}
 
     team: str = Field(pattern=NAME_PATTERN)
     org: str = Field(default="default", pattern=NAME_PATTERN)
 
 
-class QuotaBody(BaseModel):
+class QuotaBody(RequestBody):
     """One entry of the org → team → project quota tree, in GPUs (fractions allowed)."""
 
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
@@ -57,7 +57,7 @@ class QuotaBody(BaseModel):
     weight: float = Field(default=1.0, gt=0, le=1000, description="over-quota fair-share weight")
 
 
-class PriorityClassBody(BaseModel):
+class PriorityClassBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
         {"value": 500, "preemptible": True, "min_runtime_s": 300, "description": "nightly evaluations"}]}}
 
@@ -117,12 +117,12 @@ async def set_priority_class(name: Annotated[str, Path(pattern=NAME_PATTERN)], b
 
 
 # --- approvals ----------------------------------------------------------------------------------------------------
-class DecisionBody(BaseModel):
+class DecisionBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"comment": "ok for this sprint"}]}}
     comment: str = Field(default="", max_length=1000)
 
 
-class RuleBody(BaseModel):
+class RuleBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"value": "32", "enabled": True}]}}
     value: str = Field(min_length=1, max_length=63, description="GPUs, seconds, or a priority class name")
     enabled: bool = True
@@ -170,7 +170,7 @@ async def deny(approval_id: Annotated[str, Path(max_length=64)], req: Request, c
     return await _decide(req, caller, approval_id, False, body)
 
 
-class LoanBody(BaseModel):
+class LoanBody(RequestBody):
     """Extra guarantee for one entry of the quota tree until a date; a platform admin approves or denies it."""
 
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
@@ -180,7 +180,7 @@ class LoanBody(BaseModel):
     path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org/team or org/team/project")
     gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
     gpus: int = Field(ge=1, le=100_000)
-    until: datetime = Field(description="when the loan ends (at most 90 days ahead); with a time zone")
+    until: Instant = Field(description="when the loan ends (at most 90 days ahead); with a time zone")
     reason: str = Field(min_length=1, max_length=500)
 
 
@@ -214,7 +214,7 @@ async def set_approval_rule(rule: ApprovalRule, body: RuleBody, req: Request, ca
 
 
 # --- reclamation policies -----------------------------------------------------------------------------------------
-class ReclaimPolicyBody(BaseModel):
+class ReclaimPolicyBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
         {"idle_after_s": 1800, "idle_util_pct": 5, "grace_s": 300, "enforce_max_runtime": True}]}}
 

@@ -31,6 +31,7 @@ from libs.contracts.reports import (
     UsageReportQuery,
     WasteReportQuery,
 )
+from services.gateway.bodies import Instant, RequestBody
 from services.gateway.domain import ANY, Action, Principal
 from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require
 
@@ -255,7 +256,7 @@ class CostRates(BaseModel):
     currency: str
 
 
-class CostRateBody(BaseModel):
+class CostRateBody(RequestBody):
     """A price in force from `effective_from` until the next one of the same model and profile."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -266,8 +267,9 @@ class CostRateBody(BaseModel):
     gpu_model: str = Field(pattern=GPU_MODEL_PATTERN)
     mig_profile: str = Field(default="", max_length=32, pattern=MIG_PROFILE_PATTERN,
                              description="a MIG profile priced per instance-hour (else: the model's GPU-hour)")
-    effective_from: datetime = Field(description="with a time zone; a value without one is taken as UTC")
-    price_per_hour: Decimal = Field(ge=0, le=1_000_000, max_digits=18, decimal_places=6)
+    effective_from: Instant = Field(description="with a time zone (RFC 3339), between 2000 and 2200")
+    price_per_hour: Decimal = Field(ge=0, le=1_000_000, max_digits=18, decimal_places=6, strict=False,
+                                   description="a JSON number or a decimal string")
 
 
 def _doc(model: type[BaseModel], csv_example: str) -> dict[int | str, dict[str, Any]]:

@@ -84,9 +84,9 @@ class QueueHandlers:
     # --- commands --------------------------------------------------------------------------------------------
     async def submit_job(self, cmd: SubmitJob) -> Reply:
         request_hash = hashlib.sha256(
-            cmd.model_dump_json(exclude={"idempotency_key", "submitted_by"}).encode()).hexdigest()
+            cmd.model_dump_json(exclude={"idempotency_key", "idempotency_scope", "submitted_by"}).encode()).hexdigest()
         if cmd.idempotency_key:
-            replay = await self._replay(cmd.idempotency_key, request_hash)
+            replay = await self._replay(cmd.idempotency_scope, cmd.idempotency_key, request_hash)
             if replay is not None:
                 return replay
         job_id = uuid7()
@@ -106,7 +106,7 @@ class QueueHandlers:
             "gang_nodes": cmd.gang_nodes, "gpus_per_node": cmd.gpus_per_node, "replicas": cmd.replicas,
             "max_runtime_s": cmd.max_runtime_s, "gpu_fraction_milli": cmd.gpu_fraction_milli,
             "gpu_memory_mib": cmd.gpu_memory_mib, "mig_profile": cmd.mig_profile, "exclusive": cmd.exclusive,
-            "idempotency_key": cmd.idempotency_key, "request_hash": request_hash, "work": cmd.work_spec(),
+            "idempotency_key": cmd.idempotency_key, "idempotency_scope": cmd.idempotency_scope, "request_hash": request_hash, "work": cmd.work_spec(),
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)
@@ -119,7 +119,7 @@ class QueueHandlers:
                 await uow.emit(submitted_event(row))
         if row is None:  # lost a race with the same idempotency key: answer with the winner
             assert cmd.idempotency_key is not None
-            replay = await self._replay(cmd.idempotency_key, request_hash)
+            replay = await self._replay(cmd.idempotency_scope, cmd.idempotency_key, request_hash)
             assert replay is not None
             return replay
         log.info("job_submitted", extra={"job_id": job["job_id"], "team": cmd.team, "gpus": cmd.gpus,
@@ -128,9 +128,9 @@ class QueueHandlers:
         return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": True} |
                              ({k: v for k, v in extra.items() if v} if needs_approval else {}))
 
-    async def _replay(self, key: str, request_hash: str) -> Reply | None:
+    async def _replay(self, scope: str, key: str, request_hash: str) -> Reply | None:
         async with self.rt.pool.acquire() as conn:
-            row = await store.find_by_idempotency_key(conn, key)
+            row = await store.find_by_idempotency_key(conn, scope, key)
         if row is None:
             return None
         if row["request_hash"] != request_hash:
@@ -262,7 +262,7 @@ class QueueHandlers:
                                   at=data.granted_at, message=None, allocation_id=data.allocation_id,
                                   node=data.node, cluster=data.cluster)
             await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
-                                      node=data.node, started_at=data.granted_at))
+                                      node=data.node, started_at=data.granted_at, team=row["team"]))
 
     async def on_work_started(self, event: CloudEvent, data: WorkStarted) -> None:
         """The agent started the work (the first gang member's start is the job's)."""
@@ -275,7 +275,7 @@ class QueueHandlers:
             await self._set_state(uow, row, "running", "WorkStarted", at=data.started_at,
                                   message=f"pid {data.pid} on {data.node} ({data.isolation})")
             await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
-                                      node=data.node, started_at=data.started_at))
+                                      node=data.node, started_at=data.started_at, team=row["team"]))
 
     async def on_approval_decided(self, event: CloudEvent, data: ApprovalDecided) -> None:
         """Approved: the job joins the queue now (placement learns of it only at this point). Denied: it fails."""

@@ -32,8 +32,10 @@ def to_view(row: asyncpg.Record) -> JobView:
     return JobView(**{k: row[k] for k in JobView.model_fields if k != "work"}, work=work_of(row))
 
 
-async def find_by_idempotency_key(conn: asyncpg.Connection, key: str) -> asyncpg.Record | None:
-    return await conn.fetchrow(f"SELECT {_COLUMNS}, request_hash FROM jobs WHERE idempotency_key = $1", key)
+async def find_by_idempotency_key(conn: asyncpg.Connection, scope: str, key: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        f"SELECT {_COLUMNS}, request_hash FROM jobs WHERE idempotency_scope = $1 AND idempotency_key = $2",
+        scope, key)
 
 
 async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.Record:
@@ -44,10 +46,10 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
               INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
                                 submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
                                 gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
-                                mig_profile, exclusive, approval_id, work, reason)
+                                mig_profile, exclusive, approval_id, work, reason, idempotency_scope)
               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23,$24,
-                      $26::jsonb, $25)
-              ON CONFLICT (idempotency_key) DO NOTHING
+                      $26::jsonb, $25, $27)
+              ON CONFLICT (idempotency_scope, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
               RETURNING {_COLUMNS}),
             h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
                   SELECT job_id, NULL, state, $25 FROM j)
@@ -58,7 +60,7 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
         job["gpus_per_node"], job["replicas"], job["max_runtime_s"], job["state"], job["gpu_fraction_milli"],
         job["gpu_memory_mib"], job["mig_profile"], job["exclusive"], job.get("approval_id"),
         "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted",
-        job["work"].model_dump_json() if job.get("work") is not None else None)
+        job["work"].model_dump_json() if job.get("work") is not None else None, job.get("idempotency_scope", ""))
 
 
 async def get_job(conn: asyncpg.Connection, job_id: str, *, for_update: bool = False) -> asyncpg.Record | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from libs.contracts.commands import AdmitJob, Reply
+from libs.contracts.commands import NAME_PATTERN, AdmitJob, Reply
 
 
 def ceiling(entries: Iterable[Mapping[str, Any]], model: str) -> float | None:
@@ -50,3 +52,34 @@ def approval_reasons(cmd: AdmitJob, rules: Iterable[Mapping[str, Any]]) -> list[
         elif r["rule"] == "priority_class" and cmd.priority_class == r["value"]:
             reasons.append(f"priority class {r['value']}")
     return reasons
+
+
+# The most a numeric approval rule may say: more GPUs than any fleet, or a runtime beyond 30 years, is a typo.
+RULE_LIMITS = {"gpus_over": 1_000_000.0, "runtime_over_s": 1e9}
+_NAME = re.compile(NAME_PATTERN)
+
+
+def rule_value_error(rule: str, value: str) -> str | None:
+    """Why `value` cannot be this rule's threshold (None: it can). Numeric rules take a finite number from 0 to
+    their limit (`float()` alone would take "-5", "nan" and "inf"); `priority_class` takes a class name."""
+    if rule == "priority_class":
+        return None if _NAME.fullmatch(value) else f"priority_class needs a priority class name, got {value!r}"
+    try:
+        number = float(value)
+    except ValueError:
+        return f"{rule} needs a number, got {value!r}"
+    if not math.isfinite(number) or not 0 <= number <= RULE_LIMITS[rule]:
+        return f"{rule} needs a number from 0 to {RULE_LIMITS[rule]:g}, got {value!r}"
+    return None
+
+
+def quota_path_error(path: str, *, org_known: bool, team: Mapping[str, Any] | None) -> Reply | None:
+    """A quota entry may be set only where the tree exists: its org, and its team in that org (projects are made
+    by the jobs that name them). None: the path is fine."""
+    parts = path.split("/")
+    if not org_known:
+        return Reply.failure(422, "UnknownOrg", f"org {parts[0]!r} does not exist: create a team in it first",
+                             org=parts[0])
+    if len(parts) > 1 and (team is None or team["org"] != parts[0]):
+        return Reply.failure(422, "UnknownTeam", f"no team {parts[1]!r} in org {parts[0]!r}", team=parts[1])
+    return None

@@ -38,7 +38,7 @@ from libs.contracts.events import (
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.quota import store
-from services.quota.domain import admit, approval_reasons
+from services.quota.domain import admit, approval_reasons, quota_path_error, rule_value_error
 
 CONSUMER = "quota"
 MAX_LOAN_DAYS = 90
@@ -93,6 +93,12 @@ class QuotaHandlers:
                 return Reply.success({"before": _view(before), "after": None})
             if cmd.lending_limit is not None and cmd.lending_limit > cmd.guaranteed:
                 return Reply.failure(422, "InvalidQuota", "a lending limit cannot exceed what is guaranteed")
+            parts = cmd.path.split("/")
+            refused = quota_path_error(
+                cmd.path, org_known=await store.org_exists(uow.conn, parts[0]),
+                team=await store.get_team(uow.conn, parts[1]) if len(parts) > 1 else None)
+            if refused is not None:
+                return refused
             await store.upsert_quota(uow.conn, cmd)
             row = await store.get_quota(uow.conn, cmd.path, cmd.gpu_model)  # effective: own + active loans
             await uow.emit(_quota_event(row))
@@ -133,11 +139,8 @@ class QuotaHandlers:
                               "approval_reasons": reasons})
 
     async def set_approval_rule(self, cmd: SetApprovalRule) -> Reply:
-        if cmd.rule != "priority_class":
-            try:
-                float(cmd.value)
-            except ValueError:
-                return Reply.failure(422, "InvalidRule", f"{cmd.rule} needs a number, got {cmd.value!r}")
+        if (why := rule_value_error(cmd.rule, cmd.value)) is not None:
+            return Reply.failure(422, "InvalidRule", why)
         async with self.rt.pool.acquire() as conn:
             return Reply.success(dict(await store.set_approval_rule(conn, cmd.rule, cmd.value, cmd.enabled)))
 

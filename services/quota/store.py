@@ -20,6 +20,10 @@ async def ensure_team(conn: asyncpg.Connection, team: str, org: str = "default")
            RETURNING team, org, revision, created_at""", team, org)
 
 
+async def org_exists(conn: asyncpg.Connection, org: str) -> bool:
+    return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM orgs WHERE org = $1)", org))
+
+
 async def get_team(conn: asyncpg.Connection, team: str) -> asyncpg.Record | None:
     return await conn.fetchrow("SELECT team, org, revision, created_at FROM teams WHERE team = $1", team)
 

@@ -214,8 +214,11 @@ def test_team_scoped_callers_see_only_their_team_and_only_admins_set_prices(plat
                 time.sleep(0.2)
             assert c.put("/v1/cost-rates", json={"gpu_model": "L40S", "effective_from": "2021-01-01T00:00:00Z",
                                                  "price_per_hour": 0.1}).status_code == 403
+        naive = api.put("/v1/cost-rates", json={"gpu_model": "L40S", "mig_profile": "", "price_per_hour": 0.75,
+                                                "effective_from": "2021-06-01T00:00:00"})
+        assert naive.status_code == 422, "a time without a zone is ambiguous: refused, not taken as UTC"
         set_ = api.put("/v1/cost-rates", json={"gpu_model": "L40S", "mig_profile": "", "price_per_hour": 0.75,
-                                               "effective_from": "2021-06-01T00:00:00"})
+                                               "effective_from": "2021-06-01T02:00:00+02:00"})
         assert set_.status_code == 200
         assert datetime.fromisoformat(set_.json()["effective_from"]) == datetime(2021, 6, 1, tzinfo=UTC)
         assert api.delete("/v1/cost-rates", params={"gpu_model": "L40S",

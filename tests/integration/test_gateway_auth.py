@@ -152,6 +152,36 @@ async def test_oidc_tokens_with_wrong_audience_issuer_signature_or_expiry_are_re
         assert refused.value.reason == reason, name
 
 
+async def test_malformed_oidc_claims_are_refused_not_guessed_at(auth, signing_key) -> None:  # type: ignore[no-untyped-def]
+    """A team claim given as a list once became "no team", which saw every team: now it is a 401."""
+    cases = {
+        "team as a list": sign(signing_key, gpupool_role="member", gpupool_team=["research", "inference"]),
+        "team as a number": sign(signing_key, gpupool_role="member", gpupool_team=7),
+        "team not a name": sign(signing_key, gpupool_role="member", gpupool_team="Research Team!"),
+        "role as a list": sign(signing_key, gpupool_role=["platform-admin"]),
+        "subject as a number": sign(signing_key, sub=42),
+    }
+    for name, token in cases.items():
+        with pytest.raises(AuthError) as refused:
+            await auth.authenticate(token)
+        assert refused.value.reason == "InvalidToken", name
+
+
+async def test_an_oidc_principal_without_a_team_sees_nothing_team_scoped(auth, signing_key) -> None:  # type: ignore[no-untyped-def]
+    """Before: a member token without a team claim read every team's jobs, usage and approvals."""
+    from services.gateway.domain import ANY, Action
+
+    for role in ("team-admin", "member", "viewer", "service"):
+        principal = await auth.authenticate(sign(signing_key, sub=f"no-team-{role}", gpupool_role=role))
+        assert principal.team is None
+        for action in (Action.JOB_READ, Action.USAGE_READ, Action.JOB_SUBMIT, Action.JOB_CANCEL):
+            assert principal.scope(action) is None, (role, action)
+            assert not principal.may(action) and not principal.may(action, "research"), (role, action)
+        assert principal.may(Action.POOL_READ)  # what every role may read stays readable
+    operator = await auth.authenticate(sign(signing_key, sub="ops", gpupool_role="operator"))
+    assert operator.scope(Action.JOB_READ) == ANY  # a platform-wide role needs no team
+
+
 async def test_a_verified_token_is_reused_without_a_lookup_but_its_secret_is_checked_every_time(auth) -> None:  # type: ignore[no-untyped-def]
     token_id, token = await new_token(auth)
     for _ in range(20):

@@ -101,3 +101,60 @@ async def test_requests_are_counted_by_route_and_status() -> None:
     for _ in range(3):
         await call(edge)
     assert counter._value.get() == before + 3
+
+
+async def test_a_chunked_body_is_read_only_up_to_the_limit_and_replayed_within_it() -> None:
+    """Without Content-Length the middleware reads at most the limit before the app (or authentication) runs."""
+    from services.gateway.bootstrap import bounded_body
+
+    def feeder(chunks: list[bytes]):  # type: ignore[no-untyped-def]
+        pulled = []
+
+        async def receive() -> dict:
+            if len(pulled) < len(chunks):
+                pulled.append(1)
+                return {"type": "http.request", "body": chunks[len(pulled) - 1],
+                        "more_body": len(pulled) < len(chunks)}
+            return {"type": "http.disconnect"}
+        return receive, pulled
+
+    receive, pulled = feeder([b"a" * 40, b"b" * 40, b"c" * 1000, b"never read"])
+    assert await bounded_body(receive, 64) is None
+    assert len(pulled) == 2, "the chunk that passed the limit is the last one read"
+    receive, _ = feeder([b'{"a":', b" 1}"])
+    replay = await bounded_body(receive, 64)
+    assert await replay() == {"type": "http.request", "body": b'{"a": 1}', "more_body": False}
+    assert (await replay())["type"] == "http.disconnect"
+
+
+def test_every_event_type_is_public_or_names_its_team() -> None:
+    """The SSE stream shows an event to a team-scoped caller only by its `team`: a new event type about a team's
+    work that forgot the field would be hidden from that team, one declared public is shown to everyone."""
+    from libs.contracts.events import EventData
+    from services.gateway.events import DECISION_TYPES, PUBLIC_TYPES
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    kinds = [c for c in subclasses(EventData) if "event_type" in c.__dict__]
+    assert len(kinds) > 30
+    for kind in kinds:
+        public = kind.event_type.startswith(PUBLIC_TYPES) or kind.event_type.startswith(DECISION_TYPES)
+        assert public or "team" in kind.model_fields, f"{kind.event_type} neither public nor carrying team"
+
+
+def test_visibility_of_events_by_role_and_team() -> None:
+    from services.gateway.domain import Principal
+    from services.gateway.events import visible
+
+    member = Principal(subject="m", role="member", team="research", via="token", token_id="t1")
+    teamless = Principal(subject="o", role="member", team=None, via="oidc")
+    operator = Principal(subject="op", role="operator", team=None, via="token", token_id="t2")
+    ours = {"type": "io.gpupool.job.started.v1", "data": {"team": "research"}}
+    theirs = {"type": "io.gpupool.job.started.v1", "data": {"team": "inference"}}
+    unnamed = {"type": "io.gpupool.job.started.v1", "data": {"job_id": "j"}}  # from before team was carried
+    node = {"type": "io.gpupool.node.registered.v1", "data": {}}
+    decision = {"type": "io.gpupool.decision.cycle.v1", "data": {}}
+    assert [visible(member, d) for d in (ours, theirs, unnamed, node, decision)] == [True, False, False, True, False]
+    assert [visible(teamless, d) for d in (ours, theirs, unnamed, node)] == [False, False, False, True]
+    assert all(visible(operator, d) for d in (ours, theirs, unnamed, node, decision))

@@ -1,0 +1,32 @@
+"""The quota service's checks on what an admin sets: approval-rule thresholds and where a quota entry may go."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.quota.domain import quota_path_error, rule_value_error
+
+
+@pytest.mark.parametrize("rule, value", [("gpus_over", "8"), ("gpus_over", "0"), ("gpus_over", "0.5"),
+                                         ("runtime_over_s", "86400"), ("priority_class", "production-inference")])
+def test_sane_thresholds_are_taken(rule: str, value: str) -> None:
+    assert rule_value_error(rule, value) is None
+
+
+@pytest.mark.parametrize("rule, value", [("gpus_over", "-5"), ("gpus_over", "nan"), ("gpus_over", "inf"),
+                                         ("runtime_over_s", "-inf"), ("gpus_over", "1e308"), ("gpus_over", "many"),
+                                         ("runtime_over_s", "2e9"), ("priority_class", "Not A Class!")])
+def test_negative_infinite_or_absurd_thresholds_are_refused(rule: str, value: str) -> None:
+    """`float()` alone took "-5", "nan" and "inf" (a rule no job could ever trip, or every job)."""
+    assert rule in (rule_value_error(rule, value) or "")
+
+
+def test_a_quota_entry_goes_only_where_the_tree_exists() -> None:
+    research = {"team": "research", "org": "default"}
+    assert quota_path_error("default", org_known=True, team=None) is None
+    assert quota_path_error("default/research", org_known=True, team=research) is None
+    assert quota_path_error("default/research/any-project", org_known=True, team=research) is None
+    assert quota_path_error("acme", org_known=False, team=None).error.reason == "UnknownOrg"
+    assert quota_path_error("default/ghost", org_known=True, team=None).error.reason == "UnknownTeam"
+    moved = quota_path_error("acme/research", org_known=True, team=research)  # the team is in another org
+    assert moved.error.reason == "UnknownTeam"
