@@ -85,7 +85,7 @@ def pg_admin_dsn() -> Iterator[str]:
             yield container.get_connection_url()
     else:
         data = _private_dir("postgres")
-        server = start_postgres(data)
+        server = start_postgres(data, durable=False)  # tests: fsync off (see libs/devstack/servers.py)
         try:
             yield server.url
         finally:

@@ -45,6 +45,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_cluster=args.nats_cluster,
         service_env=parse_service_env(args.env),
         pg_settings=parse_pg_settings(args.pg_setting),
+        unsafe_fast=args.unsafe_fast,
     )
     stack = Stack(opts)
     print("starting gpupool …", flush=True)
@@ -53,16 +54,20 @@ def cmd_up(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"gpupool up failed: {exc}", file=sys.stderr)
         return 1
+    # The token goes to the terminal of whoever started the platform, never into a log that output is sent to.
+    token_file = stack.options.data_dir / "admin-token"
+    shown = stack.admin_token if sys.stdout.isatty() else f"in {token_file} (not printed: output is not a terminal)"
+    bearer = stack.admin_token if sys.stdout.isatty() else f"$(cat {token_file})"
     print(f"""
 gpupool is up.
   gateway      {stack.gateway_url}   (OpenAPI: {stack.gateway_url}/docs)
-  admin token  {stack.admin_token}
+  admin token  {shown}
   run file     {stack.run_file}
 
 Try:
-  curl -s -X POST {stack.gateway_url}/v1/jobs -H "Authorization: Bearer {stack.admin_token}" \\
+  curl -s -X POST {stack.gateway_url}/v1/jobs -H "Authorization: Bearer {bearer}" \\
        -H 'Content-Type: application/json' -d '{{"name":"demo","team":"research","gpus":2}}'
-  curl -s {stack.gateway_url}/v1/allocations -H "Authorization: Bearer {stack.admin_token}"
+  curl -s {stack.gateway_url}/v1/allocations -H "Authorization: Bearer {bearer}"
 
 Ctrl-C (or `gpupool down`) stops everything.""", flush=True)
     try:
@@ -118,8 +123,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         ready = json.loads(exc.read() or b"{}")
     except Exception as exc:
         ready = {"status": f"gateway unreachable: {exc}"}
-    print(json.dumps({"gateway_url": doc["gateway_url"], "nats_url": doc["nats_url"], "ready": ready,
-                      "services": doc["services"]}, indent=2))
+    from libs.devstack.stack import redact
+
+    print(redact(json.dumps({"gateway_url": doc["gateway_url"], "nats_url": doc["nats_url"],
+                             "postgres_durable": doc.get("postgres_durable"), "ready": ready,
+                             "services": doc["services"]}, indent=2)))
     return 0 if ready.get("status") == "ready" else 1
 
 
@@ -194,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
                     help="extra setting of the embedded PostgreSQL, e.g. shared_preload_libraries=pg_stat_statements "
                          "(repeatable; ignored with GPUPOOL_DATABASE_URL)")
+    up.add_argument("--unsafe-fast", action="store_true",
+                    help="run the embedded PostgreSQL without fsync: faster commits, but a machine crash or power "
+                         "cut can lose committed jobs (tests and benchmarks that say so; default: durable)")
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=cmd_up)
 

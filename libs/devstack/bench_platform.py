@@ -268,11 +268,17 @@ class Profiler:
         """Run `sql` on the platform's PostgreSQL (any service database sees the cluster-wide statistics)."""
         import asyncpg
 
+        from libs.store.database import database_name, with_database
+
         if "database_urls" not in self.run:
             return []
 
+        queue = self.run["database_urls"]["queue"]
+        admin = self.run.get("postgres_admin_url")  # the extension needs the superuser: services have own roles
+        dsn = with_database(admin, database_name(queue)) if admin else queue
+
         async def go() -> list:
-            conn = await asyncpg.connect(self.run["database_urls"]["queue"])
+            conn = await asyncpg.connect(dsn)
             try:
                 return list(await conn.fetch(sql)) if fetch else [await conn.execute(sql)]
             finally:
@@ -329,10 +335,10 @@ def api_token(run: dict) -> str:
 
 
 def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, clients: int,
-                  profiler: Profiler | None = None, auth: str = "admin") -> dict:
+                  profiler: Profiler | None = None, auth: str = "admin", unsafe_fast: bool = False) -> dict:
     results: list[dict] = []
     for r in range(runs):
-        extra = PG_PROFILE_SETTINGS if profiler is not None else ()
+        extra = (PG_PROFILE_SETTINGS if profiler is not None else ()) + (("--unsafe-fast",) if unsafe_fast else ())
         with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp, Platform(Path(tmp), extra=extra) as platform:
             if auth == "api-token":
                 platform.run["bench_token"] = api_token(platform.run)
@@ -374,7 +380,7 @@ def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, cli
             "burst_http_requests_per_job": med([b.get("http_requests", 0) / b["jobs"] for b in bursts]),
         },
         "params": {"runs": runs, "burst": burst, "rates": rates, "seconds": seconds, "clients": clients,
-                   "auth": auth,
+                   "auth": auth, "durable": not unsafe_fast,
                    "fleet": "8 nodes x 8 GPUs (simulated)"},
     }
 
@@ -423,8 +429,10 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
         f"{p['fleet']}, driven over HTTP by a lean keep-alive load generator (libs/devstack/loadgen.py) on the same "
         f"machine{auth_note}; submit → `allocation.granted` observed on NATS; every job completed the moment it is granted "
         f"(instant jobs, so the 64 GPUs turn over). Machine: {os.cpu_count()} logical CPUs, Python "
-        f"{host.python_version()}, {host.system()} {host.release()}. Medians of {p['runs']} run(s).",
+        f"{host.python_version()}, {host.system()} {host.release()}. Medians of {p['runs']} run(s). PostgreSQL "
+        f"{'durable (fsync on, the default)' if p.get('durable', True) else 'with `--unsafe-fast` (fsync off)'}.",
         "",
+        *durability_table(result),
         "### Fixed rates (open loop)",
         "",
         "| offered rate | jobs | submit → granted p50 | p99 | granted per second |",
@@ -507,6 +515,29 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
     return "\n".join(lines)
 
 
+def durability_table(result: dict) -> list[str]:
+    """The same phases with fsync on (the default) and with `--unsafe-fast`, when both were run."""
+    other = result.get("unsafe")
+    if not other:
+        return []
+    a, b = result["median"], other["median"]
+    ms = lambda x: f"{1000 * x:.0f} ms" if x == x else "-"  # noqa: E731
+    rows = ["### Durable (the default) and `--unsafe-fast` side by side", "",
+            "Every figure below this table is from the durable runs.", "",
+            "| measure | durable (fsync on) | `--unsafe-fast` (fsync off) |", "| --- | --- | --- |"]
+    for ra, rb in zip(a["rates"], b["rates"], strict=True):
+        rows.append(f"| at {ra['rate']:g}/s: submit → granted p50 / p99 | {ms(ra['latency_p50_s'])} / "
+                    f"{ms(ra['latency_p99_s'])} | {ms(rb['latency_p50_s'])} / {ms(rb['latency_p99_s'])} |")
+    rows += [f"| saturation: granted per second | {a['burst_started_per_s']:.1f} | {b['burst_started_per_s']:.1f} |",
+             f"| saturation: submit → granted p99 | {ms(a['burst_latency_p99_s'])} | "
+             f"{ms(b['burst_latency_p99_s'])} |",
+             f"| CPU per job, all processes | {sum(a['burst_cpu_ms_per_job'].values()):.1f} ms | "
+             f"{sum(b['burst_cpu_ms_per_job'].values()):.1f} ms |",
+             f"| CPU per job, PostgreSQL | {a['burst_cpu_ms_per_job'].get('postgres', 0.0):.1f} ms | "
+             f"{b['burst_cpu_ms_per_job'].get('postgres', 0.0):.1f} ms |", ""]
+    return rows
+
+
 def write_section(path: Path, section: str) -> None:
     benchdoc.write_section(path, BEGIN, END, section)
 
@@ -530,6 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auth", choices=["admin", "api-token"], default="admin",
                         help="what the load generator authenticates with: the bootstrap admin token, or a member API "
                              "token of team research minted at the start (what a real client sends)")
+    parser.add_argument("--durability", choices=["both", "durable", "unsafe"], default="both",
+                        help="PostgreSQL as installed (durable: fsync on), with `gpupool up --unsafe-fast`, or both "
+                             "side by side (default; the detailed tables are from the durable runs)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="record a py-spy CPU profile of each Python service during each phase into DIR "
                              "(needs py-spy; sampling shares the cores, so profiled runs are slower)")
@@ -542,7 +576,11 @@ def main(argv: list[str] | None = None) -> int:
     profiler = (Profiler(args.profile, args.profile_format,
                          only=tuple(x.strip() for x in args.profile_only.split(",") if x.strip()))
                 if args.profile else None)
-    result = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, profiler, args.auth)
+    result = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, profiler, args.auth,
+                           unsafe_fast=args.durability == "unsafe")
+    if args.durability == "both":
+        result["unsafe"] = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, None, args.auth,
+                                         unsafe_fast=True)
     paced = max(20, int(args.compare_rate * args.seconds))
     slurm = run_slurm_peer(args.burst, paced, args.compare_rate, args.clients) if args.slurm else None
     result["slurm"] = slurm

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -274,15 +275,29 @@ def _http_ok(url: str) -> bool:
 # --------------------------------------------------------------------------- PostgreSQL
 
 PG_SETTINGS = {
-    # A dev/test box: surviving a power cut is worth nothing here, speed and connection headroom are. Surviving a
-    # crash of the server process is not optional, though: synchronous_commit stays on (with fsync off it costs a
-    # write() per commit, no flush), or a killed PostgreSQL forgets commits whose events were already published
-    # (`gpupool chaos` lost an accepted job that way).
-    "fsync": "off",
-    "full_page_writes": "off",
     "max_connections": "300",
     "shared_buffers": "128MB",
 }
+# Only for tests and runs that say so (`gpupool up --unsafe-fast`): commits are not flushed to disk, so a machine
+# crash or power cut can lose committed jobs. A crash of the server *process* is still survived, since
+# synchronous_commit stays on (a write() per commit), or a killed PostgreSQL would forget commits whose events were
+# already published (`gpupool chaos` lost an accepted job that way). The default is durable.
+UNSAFE_FAST_SETTINGS = {
+    "fsync": "off",
+    "full_page_writes": "off",
+}
+# With a password: every connection, over TCP (loopback only) or the Unix socket, authenticates with SCRAM.
+SCRAM_HBA = """# written by gpupool: password (SCRAM) authentication for every connection
+local   all             all                                     scram-sha-256
+host    all             all             127.0.0.1/32            scram-sha-256
+host    all             all             ::1/128                 scram-sha-256
+local   replication     all                                     scram-sha-256
+host    replication     all             127.0.0.1/32            scram-sha-256
+host    replication     all             ::1/128                 scram-sha-256
+"""
+
+
+_PASSWORD = re.compile(r"[A-Za-z0-9_-]{16,256}")
 
 
 def _pg_bin_dir() -> Path:
@@ -304,12 +319,21 @@ def start_postgres(
     port: int | None = None,
     log_file: Path | None = None,
     settings: dict[str, str] | None = None,
+    durable: bool = True,
+    password: str | None = None,
 ) -> ManagedServer:
     """Start PostgreSQL on ``data_dir`` (initdb on first use, reuse after); return once it accepts queries.
-    ``settings`` add to (or override) PG_SETTINGS, e.g. ``shared_preload_libraries=pg_stat_statements``.
+    ``settings`` add to (or override) PG_SETTINGS, e.g. ``shared_preload_libraries=pg_stat_statements``;
+    ``durable=False`` adds UNSAFE_FAST_SETTINGS (tests, benchmarks that say so).
+
+    With ``password`` the superuser ``postgres`` has that password and every connection authenticates with SCRAM
+    (a data directory made before, with trust, is switched over); the returned URL carries it. Without, any local
+    user may connect as anyone (test fixtures only).
 
     As root it runs as the system user ``gpupool-pg`` (created if missing): PostgreSQL refuses root.
     """
+    if password is not None and not _PASSWORD.fullmatch(password):
+        raise ValueError("a PostgreSQL password here is 16 or more of A-Z a-z 0-9 _ - (secrets.token_urlsafe)")
     data_dir = Path(data_dir).absolute()
     bin_dir = _pg_bin_dir()
     run_as = _pg_run_as()
@@ -325,7 +349,7 @@ def start_postgres(
     user_kw = _user_kwargs(run_as)
 
     if not (data_dir / "PG_VERSION").exists():
-        _initdb(bin_dir, data_dir, log_file, user_kw)
+        _initdb(bin_dir, data_dir, log_file, user_kw, password)
     _remove_stale_pidfile(data_dir)
     socket_dir = _pg_socket_dir(data_dir, run_as)
 
@@ -333,13 +357,14 @@ def start_postgres(
         p = port or free_port(host)
         cmd = [str(bin_dir / "postgres"), "-D", str(data_dir), "-c", f"listen_addresses={host}",
                "-c", f"port={p}", "-c", f"unix_socket_directories={socket_dir}"]
-        for k, v in {**PG_SETTINGS, **(settings or {})}.items():
+        for k, v in {**PG_SETTINGS, **({} if durable else UNSAFE_FAST_SETTINGS), **(settings or {})}.items():
             cmd += ["-c", f"{k}={v}"]
         offset = _size(log_file)
         with open(log_file, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     cwd=data_dir, start_new_session=True, env=_pg_env(), **user_kw)
-        server = ManagedServer(name="postgres", url=f"postgresql://postgres@{_url_host(host)}:{p}/postgres",
+        login = f"postgres:{password}" if password else "postgres"
+        server = ManagedServer(name="postgres", url=f"postgresql://{login}@{_url_host(host)}:{p}/postgres",
                                pid=proc.pid, data_dir=data_dir, log_file=log_file,
                                stop_signal=signal.SIGINT,  # SIGINT = "fast shutdown": abort sessions, checkpoint
                                _proc=proc)
@@ -350,6 +375,8 @@ def start_postgres(
                                      before=lambda: _remove_stale_pidfile(data_dir), retry_on="still in use")
         try:
             _wait_ready(server, lambda cmd=isready: _exit0(cmd), offset)
+            if password:
+                _require_password(bin_dir, data_dir, server, socket_dir, p, password, user_kw)
             return server
         except ServerStartError as e:
             server.stop(timeout=5)
@@ -414,18 +441,56 @@ def _chown_tree_if_needed(data_dir: Path, run_as: str) -> None:
             os.lchown(name, pw.pw_uid, pw.pw_gid)
 
 
-def _initdb(bin_dir: Path, data_dir: Path, log_file: Path, user_kw: dict) -> None:
+def _initdb(bin_dir: Path, data_dir: Path, log_file: Path, user_kw: dict, password: str | None) -> None:
     if any(p != log_file for p in data_dir.iterdir()):
         raise ServerStartError(f"{data_dir} is not empty and has no PG_VERSION: not a PostgreSQL data "
                                "directory; refusing to initdb over it")
-    cmd = [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-           "--no-locale", "--no-sync", "--no-instructions"]
-    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=data_dir,
-                       env=_pg_env(), **user_kw)
+    cmd = [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "-E", "UTF8", "--no-locale",
+           "--no-sync", "--no-instructions"]
+    pwfile: Path | None = None
+    if password:
+        # beside the data directory (initdb wants it empty), readable only by the server's user, gone after
+        pwfile = data_dir.parent / f".{data_dir.name}.pw-{os.getpid()}"
+        pwfile.touch(mode=0o600)
+        pwfile.write_text(password + "\n")
+        if user_kw:
+            os.chown(pwfile, user_kw["user"], user_kw["group"])
+        cmd += ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+    else:
+        cmd += ["--auth=trust"]
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=data_dir,
+                           env=_pg_env(), **user_kw)
+    finally:
+        if pwfile is not None:
+            pwfile.unlink(missing_ok=True)
     with open(log_file, "a") as log:
         log.write(r.stdout + r.stderr)
     if r.returncode != 0:
         raise ServerStartError(f"initdb failed (exit {r.returncode}) for {data_dir}:\n{_tail(r.stdout + r.stderr)}")
+
+
+def _require_password(bin_dir: Path, data_dir: Path, server: ManagedServer, socket_dir: str, port: int,
+                      password: str, user_kw: dict) -> None:
+    """A data directory from before passwords (trust for everyone): give `postgres` the password over the Unix
+    socket while trust still holds, then switch pg_hba.conf to SCRAM and reload. Nothing to do once switched."""
+    hba = data_dir / "pg_hba.conf"
+    active = [line.split() for line in hba.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    if active and all(fields[-1] == "scram-sha-256" for fields in active):
+        return
+    sql = f"ALTER ROLE postgres PASSWORD '{password}';\n"  # on stdin, never in argv; a checked alphabet
+    r = subprocess.run([str(bin_dir / "psql"), "-h", str(socket_dir), "-p", str(port), "-U", "postgres", "-d",
+                        "postgres", "-v", "ON_ERROR_STOP=1", "-q", "-f", "-"],
+                       input=sql, capture_output=True, text=True, env=_pg_env(), **user_kw)
+    if r.returncode != 0:
+        raise ServerStartError(f"could not set the postgres password on {data_dir}: {_tail(r.stdout + r.stderr)}")
+    tmp = hba.with_suffix(".gpupool")
+    tmp.write_text(SCRAM_HBA)
+    tmp.chmod(0o600)
+    if user_kw:
+        os.chown(tmp, user_kw["user"], user_kw["group"])
+    tmp.replace(hba)
+    os.kill(server.pid, signal.SIGHUP)  # the postmaster rereads pg_hba.conf
 
 
 def _remove_stale_pidfile(data_dir: Path) -> None:

@@ -52,6 +52,7 @@ class StackOptions:
     nats_cluster: int = 0  # >0: the embedded NATS is a JetStream cluster of this many servers
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)  # service → {SETTING: value} overrides
     pg_settings: dict[str, str] = field(default_factory=dict)  # extra `postgres -c` settings of the embedded server
+    unsafe_fast: bool = False  # the embedded PostgreSQL without fsync (tests, benchmarks that say so)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Stack:
     gateway_url: str = ""
     nats_users: dict[str, NatsUser] = field(default_factory=dict)
     nats_admin_url: str = ""
+    service_dsns: dict[str, str] = field(default_factory=dict)  # service → DSN as its own role (embedded server)
     _stopping: bool = False
 
     @property
@@ -154,14 +156,22 @@ class Stack:
             self.admin_dsn = opts.database_url
             say("postgresql  (existing server from GPUPOOL_DATABASE_URL)")
         else:
+            passwords = postgres_passwords(opts.data_dir)
             pg = start_postgres(opts.data_dir / "postgres", log_file=opts.data_dir / "logs" / "postgres.log",
-                                settings=opts.pg_settings)
+                                settings=opts.pg_settings, durable=not opts.unsafe_fast,
+                                password=passwords["postgres"])
             self.servers.append(pg)
             self.admin_dsn = pg.url
-            say(f"postgresql  {pg.url} (embedded, data in {opts.data_dir / 'postgres'})")
+            self.service_dsns = provision_service_roles(pg.url, opts.database_prefix, passwords)
+            durability = "UNSAFE: fsync off" if opts.unsafe_fast else "durable"
+            say(f"postgresql  {redact(pg.url)} (embedded, {durability}, SCRAM, a role per service; data in "
+                f"{opts.data_dir / 'postgres'})")
 
     def database_url(self, service: str) -> str:
         from urllib.parse import urlsplit, urlunsplit
+
+        if service in self.service_dsns:
+            return self.service_dsns[service]
 
         parts = urlsplit(self.admin_dsn)
         return urlunsplit((parts.scheme, parts.netloc, f"/{self.options.database_prefix}_{service}", parts.query, parts.fragment))
@@ -250,6 +260,8 @@ class Stack:
             "nats_auth": bool(self.nats_users),
             "admin_token": self.admin_token,
             "database_urls": {name: self.database_url(name) for name in (*BACKEND_SERVICES, "gateway")},
+            "postgres_admin_url": self.admin_dsn,  # the superuser (embedded) or the server given: tools only
+            "postgres_durable": not self.options.unsafe_fast if not self.options.database_url else None,
             "metrics": {p.name: f"{p.http_url}/metrics" for p in self.processes},
             "services": {p.name: {"pid": p.proc.pid if p.proc else None, "url": p.http_url,
                                   "log": str(p.log_path), "restarts": p.restarts} for p in self.processes},
@@ -398,3 +410,53 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+SERVICE_DATABASES = (*BACKEND_SERVICES, "gateway")
+
+
+def postgres_passwords(data_dir: Path) -> dict[str, str]:
+    """The embedded PostgreSQL's secrets: the superuser's and one per service role, generated on first start and
+    kept in `<data-dir>/secrets/postgres.json` (mode 0600, its directory 0700)."""
+    secrets_dir = data_dir / "secrets"
+    secrets_dir.mkdir(mode=0o700, exist_ok=True)
+    secrets_dir.chmod(0o700)
+    path = secrets_dir / "postgres.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    wanted = ("postgres", *SERVICE_DATABASES)
+    if not all(isinstance(doc.get(k), str) for k in wanted):
+        doc = {k: doc[k] if isinstance(doc.get(k), str) else secrets.token_urlsafe(24) for k in wanted}
+        tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(json.dumps(doc, indent=2))
+        tmp.replace(path)
+    path.chmod(0o600)
+    return doc
+
+
+def provision_service_roles(admin_dsn: str, prefix: str, passwords: dict[str, str]) -> dict[str, str]:
+    """Each service's own login role owning only its own database; the DSNs the services get."""
+    import asyncio
+    from urllib.parse import urlsplit, urlunsplit
+
+    from libs.store.database import provision_database
+
+    dsns: dict[str, str] = {}
+
+    async def go() -> None:
+        parts = urlsplit(admin_dsn)
+        where = parts.netloc.rpartition("@")[2]
+        for service in SERVICE_DATABASES:
+            name = f"{prefix}_{service}"
+            await provision_database(admin_dsn, name, name, passwords[service])
+            dsns[service] = urlunsplit((parts.scheme, f"{name}:{passwords[service]}@{where}", f"/{name}", "", ""))
+
+    asyncio.run(go())
+    return dsns
+
+
+def redact(text: str) -> str:
+    """`text` with every password in a URL (`scheme://user:password@host`) replaced by `***`."""
+    import re
+
+    return re.sub(r"(://[^/:@\s]+:)[^@\s]+@", r"\1***@", text)

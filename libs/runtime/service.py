@@ -67,7 +67,7 @@ class ServiceRuntime:
         await ensure_streams(self.js, replicas=self.settings.stream_replicas)
         if self.migrations_package is not None:
             dsn = self.settings.database_url
-            await ensure_database(with_database(dsn, "postgres"), database_name(dsn))
+            await ensure_database(with_database(dsn, "postgres"), database_name(dsn), dsn)
             # services keep no session state on pooled connections (migrate unlocks its session lock itself)
             self.pool = await create_pool(dsn, reset_session=False)
             await migrate(self.pool, store_migrations() + package_migrations(self.name, self.migrations_package))

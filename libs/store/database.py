@@ -31,10 +31,20 @@ def database_name(dsn: str) -> str:
     return urlsplit(dsn).path.lstrip("/") or "postgres"
 
 
-async def ensure_database(admin_dsn: str, database: str) -> None:
-    """Create `database` if missing. Races between services starting at once are harmless."""
+async def ensure_database(admin_dsn: str, database: str, dsn: str | None = None) -> None:
+    """Create `database` if missing. With `dsn` (the service's own DSN to it), a database that exists is found by
+    connecting to it as the service, which needs no right on any other database: a service whose role owns only
+    its database never connects to `postgres`. Races between services starting at once are harmless."""
     if not _DB_NAME.match(database):
         raise ValueError(f"unsafe database name {database!r}")
+    if dsn is not None:
+        try:
+            conn = await asyncpg.connect(dsn)
+        except asyncpg.InvalidCatalogNameError:
+            pass  # not there yet: created below, with the admin DSN's rights
+        else:
+            await conn.close()
+            return
     conn = await asyncpg.connect(admin_dsn)
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
@@ -44,6 +54,51 @@ async def ensure_database(admin_dsn: str, database: str) -> None:
                 await conn.execute(f'CREATE DATABASE "{database}"')
     finally:
         await conn.close()
+
+
+async def provision_database(admin_dsn: str, database: str, role: str, password: str) -> None:
+    """One login role that owns one database and everything in it, and may connect to no other (PUBLIC loses
+    CONNECT on it and on `postgres`). Idempotent: run at every start, it also resets the password and takes over
+    a database (and its tables, sequences, views and functions) made before roles existed."""
+    for name in (database, role):
+        if not _DB_NAME.match(name):
+            raise ValueError(f"unsafe name {name!r}")
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role):
+            with contextlib.suppress(asyncpg.DuplicateObjectError):
+                await conn.execute(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE')
+        await conn.execute(await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)",
+                                               role, password))
+        if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database):
+            await conn.execute(f'ALTER DATABASE "{database}" OWNER TO "{role}"')
+        else:
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+                await conn.execute(f'CREATE DATABASE "{database}" OWNER "{role}"')
+        await conn.execute(f'REVOKE ALL ON DATABASE "{database}" FROM PUBLIC')
+        await conn.execute('REVOKE CONNECT ON DATABASE "postgres" FROM PUBLIC')
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(with_database(admin_dsn, database))
+    try:  # objects an earlier start made as the superuser
+        statements = await conn.fetch(_TAKE_OVER, role)
+        for row in statements:
+            await conn.execute(row[0])
+    finally:
+        await conn.close()
+
+
+_TAKE_OVER = """
+SELECT format('ALTER %s %I.%I OWNER TO %I', CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+              WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END, n.nspname, c.relname, $1::text)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S') AND pg_get_userbyid(c.relowner) <> $1::text
+  AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')))
+UNION ALL
+SELECT format('ALTER ROUTINE %s OWNER TO %I', p.oid::regprocedure, $1::text)
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> $1::text
+"""
 
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,

@@ -173,7 +173,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.state.nc = await connect(settings.nats_url, "gpupool-gateway", user=settings.nats_user,
                                      password=settings.nats_password)
         dsn = settings.database_url
-        await ensure_database(with_database(dsn, "postgres"), database_name(dsn))
+        await ensure_database(with_database(dsn, "postgres"), database_name(dsn), dsn)
         app.state.pool = await create_pool(dsn, max_size=20)
         await migrate(app.state.pool, store_migrations() + package_migrations("gateway", "services.gateway"))
         app.state.authenticator = Authenticator(settings, app.state.pool)

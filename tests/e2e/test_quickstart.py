@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import nats
@@ -72,6 +73,15 @@ async def test_gpupool_up_on_its_own_servers_places_a_job_and_down_stops_every_p
             assert (await api.post(f"/v1/jobs/{job_id}/complete")).status_code == 200
             await asyncio.sleep(1.0)
         await nc.close()
+        # each service reaches PostgreSQL as its own role, with a password; nothing printed carries a secret
+        assert {s: urlsplit(u).username for s, u in run["database_urls"].items()} == {
+            s: f"gpupool_{s}" for s in run["database_urls"]}
+        assert all(urlsplit(u).password for u in run["database_urls"].values()) and run["postgres_durable"] is True
+        status = subprocess.run([*cli, "status", "--data-dir", str(tmp_path)], env=env, capture_output=True,
+                                text=True, timeout=30)
+        secrets = [urlsplit(u).password for u in [*run["database_urls"].values(), run["nats_url"].split(",")[0]]]
+        printed = status.stdout + (tmp_path / "up.out").read_text()
+        assert "***@" in status.stdout and not [s for s in [*secrets, run["admin_token"]] if s in printed]
         log = (tmp_path / "logs" / "nats-server.log").read_text(errors="replace")
         # nats-server logs "Publish Violation" / "Subscription Violation" for anything a service user may not do
         assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
