@@ -23,9 +23,14 @@ Message = Msg
 
 
 async def connect(url: str, name: str, *, user: str | None = None, password: str | None = None,
+                  nkey_file: str | None = None, inbox_prefix: str | None = None,
                   connect_timeout: float = 5.0) -> NATS:
     """Connect with endless reconnects: a service outlives a NATS restart instead of crashing with it. `url` may
-    list several servers of a cluster, comma-separated; the client fails over between them."""
+    list several servers of a cluster, comma-separated; the client fails over between them.
+
+    `nkey_file`: the identity's nkey seed file (`.nk`, NATS's standard nkey authentication: the seed signs the
+    server's nonce and never leaves the machine). `inbox_prefix`: where this identity's replies arrive
+    (`_INBOX_<identity>`); the server lets each identity subscribe only to its own."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats_error", extra={"error": str(exc)})
@@ -41,6 +46,8 @@ async def connect(url: str, name: str, *, user: str | None = None, password: str
         name=name,
         user=user,
         password=password,
+        nkeys_seed=nkey_file or None,
+        inbox_prefix=inbox_prefix or "_INBOX",
         connect_timeout=connect_timeout,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
@@ -92,6 +99,25 @@ async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = S
 
 
 _DECLARE_TRIES = 8
+
+
+async def wait_for_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = STREAMS, *,
+                           timeout: float = 60.0) -> None:
+    """Wait until each stream exists, declaring none: for identities that may look streams up but not create or
+    change them (the provisioning identity declares them, `gpupool up`'s supervisor or an init job)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    for spec in specs:
+        while True:
+            try:
+                await js.stream_info(spec.name)
+                break
+            except (NotFoundError, NatsTimeoutError, ServiceUnavailableError):
+                if loop.time() > deadline:
+                    raise RuntimeError(f"stream {spec.name} does not exist: the provisioning identity declares it "
+                                       f"(gpupool up does at start)") from None
+                log.info("stream_awaited", extra={"stream": spec.name})
+                await asyncio.sleep(0.5)
 
 
 async def _declare(js: JetStreamContext, spec: StreamSpec, replicas: int | None) -> None:

@@ -47,12 +47,10 @@ class LeaderLease:
         if self._kv is None:
             try:
                 self._kv = await self.js.key_value(LEASE_BUCKET)
-            except BucketNotFoundError:
-                self._kv = await self.js.create_key_value(KeyValueConfig(
-                    bucket=LEASE_BUCKET, ttl=self.ttl_s, history=1, storage=StorageType.MEMORY,
-                    replicas=self.replicas,
-                    description="leader leases: one key per service, expiring unless renewed"))
+            except BucketNotFoundError:  # no provisioning identity made it (no auth): make it ourselves
+                self._kv = await ensure_lease_bucket(self.js, ttl_s=self.ttl_s, replicas=self.replicas)
         return self._kv
+
 
     async def run(self) -> None:
         """Acquire or renew forever (cancel to stop; stop() releases the key for a fast hand-over)."""
@@ -101,3 +99,15 @@ class LeaderLease:
         if was != self.is_leader:
             LEADER.labels(self.service, self.instance).set(1 if self.is_leader else 0)
             self._changed.set()
+
+
+async def ensure_lease_bucket(js: JetStreamContext, *, ttl_s: float = 3.0, replicas: int = 1) -> KeyValue:
+    """The leases bucket, created if missing: by the provisioning identity at start where services may not."""
+    try:
+        return await js.key_value(LEASE_BUCKET)
+    except BucketNotFoundError:
+        return await js.create_key_value(KeyValueConfig(
+            # on disk: a NATS restart keeps the bucket (and the leases expire as usual), where a memory bucket was
+            # lost and only an identity allowed to create streams could bring it back
+            bucket=LEASE_BUCKET, ttl=ttl_s, history=1, storage=StorageType.FILE, replicas=replicas,
+            description="leader leases: one key per service, expiring unless renewed"))

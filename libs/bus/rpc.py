@@ -35,10 +35,15 @@ MAX_IN_FLIGHT = 64
 
 
 async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C], Awaitable[Any]],
-                *, queue: str, max_in_flight: int = MAX_IN_FLIGHT) -> Subscription:
+                *, queue: str, max_in_flight: int = MAX_IN_FLIGHT,
+                subject_check: Callable[[str, C], str | None] | None = None) -> Subscription:
     """Answer `subject` in queue group `queue`. Requests are handled concurrently (up to `max_in_flight` at once):
     a subscription's callback runs one message at a time, so a handler waiting on the database or on another
-    service would otherwise hold up every request behind it."""
+    service would otherwise hold up every request behind it.
+
+    `subject_check(subject, command)`: for a wildcard subject whose tokens name who may send the command (a node's
+    registration on `...register_node.<cluster>.<node>`, which only that node's identity may publish): the reason
+    to refuse a command that names someone else (403 WrongSubject), or None."""
     tr = tracer("gpupool.rpc")
     name = f"serve {subject}"
     slots = asyncio.Semaphore(max_in_flight)
@@ -53,27 +58,31 @@ async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C],
 
     async def handle(msg: Msg) -> None:
         with handling_span(tr, name, msg.headers, trace.SpanKind.SERVER):
-            try:
-                cmd = command.model_validate_json(msg.data or b"{}")
-            except ValidationError as exc:
-                reply = Reply.failure(400, "InvalidRequest", _validation_message(exc),
-                                      errors=json.loads(exc.json(include_url=False, include_input=False)))
-                outcome = "invalid"
-            else:
-                try:
-                    result = await handler(cmd)
-                    reply = result if isinstance(result, Reply) else Reply.success(_jsonable(result))
-                    outcome = "ok" if reply.ok else "refused"
-                except Exception:
-                    log.exception("rpc_handler_failed", extra={"subject": subject})
-                    reply = Reply.failure(500, "InternalError", "the service failed to handle the request")
-                    outcome = "error"
+            reply, outcome = await answer(msg)
             counter = counted.get(outcome)
             if counter is None:
                 counter = counted[outcome] = RPC_REQUESTS.labels(subject=subject, outcome=outcome)
             counter.inc()
             if msg.reply:
                 await msg.respond(reply.model_dump_json().encode())
+
+    async def answer(msg: Msg) -> tuple[Reply, str]:
+        try:
+            cmd = command.model_validate_json(msg.data or b"{}")
+        except ValidationError as exc:
+            return Reply.failure(400, "InvalidRequest", _validation_message(exc),
+                                 errors=json.loads(exc.json(include_url=False, include_input=False))), "invalid"
+        refused = subject_check(msg.subject, cmd) if subject_check is not None else None
+        if refused is not None:
+            log.warning("rpc_wrong_subject", extra={"subject": msg.subject, "reason": refused})
+            return Reply.failure(403, "WrongSubject", refused), "refused"
+        try:
+            result = await handler(cmd)
+        except Exception:
+            log.exception("rpc_handler_failed", extra={"subject": subject})
+            return Reply.failure(500, "InternalError", "the service failed to handle the request"), "error"
+        reply = result if isinstance(result, Reply) else Reply.success(_jsonable(result))
+        return reply, "ok" if reply.ok else "refused"
 
     return await nc.subscribe(subject, queue=queue, cb=on_message)
 

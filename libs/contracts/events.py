@@ -68,6 +68,14 @@ class EventData(BaseModel):
     # False for a high-volume type whose every field carries its own bounds instead (walking costs its consumers
     # more than validating the payload: ~0.13 ms per 8-GPU telemetry sample)
     walk_bounds: ClassVar[bool] = True
+    # True for what a node's agent publishes: its subject ends with `.<cluster>.<node>` (the event's own), so the
+    # server lets each node's identity publish only its own (deploy/nats/permissions.yaml)
+    node_scoped: ClassVar[bool] = False
+
+    @classmethod
+    def filter_subject(cls) -> str:
+        """What a consumer of this type filters on: the subject, or every node's for a node-scoped type."""
+        return f"{cls.event_subject}.*.*" if cls.node_scoped else cls.event_subject
 
     @model_validator(mode="after")
     def _bounded(self) -> EventData:
@@ -693,6 +701,7 @@ class AgentAllocationEvent(EventData):
     """What the node agent's events say about the allocation and GPU they concern."""
 
     entity_field: ClassVar[str] = "allocation_id"
+    node_scoped: ClassVar[bool] = True
 
     allocation_id: str
     job_id: str
@@ -740,6 +749,7 @@ class AgentWorkEvent(EventData):
     """What the agent's work events say about the allocation whose work they concern."""
 
     entity_field: ClassVar[str] = "allocation_id"
+    node_scoped: ClassVar[bool] = True
 
     allocation_id: str
     job_id: str
@@ -867,6 +877,8 @@ def subject_for(data: EventData) -> str:
         return subjects.telemetry(data.cluster, data.node)
     if isinstance(data, TelemetryRolledUp):
         return subjects.rollup(data.cluster, data.node)
+    if data.node_scoped:
+        return subjects.of_node(data.event_subject, data.cluster, data.node)  # type: ignore[attr-defined]
     return data.event_subject
 
 

@@ -55,6 +55,21 @@ EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage
 TELEMETRY_ALL = "gpupool.telemetry.>"
 
 
+def node_identity(cluster: str, node: str) -> str:
+    """The NATS identity of one node's agent: `agent-<cluster>-<node>`."""
+    return f"agent-{token(cluster)}-{token(node)}"
+
+
+def inbox_prefix(identity: str) -> str:
+    """Where replies to an identity arrive: the server lets it subscribe only to `_INBOX_<identity>.>`."""
+    return f"_INBOX_{identity}"
+
+
+def of_node(base: str, cluster: str, node: str) -> str:
+    """A node agent's event subject: `<base>.<cluster>.<node>`."""
+    return f"{base}.{token(cluster)}.{token(node)}"
+
+
 def telemetry(cluster: str, node: str) -> str:
     return f"gpupool.telemetry.{token(cluster)}.{token(node)}"
 
@@ -76,7 +91,12 @@ def dead_letter(consumer: str) -> str:
 
 
 # --- commands and queries (core NATS request/reply, never captured by a stream) -------------------------------
-CMD_INVENTORY_REGISTER_NODE = "gpupool.cmd.inventory.register_node"
+CMD_INVENTORY_REGISTER_NODE = "gpupool.cmd.inventory.register_node"  # .<cluster>.<node>: a node registers itself
+
+
+def register_node(cluster: str, node: str) -> str:
+    """Where a node's agent registers it: only that node's identity may publish there."""
+    return f"{CMD_INVENTORY_REGISTER_NODE}.{token(cluster)}.{token(node)}"
 CMD_INVENTORY_CORDON_NODE = "gpupool.cmd.inventory.cordon_node"
 CMD_INVENTORY_SET_GPU_SHARING = "gpupool.cmd.inventory.set_gpu_sharing"
 CMD_INVENTORY_SET_GPU_HEALTH = "gpupool.cmd.inventory.set_gpu_health"

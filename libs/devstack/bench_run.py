@@ -161,7 +161,7 @@ class Events:
         self.offset = time.time() - time.monotonic()  # the executor's wall-clock records → this monotonic clock
 
     def on(self, subject: str, data: dict, at: float) -> None:
-        mark = SUBJECTS.get(subject)
+        mark = SUBJECTS.get(subject) or SUBJECTS.get(subject.rsplit(".", 2)[0])
         job = data.get("job_id")
         if mark is None or not job:
             return

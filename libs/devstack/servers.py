@@ -124,20 +124,26 @@ def start_nats(
     monitor_port: int | None = None,
     config_file: Path | None = None,
     log_file: Path | None = None,
+    monitor: bool = False,
 ) -> ManagedServer:
-    """Start nats-server with JetStream stored under ``data_dir``; return once JetStream answers."""
+    """Start nats-server with JetStream stored under ``data_dir``; return once JetStream answers.
+
+    The HTTP monitoring port (which lists connections, users' subscriptions and accounts, unauthenticated) is off
+    unless ``monitor`` (then on ``host`` only); readiness is read from the client port's INFO instead."""
     data_dir = Path(data_dir).absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_file = Path(log_file) if log_file else data_dir / "nats-server.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     binary = _nats_binary()
 
-    pick_ports = port is None or monitor_port is None
+    pick_ports = port is None or (monitor and monitor_port is None)
     for attempt in range(_PORT_RETRIES if pick_ports else 1):
         p = port or free_port(host)
-        mp = monitor_port or free_port(host)
+        mp = (monitor_port or free_port(host)) if monitor else None
         # Command-line flags override the config file, so the ports and store we report are the real ones.
-        cmd = [binary, "-js", "-sd", str(data_dir), "-a", host, "-p", str(p), "-m", str(mp)]
+        cmd = [binary, "-js", "-sd", str(data_dir), "-a", host, "-p", str(p)]
+        if mp is not None:
+            cmd += ["-m", str(mp)]
         if config_file is not None:
             cmd += ["-c", str(config_file)]
         offset = _size(log_file)
@@ -146,11 +152,11 @@ def start_nats(
                                     start_new_session=True)
         hp = _url_host(host)
         server = ManagedServer(name="nats", url=f"nats://{hp}:{p}", pid=proc.pid, data_dir=data_dir,
-                               log_file=log_file, monitor_url=f"http://{hp}:{mp}", _proc=proc)
-        health = f"{server.monitor_url}/healthz?js-enabled-only=true"
-        server._respawn = _respawner(cmd, {}, lambda url=health: _http_ok(url))
+                               log_file=log_file, monitor_url=f"http://{hp}:{mp}" if mp else None, _proc=proc)
+        ready = (lambda a=host, b=p: _nats_info_ready(a, b))  # noqa: E731
+        server._respawn = _respawner(cmd, {}, ready)
         try:
-            _wait_ready(server, lambda url=health: _http_ok(url), offset)
+            _wait_ready(server, ready, offset)
             return server
         except ServerStartError as e:
             server.stop(timeout=5)
@@ -262,6 +268,28 @@ def _wait_cluster(nodes: list[ManagedServer], offsets: list[int], size: int, tim
                                    f"{_tail_file(nodes[0].log_file, offsets[0])}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
+
+
+def _nats_info_ready(host: str, port: int) -> bool:
+    """The server accepts clients and has JetStream on: its client port greets with INFO carrying `jetstream`."""
+    try:
+        with socket.create_connection((host, port), timeout=1) as sock:
+            sock.settimeout(1)
+            data = b""
+            while b"\r\n" not in data and len(data) < 65536:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return False
+                data += chunk
+    except OSError:
+        return False
+    line = data.split(b"\r\n", 1)[0]
+    if not line.startswith(b"INFO "):
+        return False
+    try:
+        return bool(json.loads(line[5:]).get("jetstream"))
+    except ValueError:
+        return False
 
 
 def _http_ok(url: str) -> bool:

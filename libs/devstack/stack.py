@@ -20,7 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.devstack.nats_auth import NatsUser, load_users, write_config
+from libs.contracts import subjects
+from libs.devstack.nats_auth import Identity, IdentityStore, write_config
 from libs.devstack.servers import (
     ManagedServer,
     ServerStartError,
@@ -102,7 +103,7 @@ class Stack:
     admin_dsn: str = ""
     admin_token: str = ""
     gateway_url: str = ""
-    nats_users: dict[str, NatsUser] = field(default_factory=dict)
+    identities: IdentityStore | None = None
     nats_admin_url: str = ""
     service_dsns: dict[str, str] = field(default_factory=dict)  # service → DSN as its own role (embedded server)
     _stopping: bool = False
@@ -133,11 +134,12 @@ class Stack:
             self.nats_url = opts.nats_url
             say(f"nats        {self.nats_url} (existing)")
         else:
-            # Our own server: every service gets its own user, limited to the subjects it owns or consumes.
-            users = load_users()
-            self.nats_users = {u.name: u for u in users}
+            # Our own server: every identity authenticates with its own nkey and may do only what it needs
+            self.identities = IdentityStore(opts.data_dir / "secrets" / "nats")
+            for cluster, node in sim_nodes(opts) if opts.with_agent else ():
+                self.identities.node(cluster, node)
             admin_password = secrets.token_urlsafe(24)
-            config = write_config(opts.data_dir / "nats-auth.conf", users, admin_password)
+            config = write_config(opts.data_dir / "nats-auth.conf", self.identities.all(), admin_password)
             if opts.nats_cluster:
                 nodes = start_nats_cluster(opts.data_dir / "nats", opts.nats_cluster, config_file=config)
             else:
@@ -147,11 +149,12 @@ class Stack:
             self.nats_url = ",".join(n.url for n in nodes)
             self.nats_admin_url = ",".join(n.url.replace("nats://", f"nats://admin:{admin_password}@", 1)
                                            for n in nodes)
-            if opts.nats_cluster:
-                _declare_streams(self.nats_admin_url, replicas=3)  # once, before a dozen services race to
+            # the provisioning identity declares the streams and the leases bucket once, before any service starts:
+            # services may look streams up but not create or change them
+            provision(self.nats_url, self.identities.supervisor(), replicas=3 if opts.nats_cluster else 1)
             shape = f"a JetStream cluster of {len(nodes)}, streams on 3" if opts.nats_cluster else "JetStream"
-            say(f"nats        {self.nats_url} (embedded, {shape} in {opts.data_dir / 'nats'}, "
-                f"per-service credentials)")
+            say(f"nats        {self.nats_url} (embedded, {shape} in {opts.data_dir / 'nats'}, an nkey identity "
+                f"per service and node in {self.identities.directory})")
         if opts.database_url:
             self.admin_dsn = opts.database_url
             say("postgresql  (existing server from GPUPOOL_DATABASE_URL)")
@@ -178,9 +181,13 @@ class Stack:
 
     def _env(self, prefix: str, extra: dict[str, str], nats_user: str | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-        user = self.nats_users.get(nats_user or "")
-        if user is not None:
-            extra = {**extra, "NATS_USER": user.name, "NATS_PASSWORD": user.password}
+        if self.identities is not None and nats_user is not None:
+            if nats_user == "agent":  # one identity per simulated node, each node its own connection
+                extra = {**extra, "NATS_CREDENTIALS_DIR": str(self.identities.directory), "DECLARE_STREAMS": "false"}
+            else:
+                path, _ = self.identities.seed(nats_user)
+                extra = {**extra, "NATS_NKEY_FILE": str(path), "DECLARE_STREAMS": "false",
+                         "NATS_INBOX_PREFIX": subjects.inbox_prefix(nats_user)}
         env.update({f"{prefix}{k}": v for k, v in extra.items()})
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -257,7 +264,10 @@ class Stack:
             "gateway_url": self.gateway_url,
             # With the embedded server this URL carries the admin credentials (run.json is mode 0600).
             "nats_url": self.nats_admin_url or self.nats_url,
-            "nats_auth": bool(self.nats_users),
+            "nats_auth": self.identities is not None,
+            # identity → its nkey seed file (mode 0600): each service, each node's agent, supervisor, observer
+            "nats_credentials": ({i.name: str(i.seed_file) for i in self.identities.all()}
+                                 if self.identities is not None else {}),
             "admin_token": self.admin_token,
             "database_urls": {name: self.database_url(name) for name in (*BACKEND_SERVICES, "gateway")},
             "postgres_admin_url": self.admin_dsn,  # the superuser (embedded) or the server given: tools only
@@ -307,6 +317,13 @@ class Stack:
                 say(f"{server.name} did not restart: {exc}")
                 continue
             say(f"{server.name} restarted (pid {server.pid})")
+            if server.name.startswith("nats") and self.identities is not None:
+                # what the provisioning identity declared is back (streams are on disk; declaring is idempotent)
+                try:
+                    provision(self.nats_url, self.identities.supervisor(),
+                              replicas=3 if self.options.nats_cluster else 1)
+                except Exception as exc:  # the services keep waiting; the next restart tries again
+                    say(f"streams not re-declared after the restart: {exc}")
             self.write_run_file()
 
     # --- stop --------------------------------------------------------------------------------------------------
@@ -340,20 +357,34 @@ def agent_state_dir(data_dir: Path) -> Path:
     return out
 
 
-def _declare_streams(url: str, replicas: int) -> None:
-    """Declare gpupool's streams on a fresh cluster as admin, so services starting together find them."""
+def provision(url: str, supervisor: Identity, replicas: int) -> None:
+    """As the provisioning identity: declare gpupool's streams and the leases bucket."""
     import asyncio
 
     from libs.bus.connection import connect, ensure_streams
+    from libs.bus.lease import ensure_lease_bucket
 
     async def declare() -> None:
-        nc = await connect(url, "gpupool-up")
+        nc = await connect(url, "gpupool-up", nkey_file=str(supervisor.seed_file), inbox_prefix=supervisor.inbox)
         try:
-            await ensure_streams(nc.jetstream(timeout=15), replicas=replicas)
+            js = nc.jetstream(timeout=15)
+            await ensure_streams(js, replicas=replicas)
+            await ensure_lease_bucket(js, replicas=replicas)
         finally:
             await nc.close()
 
     asyncio.run(declare())
+
+
+def sim_nodes(opts: StackOptions) -> list[tuple[str, str]]:
+    """(cluster, node) of each simulated node `gpupool up`'s agent will run, as the agent names them."""
+    from libs.contracts.fleet import DEFAULT_SIM_FLEET, sim_node_names
+
+    env = opts.service_env.get("agent", {})
+    cluster = env.get("CLUSTER", "local")
+    names = sim_node_names(env.get("SIM_NODE_PREFIX", "sim-node"), opts.sim_fleet or env.get("SIM_FLEET")
+                           or DEFAULT_SIM_FLEET)
+    return [(cluster, name) for name in names]
 
 
 def _die_with_parent() -> None:

@@ -22,6 +22,8 @@ BatchHandler = Callable[[list[tuple[CloudEvent, Any]]], Awaitable[None]]
 @dataclass
 class Routes:
     commands: dict[str, tuple[type[Command], Callable[[Any], Awaitable[Any]]]] = field(default_factory=dict)
+    # for a command on a wildcard subject: the check that its subject's tokens name what the command names
+    subject_checks: dict[str, Callable[[str, Any], str | None]] = field(default_factory=dict)
     events: dict[type[EventData], EventHandler] = field(default_factory=dict)
     telemetry: EventHandler | None = None
     # optional: a whole fetched batch of telemetry in one call (idempotent, high-volume consumers); `telemetry`
@@ -32,7 +34,7 @@ class Routes:
     batched: bool = False
 
     def event_subjects(self) -> tuple[str, ...]:
-        return tuple(sorted({cls.event_subject for cls in self.events}))
+        return tuple(sorted({cls.filter_subject() for cls in self.events}))
 
     async def dispatch(self, event: CloudEvent, data: EventData) -> None:
         handler = self.events.get(type(data))

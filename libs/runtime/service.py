@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from libs.bus.batch import BatchConsumer
-from libs.bus.connection import connect, ensure_streams
+from libs.bus.connection import connect, ensure_streams, wait_for_streams
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
 from libs.bus.publisher import publish_raw, publish_raw_batch
 from libs.bus.rpc import serve
@@ -62,9 +62,13 @@ class ServiceRuntime:
         setup_logging(self.name, self.settings.log_level)
         setup_tracing(self.name)
         self.nc = await connect(self.settings.nats_url, f"gpupool-{self.name}", user=self.settings.nats_user,
-                                password=self.settings.nats_password)
+                                password=self.settings.nats_password, nkey_file=self.settings.nats_nkey_file,
+                                inbox_prefix=self.settings.nats_inbox_prefix)
         self.js = self.nc.jetstream()
-        await ensure_streams(self.js, replicas=self.settings.stream_replicas)
+        if self.settings.declare_streams:
+            await ensure_streams(self.js, replicas=self.settings.stream_replicas)
+        else:
+            await wait_for_streams(self.js)
         if self.migrations_package is not None:
             dsn = self.settings.database_url
             await ensure_database(with_database(dsn, "postgres"), database_name(dsn), dsn)
@@ -129,13 +133,15 @@ class ServiceRuntime:
         self.consumers.append(consumer)
         return consumer
 
-    async def serve(self, subject: str, command: type[Command], handler: Callable[[Any], Awaitable[Any]]) -> None:
-        self._subs.append(await serve(self.nc, subject, command, handler, queue=self.name))
+    async def serve(self, subject: str, command: type[Command], handler: Callable[[Any], Awaitable[Any]],
+                    subject_check: Callable[[str, Any], str | None] | None = None) -> None:
+        self._subs.append(await serve(self.nc, subject, command, handler, queue=self.name,
+                                      subject_check=subject_check))
 
     async def mount(self, routes: Routes) -> None:
         """Serve the routing table's commands and start its consumers (durable names derive from the service)."""
         for subject, (command, handler) in routes.commands.items():
-            await self.serve(subject, command, handler)
+            await self.serve(subject, command, handler, routes.subject_checks.get(subject))
         if routes.events:
             await self.consume(self.name, routes.event_subjects(), routes.dispatch, batched=routes.batched)
         if routes.telemetry is not None and routes.telemetry_batch is not None:

@@ -22,6 +22,13 @@ class ServiceSettings(BaseSettings):
     nats_url: str = "nats://127.0.0.1:4222"
     nats_user: str | None = None
     nats_password: str | None = None
+    nats_nkey_file: str | None = Field(default=None, description="this identity's nkey seed file (.nk): NATS nkey "
+                                       "authentication instead of user and password")
+    nats_inbox_prefix: str | None = Field(default=None, pattern=r"^_INBOX[A-Za-z0-9_-]*$",
+                                          description="where replies to this identity arrive; the server lets it "
+                                                      "subscribe only there (`_INBOX_<identity>`)")
+    declare_streams: bool = Field(default=True, description="create or update the JetStream streams at start; "
+                                  "false where a provisioning identity does (the service only waits for them)")
     database_url: str = Field(default="postgresql://postgres@127.0.0.1:5432/postgres",
                               description="DSN of this service's own database (created if missing)")
     http_host: str = "127.0.0.1"

@@ -10,7 +10,8 @@ import signal
 import time
 from pathlib import Path
 
-from libs.bus.connection import connect, ensure_streams
+from libs.bus.connection import NatsClient, connect, ensure_streams, wait_for_streams
+from libs.contracts import subjects
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint
@@ -74,22 +75,48 @@ async def report_drivers(agents: list[NodeAgent]) -> None:
             agent.drivers = drivers
 
 
+async def connect_nodes(settings: AgentSettings, nodes: list[str]) -> dict[str, NatsClient]:
+    """Each node's NATS connection. With per-node identities (`NATS_CREDENTIALS_DIR`, a simulated fleet from
+    `gpupool up`) every node connects as itself, so the server lets it publish only its own subjects; a real node
+    has one (`NATS_NKEY_FILE`); without either, the nodes share one connection (user and password, or none)."""
+    if settings.nats_credentials_dir:
+        directory = Path(settings.nats_credentials_dir)
+        out = {}
+        for node in nodes:
+            identity = subjects.node_identity(settings.cluster, node)
+            out[node] = await connect(settings.nats_url, f"gpupool-{identity}",
+                                      nkey_file=str(directory / f"{identity}.nk"),
+                                      inbox_prefix=subjects.inbox_prefix(identity))
+        return out
+    identity = subjects.node_identity(settings.cluster, nodes[0]) if len(nodes) == 1 else "agent"
+    nc = await connect(settings.nats_url, f"gpupool-{identity}", user=settings.nats_user,
+                       password=settings.nats_password, nkey_file=settings.nats_nkey_file,
+                       inbox_prefix=settings.nats_inbox_prefix)
+    return dict.fromkeys(nodes, nc)
+
+
 async def main() -> None:
     settings = AgentSettings()
     setup_logging("agent", settings.log_level)
     setup_tracing("agent")
-    nc = await connect(settings.nats_url, "gpupool-agent", user=settings.nats_user,
-                       password=settings.nats_password)
-    await ensure_streams(nc.jetstream())
+    backends = build_backends(settings)
+    connections = await connect_nodes(settings, [node for node, _ in backends])
+    first = next(iter(connections.values()))
+    if settings.declare_streams:
+        await ensure_streams(first.jetstream())
+    else:
+        await wait_for_streams(first.jetstream())
     workloads = dict(p.split("=", 1) for p in settings.sim_workloads.split(",") if "=" in p)
-    buffer = telemetry_buffer(nc.jetstream(), max_bytes=settings.buffer_mib * 1024 * 1024)
-    agents = [NodeAgent(nc, backend, settings.cluster, node, settings.interval_s, workloads=workloads,
-                        fraction_policy=settings.fraction_policy, stop_grace_s=settings.fraction_stop_grace_s,
-                        apply_mig=settings.apply_mig, buffer=buffer, resync_s=settings.resync_s)
-              for node, backend in build_backends(settings)]
+    buffers = {id(nc): telemetry_buffer(nc.jetstream(), max_bytes=settings.buffer_mib * 1024 * 1024)
+               for nc in connections.values()}
+    agents = [NodeAgent(connections[node], backend, settings.cluster, node, settings.interval_s,
+                        workloads=workloads, fraction_policy=settings.fraction_policy,
+                        stop_grace_s=settings.fraction_stop_grace_s, apply_mig=settings.apply_mig,
+                        buffer=buffers[id(connections[node])], resync_s=settings.resync_s)
+              for node, backend in backends]
     if settings.run_work:
         for agent in agents:
-            agent.attach_work(build_runner(nc, agent, settings))
+            agent.attach_work(build_runner(agent.nc, agent, settings))
         await report_drivers(agents)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -97,17 +124,18 @@ async def main() -> None:
         loop.add_signal_handler(sig, stop.set)
 
     async def ready() -> bool:
-        return nc.is_connected
+        return all(nc.is_connected for nc in connections.values())
 
     ops = OpsEndpoint(settings.http_host, settings.http_port, ready)
     await ops.start()
     log.info("agent_started", extra={"nodes": [a.node for a in agents], "backend": settings.backend})
     tasks = [asyncio.create_task(a.run(stop), name=f"agent:{a.node}") for a in agents]
-    tasks.append(asyncio.create_task(buffer.flush_forever(stop), name="telemetry-buffer"))
+    tasks += [asyncio.create_task(buffer.flush_forever(stop), name="telemetry-buffer") for buffer in buffers.values()]
     await stop.wait()
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(task, timeout=5)
     await ops.stop()
-    with contextlib.suppress(Exception):
-        await nc.drain()
+    for nc in {id(c): c for c in connections.values()}.values():
+        with contextlib.suppress(Exception):
+            await nc.drain()

@@ -8,8 +8,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet  # noqa: F401 (re-exported)
+
 # `gpupool up`'s default simulated fleet: 4 nodes × 8 GPUs of mixed models.
-DEFAULT_SIM_FLEET = "H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8"
 
 
 class AgentSettings(BaseSettings):
@@ -18,6 +19,15 @@ class AgentSettings(BaseSettings):
     nats_url: str = "nats://127.0.0.1:4222"
     nats_user: str | None = None
     nats_password: str | None = None
+    nats_nkey_file: str | None = Field(default=None, description="this identity's nkey seed file (.nk): NATS nkey "
+                                       "authentication instead of user and password")
+    nats_inbox_prefix: str | None = Field(default=None, pattern=r"^_INBOX[A-Za-z0-9_-]*$",
+                                          description="where replies to this identity arrive; the server lets it "
+                                                      "subscribe only there (`_INBOX_<identity>`)")
+    nats_credentials_dir: str | None = Field(default=None, description="a simulated fleet's identities: each node "
+                                             "connects with <dir>/agent-<cluster>-<node>.nk (gpupool up)")
+    declare_streams: bool = Field(default=True, description="create or update the JetStream streams at start; "
+                                  "false where a provisioning identity does (the service only waits for them)")
     cluster: str = "local"
     node: str = Field(default_factory=socket.gethostname, description="Node name (real backend)")
     backend: Literal["real", "sim"] = "real"
@@ -62,17 +72,3 @@ class AgentSettings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = 0
     log_level: str = "INFO"
-
-
-def parse_fleet(spec: str) -> list[list[str]]:
-    """'H100-80GB*8;L40S*4,T4*2' → [['H100-80GB']*8, ['L40S']*4 + ['T4']*2]."""
-    nodes: list[list[str]] = []
-    for node_spec in filter(None, (s.strip() for s in spec.split(";"))):
-        models: list[str] = []
-        for part in filter(None, (p.strip() for p in node_spec.split(","))):
-            model, _, count = part.partition("*")
-            if count and not count.isdigit():
-                raise ValueError(f"bad GPU count in {part!r}; expected MODEL*COUNT")
-            models += [model.strip()] * (int(count) if count else 1)
-        nodes.append(models)
-    return nodes

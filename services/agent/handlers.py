@@ -33,6 +33,7 @@ from libs.contracts.events import (
     EventData,
     FractionExceeded,
     MigApplied,
+    subject_for,
 )
 from libs.contracts.origins import accept
 from libs.core import mig as migcat
@@ -269,7 +270,7 @@ class NodeAgent:
         while not stop.is_set():
             try:
                 async with _registering():
-                    reply = await request(self.nc, subjects.CMD_INVENTORY_REGISTER_NODE, cmd, timeout=5.0)
+                    reply = await request(self.nc, subjects.register_node(self.cluster, self.node), cmd, timeout=5.0)
                 if reply.ok:
                     log.info("node_registered", extra={"node": self.node, "gpus": len(cmd.gpus)})
                     return
@@ -542,7 +543,7 @@ class NodeAgent:
         within the stream's duplicate window is dropped."""
         event = data.to_cloudevent(SOURCE, event_id=str(uuidlib.uuid5(_EVENT_NS, identity)))
         try:
-            await publish_event(self.js, data.event_subject, event)
+            await publish_event(self.js, subject_for(data), event)
             return True
         except Exception as exc:
             log.warning("agent_event_publish_failed", extra={"node": self.node, "type": data.event_type,

@@ -171,7 +171,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.nc = await connect(settings.nats_url, "gpupool-gateway", user=settings.nats_user,
-                                     password=settings.nats_password)
+                                     password=settings.nats_password, nkey_file=settings.nats_nkey_file,
+                                     inbox_prefix=settings.nats_inbox_prefix)
         dsn = settings.database_url
         await ensure_database(with_database(dsn, "postgres"), database_name(dsn), dsn)
         app.state.pool = await create_pool(dsn, max_size=20)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from libs.contracts import subjects
 from libs.contracts.events import GpuRollup, GpuTelemetry
 
 READY = "ready"
@@ -326,3 +327,12 @@ def sum_node_totals(totals: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for key in ("network_link_gbps", "storage_total_gib"):
         out[key] = round(out[key], 3)
     return out
+
+
+def registration_subject_error(subject: str, cmd: Any) -> str | None:
+    """A node registers itself: on `...register_node.<cluster>.<node>`, which only that node's NATS identity may
+    publish, naming that same node. Anything else (a node registering another, or a phantom) is refused."""
+    expected = subjects.register_node(cmd.cluster, cmd.node)
+    if subject != expected:
+        return f"a registration of {cmd.cluster}/{cmd.node} must arrive on {expected}, not {subject}"
+    return None

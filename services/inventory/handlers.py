@@ -62,6 +62,7 @@ from services.inventory.domain import (
     node_recovers,
     operator_step,
     pool_view,
+    registration_subject_error,
     step,
 )
 
@@ -451,7 +452,7 @@ class InventoryHandlers:
 def routes(h: InventoryHandlers) -> Routes:
     return Routes(
         commands={
-            subjects.CMD_INVENTORY_REGISTER_NODE: (RegisterNode, h.register_node),
+            f"{subjects.CMD_INVENTORY_REGISTER_NODE}.*.*": (RegisterNode, h.register_node),
             subjects.CMD_INVENTORY_CORDON_NODE: (CordonNode, h.cordon_node),
             subjects.CMD_INVENTORY_SET_GPU_SHARING: (SetGpuSharing, h.set_gpu_sharing),
             subjects.CMD_INVENTORY_SET_GPU_HEALTH: (SetGpuHealth, h.set_gpu_health),
@@ -460,6 +461,7 @@ def routes(h: InventoryHandlers) -> Routes:
             subjects.QUERY_INVENTORY_POOL: (GetPool, h.pool),
             subjects.QUERY_INVENTORY_ORPHANS: (ListOrphans, h.list_orphans),
         },
+        subject_checks={f"{subjects.CMD_INVENTORY_REGISTER_NODE}.*.*": registration_subject_error},
         events={
             AllocationGranted: h.on_allocation_granted,
             AllocationReleased: h.on_allocation_released,

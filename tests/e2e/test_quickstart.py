@@ -43,6 +43,10 @@ async def test_gpupool_up_on_its_own_servers_places_a_job_and_down_stops_every_p
             await asyncio.sleep(0.2)
         run = json.loads((tmp_path / "run.json").read_text())
         assert run["nats_auth"] is True and set(run["servers"]) == {"nats", "postgres"}
+        creds = run["nats_credentials"]  # one nkey identity per service and node, plus supervisor and observer
+        assert set(creds) == {"inventory", "quota", "queue", "placement", "reclamation", "accounting", "gateway",
+                              "supervisor", "observer", "agent-local-sim-node-0"}  # --fleet L40S*4: one node
+        assert all(os.stat(p).st_mode & 0o777 == 0o600 for p in creds.values())
 
         seen: list[AllocationGranted] = []
         nc = await nats.connect(run["nats_url"])  # admin credentials from run.json
@@ -71,6 +75,12 @@ async def test_gpupool_up_on_its_own_servers_places_a_job_and_down_stops_every_p
             # exercise the policy path under per-service credentials too (quota → placement events)
             assert (await api.put("/v1/quotas", json={"path": "default/research", "guaranteed": 2})).status_code == 200
             assert (await api.post(f"/v1/jobs/{job_id}/complete")).status_code == 200
+            # work runs under per-node identities: the agent registers, starts and reports on its own subjects
+            ran = (await api.post("/v1/jobs", json={"name": "quick-work", "team": "research", "gpus": 1,
+                                                    "command": ["true"]})).json()["job_id"]
+            while (await api.get(f"/v1/jobs/{ran}")).json()["state"] != "completed":
+                assert time.monotonic() < deadline, (await api.get(f"/v1/jobs/{ran}")).json()
+                await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)
         await nc.close()
         # each service reaches PostgreSQL as its own role, with a password; nothing printed carries a secret

@@ -55,11 +55,11 @@ VOLUMES = [VolumeSpec(mount="/", total_gib=447.1, filesystem="ext4"),
 async def test_registered_network_and_storage_and_reported_node_numbers_show_in_node_and_pool_views(
         inventory) -> None:  # type: ignore[no-untyped-def]
     rt, handlers = inventory
-    await call(rt, subjects.CMD_INVENTORY_REGISTER_NODE, RegisterNode(
+    await call(rt, subjects.register_node(CLUSTER, "big"), RegisterNode(
         cluster=CLUSTER, node="big", hostname="big", cpu_count=192, memory_mib=2048 * 1024, gpus=gpus("big"),
         network=NICS, storage=VOLUMES))
     # an older agent: no network, no storage, no node numbers in its samples
-    await call(rt, subjects.CMD_INVENTORY_REGISTER_NODE, RegisterNode(
+    await call(rt, subjects.register_node(CLUSTER, "old"), RegisterNode(
         cluster=CLUSTER, node="old", hostname="old", cpu_count=32, memory_mib=256 * 1024, gpus=gpus("old")))
     now = datetime.now(UTC)
     await handlers.on_telemetry_batch([
@@ -100,7 +100,7 @@ async def test_registered_network_and_storage_and_reported_node_numbers_show_in_
     assert pool["all"]["node_totals"] == expected
 
     # re-registering replaces the facts (a NIC removed, a volume grown) in the same upsert
-    await call(rt, subjects.CMD_INVENTORY_REGISTER_NODE, RegisterNode(
+    await call(rt, subjects.register_node(CLUSTER, "big"), RegisterNode(
         cluster=CLUSTER, node="big", hostname="big", cpu_count=192, memory_mib=2048 * 1024, gpus=gpus("big"),
         network=NICS[:8], storage=[VolumeSpec(mount="/scratch", total_gib=30000.0, filesystem="xfs")]))
     big = await call(rt, subjects.QUERY_INVENTORY_GET_NODE, NodeRef(cluster=CLUSTER, node="big"))

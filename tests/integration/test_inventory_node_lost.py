@@ -66,7 +66,7 @@ async def register(rt: ServiceRuntime, node: str) -> None:
                        driver_version="550.90.07", agent_version="test",
                        gpus=[GpuSpec(uuid=gpu_uuid(node, i), index=i, model="H100-80GB", memory_mib=81559)
                              for i in range(2)])
-    reply = await request(rt.nc, subjects.CMD_INVENTORY_REGISTER_NODE, cmd, timeout=5)
+    reply = await request(rt.nc, subjects.register_node(cmd.cluster, cmd.node), cmd, timeout=5)
     assert reply.ok, reply
 
 
@@ -253,3 +253,16 @@ async def test_pool_query_counts_use_from_fresh_samples_only_and_takes_lost_node
     finally:
         stop.set()
         await task
+
+
+async def test_a_registration_on_another_nodes_subject_is_refused(inventory) -> None:  # type: ignore[no-untyped-def]
+    """Only a node's own identity may publish on its registration subject; a payload there naming another node (a
+    phantom, once registered and given a real job) is refused, and the phantom never appears."""
+    rt = inventory
+    await register(rt, "honest")
+    phantom = RegisterNode(cluster=CLUSTER, node="phantom", hostname="phantom", cpu_count=1, memory_mib=1024,
+                           gpus=[GpuSpec(uuid="GPU-phantom-0", index=0, model="H100-80GB", memory_mib=81559)])
+    reply = await request(rt.nc, subjects.register_node(CLUSTER, "honest"), phantom, timeout=5)
+    assert not reply.ok and reply.error is not None and reply.error.reason == "WrongSubject", reply
+    nodes = await request(rt.nc, subjects.QUERY_INVENTORY_LIST_NODES, ListNodes(cluster=CLUSTER), timeout=5)
+    assert "phantom" not in {n["node"] for n in nodes.result["items"]}

@@ -37,7 +37,7 @@ async def register(rt: ServiceRuntime, node: str, gpus: int = 2) -> None:
     cmd = RegisterNode(cluster=CLUSTER, node=node, hostname=node, cpu_count=64, memory_mib=512 * 1024,
                        gpus=[GpuSpec(uuid=f"GPU-{node}-{i}", index=i, model="H100-80GB", memory_mib=81559)
                              for i in range(gpus)])
-    reply = await request(rt.nc, subjects.CMD_INVENTORY_REGISTER_NODE, cmd, timeout=5)
+    reply = await request(rt.nc, subjects.register_node(cmd.cluster, cmd.node), cmd, timeout=5)
     assert reply.ok, reply
 
 

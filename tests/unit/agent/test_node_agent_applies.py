@@ -159,18 +159,22 @@ async def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace(clock
     assert backend.processes() == []
 
 
-def test_the_agent_may_publish_its_events_and_the_gateway_relays_every_event_entity() -> None:
+def test_a_node_may_publish_its_own_events_and_the_gateway_relays_every_event_entity(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from libs.contracts import subjects
-    from libs.devstack.nats_auth import load_users
+    from libs.devstack.nats_auth import IdentityStore
 
-    users = {u.name: u for u in load_users()}
-    for subject in (subjects.AGENT_MIG_APPLIED, subjects.AGENT_FRACTION_EXCEEDED):
-        assert any(subjects.matches(p, subject) for p in users["agent"].publish), subject
-        assert not any(subjects.matches(p, subject) for p in users["placement"].publish), subject
-        assert any(subjects.matches(s, subject) for s in users["gateway"].subscribe), subject
+    store = IdentityStore(tmp_path)
+    node = store.node("local", "sim-node-0")
+    users = {u.name: u for u in store.services()}
+    for base in (subjects.AGENT_MIG_APPLIED, subjects.AGENT_FRACTION_EXCEEDED, subjects.AGENT_WORK_STARTED):
+        own, other = subjects.of_node(base, "local", "sim-node-0"), subjects.of_node(base, "local", "sim-node-1")
+        assert any(subjects.matches(p, own) for p in node.publish), own
+        assert not any(subjects.matches(p, other) for p in node.publish), other
+        assert not any(subjects.matches(p, own) for p in users["placement"].publish), own
+        assert any(subjects.matches(s, own) for s in users["gateway"].subscribe), own
+        assert any(subjects.matches(s, own) for s in subjects.EVENTS_STREAM.subjects), own
     for entity in subjects.EVENT_ENTITIES:  # GET /v1/events subscribes to each
         assert f"gpupool.{entity}.>" in users["gateway"].subscribe, entity
-    assert any(subjects.matches(s, subjects.AGENT_MIG_APPLIED) for s in subjects.EVENTS_STREAM.subjects)
 
 
 async def test_a_fleet_in_one_process_subscribes_once_per_subject_and_each_event_reaches_only_its_node(clock) -> None:

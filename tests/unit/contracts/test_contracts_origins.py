@@ -41,8 +41,12 @@ def may_publish(patterns: list[str], subject: str) -> bool:
 def test_every_event_type_has_an_owner_that_nats_lets_publish_its_subject(event_type: str) -> None:
     owner = owner_of(event_type)
     assert owner is not None, f"{event_type} has no owner"
-    services = yaml.safe_load(PERMISSIONS.read_text())["services"]
-    subject = EVENT_TYPES[event_type].event_subject.replace(">", "c.n")
+    doc = yaml.safe_load(PERMISSIONS.read_text())
+    services = dict(doc["services"])
+    # the agent's rights are per node: node n of cluster c may publish only its own subjects
+    services["agent"] = {"publish": [p.format(cluster="c", node="n") for p in doc["agent_node"]["publish"]]}
+    cls = EVENT_TYPES[event_type]
+    subject = cls.event_subject.replace(">", "c.n") + (".c.n" if cls.node_scoped else "")
     assert may_publish(services[owner]["publish"], subject), f"{owner} may not publish {subject}"
     others = [s for s, p in services.items() if s != owner and may_publish(p["publish"], subject)]
     assert others == [], f"{subject} is publishable by {others} too"
