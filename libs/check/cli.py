@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decision-max-age", type=float, default=60.0, metavar="S",
                    help="placement must have recorded a decision since the submission of every job it has wanted "
                         "unplaced this long (default 60)")
+    p.add_argument("--telemetry-max-age", type=float, default=60.0, metavar="S",
+                   help="a node inventory holds as ready must have a GPU sample stored within this long (default 60)")
     p.add_argument("--settle", type=float, default=0.0, metavar="S",
                    help="on a violation, look again for up to S seconds before reporting it (default 0)")
     p.add_argument("--only", default=None, metavar="CHECK[,CHECK]", help="run only these checks")
@@ -51,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> CheckConfig:
     run_file = args.run_file or (args.data_dir / "run.json")
     overrides = dict(outbox_max_age_s=args.outbox_max_age, lag_max_age_s=args.lag_max_age,
                      pending_max_age_s=args.pending_max_age, decision_max_age_s=args.decision_max_age,
+                     telemetry_max_age_s=args.telemetry_max_age,
                      settle_s=args.settle,
                      only=set(args.only.split(",")) if args.only else None)
     explicit = bool(args.dsn or args.database_url)

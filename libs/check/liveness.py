@@ -155,3 +155,28 @@ def scheduler_progress(placement: ServiceStore, max_age_s: float) -> Result:
         {"jobs": len(stalled), "oldest_job_id": first["job_id"], "oldest_age_s": round(age, 3),
          "latest_decision_at": latest.isoformat() if latest else None, "bound_s": max_age_s,
          "job_ids": [r["job_id"] for r in stalled[:20]]})]
+
+
+def telemetry_liveness(inventory: ServiceStore, max_age_s: float) -> Result:
+    """Every node inventory holds as `ready`, registered longer ago than `max_age_s`, has a GPU sample stored that
+    is younger than `max_age_s`. A node whose agent stopped is inventory's to declare `lost` (then it is not
+    reported here); a ready node without fresh samples means samples are sent but not stored, or never sent while
+    the node is still believed alive: a telemetry consumer that started late or stalled, a stream not bound, a first
+    sample lost. (A fresh machine's CI once waited 60 s for samples that never reached `/v1/nodes`.)"""
+    rows = [r for r in inventory.rows("node_samples") if r["gpus"] and r["state"] == "ready"
+            and _age(inventory.now, r["registered_at"]) > max_age_s]
+    out = []
+    for r in sorted(rows, key=lambda r: (r["cluster"], r["node"])):
+        latest = r["latest_sample"]
+        if latest is not None and _age(inventory.now, latest) <= max_age_s:
+            continue
+        what = "no sample of its GPUs was ever stored" if latest is None else \
+            f"its GPUs' newest stored sample is from {latest:%H:%M:%S} ({_age(inventory.now, latest):.1f}s ago)"
+        out.append(Violation(
+            "telemetry_liveness", "no_fresh_sample", f"{r['cluster']}/{r['node']}",
+            f"inventory holds the node as ready (registered {r['registered_at']:%H:%M:%S}, "
+            f"{_age(inventory.now, r['registered_at']):.1f}s ago) but {what}; bound {max_age_s:g}s: is the agent "
+            "sending and inventory's telemetry consumer applying (consumer_lag names a stalled one)?",
+            {"registered_at": r["registered_at"].isoformat(), "bound_s": max_age_s,
+             "latest_sample_at": latest.isoformat() if latest else None}))
+    return len(rows), out

@@ -21,6 +21,7 @@ CHECKS: dict[str, str] = {
     "event_origins": "every event in the streams comes from the service that owns its type",
     "job_liveness": "every job wanted beyond its bound is known to placement and was considered by a cycle",
     "scheduler_progress": "placement has decided since every job it has wanted beyond its bound was submitted",
+    "telemetry_liveness": "every node inventory holds as ready has a GPU sample younger than its bound",
 }
 
 

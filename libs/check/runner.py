@@ -33,6 +33,7 @@ class CheckConfig:
     lag_max_age_s: float = 60.0
     pending_max_age_s: float = 60.0  # a job the queue wants this long must be known to and considered by placement
     decision_max_age_s: float = 60.0  # placement must have decided since a job it wants this long was submitted
+    telemetry_max_age_s: float = 60.0  # a ready node's newest stored GPU sample may be this old
     report_window_s: float = 15.0
     settle_s: float = 0.0  # retry a failing check for this long before reporting (0: judge once)
     only: set[str] | None = None
@@ -106,7 +107,8 @@ async def _second_look(config: CheckConfig, report: Report) -> None:
 
 
 def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[str, str]) -> None:
-    queue, placement, accounting = (snap.stores.get(s) for s in ("queue", "placement", "accounting"))
+    queue, placement, accounting, inventory = (snap.stores.get(s)
+                                               for s in ("queue", "placement", "accounting", "inventory"))
     streams = snap.streams
     plan = {
         "gpu_exclusive": (lambda: invariants.gpu_exclusive(placement)) if placement else None,
@@ -125,6 +127,8 @@ def _judge(config: CheckConfig, snap: Snapshot, report: Report, foreign: dict[st
         if queue and placement else None,
         "scheduler_progress": (lambda: liveness.scheduler_progress(placement, config.decision_max_age_s))
         if placement else None,
+        "telemetry_liveness": (lambda: liveness.telemetry_liveness(inventory, config.telemetry_max_age_s))
+        if inventory else None,
     }
     for name in CHECKS:
         if not _wanted(config, name):

@@ -32,6 +32,14 @@ TABLES: dict[str, dict[str, str]] = {
         "decisions": "SELECT max(decided_at) AS latest, count(*) AS n FROM decisions",
         "finished_jobs": "SELECT job_id FROM finished_jobs",
     },
+    "inventory": {
+        # per node: when it registered, its state, and its GPUs' newest sample (NULL: none ever stored)
+        "node_samples": """SELECT n.cluster, n.node, n.state, n.registered_at, n.last_seen_at,
+                                  count(g.uuid) AS gpus, max(t.sampled_at) AS latest_sample
+                           FROM nodes n LEFT JOIN gpus g ON g.cluster = n.cluster AND g.node = n.node
+                           LEFT JOIN gpu_telemetry_latest t ON t.uuid = g.uuid
+                           GROUP BY n.cluster, n.node, n.state, n.registered_at, n.last_seen_at""",
+    },
     "queue": {
         "jobs": """SELECT job_id, state, team, allocation_id, replicas, gang_nodes, attempts, submitted_at, requeue_at
                    FROM jobs""",

@@ -239,7 +239,8 @@ async def sql(w: World, service: str, statement: str, *args: object) -> object:
 async def test_the_real_world_is_clean_and_every_check_ran(world: World) -> None:
     report = await check_async(world.config())
     assert report.ok, report.to_text()
-    assert not report.skipped, report.skipped
+    # this world runs no inventory (placement learns its nodes from events): telemetry is judged in the e2e runs
+    assert set(report.skipped) == {"telemetry_liveness"}, report.skipped
     assert report.checked["gpu_exclusive"] >= 6 and report.checked["job_state"] == 9
     assert report.checked["allocation_events"] >= 8 and report.checked["ledger"] >= 8
     assert report.info["quota_use"]  # someone holds GPUs

@@ -226,3 +226,31 @@ def test_the_bounds_come_from_the_command_line_and_the_json_report_lists_the_new
     doc = json.loads(report.to_json())
     assert doc["checks"]["job_liveness"]["violations"] == 1 and doc["checks"]["scheduler_progress"]["violations"] == 0
     assert doc["violations"][0]["data"] == {"age_s": 61.0} and doc["violations"][0]["subject"] == "j"
+
+
+def inventory_with(*nodes: dict[str, Any]) -> ServiceStore:
+    inv = ServiceStore("inventory", NOW)
+    inv.tables["node_samples"] = [{"cluster": "c1", "state": "ready", "registered_at": OLD, "last_seen_at": OLD,
+                                   "gpus": 8, **n} for n in nodes]
+    return inv
+
+
+def test_a_ready_node_without_a_fresh_sample_is_reported() -> None:
+    """A fresh machine's CI waited 60 s for samples that never reached /v1/nodes; nothing said why."""
+    inv = inventory_with({"node": "fresh", "latest_sample": YOUNG}, {"node": "never", "latest_sample": None},
+                         {"node": "stale", "latest_sample": OLD},
+                         {"node": "new", "registered_at": YOUNG, "latest_sample": None},  # within its bound
+                         {"node": "gone", "state": "lost", "latest_sample": OLD},  # inventory knows: not here
+                         {"node": "cpu-only", "gpus": 0, "latest_sample": None})
+    checked, violations = liveness.telemetry_liveness(inv, BOUND)
+    assert checked == 3
+    assert [(v.kind, v.subject) for v in violations] == [("no_fresh_sample", "c1/never"),
+                                                        ("no_fresh_sample", "c1/stale")]
+    assert "no sample of its GPUs was ever stored" in violations[0].detail
+    assert "300.0s ago" in violations[1].detail and violations[1].data["bound_s"] == BOUND
+
+
+def test_the_telemetry_bound_is_a_flag() -> None:
+    config = config_from_args(build_parser().parse_args(["--telemetry-max-age", "15", "--database-url",
+                                                         "postgresql://x@127.0.0.1/postgres"]))
+    assert config.telemetry_max_age_s == 15
