@@ -245,3 +245,42 @@ def test_nats_server_accepts_the_cluster_config(nats_conf: str, tmp_path: Path) 
     result = subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30,
                             env={"POD_NAME": "nats-0"})
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- trust boundaries (issue #16)
+
+
+def test_no_pod_gets_a_service_account_token() -> None:
+    """Nothing in gpupool talks to the Kubernetes API: a compromised pod must not find a token to do so."""
+    for name, workload in workloads().items():
+        assert workload["spec"]["template"]["spec"].get("automountServiceAccountToken") is False, name
+
+
+def test_ingress_is_denied_by_default_and_nats_takes_only_gpupools_pods() -> None:
+    policies = objects("NetworkPolicy")
+    deny = policies["default-deny-ingress"]["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and not deny.get("ingress")
+    nats = policies["nats-clients"]["spec"]
+    assert nats["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "nats"}
+    client = next(r for r in nats["ingress"] if {"port": 4222, "protocol": "TCP"} in r["ports"])
+    assert client["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "gpupool"}}}]
+    # the pods allowed in carry that label; the gateway is the only port open to everyone
+    for name, workload in workloads().items():
+        assert workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpupool", name
+    open_to_all = [p for p in policies.values() for r in p["spec"].get("ingress", []) if "from" not in r]
+    assert [p["metadata"]["name"] for p in open_to_all] == ["gateway-api"]
+
+
+def test_the_namespace_audits_every_pod_against_restricted_and_all_but_the_agent_meet_it() -> None:
+    labels = one("Namespace", "gpupool")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/audit"] == labels["pod-security.kubernetes.io/warn"] == "restricted"
+    for name, workload in workloads().items():
+        if name == "agent":  # hostPID: see namespace.yaml
+            continue
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert not pod.get("hostPID") and not pod.get("hostNetwork"), name
+        for c in pod["containers"]:
+            ctx = c.get("securityContext", {})
+            assert ctx.get("allowPrivilegeEscalation") is False and ctx["capabilities"]["drop"] == ["ALL"], (name, c)
