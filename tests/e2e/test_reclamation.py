@@ -75,6 +75,13 @@ async def test_an_idle_dev_job_is_warned_then_reclaimed_and_its_quota_is_free_ag
                 _, _, released = await allocations.wait_for(AllocationReleased, notebook, timeout=30)
                 assert released.reason == "IdleReclaimed"
                 assert (released.released_at - warned.deadline).total_seconds() >= -0.5
+                # reclamation's decision and placement's release travel on different subjects from different
+                # services' outboxes: neither is ordered before the other at this watcher
+                deadline = time.monotonic() + 10
+                while not reclaims.of("ReclaimDecided", notebook):
+                    assert time.monotonic() < deadline, "no reclaim decision event"
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)  # a second decision would arrive about as soon
                 decided = reclaims.of("ReclaimDecided", notebook)
                 assert [d.reason for d in decided] == ["IdleReclaimed"]
                 job = wait_state(api, notebook, "failed")
