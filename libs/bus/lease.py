@@ -44,13 +44,9 @@ class LeaderLease:
         return self._revision is not None
 
     async def bucket(self) -> KeyValue:
-        if self._kv is None:
-            try:
-                self._kv = await self.js.key_value(LEASE_BUCKET)
-            except BucketNotFoundError:  # no provisioning identity made it (no auth): make it ourselves
-                self._kv = await ensure_lease_bucket(self.js, ttl_s=self.ttl_s, replicas=self.replicas)
+        if self._kv is None:  # made by the provisioning identity where there is one, else (no auth) by us
+            self._kv = await ensure_lease_bucket(self.js, ttl_s=self.ttl_s, replicas=self.replicas)
         return self._kv
-
 
     async def run(self) -> None:
         """Acquire or renew forever (cancel to stop; stop() releases the key for a fast hand-over)."""

@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
 
 from libs.contracts import subjects
-from libs.devstack.nats_auth import IdentityStore, write_config
-
-AUTH_CONFIG = "nats-auth.conf"
+from libs.devstack.nats_auth import AUTH_CONFIG, IdentityStore, write_config
+from libs.devstack.private import write_private
 
 
 def admin_password(data_dir: Path) -> str | None:
@@ -77,10 +75,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.touch(mode=0o600)
-        shutil.copyfile(seed, args.out)
-        args.out.chmod(0o600)
-        seed = args.out
+        seed = write_private(args.out, seed.read_bytes())
     identity = subjects.node_identity(args.cluster, args.node)
     state = "the running NATS server reloaded its configuration" if reloaded else \
         "`gpupool up` includes it at its next start"

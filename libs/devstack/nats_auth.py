@@ -26,9 +26,11 @@ from pathlib import Path
 import yaml
 
 from libs.contracts import subjects
+from libs.devstack.private import write_private
 
 PERMISSIONS_FILE = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "permissions.yaml"
 SUPERVISOR, OBSERVER = "supervisor", "observer"
+AUTH_CONFIG = "nats-auth.conf"  # in the data directory: the authorization block the embedded server includes
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 
 
@@ -89,11 +91,7 @@ class IdentityStore:
             raise ValueError(f"unsafe identity name {name!r}")
         path = self.directory / f"{name}.nk"
         if not path.exists():
-            raw = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-            tmp = path.with_suffix(".tmp")
-            tmp.touch(mode=0o600)
-            tmp.write_bytes(raw + b"\n")
-            tmp.replace(path)
+            write_private(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER) + b"\n")
         path.chmod(0o600)
         pair = nkeys.from_seed(bytearray(path.read_bytes().strip()))
         try:
@@ -118,9 +116,12 @@ class IdentityStore:
         return out
 
     def node(self, cluster: str, node: str) -> Identity:
-        """The identity of one node's agent: only its own subjects."""
+        """The identity of one node's agent (issued on first call): only its own subjects."""
         name = subjects.node_identity(cluster, node)
         self._remember(name, cluster, node)
+        return self._node(name, cluster, node)
+
+    def _node(self, name: str, cluster: str, node: str) -> Identity:
         tokens = {"cluster": subjects.token(cluster), "node": subjects.token(node)}
         perms = self.doc["agent_node"]
         streams = [f"$JS.API.STREAM.INFO.{s}" for s in self.doc.get("common", {}).get("streams", [])]
@@ -129,7 +130,7 @@ class IdentityStore:
 
     def nodes(self) -> list[Identity]:
         """Every node identity issued so far (by `gpupool up` for its simulated fleet, or `gpupool creds`)."""
-        return [self.node(c, n) for c, n in sorted(self._known().values())]
+        return [self._node(name, c, n) for name, (c, n) in sorted(self._known().items(), key=lambda kv: kv[1])]
 
     def supervisor(self) -> Identity:
         common = self.doc.get("common", {})
@@ -155,10 +156,8 @@ class IdentityStore:
                                  f"{known[name][0]!r}")
             return
         known[name] = (cluster, node)
-        path = self.directory / "nodes.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({k: list(v) for k, v in sorted(known.items())}, indent=2))
-        tmp.replace(path)
+        write_private(self.directory / "nodes.json", json.dumps({k: list(v) for k, v in sorted(known.items())},
+                                                                indent=2))
 
 
 def render_config(identities: list[Identity], admin_password: str) -> str:
@@ -177,9 +176,4 @@ def render_config(identities: list[Identity], admin_password: str) -> str:
 
 def write_config(path: Path, identities: list[Identity], admin_password: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.touch(mode=0o600)
-    tmp.write_text(render_config(identities, admin_password))
-    tmp.replace(path)
-    path.chmod(0o600)
-    return path
+    return write_private(path, render_config(identities, admin_password))

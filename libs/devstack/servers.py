@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libs.devstack.private import write_private
+
 READY_TIMEOUT_S = 20.0
 PG_SYSTEM_USER = "gpupool-pg"  # PostgreSQL refuses to run as root, so root runs it as this user.
 _PORT_RETRIES = 3  # a port picked by free_port() can be taken by someone else before the server binds it
@@ -445,6 +447,11 @@ def _user_kwargs(run_as: str | None) -> dict:
     return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
 
 
+def _owner(user_kw: dict) -> tuple[int, int] | None:
+    """(uid, gid) the server runs as, for files it must read; None: as this process."""
+    return (user_kw["user"], user_kw["group"]) if user_kw else None
+
+
 def _pg_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}  # stray PGDATA/PGPORT etc.
     env["LC_ALL"] = "C"
@@ -478,11 +485,8 @@ def _initdb(bin_dir: Path, data_dir: Path, log_file: Path, user_kw: dict, passwo
     pwfile: Path | None = None
     if password:
         # beside the data directory (initdb wants it empty), readable only by the server's user, gone after
-        pwfile = data_dir.parent / f".{data_dir.name}.pw-{os.getpid()}"
-        pwfile.touch(mode=0o600)
-        pwfile.write_text(password + "\n")
-        if user_kw:
-            os.chown(pwfile, user_kw["user"], user_kw["group"])
+        pwfile = write_private(data_dir.parent / f".{data_dir.name}.pw-{os.getpid()}", password + "\n",
+                               owner=_owner(user_kw))
         cmd += ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
     else:
         cmd += ["--auth=trust"]
@@ -512,12 +516,7 @@ def _require_password(bin_dir: Path, data_dir: Path, server: ManagedServer, sock
                        input=sql, capture_output=True, text=True, env=_pg_env(), **user_kw)
     if r.returncode != 0:
         raise ServerStartError(f"could not set the postgres password on {data_dir}: {_tail(r.stdout + r.stderr)}")
-    tmp = hba.with_suffix(".gpupool")
-    tmp.write_text(SCRAM_HBA)
-    tmp.chmod(0o600)
-    if user_kw:
-        os.chown(tmp, user_kw["user"], user_kw["group"])
-    tmp.replace(hba)
+    write_private(hba, SCRAM_HBA, owner=_owner(user_kw))
     os.kill(server.pid, signal.SIGHUP)  # the postmaster rereads pg_hba.conf
 
 

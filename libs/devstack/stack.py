@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.contracts import subjects
-from libs.devstack.nats_auth import Identity, IdentityStore, write_config
+from libs.devstack.nats_auth import AUTH_CONFIG, Identity, IdentityStore, write_config
+from libs.devstack.private import write_private
 from libs.devstack.servers import (
     ManagedServer,
     ServerStartError,
@@ -33,6 +34,7 @@ from libs.devstack.servers import (
 )
 
 BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
+SERVICE_DATABASES = (*BACKEND_SERVICES, "gateway")  # each with its own database (and, embedded, its own role)
 DEFAULT_TEAMS = "research,inference,platform,default"
 
 
@@ -139,7 +141,7 @@ class Stack:
             for cluster, node in sim_nodes(opts) if opts.with_agent else ():
                 self.identities.node(cluster, node)
             admin_password = secrets.token_urlsafe(24)
-            config = write_config(opts.data_dir / "nats-auth.conf", self.identities.all(), admin_password)
+            config = write_config(opts.data_dir / AUTH_CONFIG, self.identities.all(), admin_password)
             if opts.nats_cluster:
                 nodes = start_nats_cluster(opts.data_dir / "nats", opts.nats_cluster, config_file=config)
             else:
@@ -151,7 +153,7 @@ class Stack:
                                            for n in nodes)
             # the provisioning identity declares the streams and the leases bucket once, before any service starts:
             # services may look streams up but not create or change them
-            provision(self.nats_url, self.identities.supervisor(), replicas=3 if opts.nats_cluster else 1)
+            self._provision()
             shape = f"a JetStream cluster of {len(nodes)}, streams on 3" if opts.nats_cluster else "JetStream"
             say(f"nats        {self.nats_url} (embedded, {shape} in {opts.data_dir / 'nats'}, an nkey identity "
                 f"per service and node in {self.identities.directory})")
@@ -169,6 +171,10 @@ class Stack:
             durability = "UNSAFE: fsync off" if opts.unsafe_fast else "durable"
             say(f"postgresql  {redact(pg.url)} (embedded, {durability}, SCRAM, a role per service; data in "
                 f"{opts.data_dir / 'postgres'})")
+
+    def _provision(self) -> None:
+        assert self.identities is not None
+        provision(self.nats_url, self.identities.supervisor(), replicas=3 if self.options.nats_cluster else 1)
 
     def database_url(self, service: str) -> str:
         from urllib.parse import urlsplit, urlunsplit
@@ -269,7 +275,7 @@ class Stack:
             "nats_credentials": ({i.name: str(i.seed_file) for i in self.identities.all()}
                                  if self.identities is not None else {}),
             "admin_token": self.admin_token,
-            "database_urls": {name: self.database_url(name) for name in (*BACKEND_SERVICES, "gateway")},
+            "database_urls": {name: self.database_url(name) for name in SERVICE_DATABASES},
             "postgres_admin_url": self.admin_dsn,  # the superuser (embedded) or the server given: tools only
             "postgres_durable": not self.options.unsafe_fast if not self.options.database_url else None,
             "metrics": {p.name: f"{p.http_url}/metrics" for p in self.processes},
@@ -277,10 +283,7 @@ class Stack:
                                   "log": str(p.log_path), "restarts": p.restarts} for p in self.processes},
             "servers": {s.name: {"pid": s.pid, "url": s.url} for s in self.servers},
         }
-        tmp = self.run_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=2))
-        os.chmod(tmp, 0o600)
-        tmp.replace(self.run_file)
+        write_private(self.run_file, json.dumps(doc, indent=2))
 
     def supervise(self, say=print) -> None:  # type: ignore[no-untyped-def]
         """Restart any service that dies (back-off 0.5 s → 10 s) until asked to stop."""
@@ -320,8 +323,7 @@ class Stack:
             if server.name.startswith("nats") and self.identities is not None:
                 # what the provisioning identity declared is back (streams are on disk; declaring is idempotent)
                 try:
-                    provision(self.nats_url, self.identities.supervisor(),
-                              replicas=3 if self.options.nats_cluster else 1)
+                    self._provision()
                 except Exception as exc:  # the services keep waiting; the next restart tries again
                     say(f"streams not re-declared after the restart: {exc}")
             self.write_run_file()
@@ -421,8 +423,7 @@ def _admin_token(data_dir: Path) -> str:
     if path.exists():
         return path.read_text().strip()
     token = "gpt_" + secrets.token_urlsafe(32)
-    path.write_text(token + "\n")
-    os.chmod(path, 0o600)
+    write_private(path, token + "\n")
     return token
 
 
@@ -443,8 +444,6 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-SERVICE_DATABASES = (*BACKEND_SERVICES, "gateway")
-
 
 def postgres_passwords(data_dir: Path) -> dict[str, str]:
     """The embedded PostgreSQL's secrets: the superuser's and one per service role, generated on first start and
@@ -457,10 +456,7 @@ def postgres_passwords(data_dir: Path) -> dict[str, str]:
     wanted = ("postgres", *SERVICE_DATABASES)
     if not all(isinstance(doc.get(k), str) for k in wanted):
         doc = {k: doc[k] if isinstance(doc.get(k), str) else secrets.token_urlsafe(24) for k in wanted}
-        tmp = path.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(json.dumps(doc, indent=2))
-        tmp.replace(path)
+        write_private(path, json.dumps(doc, indent=2))
     path.chmod(0o600)
     return doc
 

@@ -37,14 +37,8 @@ async def ensure_database(admin_dsn: str, database: str, dsn: str | None = None)
     its database never connects to `postgres`. Races between services starting at once are harmless."""
     if not _DB_NAME.match(database):
         raise ValueError(f"unsafe database name {database!r}")
-    if dsn is not None:
-        try:
-            conn = await asyncpg.connect(dsn)
-        except asyncpg.InvalidCatalogNameError:
-            pass  # not there yet: created below, with the admin DSN's rights
-        else:
-            await conn.close()
-            return
+    if dsn is not None and await _exists_for(dsn):
+        return
     conn = await asyncpg.connect(admin_dsn)
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
@@ -54,6 +48,16 @@ async def ensure_database(admin_dsn: str, database: str, dsn: str | None = None)
                 await conn.execute(f'CREATE DATABASE "{database}"')
     finally:
         await conn.close()
+
+
+async def _exists_for(dsn: str) -> bool:
+    """Whether the database of `dsn` exists, found by connecting to it (False: not there yet)."""
+    try:
+        conn = await asyncpg.connect(dsn)
+    except asyncpg.InvalidCatalogNameError:
+        return False
+    await conn.close()
+    return True
 
 
 async def provision_database(admin_dsn: str, database: str, role: str, password: str) -> None:
