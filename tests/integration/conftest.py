@@ -10,9 +10,10 @@ import asyncpg
 import pytest
 from nats.js import JetStreamContext
 
-from libs.bus.connection import connect
+from libs.bus.connection import NatsClient, connect, ensure_streams
 from libs.runtime import service as runtime_module
-from libs.store.database import with_database
+from libs.store.database import create_pool, database_name, ensure_database, with_database
+from libs.store.migrations import migrate, package_migrations, store_migrations
 
 
 @pytest.fixture
@@ -46,3 +47,27 @@ async def js(nats_url: str, clean_jetstream: None) -> AsyncIterator[JetStreamCon
         yield nc.jetstream()
     finally:
         await nc.close()
+
+
+@pytest.fixture
+async def bus(nats_url: str, clean_jetstream: None) -> AsyncIterator[tuple[NatsClient, JetStreamContext]]:
+    """A connection and its JetStream view on freshly declared, empty streams."""
+    nc = await connect(nats_url, "integration-test-bus")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    try:
+        yield nc, js
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+async def placement_db(fresh_database_dsn: str, pg_admin_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on a fresh, migrated placement database (tests of placement's store seed it themselves)."""
+    await ensure_database(pg_admin_dsn, database_name(fresh_database_dsn))
+    pool = await create_pool(fresh_database_dsn, max_size=12)
+    await migrate(pool, store_migrations() + package_migrations("placement", "services.placement"))
+    try:
+        yield pool
+    finally:
+        await pool.close()

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from pydantic import BaseModel, Field
 from waiting import eventually
 
-from libs.bus.connection import connect, ensure_streams, stream_config
+from libs.bus.connection import ensure_streams, stream_config
 from libs.bus.consumer import Busy, ConsumerSpec, EventConsumer, Poison
 from libs.bus.publisher import publish_event, publish_raw
 from libs.bus.rpc import ServiceUnavailable, request, serve
@@ -63,17 +63,6 @@ def fast_spec(durable: str, **kw: Any) -> ConsumerSpec:
     base: dict[str, Any] = dict(max_deliver=4, ack_wait_s=5.0, batch=8, backoff_base_s=0.05, backoff_max_s=0.2)
     base.update(kw)
     return ConsumerSpec(stream=EVENTS_STREAM.name, durable=durable, filter_subjects=(SUBJECT,), **base)
-
-
-@pytest.fixture
-async def bus(nats_url: str, clean_jetstream: None) -> AsyncIterator[tuple[NATS, JetStreamContext]]:
-    nc = await connect(nats_url, "test-bus")
-    js = nc.jetstream()
-    await ensure_streams(js)
-    try:
-        yield nc, js
-    finally:
-        await nc.close()
 
 
 @pytest.fixture

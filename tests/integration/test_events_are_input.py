@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 from waiting import eventually
 
-from libs.bus.connection import connect, ensure_streams
 from libs.bus.consumer import ConsumerSpec, EventConsumer
 from libs.bus.publisher import publish_event, publish_raw
 from libs.check.invariants import event_origins
@@ -49,17 +46,6 @@ def forged(event: CloudEvent, **data: Any) -> bytes:
 def dead_letters(consumer: str, reason: str) -> float:
     return REGISTRY.get_sample_value("gpupool_bus_dead_letters_total",
                                      {"consumer": consumer, "reason": reason}) or 0.0
-
-
-@pytest.fixture
-async def bus(nats_url: str, clean_jetstream: None) -> AsyncIterator[tuple[NATS, JetStreamContext]]:
-    nc = await connect(nats_url, "test-events-input")
-    js = nc.jetstream()
-    await ensure_streams(js)
-    try:
-        yield nc, js
-    finally:
-        await nc.close()
 
 
 class Seen:

@@ -5,36 +5,23 @@ PostgreSQL, and keeps the real ones."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-import asyncpg
 import pytest
 
 from libs.contracts.events import QuotaSet
-from libs.store.database import create_pool, database_name, ensure_database
-from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.placement import store
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-async def db(fresh_database_dsn: str, pg_admin_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    await ensure_database(pg_admin_dsn, database_name(fresh_database_dsn))
-    pool = await create_pool(fresh_database_dsn, max_size=2)
-    await migrate(pool, store_migrations() + package_migrations("placement", "services.placement"))
-    yield pool
-    await pool.close()
-
-
 def quota(path: str, guaranteed: float, revision: int) -> QuotaSet:
     return QuotaSet(path=path, gpu_model="*", guaranteed=guaranteed, revision=revision, set_at=NOW)
 
 
-async def test_rows_beyond_the_owners_last_revision_are_dropped_and_the_owners_answer_wins(db) -> None:  # type: ignore[no-untyped-def]
-    async with db.acquire() as conn:
+async def test_rows_beyond_the_owners_last_revision_are_dropped_and_the_owners_answer_wins(placement_db) -> None:  # type: ignore[no-untyped-def]
+    async with placement_db.acquire() as conn:
         await store.upsert_quota(conn, quota("default/research", 8, 5))  # real
         await store.upsert_quota(conn, quota("default/inference", 0, 10**12))  # forged: 0 GPUs guaranteed
         await store.upsert_team(conn, "inference", "default", 10**12)

@@ -12,8 +12,6 @@ import asyncpg
 import pytest
 
 from libs.contracts.events import AllocatedGpu, GpuSpec, JobSubmitted, NodeRegistered
-from libs.store.database import create_pool, database_name, ensure_database
-from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.placement import store
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
@@ -21,10 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def db(fresh_database_dsn: str, pg_admin_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    await ensure_database(pg_admin_dsn, database_name(fresh_database_dsn))
-    pool = await create_pool(fresh_database_dsn, max_size=4)
-    await migrate(pool, store_migrations() + package_migrations("placement", "services.placement"))
+async def db(placement_db: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
+    """The placement database with this module's fleet (and jobs) in it."""
+    pool = placement_db
     async with pool.acquire() as conn:
         await store.upsert_node(conn, NodeRegistered(
             cluster="c", node="n1", hostname="n1", cpu_count=8, memory_mib=64_000, registered_at=NOW,
@@ -33,7 +30,6 @@ async def db(fresh_database_dsn: str, pg_admin_dsn: str) -> AsyncIterator[asyncp
             job_id="j", name="j", team="t", project="p", kind="batch", priority_class="normal", priority=0, gpus=1,
             submitted_at=NOW), None)
     yield pool
-    await pool.close()
 
 
 async def live_allocations(pool: asyncpg.Pool) -> int:

@@ -12,8 +12,6 @@ import asyncpg
 import pytest
 
 from libs.contracts.events import AllocatedGpu, GpuSpec, NodeRegistered
-from libs.store.database import create_pool, database_name, ensure_database
-from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.placement import store
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
@@ -21,10 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def db(fresh_database_dsn: str, pg_admin_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    await ensure_database(pg_admin_dsn, database_name(fresh_database_dsn))
-    pool = await create_pool(fresh_database_dsn, max_size=12)
-    await migrate(pool, store_migrations() + package_migrations("placement", "services.placement"))
+async def db(placement_db: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
+    """The placement database with this module's fleet (and jobs) in it."""
+    pool = placement_db
     async with pool.acquire() as conn:
         await store.upsert_node(conn, NodeRegistered(
             cluster="c", node="n1", hostname="n1", cpu_count=64, memory_mib=512_000, registered_at=NOW,
@@ -32,7 +29,6 @@ async def db(fresh_database_dsn: str, pg_admin_dsn: str) -> AsyncIterator[asyncp
                   GpuSpec(uuid="G-mig", index=1, model="A100-80GB", memory_mib=81_920, mig_mode=True)]))
         await store.set_gpu_sharing(conn, "G-frac", "fractional")
     yield pool
-    await pool.close()
 
 
 JOB = {"job_id": "j", "team": "t", "project": "p", "priority": 0, "priority_class": "normal", "kind": "dev",
