@@ -179,14 +179,19 @@ def start_nats_cluster(
     cluster_name: str = "gpupool",
     config_file: Path | None = None,
     timeout: float = 30.0,
+    monitor: bool = False,
 ) -> list[ManagedServer]:
-    """Start ``size`` nats-server processes routed into one JetStream cluster; return once it has a meta leader.
+    """Start ``size`` nats-server processes routed into one JetStream cluster; return once it has formed.
 
-    Node ``i`` is ``nats-<i>`` (its ``server_name`` too): its own client, cluster and monitoring ports on ``host``,
-    its JetStream store in ``data_dir/nats-<i>``, its log in ``data_dir/nats-<i>.log``, and routes to every other
-    node. Returns when every node reports the same JetStream meta leader for a cluster of ``size`` and answers
-    ``/healthz``. Connect with every node's URL (``nats.connect(servers=[s.url for s in nodes])``); stop a node with
-    its ``stop()`` (the others keep the cluster while a majority is up), and every node when done.
+    Node ``i`` is ``nats-<i>`` (its ``server_name`` too): its own client and cluster ports on ``host``, its
+    JetStream store in ``data_dir/nats-<i>``, its log in ``data_dir/nats-<i>.log``, and routes to every other node.
+    Without ``monitor`` (the default: the monitoring port lists users and subscriptions to anyone who asks) it
+    returns when every node's client INFO has JetStream on and advertises all ``size`` members, i.e. every route is
+    up; a JetStream meta leader follows within moments, so the first JetStream call should retry while the API
+    answers 503. With ``monitor`` each node also opens a monitoring port on ``host`` and it returns only when every
+    node reports the same meta leader for a cluster of ``size`` and answers ``/healthz``. Connect with every node's
+    URL (``nats.connect(servers=[s.url for s in nodes])``); stop a node with its ``stop()`` (the others keep the
+    cluster while a majority is up), and every node when done.
     """
     if size < 1:
         raise ValueError("size must be at least 1")
@@ -205,9 +210,11 @@ def start_nats_cluster(
                 store.mkdir(parents=True, exist_ok=True)
                 log_file = data_dir / f"{name}.log"
                 routes = ",".join(f"nats://{hp}:{c}" for j, (_, c, _) in enumerate(ports) if j != i)
-                cmd = [binary, "-js", "-sd", str(store), "-a", host, "-p", str(port), "-m", str(monitor_port),
+                cmd = [binary, "-js", "-sd", str(store), "-a", host, "-p", str(port),
                        "--server_name", name, "--cluster_name", cluster_name,
                        "--cluster", f"nats://{hp}:{cluster_port}"]
+                if monitor:
+                    cmd += ["-m", str(monitor_port)]
                 if routes:
                     cmd += ["--routes", routes]
                 if config_file is not None:
@@ -216,10 +223,12 @@ def start_nats_cluster(
                 with open(log_file, "ab") as log:
                     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
+                monitor_url = f"http://{hp}:{monitor_port}" if monitor else None
+                answers = ((lambda u=f"{monitor_url}/healthz": _http_ok(u)) if monitor
+                           else (lambda a=host, b=port: _nats_info_ready(a, b)))
                 nodes.append(ManagedServer(name=name, url=f"nats://{hp}:{port}", pid=proc.pid, data_dir=store,
-                                           log_file=log_file, monitor_url=f"http://{hp}:{monitor_port}",
-                                           _proc=proc, _respawn=_respawner(
-                                               cmd, {}, lambda u=f"http://{hp}:{monitor_port}/healthz": _http_ok(u))))
+                                           log_file=log_file, monitor_url=monitor_url,
+                                           _proc=proc, _respawn=_respawner(cmd, {}, answers)))
             _wait_cluster(nodes, offsets, size, timeout)
             return nodes
         except ServerStartError as e:
@@ -236,7 +245,10 @@ def start_nats_cluster(
 
 
 def jetstream_meta_leader(server: ManagedServer) -> tuple[str | None, int]:
-    """(meta leader's server name or None, cluster size) as ``server`` sees it, from its ``/jsz``."""
+    """(meta leader's server name or None, cluster size) as ``server`` sees it, from its ``/jsz`` (only for a
+    server started with ``monitor``)."""
+    if server.monitor_url is None:
+        raise ValueError(f"{server.name} has no monitoring port: start it with monitor=True")
     try:
         with urllib.request.urlopen(f"{server.monitor_url}/jsz", timeout=1) as resp:
             meta = json.load(resp).get("meta_cluster") or {}
@@ -247,6 +259,8 @@ def jetstream_meta_leader(server: ManagedServer) -> tuple[str | None, int]:
 
 def _wait_cluster(nodes: list[ManagedServer], offsets: list[int], size: int, timeout: float) -> None:
     def ready() -> bool:
+        if any(n.monitor_url is None for n in nodes):
+            return all(_routed(n, size) for n in nodes)
         views = [jetstream_meta_leader(n) for n in nodes]
         leaders = {leader for leader, _ in views}
         if len(leaders) != 1 or None in leaders or any(n_size != size for _, n_size in views):
@@ -264,16 +278,37 @@ def _wait_cluster(nodes: list[ManagedServer], offsets: list[int], size: int, tim
         if ready():
             return
         if time.monotonic() > deadline:
-            views = {n.name: jetstream_meta_leader(n) for n in nodes}
-            raise ServerStartError(f"NATS cluster of {size} has no agreed JetStream meta leader after {timeout:.0f}s "
-                                   f"(leader, size per node: {views}); log {nodes[0].log_file}:\n"
+            views = {n.name: jetstream_meta_leader(n) if n.monitor_url else _routes_seen(n) for n in nodes}
+            raise ServerStartError(f"NATS cluster of {size} did not form after {timeout:.0f}s (meta leader and size, "
+                                   f"or members advertised, per node: {views}); log {nodes[0].log_file}:\n"
                                    f"{_tail_file(nodes[0].log_file, offsets[0])}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
 
 
+def _host_port(server: ManagedServer) -> tuple[str, int]:
+    host, _, port = server.url.removeprefix("nats://").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _routes_seen(server: ManagedServer) -> int:
+    """How many cluster members (itself included) the server advertises to clients: 0 before it answers."""
+    info = _nats_info(*_host_port(server))
+    return len(info.get("connect_urls") or ()) if info and info.get("jetstream") else 0
+
+
+def _routed(server: ManagedServer, size: int) -> bool:
+    return _routes_seen(server) >= size
+
+
 def _nats_info_ready(host: str, port: int) -> bool:
     """The server accepts clients and has JetStream on: its client port greets with INFO carrying `jetstream`."""
+    info = _nats_info(host, port)
+    return bool(info and info.get("jetstream"))
+
+
+def _nats_info(host: str, port: int) -> dict | None:
+    """The INFO a NATS server greets a client with (None if it does not answer with one)."""
     try:
         with socket.create_connection((host, port), timeout=1) as sock:
             sock.settimeout(1)
@@ -281,17 +316,18 @@ def _nats_info_ready(host: str, port: int) -> bool:
             while b"\r\n" not in data and len(data) < 65536:
                 chunk = sock.recv(4096)
                 if not chunk:
-                    return False
+                    return None
                 data += chunk
     except OSError:
-        return False
+        return None
     line = data.split(b"\r\n", 1)[0]
     if not line.startswith(b"INFO "):
-        return False
+        return None
     try:
-        return bool(json.loads(line[5:]).get("jetstream"))
+        info = json.loads(line[5:])
     except ValueError:
-        return False
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def _http_ok(url: str) -> bool:

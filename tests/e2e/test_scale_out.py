@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import defaultdict
 from datetime import datetime
+from pathlib import Path
 
 import httpx
 import nats
@@ -103,6 +104,9 @@ async def test_losing_a_nats_node_and_a_replica_of_every_service_loses_nothing(t
             await asyncio.sleep(0.3)
         run = json.loads((tmp_path / "run.json").read_text())
         assert set(run["servers"]) == {"nats-0", "nats-1", "nats-2", "postgres"}
+        for name in ("nats-0", "nats-1", "nats-2"):  # no monitoring port: it would list users to anyone who asks
+            cmdline = Path(f"/proc/{run['servers'][name]['pid']}/cmdline").read_bytes().split(b"\0")
+            assert b"-m" not in cmdline and b"--http_port" not in cmdline, cmdline
         assert {f"{s}-2" for s in BACKEND} <= set(run["services"])
         headers = {"Authorization": f"Bearer {run['admin_token']}"}
         async with httpx.AsyncClient(base_url=run["gateway_url"], headers=headers, timeout=10) as api:

@@ -40,7 +40,7 @@ PUBLISH_DEADLINE_S = 30.0
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[list[ManagedServer]]:
-    nodes = start_nats_cluster(tmp_path / "nats-cluster", size=3)
+    nodes = start_nats_cluster(tmp_path / "nats-cluster", size=3, monitor=True)
     try:
         yield nodes
     finally:
@@ -87,6 +87,28 @@ def test_the_cluster_elects_one_jetstream_meta_leader(cluster: list[ManagedServe
     assert len({n.url for n in cluster}) == 3
     views = [jetstream_meta_leader(n) for n in cluster]
     assert len(set(views)) == 1 and views[0][0] in {n.name for n in cluster} and views[0][1] == 3
+
+
+async def test_a_cluster_without_monitoring_ports_forms_and_takes_replicated_streams(tmp_path: Path) -> None:
+    """The default, as `gpupool up --nats-cluster` starts it: no node opens the (unauthenticated) monitoring port,
+    yet start_nats_cluster returns only once every route is up and a 3-replica stream can be declared."""
+    nodes = start_nats_cluster(tmp_path / "quiet", size=3)
+    try:
+        for node in nodes:
+            assert node.monitor_url is None
+            assert b"-m" not in Path(f"/proc/{node.pid}/cmdline").read_bytes().split(b"\0")
+            with pytest.raises(ValueError, match="no monitoring port"):
+                jetstream_meta_leader(node)
+        nc = await connect([n.url for n in nodes], "quiet")
+        try:
+            js = nc.jetstream(timeout=10)
+            await ensure_streams(js, (EVENTS_STREAM,), replicas=3)
+            assert (await js.stream_info(EVENTS_STREAM.name)).config.num_replicas == 3
+        finally:
+            await nc.close()
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 def test_stream_config_replicas_default_to_one() -> None:
