@@ -13,6 +13,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
+from libs.contracts import subjects
 from libs.contracts.subjects import STREAMS, StreamSpec
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,14 @@ log = logging.getLogger(__name__)
 # Re-exported so that code outside libs/bus never imports nats directly.
 NatsClient = NATS
 Message = Msg
+
+
+def identity_inbox(identity: str, inbox_prefix: str | None, nkey_file: str | None) -> str | None:
+    """The inbox prefix an identity connects with: the one configured, else, for an nkey identity, its own
+    (`_INBOX_<identity>`, the only inbox its permissions allow), else the client's default."""
+    if inbox_prefix:
+        return inbox_prefix
+    return subjects.inbox_prefix(identity) if nkey_file else None
 
 
 async def connect(url: str, name: str, *, user: str | None = None, password: str | None = None,

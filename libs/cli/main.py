@@ -220,9 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="verify the platform's invariants (see `gpupool check --help`)", add_help=False)
     sub.add_parser("chaos", help="fault-injection rounds under load (see `gpupool chaos --help`)", add_help=False)
 
-    from libs.devstack import creds_cmd
+    from libs.devstack import creds_cmd, nats_cmd
 
     creds_cmd.register(sub)
+    nats_cmd.register(sub)
 
     schemas = sub.add_parser("schemas", help="export the JSON Schema of every event type")
     schemas.add_argument("--out", type=Path, default=Path("docs/schemas"))

@@ -192,8 +192,9 @@ class Stack:
                 extra = {**extra, "NATS_CREDENTIALS_DIR": str(self.identities.directory), "DECLARE_STREAMS": "false"}
             else:
                 path, _ = self.identities.seed(nats_user)
-                extra = {**extra, "NATS_NKEY_FILE": str(path), "DECLARE_STREAMS": "false",
-                         "NATS_INBOX_PREFIX": subjects.inbox_prefix(nats_user)}
+                extra = {**extra, "NATS_NKEY_FILE": str(path), "NATS_INBOX_PREFIX": subjects.inbox_prefix(nats_user)}
+                if nats_user != "gateway":  # the gateway declares nothing on the bus
+                    extra["DECLARE_STREAMS"] = "false"
         env.update({f"{prefix}{k}": v for k, v in extra.items()})
         env["PYTHONUNBUFFERED"] = "1"
         return env

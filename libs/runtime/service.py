@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from libs.bus.batch import BatchConsumer
-from libs.bus.connection import connect, ensure_streams, wait_for_streams
+from libs.bus.connection import connect, ensure_streams, identity_inbox, wait_for_streams
 from libs.bus.consumer import ConsumerSpec, EventConsumer, Handler
 from libs.bus.publisher import publish_raw, publish_raw_batch
 from libs.bus.rpc import serve
@@ -63,7 +63,8 @@ class ServiceRuntime:
         setup_tracing(self.name)
         self.nc = await connect(self.settings.nats_url, f"gpupool-{self.name}", user=self.settings.nats_user,
                                 password=self.settings.nats_password, nkey_file=self.settings.nats_nkey_file,
-                                inbox_prefix=self.settings.nats_inbox_prefix)
+                                inbox_prefix=identity_inbox(self.name, self.settings.nats_inbox_prefix,
+                                                             self.settings.nats_nkey_file))
         self.js = self.nc.jetstream()
         if self.settings.declare_streams:
             await ensure_streams(self.js, replicas=self.settings.stream_replicas)

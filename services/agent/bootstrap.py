@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from libs.bus.connection import NatsClient, connect, ensure_streams, wait_for_streams
+from libs.bus.connection import NatsClient, connect, ensure_streams, identity_inbox, wait_for_streams
 from libs.contracts import subjects
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
@@ -91,7 +91,8 @@ async def connect_nodes(settings: AgentSettings, nodes: list[str]) -> dict[str, 
     identity = subjects.node_identity(settings.cluster, nodes[0]) if len(nodes) == 1 else "agent"
     nc = await connect(settings.nats_url, f"gpupool-{identity}", user=settings.nats_user,
                        password=settings.nats_password, nkey_file=settings.nats_nkey_file,
-                       inbox_prefix=settings.nats_inbox_prefix)
+                       inbox_prefix=identity_inbox(identity, settings.nats_inbox_prefix,
+                                                   settings.nats_nkey_file))
     return dict.fromkeys(nodes, nc)
 
 

