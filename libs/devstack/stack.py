@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from libs.devstack.private import write_private
 from libs.devstack.servers import (
     ManagedServer,
     ServerStartError,
-    free_port,
+    listen_socket,
     pid_alive,
     start_nats,
     start_nats_cluster,
@@ -68,15 +69,23 @@ class ServiceProcess:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     started_at: float = 0.0
+    # its HTTP port, bound by the supervisor and inherited by every incarnation of the process (HTTP_FD)
+    listener: socket.socket | None = field(default=None, repr=False)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        fds = (self.listener.fileno(),) if self.listener is not None else ()
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_die_with_parent, pass_fds=fds)
         log.close()
         self.started_at = time.monotonic()
+
+    def close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -206,10 +215,11 @@ class Stack:
             replicas = opts.placement_replicas if name == "placement" else opts.replicas
             for replica in range(1, replicas + 1):
                 process = name if replica == 1 else f"{name}-{replica}"
-                port = free_port()
+                listener = listen_socket()
+                port = listener.getsockname()[1]
                 settings = {"NATS_URL": self.nats_url, "DATABASE_URL": self.database_url(name),
-                            "HTTP_PORT": str(port), "ENVIRONMENT": opts.environment, "LOG_LEVEL": opts.log_level,
-                            "INSTANCE": process}
+                            "HTTP_PORT": str(port), "HTTP_FD": str(listener.fileno()),
+                            "ENVIRONMENT": opts.environment, "LOG_LEVEL": opts.log_level, "INSTANCE": process}
                 if name == "quota":
                     settings["SEED_TEAMS"] = DEFAULT_TEAMS
                 if opts.nats_cluster:
@@ -218,22 +228,29 @@ class Stack:
                 self.processes.append(ServiceProcess(
                     process, [sys.executable, "-m", f"services.{name}.main"],
                     self._env(f"GPUPOOL_{name.upper()}_", settings, name), f"http://127.0.0.1:{port}",
-                    logs / f"{process}.log"))
-        gateway_port = opts.gateway_port or free_port()
+                    logs / f"{process}.log", listener=listener))
+        try:
+            api = listen_socket(opts.gateway_port or 0)
+        except OSError as exc:
+            raise RuntimeError(f"the gateway's port {opts.gateway_port} cannot be bound: {exc}") from exc
+        gateway_port = api.getsockname()[1]
         self.gateway_url = f"http://127.0.0.1:{gateway_port}"
         self.processes.append(ServiceProcess(
             "gateway", [sys.executable, "-m", "services.gateway.main"],
             self._env("GPUPOOL_GATEWAY_", {"NATS_URL": self.nats_url, "PORT": str(gateway_port),
+                                           "HTTP_FD": str(api.fileno()),
                                            "DATABASE_URL": self.database_url("gateway"),
                                            "ADMIN_TOKEN": self.admin_token, "ENVIRONMENT": opts.environment,
                                            "LOG_LEVEL": opts.log_level}, "gateway"),
-            self.gateway_url, logs / "gateway.log"))
+            self.gateway_url, logs / "gateway.log", listener=api))
         if opts.with_agent:
-            port = free_port()
+            listener = listen_socket()
+            port = listener.getsockname()[1]
             # the simulated fleet runs jobs' commands as real processes; its work goes down with the platform, and
             # its nodes share one checkpoint root (as real nodes would share a filesystem)
             state = agent_state_dir(opts.data_dir)
             agent_env = {"NATS_URL": self.nats_url, "BACKEND": "sim", "HTTP_PORT": str(port),
+                         "HTTP_FD": str(listener.fileno()),
                          "INTERVAL_S": str(opts.agent_interval_s), "LOG_LEVEL": opts.log_level,
                          "STATE_DIR": str(state), "CHECKPOINT_ROOT": str(state / "checkpoints"),
                          "STOP_WORK_ON_EXIT": "true"}
@@ -242,7 +259,7 @@ class Stack:
             agent_env.update(opts.service_env.get("agent", {}))
             self.processes.append(ServiceProcess(
                 "agent", [sys.executable, "-m", "services.agent.main"], self._env("GPUPOOL_AGENT_", agent_env, "agent"),
-                f"http://127.0.0.1:{port}", logs / "agent.log"))
+                f"http://127.0.0.1:{port}", logs / "agent.log", listener=listener))
         for p in self.processes:
             p.start()
         self.wait_ready([p for p in self.processes if p.name != "agent"], timeout=60)
@@ -338,6 +355,7 @@ class Stack:
                 p.terminate()
             for p in group:
                 p.wait_or_kill(timeout=15)
+                p.close_listener()
         for server in reversed(self.servers):
             server.stop()
         if self.run_file.exists():

@@ -6,6 +6,7 @@ Kept dependency-free on purpose: a worker service should not carry a web stack j
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -13,15 +14,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 ReadyCheck = Callable[[], Awaitable[bool]]
 
 
+def inherited_socket(fd: int) -> socket.socket:
+    """The listening socket a supervisor passed down as file descriptor `fd` (its family read from the socket)."""
+    sock = socket.socket(fileno=fd)
+    if sock.type != socket.SOCK_STREAM:
+        raise ValueError(f"file descriptor {fd} is not a stream socket")
+    sock.setblocking(False)
+    return sock
+
+
 class OpsEndpoint:
-    def __init__(self, host: str, port: int, ready: ReadyCheck) -> None:
+    def __init__(self, host: str, port: int, ready: ReadyCheck, fd: int | None = None) -> None:
         self.host = host
         self.port = port
         self.ready = ready
+        self.fd = fd  # a listening socket handed down by the supervisor: serve on it, bind nothing
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        if self.fd is not None:
+            self._server = await asyncio.start_server(self._handle, sock=inherited_socket(self.fd))
+        else:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

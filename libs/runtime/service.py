@@ -83,7 +83,8 @@ class ServiceRuntime:
                                  inbox_retention_s=self.settings.inbox_retention_s,
                                  interval_s=self.settings.retention_interval_s)
             self.pruner.start()
-        self.http = OpsEndpoint(self.settings.http_host, self.settings.http_port, self.ready)
+        self.http = OpsEndpoint(self.settings.http_host, self.settings.http_port, self.ready,
+                                self.settings.http_fd)
         port = await self.http.start()
         await self.serve(subjects.health_ping(self.name), Empty, self._ping)
         self.background(self._report_consumer_lag(), "consumer-lag")

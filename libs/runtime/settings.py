@@ -33,6 +33,7 @@ class ServiceSettings(BaseSettings):
                               description="DSN of this service's own database (created if missing)")
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=0, description="/metrics, /healthz, /readyz; 0 picks a free port")
+    http_fd: int | None = Field(default=None, ge=0, description="a listening socket inherited from the supervisor (`gpupool up`) to serve on instead of binding http_host:http_port: no other process can take the port between its choice and the bind")
     log_level: str = "INFO"
     instance: str = Field(default="", description="Replica name (defaults to host:pid)")
     stream_replicas: int | None = Field(default=None, ge=1, le=5,

@@ -127,7 +127,7 @@ async def main() -> None:
     async def ready() -> bool:
         return all(nc.is_connected for nc in connections.values())
 
-    ops = OpsEndpoint(settings.http_host, settings.http_port, ready)
+    ops = OpsEndpoint(settings.http_host, settings.http_port, ready, settings.http_fd)
     await ops.start()
     log.info("agent_started", extra={"nodes": [a.node for a in agents], "backend": settings.backend})
     tasks = [asyncio.create_task(a.run(stop), name=f"agent:{a.node}") for a in agents]

@@ -71,4 +71,5 @@ class AgentSettings(BaseSettings):
                                                             "placement's live allocations (a missed grant)")
     http_host: str = "127.0.0.1"
     http_port: int = 0
+    http_fd: int | None = Field(default=None, ge=0, description="a listening socket inherited from the supervisor (`gpupool up`) to serve on instead of binding http_host:http_port: no other process can take the port between its choice and the bind")
     log_level: str = "INFO"

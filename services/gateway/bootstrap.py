@@ -23,6 +23,7 @@ from libs.contracts import subjects
 from libs.contracts.commands import Empty
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import child_span, extract_context, recording, setup_tracing, tracer
+from libs.runtime.http import inherited_socket
 from libs.store.database import create_pool, database_name, ensure_database, with_database
 from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.gateway.auth import Authenticator
@@ -273,5 +274,9 @@ def main() -> None:
     settings = GatewaySettings()
     setup_logging("gateway", settings.log_level)
     setup_tracing("gateway")
-    uvicorn.run(create_app(settings), host=settings.http_host, port=settings.port, log_config=None,
-                access_log=False, timeout_graceful_shutdown=10, http=protocol_class())
+    config = uvicorn.Config(create_app(settings), host=settings.http_host, port=settings.port, log_config=None,
+                            access_log=False, timeout_graceful_shutdown=10, http=protocol_class())
+    # `gpupool up` hands down the API's listening socket (bound before any service started, so no other process
+    # can take the port meanwhile, and the same across restarts): serve on it instead of binding host:port
+    sockets = [inherited_socket(settings.http_fd)] if settings.http_fd is not None else None
+    uvicorn.Server(config).run(sockets=sockets)

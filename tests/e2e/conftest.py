@@ -111,12 +111,50 @@ def platform(request: pytest.FixtureRequest, nats_url: str, pg_admin_dsn: str,
 
 
 def _wait_for_fleet(platform: Platform, nodes: int = 4, timeout: float = 60) -> None:
-    """Ready means every simulated node registered and placement has learned it (a probe job gets placed)."""
+    """Ready means every simulated node registered and its telemetry reached inventory."""
     deadline = time.monotonic() + timeout
+    items: list[dict] = []
     with platform.client() as api:
         while time.monotonic() < deadline:
             items = api.get("/v1/nodes").json().get("items", [])
             if len(items) >= nodes and all(n["gpus"] and n["gpus"][0]["telemetry"] for n in items):
                 return
             time.sleep(0.2)
-    raise AssertionError(f"fleet did not register in {timeout}s:\n{platform.log('agent')[-3000:]}")
+    seen = {f"{n['cluster']}/{n['node']}": bool(n["gpus"] and n["gpus"][0]["telemetry"]) for n in items}
+    raise AssertionError(f"fleet did not register in {timeout}s: nodes (telemetry?) {seen}\n"
+                         f"{asyncio.run(_telemetry_path(platform.nats_url))}\n"
+                         f"inventory's warnings:\n{_notable(platform, 'inventory')}\n"
+                         f"agent log:\n{platform.log('agent')[-3000:]}")
+
+
+async def _telemetry_path(url: str) -> str:
+    """Where the samples stopped, for a failure report: stored by JetStream? delivered to inventory? acked?"""
+    try:
+        nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+    except Exception as exc:  # noqa: BLE001 - a report, never a second failure
+        return f"NATS unreachable: {exc!r}"
+    try:
+        js = nc.jetstream(timeout=2)
+        out = []
+        for stream, durable in (("GPUPOOL_TELEMETRY", "inventory-telemetry"), ("GPUPOOL_DLQ", None)):
+            try:
+                state = (await js.stream_info(stream)).state
+                out.append(f"{stream}: {state.messages} messages, seq {state.first_seq}..{state.last_seq}")
+                if durable:
+                    c = await js.consumer_info(stream, durable)
+                    out.append(f"  consumer {durable}: delivered up to {c.delivered.stream_seq}, acked up to "
+                               f"{c.ack_floor.stream_seq}, pending {c.num_pending}, ack pending {c.num_ack_pending}, "
+                               f"redelivered {c.num_redelivered}, waiting pulls {c.num_waiting}")
+            except Exception as exc:  # noqa: BLE001
+                out.append(f"{stream}/{durable}: {exc!r}")
+        return "\n".join(out)
+    finally:
+        await nc.close()
+
+
+def _notable(platform: Platform, service: str, last: int = 20) -> str:
+    try:
+        lines = platform.log(service).splitlines()
+    except OSError as exc:
+        return repr(exc)
+    return "\n".join(line[:400] for line in [x for x in lines if '"level": "info"' not in x][-last:])

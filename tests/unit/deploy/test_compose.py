@@ -24,8 +24,9 @@ COMPOSE = ROOT / "docker-compose.yml"
 INIT_SQL = ROOT / "deploy" / "postgres" / "init.sql"
 SERVICES = (*devstack.BACKEND_SERVICES, "gateway", "agent")
 # Settings `gpupool up` passes that compose deliberately leaves out: the replica name defaults to host:pid,
-# i.e. the container id.
-NOT_IN_COMPOSE = {"INSTANCE"}
+# i.e. the container id; HTTP_FD is the listening socket `gpupool up` binds for each process (compose publishes
+# fixed ports instead).
+NOT_IN_COMPOSE = {"INSTANCE", "HTTP_FD"}
 SECRETS_DIR = "${GPUPOOL_SECRETS_DIR:-./.gpupool-compose}"
 
 
@@ -100,6 +101,8 @@ def gpupool_up_environments(tmp_path: Path) -> dict[str, dict[str, str]]:
         st._start_services(say=lambda *_: None)
     finally:
         mp.undo()
+        for process in st.processes:
+            process.close_listener()
     return {p.name: {k: v for k, v in p.env.items() if k.startswith("GPUPOOL_")} for p in st.processes}
 
 
