@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform as host
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from libs.devstack import benchdoc
-from libs.devstack.servers import ManagedServer, free_port, start_nats, start_postgres
+from libs.devstack.servers import ManagedServer, listen_socket, start_nats, start_postgres
 from libs.store.database import with_database
 
 BEGIN, END = "<!-- inventory-benchmark:begin -->", "<!-- inventory-benchmark:end -->"
@@ -224,6 +225,7 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
         data.mkdir(parents=True, exist_ok=True)
         servers: list[ManagedServer] = []
         procs: list[subprocess.Popen] = []
+        listener: socket.socket | None = None
         logs = data / "logs"
         logs.mkdir(exist_ok=True)
         try:
@@ -232,14 +234,19 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
             pg = start_postgres(data / "pg", log_file=logs / "pg.log")
             servers.append(pg)
             dsn = with_database(pg.url, "bench_inventory")
-            port = free_port()
+            # bound here and inherited (held for the whole level, across the catch-up restart): no other process
+            # can take the port between its choice and the bind
+            listener = listen_socket()
+            port = listener.getsockname()[1]
             base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
             inv_env = {**base, "PYTHONUNBUFFERED": "1", **{f"GPUPOOL_INVENTORY_{k}": v for k, v in {
-                "NATS_URL": nats_server.url, "DATABASE_URL": dsn, "HTTP_PORT": str(port), "LOG_LEVEL": "WARNING",
+                "NATS_URL": nats_server.url, "DATABASE_URL": dsn, "HTTP_PORT": str(port),
+                "HTTP_FD": str(listener.fileno()), "LOG_LEVEL": "WARNING",
                 "NODE_LOST_AFTER_S": "600", "INSTANCE": "bench-inventory"}.items()}}
             with open(logs / "inventory.log", "ab") as log:
                 inventory = subprocess.Popen([sys.executable, "-m", "services.inventory.main"], env=inv_env,
-                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             pass_fds=(listener.fileno(),))
             procs.append(inventory)
             wait_http(f"http://127.0.0.1:{port}/readyz", 60)
             started = time.monotonic()
@@ -322,7 +329,8 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
                 backlog = asyncio.run(stream_state(nats_server.url))[1]
                 with open(logs / "inventory-2.log", "ab") as log:
                     inventory = subprocess.Popen([sys.executable, "-m", "services.inventory.main"], env=inv_env,
-                                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                 pass_fds=(listener.fileno(),))  # the same port again
                 procs[0] = inventory
                 wait_http(f"http://127.0.0.1:{port}/readyz", 60)
                 while (first_applied := metrics(metrics_url)[0]) == 0:  # timed from its first applied batch
@@ -349,6 +357,8 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
                     p.kill()
             for server in reversed(servers):
                 server.stop()
+            if listener is not None:
+                listener.close()
     return level
 
 
