@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint
 from services.agent.config import AgentSettings, parse_fleet
 from services.agent.handlers import NodeAgent, telemetry_buffer
+from services.agent.mps import MpsControl
 from services.agent.nvml_sim import SimulatedNvml
 from services.agent.nvml_types import NvmlBackend
 from services.agent.work import WorkRunner
@@ -40,6 +43,20 @@ def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
     ]
 
 
+def build_mps(settings: AgentSettings, state_dir: Path) -> MpsControl | None:
+    """The node's MPS daemons for fractions, or None where MPS is off (auto: the real backend with the control
+    binary installed; a simulated GPU has no MPS)."""
+    wanted = settings.mps == "on" or (settings.mps == "auto" and settings.backend == "real"
+                                      and MpsControl.find(settings.mps_control) is not None)
+    if not wanted:
+        return None
+    # short: the daemon's sockets live in <root>/<GPU uuid>/pipe, and a socket path has at most 107 bytes
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    base = Path(settings.mps_dir) if settings.mps_dir else (
+        Path("/run/gpupool-mps") if os.geteuid() == 0 else Path(tempfile.gettempdir()) / f"gpupool-mps-{os.geteuid()}")
+    return MpsControl(base / digest, settings.mps_control, client_uid=settings.run_as_uid)
+
+
 def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  # type: ignore[no-untyped-def]
     """One executor per node, each with its own state directory and cgroup name: a simulated fleet runs many on
     one machine."""
@@ -50,7 +67,7 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
     runner = WorkRunner(nc, agent.cluster, agent.node, None, agent._publish, device_dir=settings.device_dir,  # type: ignore[arg-type]
                         run_as_uid=settings.run_as_uid, log_max_bytes=settings.log_max_mib * 1024 * 1024,
                         kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants",
-                        log_retention_s=settings.log_retention_s)
+                        log_retention_s=settings.log_retention_s, mps=build_mps(settings, state_dir))
     # the cgroup name carries the state dir's digest: simulated fleets of several platforms on one host (their nodes
     # all named sim-node-N) never adopt or clean up each other's cgroups; a real node's name stays stable
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]

@@ -58,6 +58,13 @@ class AgentSettings(BaseSettings):
     drivers: str = Field(default="process,sandbox,container",
                          description="Isolation drivers this node offers (those the machine lacks are left out)")
     device_dir: str = Field(default="/dev", description="Where the NVIDIA device nodes are")
+    mps: Literal["auto", "on", "off"] = Field(
+        default="auto", description="CUDA MPS for fractions: a control daemon per GPU holding fractions, the work as "
+                                    "its client (auto: on for the real backend when the control binary is found)")
+    mps_control: str = Field(default="nvidia-cuda-mps-control", min_length=1,
+                             description="The MPS control binary (a path, or a name on PATH)")
+    mps_dir: str = Field(default="", description="Where each GPU's MPS pipe and log directories go, under a digest "
+                                                 "of the node's state dir (default /run/gpupool-mps as root)")
     run_as_uid: int = Field(default=65534, ge=0, le=2**31 - 1, description="Unprivileged user the work runs as")
     max_stop_grace_s: float = Field(default=300.0, ge=0, le=3600, description="Longest grace a stop gives work")
     log_max_mib: int = Field(default=16, ge=1, le=4096, description="Per attempt and stream: the log file and one "

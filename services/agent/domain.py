@@ -331,3 +331,11 @@ def attribute_by_cgroup(procs: Iterable[GpuProcess], owners: dict[int, str]) -> 
         owner = owners.get(p.pid)
         out.append(p if owner is None or owner == p.allocation_id else replace(p, allocation_id=owner))
     return out
+
+
+def mps_gpus(gpus: Iterable[AllocatedGpu]) -> tuple[list[str], list[str]]:
+    """(GPUs a grant holds as MPS fractions, GPUs it holds whole or as a MIG slice). A fraction's limits need its
+    GPU's MPS control daemon running; a whole GPU or a MIG slice needs it gone."""
+    fractions = sorted({g.uuid for g in gpus if g.share_milli < 1000 and g.mig_profile is None})
+    others = sorted({g.uuid for g in gpus if g.share_milli >= 1000 or g.mig_profile is not None} - set(fractions))
+    return fractions, others

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import subprocess
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -30,8 +31,9 @@ from libs.contracts.events import (
     WorkStarted,
 )
 from libs.contracts.work import WorkExit, WorkSpec
-from services.agent.domain import launch_environment, log_text
+from services.agent.domain import launch_environment, log_text, mps_gpus
 from services.agent.executor import Executor, ExitReport, LaunchError, LaunchSpec, Limits
+from services.agent.mps import MpsControl, MpsError
 
 log = logging.getLogger(__name__)
 Publish = Callable[[EventData, str], Awaitable[bool]]
@@ -44,8 +46,9 @@ class WorkRunner:
     def __init__(self, nc: NatsClient, cluster: str, node: str, executor: Executor, publish: Publish, *,
                  device_dir: str = "/dev", run_as_uid: int | None = None, log_max_bytes: int | None = None,
                  kill_on_close: bool = False, grants_dir: Path | None = None,
-                 log_retention_s: float = 86_400.0) -> None:
+                 log_retention_s: float = 86_400.0, mps: MpsControl | None = None) -> None:
         self.log_retention_s = log_retention_s
+        self.mps = mps  # CUDA MPS daemons for fractions (None: this node enforces no fraction limits with MPS)
         self.kill_on_close = kill_on_close
         # each grant whose work runs here, kept on disk until its exit is published: an agent restarted meanwhile
         # knows whose re-adopted work it reports
@@ -92,6 +95,9 @@ class WorkRunner:
         self._stopped = True
         for task in self._tasks:
             task.cancel()
+        if self.kill_on_close and self.mps is not None:  # no work left: no client for any daemon
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.mps.stop_all)
         self.executor.close()
 
     def _load_grants(self) -> None:
@@ -215,10 +221,43 @@ class WorkRunner:
             self._spawn(self.executor.stop(allocation_id, deadline=utcnow(), reason="AllocationNotLive"))
 
     # --- launching and reporting -------------------------------------------------------------------------------
-    def _spec(self, grant: AllocationGranted, mig_uuid: str | None) -> LaunchSpec:
+    async def _prepare_mps(self, grant: AllocationGranted) -> dict[str, str]:
+        """A fraction's GPU gets its MPS daemon (the work joins it as a client: the environment returned); a GPU
+        taken whole or as a MIG slice loses one left from earlier fractions. Raises LaunchError."""
+        if self.mps is None:
+            return {}
+        fractions, whole = mps_gpus(grant.gpus)
+        for uuid in whole:
+            if self.mps.pid(uuid) is not None:
+                await asyncio.to_thread(self.mps.stop, uuid)
+                log.info("mps_daemon_stopped", extra={"node": self.node, "gpu": uuid, "for": grant.allocation_id})
+        env: dict[str, str] = {}
+        for uuid in fractions:
+            try:
+                env.update(await asyncio.to_thread(self.mps.ensure, uuid))
+            except (MpsError, OSError, subprocess.SubprocessError) as exc:
+                raise LaunchError("DriverUnavailable", f"CUDA MPS for GPU {uuid}: {exc}") from exc
+        return env
+
+    async def _release_mps(self, grant: AllocationGranted) -> None:
+        """After a fraction's work ended: the GPU's daemon stops once no other fraction here uses that GPU."""
+        if self.mps is None:
+            return
+        fractions, _ = mps_gpus(grant.gpus)
+        in_use = {u for g in self.grants.values() if g.allocation_id != grant.allocation_id
+                  for u in mps_gpus(g.gpus)[0]}
+        for uuid in fractions:
+            if uuid not in in_use:
+                with contextlib.suppress(Exception):
+                    if await asyncio.to_thread(self.mps.stop, uuid):
+                        log.info("mps_daemon_stopped", extra={"node": self.node, "gpu": uuid, "idle": True})
+
+    def _spec(self, grant: AllocationGranted, mig_uuid: str | None,
+              extra_env: dict[str, str] | None = None) -> LaunchSpec:
         work = grant.work
         assert work is not None
         env = launch_environment(grant.environment, work.env, gpus=grant.gpus, mig_uuid=mig_uuid)
+        env.update(extra_env or {})
         return LaunchSpec(
             allocation_id=grant.allocation_id, job_id=grant.job_id, argv=list(work.command), attempt=grant.attempt,
             replica=grant.replica, env=env, workdir=work.workdir,
@@ -234,7 +273,7 @@ class WorkRunner:
         reported = self.start_reported.setdefault(grant.allocation_id, asyncio.Event())
         try:
             try:
-                spec = self._spec(grant, mig_uuid)
+                spec = self._spec(grant, mig_uuid, await self._prepare_mps(grant))
                 pid = await self.executor.launch(spec)
             except LaunchError as exc:
                 log.warning("work_launch_failed", extra={"node": self.node, "allocation_id": grant.allocation_id,
@@ -282,6 +321,7 @@ class WorkRunner:
     async def _report(self, grant: AllocationGranted, exit: WorkExit) -> None:
         await self._publish_exit(grant.allocation_id, grant.job_id, grant.replica, grant.attempt, exit,
                                  team=grant.team, project=grant.project)
+        await self._release_mps(grant)
 
     async def _publish_exit(self, allocation_id: str, job_id: str, replica: int, attempt: int, exit: WorkExit, *,
                             team: str, project: str) -> None:
