@@ -133,7 +133,7 @@ class WorkSpec(BaseModel):
 # Why an attempt ended, as the agent reports it (the executor's classification) and the job then shows it.
 ExitReason = Literal[
     "Completed", "NonZeroExit", "OutOfMemory", "Signalled", "MaxRuntimeExceeded", "Stopped", "Lost",
-    "CommandNotFound", "WorkdirUnavailable", "SandboxFailed", "ImagePullFailed", "DriverUnavailable",
+    "FractionMemoryExceeded", "CommandNotFound", "WorkdirUnavailable", "SandboxFailed", "ImagePullFailed", "DriverUnavailable",
     "CgroupFailed", "LaunchFailed"]
 LAUNCH_FAILURES = frozenset({"CommandNotFound", "WorkdirUnavailable", "SandboxFailed", "ImagePullFailed",
                              "DriverUnavailable", "CgroupFailed", "LaunchFailed"})

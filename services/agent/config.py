@@ -41,8 +41,9 @@ class AgentSettings(BaseSettings):
     interval_s: float = Field(default=1.0, gt=0, description="Seconds between telemetry samples")
     buffer_mib: int = Field(default=32, ge=1, le=4096, description="Telemetry kept through a bus outage (MiB, "
                                                                      "the oldest dropped beyond it)")
-    fraction_policy: Literal["report", "stop"] = Field(
-        default="report", description="A process over its fraction's memory: report it, or stop it too")
+    fraction_policy: Literal["auto", "report", "stop"] = Field(
+        default="auto", description="A process over its fraction's memory: report it, or stop it too (the work "
+                                    "ends failed FractionMemoryExceeded); auto: stop dev work, report the rest")
     fraction_stop_grace_s: float = Field(default=10.0, ge=0, description="SIGTERM → SIGKILL grace when stopping")
     apply_mig: bool = Field(default=True, description="Create/destroy MIG instances as allocations come and go")
     storage_paths: str = Field(default="/", description="Volumes the node reports (real backend): mount paths, "

@@ -339,3 +339,11 @@ def mps_gpus(gpus: Iterable[AllocatedGpu]) -> tuple[list[str], list[str]]:
     fractions = sorted({g.uuid for g in gpus if g.share_milli < 1000 and g.mig_profile is None})
     others = sorted({g.uuid for g in gpus if g.share_milli >= 1000 or g.mig_profile is not None} - set(fractions))
     return fractions, others
+
+
+def fraction_action(policy: str, kind: str) -> str:
+    """What happens to a process over its fraction's memory: `stop` or `report`. `auto` stops dev work (an
+    interactive session on a shared GPU must not squeeze its neighbours) and reports the rest."""
+    if policy == "auto":
+        return "stop" if kind == "dev" else "report"
+    return policy

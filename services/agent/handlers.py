@@ -42,6 +42,7 @@ from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
 from services.agent.domain import (
     LiveAllocation,
     attribute_by_cgroup,
+    fraction_action,
     fraction_violations,
     plan_mig,
     registration,
@@ -179,7 +180,7 @@ def telemetry_buffer(js: Any, max_bytes: int = 32 * 1024 * 1024) -> SampleBuffer
 class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
-                 fraction_policy: Literal["report", "stop"] = "report", stop_grace_s: float = 10.0,
+                 fraction_policy: Literal["auto", "report", "stop"] = "auto", stop_grace_s: float = 10.0,
                  apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0) -> None:
         self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
         self.fraction_policy = fraction_policy
@@ -505,22 +506,29 @@ class NodeAgent:
         now = time.monotonic()
         for lim, proc in fraction_violations(limits, procs, self.fraction_reported):
             action: Literal["reported", "stopped"] = "reported"
-            if self.fraction_policy == "stop":
-                try:
-                    self.backend.stop_process(proc.pid)
-                    self.stopping[proc.pid] = now + self.stop_grace_s
+            a = lim.allocation
+            if fraction_action(self.fraction_policy, a.kind) == "stop":
+                if self.work is not None and self.work.runs(a.allocation_id):
+                    # the job's own work: all of it stops, and it ends failed FractionMemoryExceeded (its
+                    # allocation is released), never a job left running on a killed process
+                    await self.work.stop_over_fraction(a.allocation_id, proc.pid, proc.used_memory_mib or 0,
+                                                       lim.limit_mib, self.stop_grace_s)
                     action = "stopped"
-                except ProcessLookupError:
-                    continue  # it exited on its own
-                except OSError as exc:
-                    log.warning("process_stop_failed", extra={"node": self.node, "pid": proc.pid,
-                                                              "error": repr(exc)})
+                else:
+                    try:
+                        self.backend.stop_process(proc.pid)
+                        self.stopping[proc.pid] = now + self.stop_grace_s
+                        action = "stopped"
+                    except ProcessLookupError:
+                        continue  # it exited on its own
+                    except OSError as exc:
+                        log.warning("process_stop_failed", extra={"node": self.node, "pid": proc.pid,
+                                                                  "error": repr(exc)})
             self.fraction_reported.add((lim.allocation.allocation_id, proc.pid))
             FRACTION_EXCEEDED.labels(action=action).inc()
             log.warning("fraction_exceeded", extra={"node": self.node, "allocation": lim.allocation.allocation_id,
                                                     "pid": proc.pid, "used_mib": proc.used_memory_mib,
                                                     "limit_mib": lim.limit_mib, "action": action})
-            a = lim.allocation
             await self._publish(FractionExceeded(
                 allocation_id=a.allocation_id, job_id=a.job_id, team=a.team, project=a.project, cluster=self.cluster,
                 node=self.node, gpu_uuid=lim.gpu_uuid, gpu_index=lim.gpu_index, pid=proc.pid,
@@ -595,7 +603,8 @@ class NodeAgent:
                 continue
             with contextlib.suppress(KeyError, ValueError, OSError):
                 cores, rss_mib = self.work.executor.usage(alloc.allocation_id)
+                pids = sorted(self.work.executor.pids(alloc.allocation_id))
                 per_gpu = len(alloc.gpus) or 1
                 for g in alloc.gpus:
                     self.backend.measure(g.uuid, alloc.allocation_id, util_pct=min(100.0, 100.0 * cores / per_gpu),
-                                         memory_mib=rss_mib / per_gpu)
+                                         memory_mib=rss_mib / per_gpu, pid=pids[0] if pids else None)

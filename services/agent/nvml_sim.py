@@ -184,6 +184,7 @@ class _GpuState:
     xid_storm_xid: int = 31
     # real work's measured load on this GPU (allocation → (utilisation %, memory MiB)): see SimulatedNvml.measure
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)
+    measured_pid: dict[str, int] = field(default_factory=dict)  # allocation → its work's main process
 
 
 class SimulatedNvml:
@@ -324,16 +325,21 @@ class SimulatedNvml:
                                        target_mib=workload.memory_fraction * limit))
         return self._next_pid
 
-    def measure(self, uuid: str, allocation_id: str, *, util_pct: float, memory_mib: float) -> None:
+    def measure(self, uuid: str, allocation_id: str, *, util_pct: float, memory_mib: float,
+                pid: int | None = None) -> None:
         """A real process runs this allocation's work (the executor on the simulated fleet): the GPU shows what
-        it measured, its CPU use as utilisation and its resident memory as GPU memory, instead of a workload."""
+        it measured, its CPU use as utilisation and its resident memory as GPU memory, instead of a workload;
+        with `pid`, that process is listed on the GPU holding the memory, as NVML lists a CUDA process."""
         gpu = self._gpu_by_uuid(uuid)
         gpu.measured[allocation_id] = (_clamp(util_pct, 0.0, 100.0), max(0.0, memory_mib))
+        if pid is not None:
+            gpu.measured_pid[allocation_id] = pid
 
     def end_allocation(self, allocation_id: str) -> None:
         """The allocation was released: its processes exit and free their memory."""
         for gpu in self._gpus:
             gpu.measured.pop(allocation_id, None)
+            gpu.measured_pid.pop(allocation_id, None)
             gpu.procs = [p for p in gpu.procs if p.allocation_id != allocation_id]
             if gpu.workload_allocation == allocation_id:
                 gpu.workload = None
@@ -353,6 +359,9 @@ class SimulatedNvml:
                                           allocation_id=gpu.workload_allocation))
             out += [GpuProcess(pid=p.pid, gpu_uuid=gpu.uuid, gpu_index=gpu.index, used_memory_mib=int(p.used_mib),
                                mig_uuid=p.mig_uuid, allocation_id=p.allocation_id) for p in gpu.procs]
+            out += [GpuProcess(pid=pid, gpu_uuid=gpu.uuid, gpu_index=gpu.index,
+                               used_memory_mib=int(gpu.measured.get(a, (0.0, 0.0))[1]), allocation_id=a)
+                    for a, pid in gpu.measured_pid.items() if a in gpu.measured]
         return out
 
     def stop_process(self, pid: int, *, force: bool = False) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ class WorkRunner:
         self.start_reported: dict[str, asyncio.Event] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()  # allocations whose work ended (never launched again)
         self.known_since: dict[str, float] = {}  # allocation → when this agent heard of it (0: from a previous agent)
+        self.over_fraction: dict[str, str] = {}  # allocation stopped for its fraction's memory → what it used
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopped = False
 
@@ -164,6 +165,17 @@ class WorkRunner:
                                          f"stopped before it started ({data.reason})")
             return
         await self.executor.stop(data.allocation_id, deadline=data.deadline, reason=data.reason)
+
+    async def stop_over_fraction(self, allocation_id: str, pid: int, used_mib: int, limit_mib: int,
+                                 grace_s: float) -> None:
+        """A process of this fraction's work holds more GPU memory than the fraction was promised: the work stops
+        (its stop signal now, killed after `grace_s`) and its end is reported as FractionMemoryExceeded."""
+        if allocation_id in self.ended or allocation_id in self.over_fraction:
+            return
+        self.over_fraction[allocation_id] = (f"process {pid} used {used_mib} MiB of GPU memory, over its "
+                                             f"fraction's {limit_mib} MiB")
+        deadline = utcnow() + timedelta(seconds=grace_s)
+        await self.executor.stop(allocation_id, deadline=deadline, reason="FractionMemoryExceeded")
 
     async def on_released(self, data: AllocationReleased) -> None:
         """Released without waiting for the work (its node was declared lost, or the exit report timed out): the
@@ -310,8 +322,12 @@ class WorkRunner:
         if grant is None:  # not ours (never granted through this agent): nobody to report it to
             log.warning("work_exit_without_grant", extra={"node": self.node, "allocation_id": report.allocation_id})
             return
-        exit = WorkExit(reason=report.reason, exit_code=report.exit_code, signal=report.signal,  # type: ignore[arg-type]
-                        oom=report.oom, stopped=report.stopped, message=report.message[:2000],
+        reason, message = report.reason, report.message
+        over = self.over_fraction.pop(report.allocation_id, None)
+        if over is not None and reason != "Completed":  # ended because the agent stopped it for its memory
+            reason, message = "FractionMemoryExceeded", f"{over}; {message}" if message else over
+        exit = WorkExit(reason=reason, exit_code=report.exit_code, signal=report.signal,  # type: ignore[arg-type]
+                        oom=report.oom, stopped=report.stopped, message=message[:2000],
                         started_at=report.started_at, exited_at=report.exited_at, wall_s=max(0.0, report.wall_s),
                         cpu_s=max(0.0, report.cpu_s))
         log.info("work_exited", extra={"node": self.node, "allocation_id": report.allocation_id,

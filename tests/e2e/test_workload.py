@@ -171,6 +171,34 @@ async def test_limits_are_enforced_on_the_node(platform) -> None:  # type: ignor
         assert done["state"] in ("completed", "failed")
 
 
+async def test_dev_work_outgrowing_its_fraction_is_stopped_and_fails_with_that_reason(platform) -> None:  # type: ignore[no-untyped-def]
+    """Issue #17: the default policy stops a dev fraction whose work holds more GPU memory than promised (on the
+    simulated fleet a GPU's memory follows the work's resident memory); the job ends failed FractionMemoryExceeded
+    and its GPUs are released: no job stays `running` on a killed process."""
+    grow = ("import time\n"
+            "b = bytearray(400 * 2**20)\n"
+            "for i in range(0, len(b), 4096):\n"
+            "    b[i] = 1\n"
+            "print('holding 400 MiB', flush=True)\n"
+            "time.sleep(300)\n")
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            sharing = "/v1/nodes/sim-node-0/gpus/3/sharing"
+            assert api.put(sharing, json={"mode": "fractional"}).status_code == 200
+            try:
+                job_id = run(api, "dev-hog", ["python3", "-c", grow], kind="dev", gpu_fraction_milli=250,
+                             gpu_memory_mib=128, limits={"memory_mib": 1024})
+                _, _, released = await watcher.wait_for(AllocationReleased, job_id, timeout=60)
+                job = wait_finished(api, job_id, timeout=30)
+                assert (job["state"], job["reason"]) == ("failed", "FractionMemoryExceeded"), job
+                assert "over its fraction's 128 MiB" in json.dumps(job), job
+                assert released.reason == "WorkFailed" and released.exit is not None
+                assert released.exit.reason == "FractionMemoryExceeded"
+            finally:
+                api.put(sharing, json={"mode": "exclusive"})
+
+
 async def test_a_sandboxed_job_sees_only_its_gpus_and_writes_only_its_workdir(platform) -> None:  # type: ignore[no-untyped-def]
     import shutil
 

@@ -16,6 +16,7 @@ from libs.contracts.events import (
     MigApplied,
     subject_for,
 )
+from services.agent.config import AgentSettings
 from services.agent.handlers import NodeAgent
 from services.agent.nvml_sim import SimulatedNvml
 
@@ -96,12 +97,12 @@ async def test_a_mig_grant_on_a_gpu_not_in_mig_mode_is_reported_failed_once(cloc
     assert backend.mig_layout()[0] is None and agent.converge_pending
 
 
-async def grown_fraction(clock, policy: str) -> tuple[CapturingAgent, SimulatedNvml]:  # type: ignore[no-untyped-def]
+async def grown_fraction(clock, policy: str, kind: str = "training") -> tuple[CapturingAgent, SimulatedNvml]:  # type: ignore[no-untyped-def]
     backend = sim(clock, ["L40S"])
     agent = CapturingAgent(backend, fraction_policy=policy, stop_grace_s=5)
     gpu = AllocatedGpu(uuid=backend.node_info().gpus[0].uuid, index=0, model="L40S", share_milli=300,
                        memory_mib=8192)
-    await agent._on_allocation(grant("f", gpu))
+    await agent._on_allocation(grant("f", gpu, kind))
     for _ in range(20):
         clock.advance(1)
         backend.sample()
@@ -127,6 +128,56 @@ async def test_policy_stop_stops_the_process_and_frees_its_memory(clock) -> None
     [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
     assert event.action == "stopped"
     assert backend.processes() == [] and agent.stopping == {}
+
+
+async def test_the_default_policy_stops_dev_work_and_reports_the_rest(clock) -> None:
+    """Issue #17: `stop` is the default for dev work (an interactive session must not squeeze its neighbours)."""
+    agent, backend = await grown_fraction(clock, "auto", kind="dev")
+    [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
+    assert event.action == "stopped" and backend.processes() == []
+    agent, backend = await grown_fraction(clock, "auto", kind="inference")
+    [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
+    assert event.action == "reported" and [p.pid for p in backend.processes()] == [event.pid]
+    assert AgentSettings().fraction_policy == "auto"
+
+
+async def test_a_fraction_running_its_jobs_work_stops_that_work_not_just_a_process(clock) -> None:
+    """The job's own work over its fraction: the work runner stops all of it (it then ends failed
+    FractionMemoryExceeded and the allocation is released) instead of the agent killing one process."""
+    stops: list[tuple] = []
+
+    class Work:
+        executor = SimpleNamespace(running=lambda: {})  # no cgroup owners: the process says its allocation
+
+        def runs(self, allocation_id: str) -> bool:
+            return True
+
+        def on_granted(self, grant, mig_uuid=None) -> None:  # type: ignore[no-untyped-def]
+            return None
+
+        def launch_ready(self, mig_uuids) -> None:  # type: ignore[no-untyped-def]
+            return None
+
+        async def stop_over_fraction(self, *args) -> None:  # type: ignore[no-untyped-def]
+            stops.append(args)
+
+    backend = sim(clock, ["L40S"])
+    agent = CapturingAgent(backend, fraction_policy="auto", stop_grace_s=5)
+    agent.work = Work()  # type: ignore[assignment]
+    gpu = AllocatedGpu(uuid=backend.node_info().gpus[0].uuid, index=0, model="L40S", share_milli=300,
+                       memory_mib=8192)
+    await agent._on_allocation(grant("f", gpu, "dev"))
+    # a simulated process stands in for the work's own (the runner owns the real one)
+    backend.start_allocation(gpu.uuid, "f", "dev", share_milli=300, limit_mib=8192)
+    backend.inject_fault(0, "memory_hog", factor=2)
+    for _ in range(12):
+        clock.advance(1)
+        backend.sample()
+        await agent.enforce()
+    [event] = [e for e in agent.published if isinstance(e, FractionExceeded)]
+    assert event.action == "stopped"
+    assert stops == [("f", event.pid, event.used_mib, 8192, 5)]
+    assert agent.stopping == {}  # the runner stops it; the agent sends no signal of its own
 
 
 async def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace(clock, monkeypatch) -> None:

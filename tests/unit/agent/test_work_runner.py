@@ -267,3 +267,23 @@ async def test_an_exit_known_while_the_start_report_is_on_its_way_is_reported_af
     gate.set()
     await asyncio.wait_for(exiting, 1)
     assert [type(e) for e in published] == [WorkStarted, WorkExited]
+
+
+async def test_work_over_its_fraction_stops_and_ends_failed_fraction_memory_exceeded() -> None:
+    """Issue #17: no job stays `running` on a killed process; its end says why."""
+    ex = FakeExecutor()
+    r, published = runner(ex)
+    r.on_granted(grant())
+    await settle()
+    await r.stop_over_fraction("a1", 777, 9000, 8192, grace_s=5)
+    await r.stop_over_fraction("a1", 778, 9100, 8192, grace_s=5)  # a second process: one stop is enough
+    [(allocation_id, deadline, reason)] = ex.stops
+    assert (allocation_id, reason) == ("a1", "FractionMemoryExceeded")
+    assert 4 < (deadline - datetime.now(UTC)).total_seconds() <= 5
+    await r.on_exit(ExitReport(allocation_id="a1", job_id="j1", attempt=2, replica=1, exit_code=None,
+                               signal="SIGTERM", oom=False, reason="Stopped", message="killed by SIGTERM",
+                               started_at=NOW, exited_at=NOW, wall_s=3.0, cpu_s=0.5, stopped=True, pid=4242))
+    await settle()
+    [exited] = [e for e, _ in published if isinstance(e, WorkExited)]
+    assert exited.exit.reason == "FractionMemoryExceeded" and not exited.exit.succeeded
+    assert exited.exit.message.startswith("process 777 used 9000 MiB of GPU memory, over its fraction's 8192 MiB")

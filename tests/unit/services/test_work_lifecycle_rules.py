@@ -134,3 +134,12 @@ def test_a_failing_replica_backs_off_doubling_up_to_five_minutes_and_a_healthy_r
     assert replica_back_off(11, 61.0) == (1, 1.0)  # it ran a minute: the count starts again
     assert replica_back_off(2, 59.0) == (3, 4.0)
     assert replica_back_off(10**6, 0.0)[1] == 300.0  # no overflow however long it loops
+
+
+def test_work_stopped_for_its_fractions_memory_fails_the_job_and_releases_it() -> None:
+    exit = ended("FractionMemoryExceeded", None, signal="SIGTERM", stopped=True,
+                 message="process 7 used 9000 MiB of GPU memory, over its fraction's 8192 MiB")
+    assert on_work_end(stop_reason=None, exit_reason=exit.reason, gang_nodes=0).reason == "WorkFailed"
+    out = decide(exit, release="WorkFailed")
+    assert (out.action, out.reason) == ("fail", "FractionMemoryExceeded")
+    assert "over its fraction's 8192 MiB" in out.message
