@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
+from libs.contracts.events import GpuSpec, NicSpec, PeerAddress, VolumeSpec
 from libs.contracts.work import Arg, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -107,6 +107,7 @@ class RegisterNode(Command):
     gpus: list[GpuSpec] = Field(max_length=64)
     network: list[NicSpec] = Field(default_factory=list, max_length=64)
     storage: list[VolumeSpec] = Field(default_factory=list, max_length=32)
+    address: PeerAddress = ""
 
 
 class ListNodes(Command):

@@ -6,11 +6,13 @@ Wire contract: other systems build on these. Change a payload only by adding opt
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from libs.contracts import subjects
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, utcnow, uuid7
@@ -140,6 +142,25 @@ class GpuSpec(BaseModel):
                                                              "NodeRegistered); agents leave it unset")
 
 
+def peer_address(value: str) -> str:
+    """Where a node's peers (a gang's other members) reach it: an IPv4 or IPv6 address, or a DNS host name; '' when
+    the agent did not say."""
+    if value == "":
+        return value
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if len(value) > 253 or not all(_HOST_LABEL.match(label) for label in value.rstrip(".").split(".")):
+        raise ValueError(f"{value!r} is neither an IP address nor a host name")
+    return value
+
+
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+PeerAddress = Annotated[str, AfterValidator(peer_address), Field(default="", max_length=253, description=(
+    "Where the node's peers reach it (a gang's rendezvous): an IP address or a host name; '' if not reported"))]
+
+
 class NodeRegistered(EventData):
     event_type: ClassVar[str] = "io.gpupool.node.registered.v1"
     event_subject: ClassVar[str] = subjects.NODE_REGISTERED
@@ -154,6 +175,7 @@ class NodeRegistered(EventData):
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuSpec]
     registered_at: datetime
+    address: PeerAddress = ""
 
 
 class NodeLost(EventData):

@@ -8,16 +8,19 @@ import hashlib
 import logging
 import os
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
 
 from libs.bus.connection import NatsClient, connect, ensure_streams, identity_inbox, wait_for_streams
 from libs.contracts import subjects
+from libs.contracts.events import peer_address
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint
 from services.agent.config import AgentSettings, parse_fleet
+from services.agent.domain import simulated_address
 from services.agent.handlers import NodeAgent, telemetry_buffer
 from services.agent.mps import MpsControl
 from services.agent.nvml_sim import SimulatedNvml
@@ -92,6 +95,30 @@ async def report_drivers(agents: list[NodeAgent]) -> None:
             agent.drivers = drivers
 
 
+def node_addresses(settings: AgentSettings, nodes: list[str]) -> dict[str, str]:
+    """Each node's peer address: the setting, else a simulated node's own loopback address, else (a real node) the
+    local address of the route to the NATS server, as its peers on that network would reach it."""
+    if settings.address:
+        return dict.fromkeys(nodes, peer_address(settings.address))
+    if settings.backend == "sim":
+        return {node: simulated_address(i) for i, node in enumerate(nodes)}
+    return dict.fromkeys(nodes, detect_address(settings.nats_url))
+
+
+def detect_address(nats_url: str) -> str:
+    """The local IP the kernel would send from to reach the (first) NATS server: no packet is sent."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(nats_url.split(",")[0].strip()).hostname or "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, 4222))
+            return str(s.getsockname()[0])
+    except OSError:
+        return ""
+
+
 async def connect_nodes(settings: AgentSettings, nodes: list[str]) -> dict[str, NatsClient]:
     """Each node's NATS connection. With per-node identities (`NATS_CREDENTIALS_DIR`, a simulated fleet from
     `gpupool up`) every node connects as itself, so the server lets it publish only its own subjects; a real node
@@ -127,10 +154,12 @@ async def main() -> None:
     workloads = dict(p.split("=", 1) for p in settings.sim_workloads.split(",") if "=" in p)
     buffers = {id(nc): telemetry_buffer(nc.jetstream(), max_bytes=settings.buffer_mib * 1024 * 1024)
                for nc in connections.values()}
+    addresses = node_addresses(settings, [node for node, _ in backends])
     agents = [NodeAgent(connections[node], backend, settings.cluster, node, settings.interval_s,
                         workloads=workloads, fraction_policy=settings.fraction_policy,
                         stop_grace_s=settings.fraction_stop_grace_s, apply_mig=settings.apply_mig,
-                        buffer=buffers[id(connections[node])], resync_s=settings.resync_s)
+                        buffer=buffers[id(connections[node])], resync_s=settings.resync_s,
+                        address=addresses[node])
               for node, backend in backends]
     if settings.run_work:
         for agent in agents:

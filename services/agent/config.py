@@ -5,9 +5,10 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from libs.contracts.events import peer_address
 from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet  # noqa: F401 (re-exported)
 
 # `gpupool up`'s default simulated fleet: 4 nodes × 8 GPUs of mixed models.
@@ -28,6 +29,15 @@ class AgentSettings(BaseSettings):
                                              "connects with <dir>/agent-<cluster>-<node>.nk (gpupool up)")
     declare_streams: bool = Field(default=True, description="create or update the JetStream streams at start; "
                                   "false where a provisioning identity does (the service only waits for them)")
+    address: str = Field(default="", max_length=253,
+                         description="Where this node's peers reach it (a gang's rendezvous): an IP or host name; "
+                                     "default: the local address on the route to NATS (the real backend), "
+                                     "127.0.0.<2+i> for simulated node i")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return peer_address(value)
     cluster: str = "local"
     node: str = Field(default_factory=socket.gethostname, description="Node name (real backend)")
     backend: Literal["real", "sim"] = "real"

@@ -3,6 +3,7 @@ node: which MIG instances to create or destroy, which processes exceed their fra
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ AGENT_VERSION = "0.1.0"
 
 def registration(cluster: str, node: str, info: NodeInfo, samples: list[GpuSample] | None = None,
                  labels: dict[str, str] | None = None,
-                 drivers: dict[str, str | None] | None = None) -> RegisterNode:
+                 drivers: dict[str, str | None] | None = None, address: str = "") -> RegisterNode:
     """`drivers`: the executor's `offered_drivers()` (driver → None when the node offers it and can run it, else
     why not), None when this agent runs no work. Each runnable driver becomes the label
     `gpupool.io/isolation.<driver>=true`, which placement requires of a node for a job whose work uses it."""
@@ -40,7 +41,16 @@ def registration(cluster: str, node: str, info: NodeInfo, samples: list[GpuSampl
               for g in info.gpus],
         network=[NicSpec(name=n.name, kind=n.kind, speed_mbps=n.speed_mbps) for n in info.network],
         storage=[VolumeSpec(mount=v.mount, total_gib=v.total_gib, filesystem=v.filesystem) for v in info.storage],
+        address=address,
     )
+
+
+def simulated_address(index: int) -> str:
+    """Simulated node `index`'s own loopback address (127.0.0.2, 127.0.0.3, …): every 127/8 address reaches this
+    machine, so a gang's members on different simulated nodes rendezvous over real TCP, each at its node's address."""
+    if not 0 <= index < 2**24 - 3:
+        raise ValueError(f"no loopback address for simulated node {index}")
+    return str(ipaddress.IPv4Address(int(ipaddress.IPv4Address("127.0.0.2")) + index))
 
 
 _NO_HOST = NodeSample()

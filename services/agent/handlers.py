@@ -181,7 +181,9 @@ class NodeAgent:
     def __init__(self, nc: NatsClient, backend: NvmlBackend, cluster: str, node: str, interval_s: float,
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
                  fraction_policy: Literal["auto", "report", "stop"] = "auto", stop_grace_s: float = 10.0,
-                 apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0) -> None:
+                 apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0,
+                 address: str = "") -> None:
+        self.address = address  # where this node's peers reach it (registered; a gang's rendezvous)
         self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
         self.fraction_policy = fraction_policy
         self.stop_grace_s = stop_grace_s
@@ -266,7 +268,7 @@ class NodeAgent:
         registers a few nodes at a time (REGISTERING): a thousand requests at once would time out in inventory's
         queue and come back as retries, each re-registering."""
         cmd = registration(self.cluster, self.node, self.backend.node_info(), self.backend.sample(),
-                           drivers=self.drivers)
+                           drivers=self.drivers, address=self.address)
         delay = 0.2
         while not stop.is_set():
             try:

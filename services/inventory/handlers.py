@@ -110,7 +110,8 @@ class InventoryHandlers:
             await uow.emit(NodeRegistered(
                 cluster=cmd.cluster, node=cmd.node, hostname=cmd.hostname, cpu_count=cmd.cpu_count,
                 memory_mib=cmd.memory_mib, driver_version=cmd.driver_version, labels=cmd.labels,
-                gpus=[GpuSpec.model_validate(g.model_dump()) for g in gpus], registered_at=now))
+                gpus=[GpuSpec.model_validate(g.model_dump()) for g in gpus], registered_at=now,
+                address=cmd.address))
             if previous is not None and previous["state"] == LOST:  # a restarted agent of a lost node
                 await uow.emit(NodeRecovered(cluster=cmd.cluster, node=cmd.node, lost_at=previous["lost_at"],
                                              last_seen_at=now, recovered_at=now, cordoned=previous["cordoned"]))

@@ -21,16 +21,18 @@ async def upsert_node(conn: asyncpg.Connection, cmd: RegisterNode, now: datetime
         cmd.cluster, cmd.node)
     await conn.execute(
         """INSERT INTO nodes (cluster, node, hostname, cpu_count, memory_mib, driver_version, agent_version, labels,
-                              state, registered_at, last_seen_at, network, storage)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb,'ready',$9,$9,$10::jsonb,$11::jsonb)
+                              state, registered_at, last_seen_at, network, storage, address)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb,'ready',$9,$9,$10::jsonb,$11::jsonb,$12)
            ON CONFLICT (cluster, node) DO UPDATE SET hostname = EXCLUDED.hostname,
                cpu_count = EXCLUDED.cpu_count, memory_mib = EXCLUDED.memory_mib,
                driver_version = EXCLUDED.driver_version, agent_version = EXCLUDED.agent_version,
                labels = EXCLUDED.labels, state = 'ready', lost_at = NULL, registered_at = EXCLUDED.registered_at,
-               last_seen_at = EXCLUDED.last_seen_at, network = EXCLUDED.network, storage = EXCLUDED.storage""",
+               last_seen_at = EXCLUDED.last_seen_at, network = EXCLUDED.network, storage = EXCLUDED.storage,
+               address = EXCLUDED.address""",
         cmd.cluster, cmd.node, cmd.hostname, cmd.cpu_count, cmd.memory_mib, cmd.driver_version,
         cmd.agent_version, json.dumps(cmd.labels), now,
-        json.dumps([nic.model_dump() for nic in cmd.network]), json.dumps([v.model_dump() for v in cmd.storage]))
+        json.dumps([nic.model_dump() for nic in cmd.network]), json.dumps([v.model_dump() for v in cmd.storage]),
+        cmd.address)
     # The health state is inventory's (it survives agent restarts); the agent's own verdict arrives with its samples
     # and goes through the state machine like any other.
     await conn.executemany(
@@ -216,7 +218,7 @@ _GPU_VIEW = """SELECT g.uuid, g.cluster, g.node, g.idx, g.model, g.name, g.memor
 _NODE_VIEW = """SELECT cluster, node, hostname, cpu_count, memory_mib, driver_version, agent_version, labels, state,
                   registered_at, last_seen_at, lost_at, cpu_util_pct, memory_used_mib, cordoned, cordoned_at,
                   cordoned_by, cordon_reason, drained, network, storage, network_rx_mbps, network_tx_mbps,
-                  storage_used_gib FROM nodes"""
+                  storage_used_gib, address FROM nodes"""
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -241,7 +243,8 @@ def _gpu_view(g: asyncpg.Record) -> dict:
 
 def _node_view(n: asyncpg.Record, gpus: list[dict]) -> dict:
     return {
-        "cluster": n["cluster"], "node": n["node"], "hostname": n["hostname"], "cpu_count": n["cpu_count"],
+        "cluster": n["cluster"], "node": n["node"], "hostname": n["hostname"], "address": n["address"],
+        "cpu_count": n["cpu_count"],
         "memory_mib": n["memory_mib"], "driver_version": n["driver_version"], "agent_version": n["agent_version"],
         "labels": json.loads(n["labels"]) if isinstance(n["labels"], str) else n["labels"], "state": n["state"],
         "registered_at": n["registered_at"].isoformat(), "last_seen_at": n["last_seen_at"].isoformat(),

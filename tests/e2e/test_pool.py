@@ -135,3 +135,6 @@ def test_every_node_shows_its_network_and_storage_and_clusters_add_them_up(platf
         for node in local["nodes"]:
             assert listed[node["node"]]["network"]["interfaces"] == node["network"]["interfaces"]
             assert listed[node["node"]]["storage"]["volumes"] == node["storage"]["volumes"]
+        # each simulated node registers its own loopback address: where a gang's peers would reach it
+        addresses = {name: n["address"] for name, n in listed.items()}
+        assert addresses == {f"sim-node-{i}": f"127.0.0.{2 + i}" for i in range(4)}, addresses

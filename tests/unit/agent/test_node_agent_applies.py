@@ -258,3 +258,28 @@ async def test_a_fleet_in_one_process_subscribes_once_per_subject_and_each_event
     await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b'{"node": "n7", "fault": "silence"}'))
     await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b"not json"))
     assert seen == {"n0": ["a"], "n1": ["xid13"]}
+
+
+def test_every_node_registers_where_its_peers_reach_it() -> None:
+    """Issue #17: a gang's members rendezvous at their rank-0 node's address; simulated nodes get one each."""
+    import pytest
+    from pydantic import ValidationError
+
+    from libs.contracts.commands import RegisterNode
+    from libs.contracts.events import peer_address
+    from services.agent.bootstrap import node_addresses
+    from services.agent.domain import simulated_address
+
+    assert [simulated_address(i) for i in (0, 1, 253, 254)] == ["127.0.0.2", "127.0.0.3", "127.0.0.255",
+                                                                "127.0.1.0"]
+    sim_settings = AgentSettings(backend="sim")
+    assert node_addresses(sim_settings, ["a", "b"]) == {"a": "127.0.0.2", "b": "127.0.0.3"}
+    assert node_addresses(AgentSettings(address="10.0.0.7"), ["gpu-1"]) == {"gpu-1": "10.0.0.7"}
+    assert peer_address("fe80:0:0::1") == "fe80::1" and peer_address("gpu-1.rack-3.example") == "gpu-1.rack-3.example"
+    for bad in ("10.0.0.7; rm -rf /", "-gpu", "a" * 254, "gpu_1", "1.2.3.4:80"):
+        with pytest.raises(ValueError):
+            peer_address(bad)
+        with pytest.raises(ValidationError):
+            RegisterNode(cluster="c", node="n", hostname="h", cpu_count=1, memory_mib=1, gpus=[], address=bad)
+    with pytest.raises(ValidationError):
+        AgentSettings(address="not an address")
