@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from libs.contracts.events import GpuSpec, NicSpec, PeerAddress, VolumeSpec
+from libs.contracts.addresses import PeerAddress
+from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
 from libs.contracts.work import Arg, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"

@@ -6,15 +6,14 @@ Wire contract: other systems build on these. Change a payload only by adding opt
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from libs.contracts import subjects
+from libs.contracts.addresses import PeerAddress
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, utcnow, uuid7
 from libs.contracts.work import WorkExit, WorkSpec
 
@@ -140,25 +139,6 @@ class GpuSpec(BaseModel):
     health: Health = "healthy"
     state: GpuState | None = Field(default=None, description="Inventory's health state of this GPU (in "
                                                              "NodeRegistered); agents leave it unset")
-
-
-def peer_address(value: str) -> str:
-    """Where a node's peers (a gang's other members) reach it: an IPv4 or IPv6 address, or a DNS host name; '' when
-    the agent did not say."""
-    if value == "":
-        return value
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        pass
-    if len(value) > 253 or not all(_HOST_LABEL.match(label) for label in value.rstrip(".").split(".")):
-        raise ValueError(f"{value!r} is neither an IP address nor a host name")
-    return value
-
-
-_HOST_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-PeerAddress = Annotated[str, AfterValidator(peer_address), Field(default="", max_length=253, description=(
-    "Where the node's peers reach it (a gang's rendezvous): an IP address or a host name; '' if not reported"))]
 
 
 class NodeRegistered(EventData):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from libs.bus.connection import NatsClient, connect, ensure_streams, identity_inbox, wait_for_streams
 from libs.contracts import subjects
-from libs.contracts.events import peer_address
+from libs.contracts.addresses import peer_address
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint

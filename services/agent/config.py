@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from libs.contracts.events import peer_address
+from libs.contracts.addresses import peer_address
 from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet  # noqa: F401 (re-exported)
 
 # `gpupool up`'s default simulated fleet: 4 nodes × 8 GPUs of mixed models.

@@ -265,8 +265,8 @@ def test_every_node_registers_where_its_peers_reach_it() -> None:
     import pytest
     from pydantic import ValidationError
 
+    from libs.contracts.addresses import peer_address
     from libs.contracts.commands import RegisterNode
-    from libs.contracts.events import peer_address
     from services.agent.bootstrap import node_addresses
     from services.agent.domain import simulated_address
 
