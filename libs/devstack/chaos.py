@@ -46,8 +46,8 @@ from libs.check import CheckConfig, Report, check_async
 from libs.contracts import subjects
 from libs.devstack.chaos_load import Load
 from libs.devstack.chaos_work import AgentWork, agent_only_models
-from libs.devstack.servers import pid_alive
 from libs.devstack.stack import agent_state_dir
+from libs.runtime.processes import pid_alive
 
 SERVICES = ("inventory", "quota", "queue", "placement", "placement-2", "reclamation", "accounting", "gateway", "agent")
 FAULTS = (*(f"kill:{s}" for s in SERVICES), "restart:nats", "restart:postgres", "silence:node", "partition:agent",

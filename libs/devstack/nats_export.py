@@ -12,13 +12,14 @@ are made once and reused, so exporting again after adding a node keeps every oth
 
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from libs.devstack.nats_auth import OBSERVER, SUPERVISOR, Identity, IdentityStore, render_config
+from libs.devstack.nats_auth import Identity, IdentityStore, render_config
 from libs.devstack.private import write_private
 
 AUTH_SECRET = "nats-auth"  # Kubernetes: the server's authorization block (key auth.conf)
@@ -93,7 +94,7 @@ def export_compose(store: IdentityStore, out: Path, owner: tuple[int, int] | Non
     seeds = _node_seeds(store, out / "agent", owner)
     if owner is not None:
         for directory in (out, out / "agent"):
-            _chown(directory, owner)
+            os.chown(directory, *owner)
     return Export(files, seeds)
 
 
@@ -110,13 +111,3 @@ def _node_seeds(store: IdentityStore, directory: Path, owner: tuple[int, int] | 
     return {ident.name: write_private(directory / f"{ident.name}.nk", ident.seed_file.read_bytes(), owner=owner)
             for ident in store.nodes()}
 
-
-def _chown(path: Path, owner: tuple[int, int]) -> None:
-    import os
-
-    os.chown(path, *owner)
-
-
-__all__ = ["AUTH_KEY", "AUTH_SECRET", "NODE_SEED_PATH", "OBSERVER", "SEED_KEY", "SUPERVISOR", "Export",
-           "add_nodes", "admin_password", "export_compose", "export_kubernetes", "identity_secret",
-           "kubernetes_secrets", "workload_identities"]

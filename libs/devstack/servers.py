@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.devstack.private import write_private
+from libs.runtime.processes import pid_alive
 
 READY_TIMEOUT_S = 20.0
 PG_SYSTEM_USER = "gpupool-pg"  # PostgreSQL refuses to run as root, so root runs it as this user.
@@ -675,22 +676,6 @@ def _wait_ready(server: ManagedServer, probe, log_offset: int, timeout: float = 
                                    f"log {server.log_file}:\n{_tail_file(server.log_file, log_offset)}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
-
-
-def pid_alive(pid: int) -> bool:
-    """Running (a zombie, killed but not yet reaped, is not)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); it is not running.
-    with contextlib.suppress(OSError):
-        return " Z " not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
-    return True
 
 
 def _url_host(host: str) -> str:

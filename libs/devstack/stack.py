@@ -28,11 +28,11 @@ from libs.devstack.servers import (
     ManagedServer,
     ServerStartError,
     listen_socket,
-    pid_alive,
     start_nats,
     start_nats_cluster,
     start_postgres,
 )
+from libs.runtime.processes import pid_alive
 
 BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
 SERVICE_DATABASES = (*BACKEND_SERVICES, "gateway")  # each with its own database (and, embedded, its own role)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from libs.bus.connection import NatsClient, connect, ensure_streams, identity_inbox, wait_for_streams
 from libs.contracts import subjects
-from libs.contracts.addresses import peer_address
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint
@@ -46,15 +45,15 @@ def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
     ]
 
 
-def build_mps(settings: AgentSettings, state_dir: Path) -> MpsControl | None:
+def build_mps(settings: AgentSettings, digest: str) -> MpsControl | None:
     """The node's MPS daemons for fractions, or None where MPS is off (auto: the real backend with the control
     binary installed; a simulated GPU has no MPS)."""
     wanted = settings.mps == "on" or (settings.mps == "auto" and settings.backend == "real"
                                       and MpsControl.find(settings.mps_control) is not None)
     if not wanted:
         return None
-    # short: the daemon's sockets live in <root>/<GPU uuid>/pipe, and a socket path has at most 107 bytes
-    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    # short (under the state dir's `digest`): the daemon's sockets live in <root>/<GPU uuid>/pipe, and a socket
+    # path has at most 107 bytes
     base = Path(settings.mps_dir) if settings.mps_dir else (
         Path("/run/gpupool-mps") if os.geteuid() == 0 else Path(tempfile.gettempdir()) / f"gpupool-mps-{os.geteuid()}")
     return MpsControl(base / digest, settings.mps_control, client_uid=settings.run_as_uid)
@@ -67,13 +66,14 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
 
     drivers = {d.strip() for d in settings.drivers.split(",") if d.strip()}
     state_dir = Path(settings.state_dir) / agent.cluster / agent.node
+    # the cgroup name (and the MPS directory) carries the state dir's digest: simulated fleets of several platforms
+    # on one host (their nodes all named sim-node-N) never adopt or clean up each other's; a real node's name stays
+    # stable
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
     runner = WorkRunner(nc, agent.cluster, agent.node, None, agent._publish, device_dir=settings.device_dir,  # type: ignore[arg-type]
                         run_as_uid=settings.run_as_uid, log_max_bytes=settings.log_max_mib * 1024 * 1024,
                         kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants",
-                        log_retention_s=settings.log_retention_s, mps=build_mps(settings, state_dir))
-    # the cgroup name carries the state dir's digest: simulated fleets of several platforms on one host (their nodes
-    # all named sim-node-N) never adopt or clean up each other's cgroups; a real node's name stays stable
-    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+                        log_retention_s=settings.log_retention_s, mps=build_mps(settings, digest))
     runner.executor = Executor(state_dir,
                                f"{agent.cluster}-{agent.node}-{digest}", on_exit=runner.on_exit, drivers=drivers,
                                default_uid=settings.run_as_uid, max_stop_grace_s=settings.max_stop_grace_s,
@@ -99,7 +99,7 @@ def node_addresses(settings: AgentSettings, nodes: list[str]) -> dict[str, str]:
     """Each node's peer address: the setting, else a simulated node's own loopback address, else (a real node) the
     local address of the route to the NATS server, as its peers on that network would reach it."""
     if settings.address:
-        return dict.fromkeys(nodes, peer_address(settings.address))
+        return dict.fromkeys(nodes, settings.address)  # validated by the setting
     if settings.backend == "sim":
         return {node: simulated_address(i) for i, node in enumerate(nodes)}
     return dict.fromkeys(nodes, detect_address(settings.nats_url))

@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from libs.runtime.processes import pid_alive
+
 PID_FILE = "nvidia-cuda-mps-control.pid"
 _UUID = re.compile(r"^[A-Za-z0-9-]{1,96}$")
 
@@ -79,7 +81,7 @@ class MpsControl:
             pid = int((pipe / PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if pid_alive(pid) else None
 
     def running(self) -> list[str]:
         """GPUs with a live daemon (found on disk: also those a previous agent started)."""
@@ -137,9 +139,9 @@ class MpsControl:
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                timeout=self.stop_timeout_s, check=False)
         deadline = time.monotonic() + self.stop_timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if _alive(pid):
+        if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         pipe, _ = self.dirs(gpu_uuid)
@@ -152,16 +154,3 @@ class MpsControl:
             self.stop(gpu)
         return stopped
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (our own exited child not yet reaped) is not a daemon
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True

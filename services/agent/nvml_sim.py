@@ -360,7 +360,7 @@ class SimulatedNvml:
             out += [GpuProcess(pid=p.pid, gpu_uuid=gpu.uuid, gpu_index=gpu.index, used_memory_mib=int(p.used_mib),
                                mig_uuid=p.mig_uuid, allocation_id=p.allocation_id) for p in gpu.procs]
             out += [GpuProcess(pid=pid, gpu_uuid=gpu.uuid, gpu_index=gpu.index,
-                               used_memory_mib=int(gpu.measured.get(a, (0.0, 0.0))[1]), allocation_id=a)
+                               used_memory_mib=int(gpu.measured[a][1]), allocation_id=a)
                     for a, pid in gpu.measured_pid.items() if a in gpu.measured]
         return out
 

@@ -240,8 +240,7 @@ class WorkRunner:
             return {}
         fractions, whole = mps_gpus(grant.gpus)
         for uuid in whole:
-            if self.mps.pid(uuid) is not None:
-                await asyncio.to_thread(self.mps.stop, uuid)
+            if await asyncio.to_thread(self.mps.stop, uuid):
                 log.info("mps_daemon_stopped", extra={"node": self.node, "gpu": uuid, "for": grant.allocation_id})
         env: dict[str, str] = {}
         for uuid in fractions:

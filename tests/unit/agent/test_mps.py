@@ -158,7 +158,8 @@ async def exited(runner: WorkRunner, allocation_id: str) -> None:
                                     message="", started_at=now, exited_at=now, wall_s=1.0, cpu_s=0.1, pid=4242))
 
 
-async def test_fractions_run_as_clients_and_a_whole_gpu_stops_the_daemon(mps: MpsControl) -> None:
+def runner_with(mps: MpsControl) -> tuple[WorkRunner, Executor, list]:
+    """A work runner over a fake executor, and the events it published."""
     published: list = []
 
     async def publish(event, identity: str) -> bool:  # type: ignore[no-untyped-def]
@@ -166,7 +167,11 @@ async def test_fractions_run_as_clients_and_a_whole_gpu_stops_the_daemon(mps: Mp
         return True
 
     ex = Executor()
-    runner = WorkRunner(None, "c", "n1", ex, publish, mps=mps)  # type: ignore[arg-type]
+    return WorkRunner(None, "c", "n1", ex, publish, mps=mps), ex, published  # type: ignore[arg-type]
+
+
+async def test_fractions_run_as_clients_and_a_whole_gpu_stops_the_daemon(mps: MpsControl) -> None:
+    runner, ex, _ = runner_with(mps)
     limits = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20000M"}
     quarter = AllocatedGpu(uuid="GPU-eeee", index=0, model="H100", share_milli=250, memory_mib=20000)
     runner.on_granted(granted("f1", quarter, limits))
@@ -196,14 +201,7 @@ async def test_fractions_run_as_clients_and_a_whole_gpu_stops_the_daemon(mps: Mp
 
 
 async def test_a_fraction_is_not_started_without_its_daemon(tmp_path: Path) -> None:
-    published: list = []
-
-    async def publish(event, identity: str) -> bool:  # type: ignore[no-untyped-def]
-        published.append(event)
-        return True
-
-    ex = Executor()
-    runner = WorkRunner(None, "c", "n1", ex, publish, mps=MpsControl(tmp_path / "m", str(tmp_path / "none")))  # type: ignore[arg-type]
+    runner, ex, published = runner_with(MpsControl(tmp_path / "m", str(tmp_path / "none")))
     quarter = AllocatedGpu(uuid="GPU-ffff", index=0, model="H100", share_milli=250, memory_mib=20000)
     runner.on_granted(granted("f1", quarter, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}))
     await settle()
