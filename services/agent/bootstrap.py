@@ -19,7 +19,7 @@ from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint
 from services.agent.config import AgentSettings, parse_fleet
-from services.agent.domain import simulated_address
+from services.agent.domain import network_environment, simulated_address
 from services.agent.handlers import NodeAgent, telemetry_buffer
 from services.agent.mps import MpsControl
 from services.agent.nvml_sim import SimulatedNvml
@@ -73,7 +73,8 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
     runner = WorkRunner(nc, agent.cluster, agent.node, None, agent._publish, device_dir=settings.device_dir,  # type: ignore[arg-type]
                         run_as_uid=settings.run_as_uid, log_max_bytes=settings.log_max_mib * 1024 * 1024,
                         kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants",
-                        log_retention_s=settings.log_retention_s, mps=build_mps(settings, digest))
+                        log_retention_s=settings.log_retention_s, mps=build_mps(settings, digest),
+                        rendezvous_env=network_environment(settings.nccl_socket_ifname, settings.nccl_ib_hca))
     runner.executor = Executor(state_dir,
                                f"{agent.cluster}-{agent.node}-{digest}", on_exit=runner.on_exit, drivers=drivers,
                                default_uid=settings.run_as_uid, max_stop_grace_s=settings.max_stop_grace_s,

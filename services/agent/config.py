@@ -87,6 +87,11 @@ class AgentSettings(BaseSettings):
                                                                        "dir are kept (checkpoints stay)")
     resync_s: float = Field(default=30.0, gt=0, description="How often the agent compares its work with "
                                                             "placement's live allocations (a missed grant)")
+    nccl_socket_ifname: str = Field(default="", max_length=256, pattern=r"^[A-Za-z0-9_.,:=^-]*$",
+                                    description="NCCL_SOCKET_IFNAME for the jobs that rendezvous here (the "
+                                                "interfaces NCCL's sockets use, e.g. 'eth0' or '^lo,docker')")
+    nccl_ib_hca: str = Field(default="", max_length=256, pattern=r"^[A-Za-z0-9_.,:=^-]*$",
+                             description="NCCL_IB_HCA for those jobs (the InfiniBand adapters, e.g. 'mlx5_0,mlx5_1')")
     http_host: str = "127.0.0.1"
     http_port: int = 0
     http_fd: int | None = Field(default=None, ge=0, description="a listening socket inherited from the supervisor (`gpupool up`) to serve on instead of binding http_host:http_port: no other process can take the port between its choice and the bind")

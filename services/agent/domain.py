@@ -278,6 +278,16 @@ def fraction_violations(limits: Iterable[ShareLimit], processes: Iterable[GpuPro
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def network_environment(socket_ifname: str, ib_hca: str) -> dict[str, str]:
+    """What the node's config says about the interfaces a job's members talk over (NCCL's names); unset: none."""
+    env = {}
+    if socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = socket_ifname
+    if ib_hca:
+        env["NCCL_IB_HCA"] = ib_hca
+    return env
+
+
 def launch_environment(grant_env: dict[str, str], work_env: dict[str, str], *, gpus: Iterable[AllocatedGpu],
                        mig_uuid: str | None) -> dict[str, str]:
     """What the work runs with: a plain base (PATH, LANG), the job's own `env` over it, and the grant's over

@@ -46,7 +46,9 @@ class WorkRunner:
     def __init__(self, nc: NatsClient, cluster: str, node: str, executor: Executor, publish: Publish, *,
                  device_dir: str = "/dev", run_as_uid: int | None = None, log_max_bytes: int | None = None,
                  kill_on_close: bool = False, grants_dir: Path | None = None,
-                 log_retention_s: float = 86_400.0, mps: MpsControl | None = None) -> None:
+                 log_retention_s: float = 86_400.0, mps: MpsControl | None = None,
+                 rendezvous_env: dict[str, str] | None = None) -> None:
+        self.rendezvous_env = rendezvous_env or {}  # the node's NCCL interfaces, for work with a rendezvous
         self.log_retention_s = log_retention_s
         self.mps = mps  # CUDA MPS daemons for fractions (None: this node enforces no fraction limits with MPS)
         self.kill_on_close = kill_on_close
@@ -267,7 +269,9 @@ class WorkRunner:
               extra_env: dict[str, str] | None = None) -> LaunchSpec:
         work = grant.work
         assert work is not None
-        env = launch_environment(grant.environment, work.env, gpus=grant.gpus, mig_uuid=mig_uuid)
+        # the node's interfaces for a job whose members talk to each other, unless the job names its own
+        node_env = self.rendezvous_env if "PET_NNODES" in grant.environment else {}
+        env = launch_environment(grant.environment, {**node_env, **work.env}, gpus=grant.gpus, mig_uuid=mig_uuid)
         env.update(extra_env or {})
         return LaunchSpec(
             allocation_id=grant.allocation_id, job_id=grant.job_id, argv=list(work.command), attempt=grant.attempt,

@@ -1,6 +1,6 @@
 """Placement service settings (env prefix GPUPOOL_PLACEMENT_)."""
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from libs.runtime.settings import ServiceSettings
@@ -41,3 +41,17 @@ class PlacementSettings(ServiceSettings):
                                                 "a dev job gets by default on a MIG GPU)")
     decision_retention: int = Field(default=2000, ge=1,
                                     description="Recorded scheduling cycles kept for `gpupool decisions replay`")
+    rendezvous_ports: str = Field(default="29500-29999", pattern=r"^[0-9]{1,5}-[0-9]{1,5}$",
+                                  description="Ports (first-last) a job's rendezvous is given from, on its rank-0 "
+                                              "member's node: reserve them for gpupool on the nodes")
+
+    def rendezvous_range(self) -> tuple[int, int]:
+        first, _, last = self.rendezvous_ports.partition("-")
+        return int(first), int(last)
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> "PlacementSettings":
+        first, last = self.rendezvous_range()
+        if not 1024 <= first <= last <= 65535:
+            raise ValueError(f"rendezvous_ports {self.rendezvous_ports!r}: want first-last within 1024-65535")
+        return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -401,3 +402,80 @@ def on_work_end(*, stop_reason: str | None, exit_reason: str, gang_nodes: int) -
         return WorkEnd("WorkCompleted")
     reason = "MaxRuntimeExceeded" if exit_reason == "MaxRuntimeExceeded" else "WorkFailed"
     return WorkEnd(reason, stop_others=gang_nodes > 0)
+
+
+# --- a job's rendezvous: what torchrun (and DeepSpeed, Accelerate) read to find the job's other members ----------
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One allocation of a job that runs as one (a single job, or a gang member): its rank and where it runs."""
+
+    rank: int
+    cluster: str
+    node: str
+    address: str  # where the node's peers reach it ('' if its agent did not say: the node's name stands in)
+    gpus: int
+
+
+def port_host(address: str, cluster: str, node: str) -> str:
+    """The machine a rendezvous port is taken on. Every loopback address is this one machine (a simulated fleet's
+    nodes are 127.0.0.x on one host, and a rendezvous store binds all of its interfaces), so their ports must
+    differ; any other address is its own host; a node without an address, its name."""
+    try:
+        if ipaddress.ip_address(address).is_loopback:
+            return "loopback"
+    except ValueError:
+        pass
+    return address or f"{cluster}/{node}"
+
+
+def choose_port(held: set[int], first: int, last: int) -> int | None:
+    """The lowest port of [first, last] no live job holds on that host (None: all of them are held)."""
+    return next((p for p in range(first, last + 1) if p not in held), None)
+
+
+def rendezvous_environment(job_id: str, members: list[Member], port: int) -> dict[int, dict[str, str]]:
+    """Each member's environment (by rank): torchrun's `PET_*` (so `torchrun` with no arguments but the script
+    joins the job), the env:// names (`MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` = members, `NODE_RANK`, `RANK` =
+    the member's rank, as Kubeflow's PyTorchJob sets them; torchrun gives its own workers theirs), and
+    `GPUPOOL_NODE_IPS`: every member's address in rank order."""
+    ordered = sorted(members, key=lambda m: m.rank)
+    addresses = [m.address or m.node for m in ordered]
+    master = addresses[0]
+    common = {"PET_NNODES": str(len(ordered)), "PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(port),
+              "PET_RDZV_ID": job_id, "PET_RDZV_ENDPOINT": f"{master}:{port}", "MASTER_ADDR": master,
+              "MASTER_PORT": str(port), "WORLD_SIZE": str(len(ordered)), "GPUPOOL_NODE_IPS": ",".join(addresses),
+              "GPUPOOL_RENDEZVOUS_PORT": str(port)}
+    return {m.rank: {**common, "PET_NPROC_PER_NODE": str(max(1, m.gpus)), "PET_NODE_RANK": str(m.rank),
+                     "NODE_RANK": str(m.rank), "RANK": str(m.rank)} for m in ordered}
+
+
+@dataclasses.dataclass
+class RendezvousPorts:
+    """The cycle's view of rendezvous ports: who is where (node addresses) and which ports live jobs hold on each
+    host. `take` reserves one for a job on its rank-0 member's host (also against the jobs placed before it in the
+    same cycle)."""
+    addresses: dict[tuple[str, str], str]
+    held: dict[str, set[int]]
+    ports: tuple[int, int]
+
+    @classmethod
+    def of(cls, nodes: Iterable[Any], running: Iterable[Any], ports: tuple[int, int]) -> RendezvousPorts:
+        held: dict[str, set[int]] = defaultdict(set)
+        for r in running:
+            if r.get("rendezvous_port") is not None:
+                held[r["rendezvous_host"]].add(r["rendezvous_port"])
+        return cls({(n["cluster"], n["node"]): n.get("address") or "" for n in nodes}, held, ports)
+
+    def take(self, job_id: str, placements: list[Placement]) -> tuple[str, int, dict[int, dict[str, str]]] | None:
+        """(host, port, each member's environment by rank), or None when every port of the range is held there."""
+        members = [Member(rank=p.replica, cluster=p.cluster, node=p.node,
+                          address=self.addresses.get((p.cluster, p.node), ""), gpus=len(p.gpu_uuids))
+                   for p in placements]
+        first = min(members, key=lambda m: m.rank)
+        host = port_host(first.address, first.cluster, first.node)
+        held = self.held.setdefault(host, set())
+        port = choose_port(held, *self.ports)
+        if port is None:
+            return None
+        held.add(port)
+        return host, port, rendezvous_environment(job_id, members, port)

@@ -75,6 +75,7 @@ from services.placement.config import PlacementSettings
 from services.placement.domain import (
     RELEASE_AT_ONCE,
     DecisionEncoder,
+    RendezvousPorts,
     RequestBuilder,
     WantedJobs,
     allocated_gpus,
@@ -422,7 +423,9 @@ class PlacementHandlers:
             for p in plan.placements:
                 units[p.job_id].append(p)
             written = await self._apply_units(uow, units, {g["uuid"]: g["model"] for g in gpus},
-                                              {r["job_id"]: r["traceparent"] for r in state["pending"]}) if units else []
+                                              {r["job_id"]: r["traceparent"] for r in state["pending"]},
+                                              RendezvousPorts.of(nodes, running, self.settings.rendezvous_range())
+                                              ) if units else []
             applied = {u.unit for u in written}
             report_plan(plan)
             reasons = {**pending_reasons(plan.pending, requests), **backoff_reasons(backing_off)}  # for `explain`
@@ -516,7 +519,7 @@ class PlacementHandlers:
         return len(due)
 
     async def _apply_units(self, uow, units: dict[str, list[Placement]], models: dict[str, str],  # type: ignore[no-untyped-def]
-                           traces: dict[str, str | None]) -> list[_Unit]:
+                           traces: dict[str, str | None], rendezvous: RendezvousPorts) -> list[_Unit]:
         """Write a cycle's units (a job, all of a gang's nodes, or one replica) with their AllocationGranted events
         in the cycle's transaction: all of them in a few multi-row statements, under a savepoint. If the store
         refuses that (a stale plan: a GPU already held, a replica already placed), the savepoint is rolled back
@@ -525,7 +528,7 @@ class PlacementHandlers:
         applied: list[_Unit] = []
         jobs = await store.claim_jobs(uow.conn, sorted({split_unit(u)[0] for u in units}))
         now = utcnow()
-        prepared = [_Unit.of(unit, placements, jobs[split_unit(unit)[0]], models, now)
+        prepared = [_Unit.of(unit, placements, jobs[split_unit(unit)[0]], models, now, rendezvous)
                     for unit, placements in units.items() if split_unit(unit)[0] in jobs]
         try:
             async with uow.conn.transaction():
@@ -611,8 +614,9 @@ class PlacementHandlers:
             return {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
                                          "release_reason", "preempt_reason", "attempt", "kind")},
                     "work": json.loads(r["work"]) if r["work"] else None,
-                    "environment": workload_environment(
-                        [AllocatedGpu.model_validate(g) for g in gpus], r["allocation_id"]) if r["work"] else {},
+                    "environment": {**workload_environment([AllocatedGpu.model_validate(g) for g in gpus],
+                                                           r["allocation_id"]),
+                                    **json.loads(r["rendezvous_env"] or "{}")} if r["work"] else {},
                     "exit": json.loads(r["exit"]) if r["exit"] else None,
                     "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
                     "granted_at": r["granted_at"].isoformat(),
@@ -632,23 +636,31 @@ class _Unit:
     granted: list[AllocationGranted]
 
     @classmethod
-    def of(cls, unit: str, placements: list[Placement], job: Any, models: dict[str, str], now: Any) -> _Unit:
+    def of(cls, unit: str, placements: list[Placement], job: Any, models: dict[str, str], now: Any,
+           rendezvous: RendezvousPorts) -> _Unit:
         job_id, replica = split_unit(unit)
         out = cls(unit, job_id, [], [], [])
-        for p in sorted(placements, key=lambda p: p.replica):
+        ordered = sorted(placements, key=lambda p: p.replica)
+        # a job that runs as one (not a replica of a service) and runs work gets its members' rendezvous
+        joint = rendezvous.take(job_id, ordered) if replica is None and job["work"] else None
+        if replica is None and job["work"] and joint is None:
+            log.warning("rendezvous_ports_exhausted", extra={"job_id": job_id, "ports": rendezvous.ports})
+        for p in ordered:
             allocation_id = uuid7()
             member = replica if replica is not None else p.replica
             alloc_gpus, mig_slots = allocated_gpus(p, models)
+            together = joint[2][member] if joint else {}
             out.allocations.append((allocation_id, job_id, member, job["team"], job["project"], p.cluster, p.node,
                                     now, job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"],
-                                    job["work"], job["attempt"]))
+                                    job["work"], job["attempt"], joint[0] if joint else None,
+                                    joint[1] if joint else None, json.dumps(together) if joint else None))
             out.gpus += [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile,
                           g.mig_start, mig_slots.get(g.uuid)) for g in alloc_gpus]
             out.granted.append(AllocationGranted(
                 allocation_id=allocation_id, job_id=job_id, replica=member, team=job["team"],
                 project=job["project"], cluster=p.cluster, node=p.node, gpus=alloc_gpus, granted_at=now,
                 kind=job["kind"], priority_class=job["priority_class"], max_runtime_s=job["max_runtime_s"],
-                environment=workload_environment(alloc_gpus, allocation_id),
+                environment={**workload_environment(alloc_gpus, allocation_id), **together},
                 work=WorkSpec.model_validate_json(job["work"]) if job["work"] else None, attempt=job["attempt"]))
         return out
 

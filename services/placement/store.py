@@ -31,11 +31,13 @@ class AllocationConflict(Exception):
 
 # --- the pool ---------------------------------------------------------------------------------------------------
 async def upsert_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
-    """The node's labels are what its latest registration says (the isolation drivers its agent can run now)."""
+    """The node's labels and address are what its latest registration says (the isolation drivers its agent can
+    run now, where its peers reach it)."""
     await conn.execute(
-        """INSERT INTO nodes (cluster, node, labels) VALUES ($1, $2, $3::jsonb)
-           ON CONFLICT (cluster, node) DO UPDATE SET labels = EXCLUDED.labels, updated_at = now()""",
-        data.cluster, data.node, json.dumps(data.labels, sort_keys=True))
+        """INSERT INTO nodes (cluster, node, labels, address) VALUES ($1, $2, $3::jsonb, $4)
+           ON CONFLICT (cluster, node) DO UPDATE SET labels = EXCLUDED.labels, address = EXCLUDED.address,
+               updated_at = now()""",
+        data.cluster, data.node, json.dumps(data.labels, sort_keys=True), data.address)
     for g in data.gpus:
         await conn.execute(
             """INSERT INTO gpus (uuid, cluster, node, idx, model, memory_mib, health, sharing)
@@ -96,12 +98,13 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
 _STATE = """
 SELECT json_build_object(
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
-            FROM (SELECT cluster, node, schedulable, labels FROM nodes) n),
+            FROM (SELECT cluster, node, schedulable, labels, address FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
            FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing FROM gpus) g),
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
-             a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s,
+             a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
+             a.rendezvous_port,
              coalesce(p.replicas, 1) AS replicas,
              array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
              min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
@@ -202,13 +205,14 @@ async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> 
 async def insert_allocations(conn: asyncpg.Connection, allocations: list[tuple], gpus: list[tuple]) -> None:
     """Insert allocations and the GPU shares they hold, all in two pipelined statements (one round trip each).
     `allocations`: (allocation_id, job_id, replica, team, project, cluster, node, granted_at, priority,
-    priority_class, kind, max_runtime_s, work, attempt); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
+    priority_class, kind, max_runtime_s, work, attempt, rendezvous_host, rendezvous_port, rendezvous_env); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
     mig_profile, mig_start, mig_slots). Any refusal (a GPU held, a replica already placed) fails them all."""
     try:
         await conn.executemany(
             """INSERT INTO allocations (allocation_id, job_id, replica, team, project, cluster, node, granted_at,
-                                       priority, priority_class, kind, max_runtime_s, work, attempt)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)""", allocations)
+                                       priority, priority_class, kind, max_runtime_s, work, attempt,
+                                       rendezvous_host, rendezvous_port, rendezvous_env)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)""", allocations)
         await conn.executemany(
             """INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model, share_milli, memory_mib,
                                            mig_profile, mig_start, mig_slots)
@@ -223,7 +227,7 @@ async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: a
     await insert_allocations(
         conn, [(allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
                 job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"], job.get("work"),
-                job.get("attempt", 0))],
+                job.get("attempt", 0), None, None, None)],
         [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start,
           mig_slots.get(g.uuid)) for g in gpus])
 
@@ -407,7 +411,7 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
     return await conn.fetch(
         """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
                   a.released_at, a.release_reason, a.preempt_deadline, a.preempt_reason, a.attempt, a.work, a.kind,
-                  a.exit,
+                  a.exit, a.rendezvous_env,
                   coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model,
                                              'share_milli', g.share_milli, 'memory_mib', g.memory_mib,
                                              'mig_profile', g.mig_profile, 'mig_start', g.mig_start)

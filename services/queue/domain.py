@@ -42,6 +42,9 @@ def refuse_transition(job_id: str, current: str, target: str) -> Reply:
 # Releases that follow the agent's report that an allocation's work ended (its cgroup is empty). `GangMemberFailed`:
 # placement stopped the other members because one failed; their own exits are consequences, not the cause.
 WORK_RELEASES = frozenset({"WorkCompleted", "WorkFailed", "GangMemberFailed"})
+# Stops placement asks for because an attempt is already failing (a gang member died): the job is not being
+# preempted, and stays as it is until the last member's exit decides it (complete, restart or fail).
+STOPS_AFTER_FAILURE = frozenset({"GangMemberFailed"})
 
 
 @dataclass(frozen=True)

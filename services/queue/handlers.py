@@ -39,6 +39,7 @@ from libs.runtime.service import ServiceRuntime
 from services.queue import store
 from services.queue.config import QueueSettings
 from services.queue.domain import (
+    STOPS_AFTER_FAILURE,
     TERMINAL,
     WORK_RELEASES,
     after_work_ended,
@@ -307,6 +308,9 @@ class QueueHandlers:
                 return  # one replica of a service goes; placement brings it back elsewhere
             if row is None or row["state"] not in ("launching", "running") \
                     or row["allocation_id"] != data.allocation_id:
+                return
+            if data.reason in STOPS_AFTER_FAILURE:  # not a preemption: the attempt ends with its members' exits
+                await store.record_history(uow.conn, data.job_id, row["state"], row["state"], data.reason)
                 return
             await self._set_state(uow, row, "preempting", data.reason, at=utcnow(),
                                   message=f"{data.message}; checkpoint before {data.deadline.isoformat()}")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
+import tempfile
 import time
+from pathlib import Path
 
 import nats
 
@@ -11,6 +15,18 @@ from libs.contracts.envelope import parse_envelope
 from libs.contracts.events import decode_data
 
 TERMINAL_WAIT_S = 20
+
+
+def fake_nvidia_devices(count: int) -> Path:
+    """Fake NVIDIA device nodes (char 195:N, as the driver makes them) for the agent's device allow-list; only
+    root can make them (the modules that run work skip without root)."""
+    root = Path(tempfile.mkdtemp(prefix="gpupool-dev-"))
+    root.chmod(0o755)  # as /dev is: the work runs as an unprivileged user
+    if os.geteuid() == 0:
+        for i in range(count):
+            os.mknod(root / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(195, i))
+        os.mknod(root / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
+    return root
 
 
 def eventually(probe, what: str, timeout: float = 30.0, interval: float = 0.25):  # type: ignore[no-untyped-def]

@@ -9,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from support import AllocationWatcher, complete, finish_all, wait_state
+from support import AllocationWatcher, complete, fake_nvidia_devices, finish_all, wait_state
 
 from libs.contracts.events import AllocationGranted, AllocationReleased
 
@@ -25,18 +23,7 @@ pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="the executor needs root for cgroups and device nodes")]
 
 
-def _fake_devices() -> Path:
-    """Fake NVIDIA device nodes (char 195:N, as the driver makes them) for the agent's device allow-list."""
-    root = Path(tempfile.mkdtemp(prefix="gpupool-dev-"))
-    root.chmod(0o755)  # as /dev is: the work runs as an unprivileged user
-    if os.geteuid() == 0:
-        for i in range(4):
-            os.mknod(root / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(195, i))
-        os.mknod(root / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
-    return root
-
-
-DEVICES = _fake_devices()
+DEVICES = fake_nvidia_devices(4)
 FLEET_NODES = 1
 UP_ARGS = ["--fleet", "H100-80GB*4",
            "--env", f"agent:DEVICE_DIR={DEVICES}",

@@ -111,7 +111,7 @@ async def test_a_unit_the_store_refuses_is_left_out_and_the_others_of_its_cycle_
     # another writer (a deposed leader, say) takes the GPU the plan gives "b" after the snapshot was read
     real_apply = h._apply_units
 
-    async def apply_after_a_rival(uow, units, models, traces):  # type: ignore[no-untyped-def]
+    async def apply_after_a_rival(uow, units, models, traces, rendezvous):  # type: ignore[no-untyped-def]
         assert rt.pool is not None
         async with rt.pool.acquire() as conn, conn.transaction():
             await conn.execute("""INSERT INTO pending_jobs (job_id, team, project, gpus, priority, submitted_at)
@@ -120,7 +120,7 @@ async def test_a_unit_the_store_refuses_is_left_out_and_the_others_of_its_cycle_
                                                           "priority": 0, "priority_class": "", "kind": "batch",
                                                           "max_runtime_s": None},
                                           0, "c", "n1", [await gpu_of(conn, stolen[0])], NOW, {})
-        return await real_apply(uow, units, models, traces)
+        return await real_apply(uow, units, models, traces, rendezvous)
 
     monkeypatch.setattr(h, "_apply_units", apply_after_a_rival)
     assert await h.run_cycle() == 2

@@ -15,6 +15,7 @@ from libs.contracts.events import (
     WorkStarted,
 )
 from libs.contracts.work import WorkSpec
+from services.agent.domain import network_environment
 from services.agent.executor import ExitReport, LaunchError
 from services.agent.work import WorkRunner
 
@@ -287,3 +288,25 @@ async def test_work_over_its_fraction_stops_and_ends_failed_fraction_memory_exce
     [exited] = [e for e, _ in published if isinstance(e, WorkExited)]
     assert exited.exit.reason == "FractionMemoryExceeded" and not exited.exit.succeeded
     assert exited.exit.message.startswith("process 777 used 9000 MiB of GPU memory, over its fraction's 8192 MiB")
+
+
+async def test_a_job_with_a_rendezvous_gets_the_nodes_nccl_interfaces_unless_it_names_its_own() -> None:
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    r.rendezvous_env = network_environment("eth0", "mlx5_0,mlx5_1")
+    with_rendezvous = grant("a1")
+    with_rendezvous.environment.update({"PET_NNODES": "2", "PET_NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"})
+    r.on_granted(with_rendezvous)
+    own = grant("a2")
+    own.environment["PET_NNODES"] = "2"
+    assert own.work is not None
+    own.work.env["NCCL_SOCKET_IFNAME"] = "ib0"
+    r.on_granted(own)
+    r.on_granted(grant("a3"))  # no rendezvous: nothing about NCCL
+    await settle()
+    env = {spec.allocation_id: spec.env for spec in ex.launched}
+    assert (env["a1"]["NCCL_SOCKET_IFNAME"], env["a1"]["NCCL_IB_HCA"]) == ("eth0", "mlx5_0,mlx5_1")
+    assert env["a1"]["PET_NODE_RANK"] == "1" and env["a1"]["MASTER_ADDR"] == "10.0.0.1"
+    assert (env["a2"]["NCCL_SOCKET_IFNAME"], env["a2"]["NCCL_IB_HCA"]) == ("ib0", "mlx5_0,mlx5_1")
+    assert "NCCL_SOCKET_IFNAME" not in env["a3"] and "NCCL_IB_HCA" not in env["a3"]
+    assert network_environment("", "") == {}

@@ -1,0 +1,158 @@
+"""The tiers on the node (issue #17): a training gang whose members find each other the way torchrun expects, and
+runs, fails and restarts as one. Real processes in real cgroups on a simulated fleet of two nodes, each node at its
+own loopback address, so the gang's rendezvous is real TCP between "nodes". Needs root (cgroups, device nodes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from support import (
+    AllocationWatcher,
+    eventually,
+    eventually_async,
+    fake_nvidia_devices,
+    finish_all,
+    wait_state,
+)
+
+from libs.contracts.events import AllocationGranted, AllocationReleased
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the executor needs root for cgroups and device nodes")]
+
+DEVICES = fake_nvidia_devices(4)
+FLEET_NODES = 2
+UP_ARGS = ["--fleet", "H100-80GB*4;H100-80GB*4",
+           "--env", f"agent:DEVICE_DIR={DEVICES}",
+           "--env", "placement:PREEMPTION_GRACE_S=3", "--env", "placement:MIN_RUNTIME_S=0"]
+
+# Each member: rank 0 listens at PET_MASTER_ADDR:PET_MASTER_PORT, the others connect and send their rank and
+# address; rank 0 answers everyone with all of them (an all-gather). `hold` keeps the members running afterwards.
+RENDEZVOUS = r"""
+import json, os, socket, sys, time
+rank, n = int(os.environ["PET_NODE_RANK"]), int(os.environ["PET_NNODES"])
+master, port = os.environ["PET_MASTER_ADDR"], int(os.environ["PET_MASTER_PORT"])
+me = os.environ["GPUPOOL_NODE_IPS"].split(",")[rank]
+if rank == 0:
+    server = socket.create_server((master, port))
+    server.settimeout(60)
+    members, peers = {0: me}, []
+    while len(members) < n:
+        conn, _ = server.accept()
+        hello = json.loads(conn.makefile().readline())
+        members[hello["rank"]] = hello["address"]
+        peers.append(conn)
+    gathered = json.dumps(sorted(members.items()))
+    for conn in peers:
+        conn.sendall((gathered + "\n").encode())
+else:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            conn = socket.create_connection((master, port), timeout=5, source_address=(me, 0))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    conn.sendall((json.dumps({"rank": rank, "address": me}) + "\n").encode())
+    gathered = conn.makefile().readline().strip()
+print(f"rank {rank} of {n} via {master}:{port} gathered {gathered}", flush=True)
+if sys.argv[1:] == ["hold"] and os.environ.get("GPUPOOL_ATTEMPT") == "0":
+    time.sleep(600)
+"""
+
+
+def gang(api, name: str, *args: str, **fields) -> str:  # type: ignore[no-untyped-def]
+    body = {"name": name, "team": "research", "kind": "training", "gpus": 4, "gang_nodes": 2, "gpus_per_node": 2,
+            "command": ["python3", "-c", RENDEZVOUS, *args], **fields}
+    response = api.post("/v1/jobs", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["job_id"]
+
+
+async def finished(api, job_id: str, timeout: float = 60) -> dict:  # type: ignore[no-untyped-def]
+    """(keeps the event loop running: the watchers' messages are taken meanwhile)"""
+    return await eventually_async(lambda: (job := api.get(f"/v1/jobs/{job_id}").json())["state"] in (
+        "completed", "failed", "cancelled") and job, f"job {job_id} to finish", timeout=timeout)
+
+
+def member_processes(job_id: str) -> dict[int, int]:
+    """Live processes of the job's work on this machine: pid by member rank (from each one's environment)."""
+    found: dict[int, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(item.split("=", 1) for item in (proc / "environ").read_bytes().decode(
+                errors="replace").split("\0") if "=" in item)
+        except OSError:
+            continue
+        if env.get("PET_RDZV_ID") == job_id and "PET_NODE_RANK" in env:
+            found[int(env["PET_NODE_RANK"])] = int(proc.name)
+    return found
+
+
+async def test_a_two_node_gang_rendezvouses_over_tcp_with_torchruns_variables(platform) -> None:  # type: ignore[no-untyped-def]
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            job_id = gang(api, "allgather")
+            job = await finished(api, job_id)
+            assert job["state"] == "completed", job
+            granted = sorted((d for _, _, d in watcher.of(AllocationGranted, job_id)), key=lambda d: d.replica)
+            assert [g.replica for g in granted] == [0, 1] and granted[0].node != granted[1].node
+            master = granted[0].environment["PET_MASTER_ADDR"]
+            addresses = granted[0].environment["GPUPOOL_NODE_IPS"].split(",")
+            assert len(set(addresses)) == 2 and master == addresses[0] and master.startswith("127.0.0.")
+            for g in granted:
+                e = g.environment
+                assert (e["PET_NNODES"], e["PET_NPROC_PER_NODE"], e["PET_NODE_RANK"], e["WORLD_SIZE"]) == (
+                    "2", "2", str(g.replica), "2")
+                assert (e["MASTER_ADDR"], e["PET_RDZV_ID"]) == (master, job_id)
+                assert e["PET_MASTER_PORT"] == granted[0].environment["PET_MASTER_PORT"]
+            expected = f'gathered [[0, "{addresses[0]}"], [1, "{addresses[1]}"]]'
+            for rank in (0, 1):
+                out = api.get(f"/v1/jobs/{job_id}/logs", params={"replica": rank, "stream": "stdout"}).text
+                assert f"rank {rank} of 2 via {master}:" in out and expected in out, out
+            # the agents' resync hands out the same environment the grant did
+            listed = api.get("/v1/allocations", params={"job_id": job_id}).json()["items"]
+            assert {a["replica"]: a["environment"] for a in listed} == {g.replica: g.environment for g in granted}
+
+
+async def test_killing_one_member_fails_the_whole_gang_and_leaves_no_member_running(platform) -> None:  # type: ignore[no-untyped-def]
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            job_id = gang(api, "fragile", "hold")
+            wait_state(api, job_id, "running")
+            pids = eventually(lambda: (p := member_processes(job_id)) and len(p) == 2 and p,
+                              "both members' processes", timeout=30)
+            os.kill(pids[1], signal.SIGKILL)
+            job = await finished(api, job_id)
+            assert (job["state"], job["attempts"]) == ("failed", 0), job
+            await eventually_async(lambda: len(watcher.of(AllocationReleased, job_id)) == 2, "both members released")
+            reasons = sorted(d.reason for _, _, d in watcher.of(AllocationReleased, job_id))
+            assert reasons == ["GangMemberFailed", "WorkFailed"], reasons
+            assert member_processes(job_id) == {}, "a member of the failed gang is still running"
+
+
+async def test_a_gang_restarts_as_one_after_a_member_dies(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+        job_id = gang(api, "resilient", "hold", restart={"policy": "on_failure", "attempts": 1, "delay_s": 0})
+        wait_state(api, job_id, "running")
+        pids = eventually(lambda: (p := member_processes(job_id)) and len(p) == 2 and p, "both members", timeout=30)
+        os.kill(pids[0], signal.SIGKILL)
+        started = time.monotonic()
+        job = await finished(api, job_id, timeout=90)
+        assert (job["state"], job["attempts"]) == ("completed", 1), job
+        for rank in (0, 1):  # the second attempt's members found each other again
+            out = api.get(f"/v1/jobs/{job_id}/logs", params={"replica": rank, "stream": "stdout"}).text
+            assert f"rank {rank} of 2" in out and "gathered" in out, out
+        assert time.monotonic() - started < 90
+        assert member_processes(job_id) == {}
