@@ -405,6 +405,18 @@ class AllocationPreempting(AllocationEvent):
     deadline: datetime
 
 
+class AllocationGangReady(AllocationEvent):
+    """Every member of this allocation's gang has its grant applied on its node (`agent.work_ready`): the agent
+    starts the work now, so a gang's members start together (Kueue's waitForPodsReady)."""
+
+    event_type: ClassVar[str] = "io.gpupool.allocation.gang_ready.v1"
+    event_subject: ClassVar[str] = subjects.ALLOCATION_GANG_READY
+
+    attempt: int = Field(default=0, ge=0)
+    members: int = Field(ge=2, le=4096, description="the gang's members, all ready")
+    ready_at: datetime
+
+
 class DecidedPlacement(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -779,6 +791,17 @@ class WorkStarted(AgentWorkEvent):
     started_at: datetime
 
 
+class WorkReady(AgentWorkEvent):
+    """A gang member's grant is applied on its node (GPUs, MIG instance, MPS) and its command waits for the other
+    members: placement answers `allocation.gang_ready` once every member is ready. Published by the agent
+    directly to JetStream."""
+
+    event_type: ClassVar[str] = "io.gpupool.agent.work_ready.v1"
+    event_subject: ClassVar[str] = subjects.AGENT_WORK_READY
+
+    ready_at: datetime
+
+
 class WorkExited(AgentWorkEvent):
     """An allocation's work ended and its cgroup is empty: placement may release the GPUs now. `exit` says how
     (exit code, signal, OOM, a launch failure, a stop). Published by the agent directly to JetStream."""
@@ -873,7 +896,9 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         MigApplied,
         FractionExceeded,
         WorkStarted,
+        WorkReady,
         WorkExited,
+        AllocationGangReady,
     )
 }
 

@@ -278,6 +278,15 @@ def fraction_violations(limits: Iterable[ShareLimit], processes: Iterable[GpuPro
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def waits_for_gang(grant_env: dict[str, str]) -> bool:
+    """A member of a gang (its grant's rendezvous names more than one node) starts only when every member is ready
+    (allocation.gang_ready); a single job starts at once."""
+    try:
+        return int(grant_env.get("PET_NNODES", "1")) > 1
+    except ValueError:
+        return False
+
+
 def network_environment(socket_ifname: str, ib_hca: str) -> dict[str, str]:
     """What the node's config says about the interfaces a job's members talk over (NCCL's names); unset: none."""
     env = {}

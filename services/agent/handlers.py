@@ -27,6 +27,7 @@ from libs.contracts.commands import ListAllocations
 from libs.contracts.envelope import InvalidEnvelope, utcnow, uuid7
 from libs.contracts.events import (
     AllocatedGpu,
+    AllocationGangReady,
     AllocationGranted,
     AllocationPreempting,
     AllocationReleased,
@@ -116,7 +117,7 @@ def _registering() -> asyncio.Semaphore:
     return _REGISTERING
 
 
-AllocationChange = AllocationGranted | AllocationPreempting | AllocationReleased
+AllocationChange = AllocationGranted | AllocationPreempting | AllocationReleased | AllocationGangReady
 
 
 def allocation_route(msg: Message) -> tuple[tuple[str, str], AllocationChange] | None:
@@ -125,7 +126,7 @@ def allocation_route(msg: Message) -> tuple[tuple[str, str], AllocationChange] |
         _event, data = accept(msg.data, msg.subject)  # placement's, on its own subject
     except (InvalidEnvelope, json.JSONDecodeError):
         return None
-    if not isinstance(data, AllocationGranted | AllocationPreempting | AllocationReleased):
+    if not isinstance(data, AllocationGranted | AllocationPreempting | AllocationReleased | AllocationGangReady):
         return None
     return (data.cluster, data.node), data
 
@@ -386,6 +387,10 @@ class NodeAgent:
         if isinstance(data, AllocationPreempting):
             if self.work is not None:
                 await self.work.on_preempting(data)
+            return
+        if isinstance(data, AllocationGangReady):
+            if self.work is not None:
+                self.work.on_gang_ready(data.allocation_id)
             return
         if self.work is not None:
             if isinstance(data, AllocationGranted):

@@ -28,10 +28,11 @@ from libs.contracts.events import (
     AllocationReleased,
     EventData,
     WorkExited,
+    WorkReady,
     WorkStarted,
 )
 from libs.contracts.work import WorkExit, WorkSpec
-from services.agent.domain import launch_environment, log_text, mps_gpus
+from services.agent.domain import launch_environment, log_text, mps_gpus, waits_for_gang
 from services.agent.executor import Executor, ExitReport, LaunchError, LaunchSpec, Limits
 from services.agent.mps import MpsControl, MpsError
 
@@ -66,6 +67,10 @@ class WorkRunner:
         self.grants: dict[str, AllocationGranted] = {}  # allocations with work that this node runs or will run
         self.waiting: dict[str, AllocationGranted] = {}  # granted, not launched yet (a MIG instance to come)
         self.launching: set[str] = set()
+        # gang members whose grant is applied here, waiting for the others (allocation → its MIG instance, if any),
+        # and the allocations placement said may start (allocation.gang_ready, or a resync that lists them started)
+        self.gated: dict[str, str | None] = {}
+        self.gang_go: set[str] = set()
         # allocation → set once its start was reported (or its launch failed): its exit is reported after that,
         # so `agent.work_started` never reaches anyone after `agent.work_exited` (a quick command's exit is
         # known while the start report is still on its way)
@@ -154,15 +159,40 @@ class WorkRunner:
             if needs_mig and allocation_id not in mig_uuids:
                 continue
             del self.waiting[allocation_id]
-            self.launching.add(allocation_id)
-            self.start_reported[allocation_id] = asyncio.Event()
-            self._spawn(self._launch(grant, mig_uuids.get(allocation_id)))
+            if waits_for_gang(grant.environment) and allocation_id not in self.gang_go:
+                self.gated[allocation_id] = mig_uuids.get(allocation_id)
+                self._spawn(self._report_ready(grant))
+                continue
+            self._start(grant, mig_uuids.get(allocation_id))
+
+    def _start(self, grant: AllocationGranted, mig_uuid: str | None) -> None:
+        self.gang_go.discard(grant.allocation_id)
+        self.launching.add(grant.allocation_id)
+        self.start_reported[grant.allocation_id] = asyncio.Event()
+        self._spawn(self._launch(grant, mig_uuid))
+
+    async def _report_ready(self, grant: AllocationGranted) -> None:
+        log.info("work_waits_for_gang", extra={"node": self.node, "allocation_id": grant.allocation_id,
+                                               "job_id": grant.job_id})
+        await self._publish_until_taken(WorkReady(
+            allocation_id=grant.allocation_id, job_id=grant.job_id, team=grant.team, project=grant.project,
+            cluster=self.cluster, node=self.node, replica=grant.replica, attempt=grant.attempt,
+            ready_at=utcnow()), f"work_ready/{grant.allocation_id}")
+
+    def on_gang_ready(self, allocation_id: str) -> None:
+        """Every member of the gang is ready: this member's work starts now."""
+        if allocation_id in self.ended:
+            return
+        if allocation_id in self.gated:
+            self._start(self.grants[allocation_id], self.gated.pop(allocation_id))
+        elif allocation_id not in self.launching and allocation_id not in self.executor.running():
+            self.gang_go.add(allocation_id)  # not ready here yet (a MIG instance to come): it starts when it is
 
     async def on_preempting(self, data: AllocationPreempting) -> None:
         """The stop request: the stop signal now, the kill at the deadline. Work not started yet never starts."""
         if data.allocation_id not in self.grants or data.allocation_id in self.ended:
             return
-        if self.waiting.pop(data.allocation_id, None) is not None:
+        if self.waiting.pop(data.allocation_id, None) is not None or self._ungate(data.allocation_id):
             await self._report_unstarted(self.grants[data.allocation_id], "Stopped",
                                          f"stopped before it started ({data.reason})")
             return
@@ -183,8 +213,19 @@ class WorkRunner:
         """Released without waiting for the work (its node was declared lost, or the exit report timed out): the
         GPUs are no longer this work's, so it is killed now."""
         self.waiting.pop(data.allocation_id, None)
+        if self._ungate(data.allocation_id):  # never started: nothing to kill, only its grant to end
+            await self._report_unstarted(self.grants[data.allocation_id], "Stopped",
+                                         f"released before its gang started ({data.reason})")
+            return
         if data.allocation_id in self.grants and data.allocation_id not in self.ended:
             await self.executor.stop(data.allocation_id, deadline=utcnow(), reason=data.reason)
+
+    def _ungate(self, allocation_id: str) -> bool:
+        self.gang_go.discard(allocation_id)
+        if allocation_id in self.gated:
+            del self.gated[allocation_id]
+            return True
+        return False
 
     def on_live(self, item: dict[str, Any]) -> None:
         """An allocation placement lists as live on this node (start-up and periodic sync): one with work that
@@ -193,9 +234,12 @@ class WorkRunner:
         if not item.get("work") or allocation_id in self.ended:
             return
         if allocation_id in self.grants or allocation_id in self.executor.running():
+            if allocation_id in self.gated and not item.get("preempt_deadline") and item.get("gang_wait") is False:
+                self.on_gang_ready(allocation_id)  # its allocation.gang_ready was missed (core NATS)
+                return
             # ours (re-adopted after a restart, or granted): a stop asked for while this agent was not listening
             # (allocation.preempting is core NATS) reaches the work now
-            if item.get("preempt_deadline") and allocation_id not in self.waiting:
+            if item.get("preempt_deadline") and allocation_id not in self.waiting and allocation_id not in self.gated:
                 deadline = datetime.fromisoformat(item["preempt_deadline"])
                 self._spawn(self.executor.stop(allocation_id, deadline=deadline,
                                                reason=item.get("preempt_reason") or "Stopped"))
@@ -215,6 +259,8 @@ class WorkRunner:
             self.grants[allocation_id] = grant
             self._spawn(self._report_unstarted(grant, "Stopped", "stopped before it started (missed grant)"))
             return
+        if item.get("gang_wait") is False:
+            self.gang_go.add(allocation_id)  # its gang started meanwhile: no need to wait again
         self.on_granted(grant)
 
     def on_synced(self, live: set[str], listened_since: float) -> None:
@@ -232,6 +278,10 @@ class WorkRunner:
                 continue
             log.warning("work_without_live_allocation", extra={"node": self.node, "allocation_id": allocation_id})
             self.waiting.pop(allocation_id, None)
+            if self._ungate(allocation_id):
+                self._spawn(self._report_unstarted(self.grants[allocation_id], "Stopped",
+                                                   "its allocation is no longer live"))
+                continue
             self._spawn(self.executor.stop(allocation_id, deadline=utcnow(), reason="AllocationNotLive"))
 
     # --- launching and reporting -------------------------------------------------------------------------------
@@ -348,6 +398,7 @@ class WorkRunner:
         while len(self.ended) > 10_000:
             self.ended.popitem(last=False)
         self.waiting.pop(allocation_id, None)
+        self._ungate(allocation_id)
         self.grants.pop(allocation_id, None)
         self.known_since.pop(allocation_id, None)
         started = self.start_reported.get(allocation_id)

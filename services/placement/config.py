@@ -41,6 +41,10 @@ class PlacementSettings(ServiceSettings):
                                                 "a dev job gets by default on a MIG GPU)")
     decision_retention: int = Field(default=2000, ge=1,
                                     description="Recorded scheduling cycles kept for `gpupool decisions replay`")
+    gang_start_timeout_s: float = Field(default=300.0, ge=1, le=86_400,
+                                        description="A gang whose members are not all ready (grant applied on "
+                                                    "their nodes) within this of the grant is released and "
+                                                    "requeued (GangStartTimeout)")
     rendezvous_ports: str = Field(default="29500-29999", pattern=r"^[0-9]{1,5}-[0-9]{1,5}$",
                                   description="Ports (first-last) a job's rendezvous is given from, on its rank-0 "
                                               "member's node: reserve them for gpupool on the nodes")

@@ -8,6 +8,7 @@ import ipaddress
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -402,6 +403,21 @@ def on_work_end(*, stop_reason: str | None, exit_reason: str, gang_nodes: int) -
         return WorkEnd("WorkCompleted")
     reason = "MaxRuntimeExceeded" if exit_reason == "MaxRuntimeExceeded" else "WorkFailed"
     return WorkEnd(reason, stop_others=gang_nodes > 0)
+
+
+def gang_ready(members: Iterable[Row], gang_nodes: int) -> bool:
+    """Pure rule: a gang starts once it has all its members live, each still waiting and reported ready (its
+    grant applied on its node), none of them being stopped."""
+    members = list(members)
+    return (gang_nodes > 1 and len(members) == gang_nodes
+            and all(m["gang_wait"] and m["ready_at"] is not None and m["preempt_deadline"] is None
+                    for m in members))
+
+
+def gang_start_due(running: Iterable[Row], timeout_s: float) -> datetime | None:
+    """When the earliest gang still waiting for its members runs out of time (None: none is waiting)."""
+    waiting = [r["granted_at"] for r in running if r.get("gang_wait") and r["preempt_deadline"] is None]
+    return min(waiting) + timedelta(seconds=timeout_s) if waiting else None
 
 
 # --- a job's rendezvous: what torchrun (and DeepSpeed, Accelerate) read to find the job's other members ----------

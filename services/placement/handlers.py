@@ -33,6 +33,7 @@ from libs.contracts.commands import (
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
     AllocatedGpu,
+    AllocationGangReady,
     AllocationGranted,
     AllocationPreempting,
     AllocationReleased,
@@ -53,6 +54,7 @@ from libs.contracts.events import (
     SchedulingCycleDecided,
     TeamCreated,
     WorkExited,
+    WorkReady,
 )
 from libs.contracts.work import WorkExit, WorkSpec
 from libs.core import NormalizeMemo, Placement, Plan, Preemption, codec, schedule
@@ -83,6 +85,8 @@ from services.placement.domain import (
     build_policy,
     build_snapshot,
     decided_placements,
+    gang_ready,
+    gang_start_due,
     offered_models,
     on_work_end,
     pending_reasons,
@@ -111,6 +115,7 @@ class PlacementHandlers:
         self._normalized = NormalizeMemo()  # the core's normalised requests (RequestBuilder keeps their objects)
         # the earliest preemption deadline the last cycle saw (None: none; False: not known yet)
         self._next_deadline: Any = False
+        self._gang_due: Any = None  # when the earliest gang still waiting for its members runs out of time
         self._tracer = tracer("gpupool.placement")
 
     async def _wake(self) -> None:
@@ -273,6 +278,46 @@ class PlacementHandlers:
                 await self._back_off(uow, data)
         self._kick.set()
 
+    async def on_work_ready(self, event: CloudEvent, data: WorkReady) -> None:
+        """A gang member's grant is applied on its node. Once every member is, each gets `allocation.gang_ready`
+        (in this transaction) and its agent starts the work: the gang's members start together."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            members = await store.gang_members(uow.conn, data.allocation_id)
+            mine = next((m for m in members if m["allocation_id"] == data.allocation_id), None)
+            if mine is None or not mine["gang_wait"] or mine["attempt"] != data.attempt:
+                return  # released, started already, or an older attempt's
+            await store.mark_ready(uow.conn, data.allocation_id, data.ready_at)
+            members = [{**dict(m), "ready_at": data.ready_at} if m is mine else dict(m) for m in members]
+            if not gang_ready(members, mine["gang_nodes"]):
+                return
+            now = utcnow()
+            held = await store.start_gang(uow.conn, [m["allocation_id"] for m in members])
+            for m, gpus in zip(members, held, strict=True):
+                await uow.emit(AllocationGangReady(
+                    allocation_id=m["allocation_id"], job_id=m["job_id"], replica=m["replica"], team=m["team"],
+                    project=m["project"], cluster=m["cluster"], node=m["node"], gpus=gpus, attempt=m["attempt"],
+                    members=len(members), ready_at=now))
+            log.info("gang_ready", extra={"job_id": data.job_id, "members": len(members)})
+
+    async def release_unstarted_gangs(self) -> int:
+        """A gang whose members were not all ready within GANG_START_TIMEOUT_S of the grant is released whole
+        (its waiting members are stopped before they start) with reason GangStartTimeout: the queue requeues it,
+        and its GPUs are not held by members that wait for one that will not come."""
+        now = utcnow()
+        async with self.rt.pool.acquire() as conn:
+            jobs = await store.unstarted_gangs(conn, now - timedelta(seconds=self.settings.gang_start_timeout_s))
+        for job_id in jobs:
+            async with self.rt.uow() as uow:
+                log.warning("gang_start_timed_out", extra={"job_id": job_id,
+                                                            "timeout_s": self.settings.gang_start_timeout_s})
+                await self._release(uow, job_id, "GangStartTimeout", now)
+        self._gang_due = None  # the next cycle computes it again
+        if jobs:
+            self._kick.set()
+        return len(jobs)
+
     async def _back_off(self, uow, data: WorkExited) -> None:  # type: ignore[no-untyped-def]
         """A replica of a replicated job failed: the job's next placement waits (domain.replica_back_off)."""
         wanted = await store.replica_failures(uow.conn, data.job_id)
@@ -362,6 +407,8 @@ class PlacementHandlers:
                 if self._next_deadline is False or (self._next_deadline is not None
                                                     and self._next_deadline <= utcnow()):
                     await self.release_due_preemptions()
+                if self._gang_due is not None and self._gang_due <= utcnow():
+                    await self.release_unstarted_gangs()
                 await self.run_cycle()
             except asyncio.CancelledError:
                 raise
@@ -387,6 +434,7 @@ class PlacementHandlers:
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             deadlines = [r["preempt_deadline"] for r in running if r["preempt_deadline"] is not None]
             self._next_deadline = min(deadlines) if deadlines else None
+            self._gang_due = gang_start_due(running, self.settings.gang_start_timeout_s)
             report_holdings(running, state["quotas"], state["teams"])
             live: dict[str, set[int]] = defaultdict(set)
             for r in running:
@@ -617,6 +665,7 @@ class PlacementHandlers:
                     "environment": {**workload_environment([AllocatedGpu.model_validate(g) for g in gpus],
                                                            r["allocation_id"]),
                                     **json.loads(r["rendezvous_env"] or "{}")} if r["work"] else {},
+                    "gang_wait": r["gang_wait"],
                     "exit": json.loads(r["exit"]) if r["exit"] else None,
                     "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
                     "granted_at": r["granted_at"].isoformat(),
@@ -653,7 +702,8 @@ class _Unit:
             out.allocations.append((allocation_id, job_id, member, job["team"], job["project"], p.cluster, p.node,
                                     now, job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"],
                                     job["work"], job["attempt"], joint[0] if joint else None,
-                                    joint[1] if joint else None, json.dumps(together) if joint else None))
+                                    joint[1] if joint else None, json.dumps(together) if joint else None,
+                                    bool(job["work"]) and replica is None and len(ordered) > 1))
             out.gpus += [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile,
                           g.mig_start, mig_slots.get(g.uuid)) for g in alloc_gpus]
             out.granted.append(AllocationGranted(
@@ -726,6 +776,7 @@ def routes(h: PlacementHandlers) -> Routes:
             JobCancelled: h.on_job_cancelled,
             JobScaled: h.on_job_scaled,
             WorkExited: h.on_work_exited,
+            WorkReady: h.on_work_ready,
             TeamCreated: h.on_team_created,
             QuotaSet: h.on_quota_set,
             PriorityClassSet: h.on_priority_class_set,

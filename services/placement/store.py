@@ -104,7 +104,7 @@ SELECT json_build_object(
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
-             a.rendezvous_port,
+             a.rendezvous_port, a.gang_wait,
              coalesce(p.replicas, 1) AS replicas,
              array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
              min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
@@ -205,14 +205,15 @@ async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> 
 async def insert_allocations(conn: asyncpg.Connection, allocations: list[tuple], gpus: list[tuple]) -> None:
     """Insert allocations and the GPU shares they hold, all in two pipelined statements (one round trip each).
     `allocations`: (allocation_id, job_id, replica, team, project, cluster, node, granted_at, priority,
-    priority_class, kind, max_runtime_s, work, attempt, rendezvous_host, rendezvous_port, rendezvous_env); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
+    priority_class, kind, max_runtime_s, work, attempt, rendezvous_host, rendezvous_port, rendezvous_env,
+    gang_wait); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
     mig_profile, mig_start, mig_slots). Any refusal (a GPU held, a replica already placed) fails them all."""
     try:
         await conn.executemany(
             """INSERT INTO allocations (allocation_id, job_id, replica, team, project, cluster, node, granted_at,
                                        priority, priority_class, kind, max_runtime_s, work, attempt,
-                                       rendezvous_host, rendezvous_port, rendezvous_env)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)""", allocations)
+                                       rendezvous_host, rendezvous_port, rendezvous_env, gang_wait)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)""", allocations)
         await conn.executemany(
             """INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model, share_milli, memory_mib,
                                            mig_profile, mig_start, mig_slots)
@@ -227,7 +228,7 @@ async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: a
     await insert_allocations(
         conn, [(allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
                 job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"], job.get("work"),
-                job.get("attempt", 0), None, None, None)],
+                job.get("attempt", 0), None, None, None, False)],
         [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start,
           mig_slots.get(g.uuid)) for g in gpus])
 
@@ -344,6 +345,40 @@ async def work_allocation(conn: asyncpg.Connection, allocation_id: str) -> async
            FOR UPDATE OF a""", allocation_id)
 
 
+async def gang_members(conn: asyncpg.Connection, allocation_id: str) -> list[asyncpg.Record]:
+    """The live allocations of the job `allocation_id` belongs to, locked in one order (members reporting ready
+    at once then wait for each other instead of deadlocking), with the gang's size and each one's GPUs' rows."""
+    job_id = await conn.fetchval("SELECT job_id FROM allocations WHERE allocation_id = $1", allocation_id)
+    if job_id is None:
+        return []
+    return await conn.fetch(
+        f"""SELECT {', '.join('a.' + c for c in _ALLOCATION.split(', '))}, a.attempt, a.gang_wait, a.ready_at,
+                   a.preempt_deadline, coalesce(p.gang_nodes, 0) AS gang_nodes
+            FROM allocations a LEFT JOIN pending_jobs p USING (job_id)
+            WHERE a.job_id = $1 AND a.released_at IS NULL ORDER BY a.allocation_id FOR UPDATE OF a""", job_id)
+
+
+async def mark_ready(conn: asyncpg.Connection, allocation_id: str, at: datetime) -> None:
+    await conn.execute("UPDATE allocations SET ready_at = coalesce(ready_at, $2) WHERE allocation_id = $1",
+                       allocation_id, at)
+
+
+async def start_gang(conn: asyncpg.Connection, allocation_ids: list[str]) -> list[list[AllocatedGpu]]:
+    """End the members' wait; returns each one's GPUs (in the order given), for its announcement."""
+    await conn.execute("UPDATE allocations SET gang_wait = false WHERE allocation_id = ANY($1::text[])",
+                       allocation_ids)
+    return [await _held(conn, a) for a in allocation_ids]
+
+
+async def unstarted_gangs(conn: asyncpg.Connection, granted_before: datetime) -> list[str]:
+    """Jobs with a live member still waiting for its gang since before `granted_before` (and not being stopped)."""
+    rows = await conn.fetch(
+        """SELECT DISTINCT job_id FROM allocations
+           WHERE released_at IS NULL AND gang_wait AND preempt_deadline IS NULL AND granted_at < $1""",
+        granted_before)
+    return [r["job_id"] for r in rows]
+
+
 async def live_count(conn: asyncpg.Connection, job_id: str) -> int:
     return await conn.fetchval("SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL", job_id)
 
@@ -411,7 +446,7 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
     return await conn.fetch(
         """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
                   a.released_at, a.release_reason, a.preempt_deadline, a.preempt_reason, a.attempt, a.work, a.kind,
-                  a.exit, a.rendezvous_env,
+                  a.exit, a.rendezvous_env, a.gang_wait,
                   coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model,
                                              'share_milli', g.share_milli, 'memory_mib', g.memory_mib,
                                              'mig_profile', g.mig_profile, 'mig_start', g.mig_start)

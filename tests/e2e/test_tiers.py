@@ -19,7 +19,7 @@ from support import (
     wait_state,
 )
 
-from libs.contracts.events import AllocationGranted, AllocationReleased
+from libs.contracts.events import AllocationGangReady, AllocationGranted, AllocationReleased
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="the executor needs root for cgroups and device nodes")]
@@ -106,6 +106,9 @@ async def test_a_two_node_gang_rendezvouses_over_tcp_with_torchruns_variables(pl
             assert job["state"] == "completed", job
             granted = sorted((d for _, _, d in watcher.of(AllocationGranted, job_id)), key=lambda d: d.replica)
             assert [g.replica for g in granted] == [0, 1] and granted[0].node != granted[1].node
+            # the members started together: each once every member's grant was applied
+            started = {d.allocation_id for _, _, d in watcher.of(AllocationGangReady, job_id)}
+            assert started == {g.allocation_id for g in granted}
             master = granted[0].environment["PET_MASTER_ADDR"]
             addresses = granted[0].environment["GPUPOOL_NODE_IPS"].split(",")
             assert len(set(addresses)) == 2 and master == addresses[0] and master.startswith("127.0.0.")

@@ -12,6 +12,7 @@ from libs.contracts.events import (
     AllocationPreempting,
     AllocationReleased,
     WorkExited,
+    WorkReady,
     WorkStarted,
 )
 from libs.contracts.work import WorkSpec
@@ -304,9 +305,67 @@ async def test_a_job_with_a_rendezvous_gets_the_nodes_nccl_interfaces_unless_it_
     r.on_granted(own)
     r.on_granted(grant("a3"))  # no rendezvous: nothing about NCCL
     await settle()
+    r.on_gang_ready("a1")
+    r.on_gang_ready("a2")
+    await settle()
     env = {spec.allocation_id: spec.env for spec in ex.launched}
     assert (env["a1"]["NCCL_SOCKET_IFNAME"], env["a1"]["NCCL_IB_HCA"]) == ("eth0", "mlx5_0,mlx5_1")
     assert env["a1"]["PET_NODE_RANK"] == "1" and env["a1"]["MASTER_ADDR"] == "10.0.0.1"
     assert (env["a2"]["NCCL_SOCKET_IFNAME"], env["a2"]["NCCL_IB_HCA"]) == ("ib0", "mlx5_0,mlx5_1")
     assert "NCCL_SOCKET_IFNAME" not in env["a3"] and "NCCL_IB_HCA" not in env["a3"]
     assert network_environment("", "") == {}
+
+
+def gang_member(allocation_id: str) -> AllocationGranted:
+    g = grant(allocation_id)
+    g.environment.update({"PET_NNODES": "2", "PET_NODE_RANK": "1"})
+    return g
+
+
+async def test_a_gang_member_reports_ready_and_starts_only_when_its_gang_is() -> None:
+    ex = FakeExecutor()
+    r, published = runner(ex)
+    r.on_granted(gang_member("a1"))
+    await settle()
+    assert ex.launched == [], "a gang member started before its gang was ready"
+    (ready, identity), = published
+    assert isinstance(ready, WorkReady) and ready.allocation_id == "a1" and ready.attempt == 2
+    assert identity == "work_ready/a1"
+    r.on_gang_ready("a1")
+    r.on_gang_ready("a1")  # a redelivered gang_ready starts nothing twice
+    await settle()
+    assert [s.allocation_id for s in ex.launched] == ["a1"]
+    assert isinstance(published[-1][0], WorkStarted)
+
+
+async def test_a_gang_member_stopped_or_released_while_it_waits_never_starts_and_its_end_is_reported() -> None:
+    ex = FakeExecutor()
+    r, published = runner(ex)
+    r.on_granted(gang_member("a1"))
+    r.on_granted(gang_member("a2"))
+    await settle()
+    await r.on_preempting(AllocationPreempting(
+        allocation_id="a1", job_id="j1", team="t", project="p", cluster="c", node="n1", gpus=GPUS,
+        reason="GangStartTimeout", message="", preemptor_job_id="", deadline=NOW))
+    await r.on_released(AllocationReleased(
+        allocation_id="a2", job_id="j1", team="t", project="p", cluster="c", node="n1", gpus=GPUS,
+        granted_at=NOW, released_at=NOW, reason="NodeLost"))
+    r.on_gang_ready("a1")
+    await settle()
+    assert ex.launched == []
+    exits = {e.allocation_id: e.exit for e, _ in published if isinstance(e, WorkExited)}
+    assert set(exits) == {"a1", "a2"} and all(x.reason == "Stopped" for x in exits.values())
+
+
+async def test_a_resync_that_lists_the_gang_started_starts_a_member_that_missed_gang_ready() -> None:
+    ex = FakeExecutor()
+    r, _ = runner(ex)
+    r.on_granted(gang_member("a1"))
+    await settle()
+    item = {"allocation_id": "a1", "work": {"command": ["x"]}, "gang_wait": True}
+    r.on_live(item)  # still waiting: nothing
+    await settle()
+    assert ex.launched == []
+    r.on_live({**item, "gang_wait": False})
+    await settle()
+    assert [s.allocation_id for s in ex.launched] == ["a1"]

@@ -1,10 +1,23 @@
 """A job that runs as one gets a rendezvous: each member's torchrun environment and a port reserved on its rank-0
-member's host, never one a live job holds there (every loopback address counting as one host)."""
+member's host, never one a live job holds there (every loopback address counting as one host); a gang starts when
+all its members are ready."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from libs.core import Placement
-from services.placement.domain import Member, RendezvousPorts, choose_port, port_host, rendezvous_environment
+from services.placement.domain import (
+    Member,
+    RendezvousPorts,
+    choose_port,
+    gang_ready,
+    gang_start_due,
+    port_host,
+    rendezvous_environment,
+)
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def placement(node: str, replica: int, gpus: int = 8) -> Placement:
@@ -61,3 +74,23 @@ def test_a_port_on_one_host_does_not_block_another() -> None:
     ports = RendezvousPorts.of(nodes, [{"rendezvous_host": "10.0.0.1", "rendezvous_port": 29500}], (29500, 29999))
     assert ports.take("x", [placement("a", 0)])[1] == 29501  # type: ignore[index]
     assert ports.take("y", [placement("b", 0)])[1] == 29500  # type: ignore[index]
+
+
+def member_row(ready: bool = True, waiting: bool = True, stopping: bool = False) -> dict:
+    return {"gang_wait": waiting, "ready_at": T0 if ready else None, "preempt_deadline": T0 if stopping else None,
+            "granted_at": T0}
+
+
+def test_a_gang_starts_only_with_all_its_members_live_ready_and_not_being_stopped() -> None:
+    assert gang_ready([member_row(), member_row()], gang_nodes=2)
+    assert not gang_ready([member_row()], gang_nodes=2)  # one member not (or no longer) live
+    assert not gang_ready([member_row(), member_row(ready=False)], gang_nodes=2)
+    assert not gang_ready([member_row(), member_row(waiting=False)], gang_nodes=2)  # started already
+    assert not gang_ready([member_row(), member_row(stopping=True)], gang_nodes=2)
+    assert not gang_ready([member_row()], gang_nodes=1)  # a single job never waits
+
+
+def test_the_gang_start_deadline_is_the_earliest_waiting_grant_plus_the_timeout() -> None:
+    later = {**member_row(), "granted_at": T0 + timedelta(seconds=30)}
+    assert gang_start_due([later, member_row(), member_row(waiting=False)], 300) == T0 + timedelta(seconds=300)
+    assert gang_start_due([member_row(stopping=True), member_row(waiting=False)], 300) is None
