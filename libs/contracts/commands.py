@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from libs.contracts.addresses import PeerAddress
 from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
-from libs.contracts.work import Arg, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
+from libs.contracts.work import Arg, HealthCheck, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 # The dates a command may carry: a price from year 1 or a loan to year 9999 is a typo, and arithmetic on it
@@ -229,6 +229,10 @@ class JobWork(BaseModel):
     isolation: Isolation = "process"
     image: str | None = Field(default=None, max_length=512)
     rootfs: str | None = Field(default=None, max_length=4096)
+    ports: list[str] = Field(default_factory=list, max_length=16,
+                             description="named ports the work serves on (PORT, PORT_<NAME>); endpoints list them")
+    health: HealthCheck | None = Field(default=None, description="http path, tcp port or exec argv, with "
+                                                                 "interval_s, timeout_s, grace_s, failures")
 
     @model_validator(mode="after")
     def _work_consistent(self) -> JobWork:
@@ -249,7 +253,7 @@ class JobWork(BaseModel):
 
 
 WORK_FIELDS = ("command", "env", "workdir", "limits", "stop_signal", "stop_grace_s", "warn_before_s", "warn_signal",
-               "restart", "isolation", "image", "rootfs")
+               "restart", "isolation", "image", "rootfs", "ports", "health")
 
 
 class SubmitJob(Command, JobShape, JobWork):

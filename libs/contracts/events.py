@@ -10,98 +10,33 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from libs.contracts import subjects
 from libs.contracts.addresses import PeerAddress
-from libs.contracts.envelope import CloudEvent, InvalidEnvelope, utcnow, uuid7
+from libs.contracts.agent_events import (  # noqa: F401 (the agent's payloads are importable from here too)
+    AgentAllocationEvent,
+    AgentWorkEvent,
+    EndpointEvent,
+    EndpointReady,
+    EndpointUnready,
+    FractionExceeded,
+    GpuTelemetry,
+    MigApplied,
+    TelemetrySampled,
+    WorkExited,
+    WorkReady,
+    WorkStarted,
+)
+from libs.contracts.envelope import CloudEvent, InvalidEnvelope
+from libs.contracts.event_base import MAX_EVENT_NUMBER, MAX_EVENT_TEXT, EventData, Health  # noqa: F401
 from libs.contracts.work import WorkExit, WorkSpec
 
-Health = Literal["healthy", "degraded", "failed"]
-# Inventory's health state machine per GPU (healthy → suspect → quarantined → probation → healthy). `Health` above
+# Inventory's health state machine per GPU (healthy → suspect → quarantined → probation → healthy). `Health`
 # is the coarse view every consumer already reads: healthy ↔ healthy, suspect/probation ↔ degraded, quarantined ↔
 # failed; only a `healthy` GPU gets new work.
 GpuState = Literal["healthy", "suspect", "quarantined", "probation"]
 SharingMode = Literal["exclusive", "fractional", "mig"]
-
-
-# Events are input too (libs/contracts/origins.py): beside each model's own bounds, no number in any event may be
-# beyond what the platform ever counts (a GPU total, a revision, bytes, seconds), nor any float non-finite, nor any
-# text longer than a log line's chunk. A forged 1e308 would otherwise reach arithmetic that overflows.
-MAX_EVENT_NUMBER = 2**53  # exact in a float and in JavaScript
-MAX_EVENT_TEXT = 1 << 20
-
-
-def _out_of_bounds(value: object, depth: int = 0) -> str | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        if value != value or abs(value) > MAX_EVENT_NUMBER:  # NaN, ±inf, or too large
-            return f"number {value!r} is beyond ±{MAX_EVENT_NUMBER}"
-        return None
-    if isinstance(value, str):
-        return f"text of {len(value)} characters (at most {MAX_EVENT_TEXT})" if len(value) > MAX_EVENT_TEXT else None
-    if depth > 8:
-        return None  # the models nest a few levels; their own fields are checked where they are models
-    if isinstance(value, dict):
-        items = list(value.values())
-    elif isinstance(value, list | tuple):
-        items = list(value)
-    elif isinstance(value, BaseModel):
-        items = [getattr(value, name) for name in type(value).model_fields]
-    else:
-        return None
-    for item in items:
-        why = _out_of_bounds(item, depth + 1)
-        if why:
-            return why
-    return None
-
-
-class EventData(BaseModel):
-    """Base of every event payload: knows its CloudEvents type, its subject and which field names the entity."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    event_type: ClassVar[str]
-    event_subject: ClassVar[str]
-    entity_field: ClassVar[str]
-    # False for a high-volume type whose every field carries its own bounds instead (walking costs its consumers
-    # more than validating the payload: ~0.13 ms per 8-GPU telemetry sample)
-    walk_bounds: ClassVar[bool] = True
-    # True for what a node's agent publishes: its subject ends with `.<cluster>.<node>` (the event's own), so the
-    # server lets each node's identity publish only its own (deploy/nats/permissions.yaml)
-    node_scoped: ClassVar[bool] = False
-
-    @classmethod
-    def filter_subject(cls) -> str:
-        """What a consumer of this type filters on: the subject, or every node's for a node-scoped type."""
-        return f"{cls.event_subject}.*.*" if cls.node_scoped else cls.event_subject
-
-    @model_validator(mode="after")
-    def _bounded(self) -> EventData:
-        if not self.walk_bounds:
-            return self
-        for name in type(self).model_fields:
-            why = _out_of_bounds(getattr(self, name))
-            if why:
-                raise ValueError(f"{name}: {why}")
-        return self
-
-    def entity_id(self) -> str:
-        return str(getattr(self, self.entity_field))
-
-    def to_cloudevent(self, source: str, *, event_id: str | None = None, traceparent: str | None = None,
-                      time: datetime | None = None) -> CloudEvent:
-        return CloudEvent(
-            id=event_id or uuid7(),
-            source=source,
-            type=self.event_type,
-            subject=self.entity_id(),
-            time=time or utcnow(),
-            data=self.model_dump(mode="json"),
-            traceparent=traceparent,
-        )
 
 
 # --- inventory --------------------------------------------------------------------------------------------------
@@ -714,152 +649,6 @@ class OrphanDetected(EventData):
     detected_at: datetime
 
 
-# --- what the node agent applied (agent) ------------------------------------------------------------------------
-class AgentAllocationEvent(EventData):
-    """What the node agent's events say about the allocation and GPU they concern."""
-
-    entity_field: ClassVar[str] = "allocation_id"
-    node_scoped: ClassVar[bool] = True
-
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
-    gpu_uuid: str
-    gpu_index: int
-
-
-class MigApplied(AgentAllocationEvent):
-    """The node agent acted on a MIG allocation: `created` (the instance exists; `mig_uuid` is the device the
-    workload must see), `destroyed` (released, instance gone) or `failed` (not applied yet, `reason` says why; the
-    agent retries while the allocation lives). Published by the agent directly to JetStream, once per outcome."""
-
-    event_type: ClassVar[str] = "io.gpupool.agent.mig_applied.v1"
-    event_subject: ClassVar[str] = subjects.AGENT_MIG_APPLIED
-
-    profile: str
-    start: int
-    action: Literal["created", "destroyed", "failed"]
-    mig_uuid: str | None = None
-    reason: str | None = Field(default=None, description="why it failed: MigModeDisabled, SlotInUse, InstanceBusy, "
-                                                          "ProcessesOutsideLayout, UnknownProfile, or NVML's error")
-    applied_at: datetime
-
-
-class FractionExceeded(AgentAllocationEvent):
-    """A process of a fractional allocation uses more GPU memory than the fraction was promised (its CUDA MPS
-    pinned memory limit). `action`: `reported`, or `stopped` (policy stop: SIGTERM, SIGKILL after a grace).
-    Reported once per (allocation, process)."""
-
-    event_type: ClassVar[str] = "io.gpupool.agent.fraction_exceeded.v1"
-    event_subject: ClassVar[str] = subjects.AGENT_FRACTION_EXCEEDED
-
-    pid: int
-    used_mib: int
-    limit_mib: int
-    action: Literal["reported", "stopped"]
-    detected_at: datetime
-
-
-class AgentWorkEvent(EventData):
-    """What the agent's work events say about the allocation whose work they concern."""
-
-    entity_field: ClassVar[str] = "allocation_id"
-    node_scoped: ClassVar[bool] = True
-
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
-    replica: int = 0
-    attempt: int = 0
-
-
-class WorkStarted(AgentWorkEvent):
-    """The agent started an allocation's work: its process exists in its cgroup (a job becomes `running` on this,
-    not on the grant). Published by the agent directly to JetStream."""
-
-    event_type: ClassVar[str] = "io.gpupool.agent.work_started.v1"
-    event_subject: ClassVar[str] = subjects.AGENT_WORK_STARTED
-
-    pid: int = Field(ge=1)
-    isolation: str
-    started_at: datetime
-
-
-class WorkReady(AgentWorkEvent):
-    """A gang member's grant is applied on its node (GPUs, MIG instance, MPS) and its command waits for the other
-    members: placement answers `allocation.gang_ready` once every member is ready. Published by the agent
-    directly to JetStream."""
-
-    event_type: ClassVar[str] = "io.gpupool.agent.work_ready.v1"
-    event_subject: ClassVar[str] = subjects.AGENT_WORK_READY
-
-    ready_at: datetime
-
-
-class WorkExited(AgentWorkEvent):
-    """An allocation's work ended and its cgroup is empty: placement may release the GPUs now. `exit` says how
-    (exit code, signal, OOM, a launch failure, a stop). Published by the agent directly to JetStream."""
-
-    event_type: ClassVar[str] = "io.gpupool.agent.work_exited.v1"
-    event_subject: ClassVar[str] = subjects.AGENT_WORK_EXITED
-
-    exit: WorkExit
-
-
-# --- telemetry (agent) ------------------------------------------------------------------------------------------
-_MIB = 1 << 30  # 1 PiB in MiB: beyond any GPU's or node's memory
-_COUNT = 1 << 31
-
-
-class GpuTelemetry(BaseModel):
-    # every field bounded here (TelemetrySampled does not walk its values: see EventData.walk_bounds)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    uuid: str = Field(max_length=128)
-    index: int = Field(ge=0, le=255)
-    utilization_gpu_pct: float = Field(ge=0, le=100)
-    utilization_memory_pct: float = Field(ge=0, le=100)
-    memory_used_mib: int = Field(ge=0, le=_MIB)
-    memory_total_mib: int = Field(ge=0, le=_MIB)
-    temperature_c: float | None = Field(default=None, ge=-273.15, le=1000)
-    power_w: float | None = Field(default=None, ge=0, le=100_000)
-    sm_clock_mhz: int | None = Field(default=None, ge=0, le=100_000)
-    ecc_volatile_sbe: int = Field(default=0, ge=0, le=2**53)
-    ecc_volatile_dbe: int = Field(default=0, ge=0, le=2**53)
-    xid_events: list[int] = Field(default_factory=list, max_length=1024)
-    throttle_reasons: list[str] = Field(default_factory=list, max_length=64)
-    process_count: int = Field(default=0, ge=0, le=_COUNT)
-    health: Health = "healthy"
-    health_reasons: list[str] = Field(default_factory=list, max_length=64)
-
-
-class TelemetrySampled(EventData):
-    """One agent sample of every GPU on a node. Sent on `gpupool.telemetry.<cluster>.<node>`, not the events
-    stream: high volume, short retention."""
-
-    event_type: ClassVar[str] = "io.gpupool.telemetry.sampled.v1"
-    event_subject: ClassVar[str] = subjects.TELEMETRY_ALL  # concrete subject: subjects.telemetry(cluster, node)
-    entity_field: ClassVar[str] = "node"
-
-    walk_bounds: ClassVar[bool] = False  # ~10,000 GPU samples a second: each field is bounded instead
-
-    cluster: str = Field(max_length=64)
-    node: str = Field(max_length=128)
-    sampled_at: datetime
-    cpu_util_pct: float | None = Field(default=None, ge=0, le=100)
-    memory_used_mib: int | None = Field(default=None, ge=0, le=_MIB)
-    gpus: list[GpuTelemetry] = Field(max_length=256)
-    network_rx_mbps: float | None = Field(default=None, ge=0, le=1e9, description="All reported interfaces, received")
-    network_tx_mbps: float | None = Field(default=None, ge=0, le=1e9, description="All reported interfaces, sent")
-    storage_used_gib: float | None = Field(default=None, ge=0, le=1e9, description="All reported volumes, used")
-
-
 EVENT_TYPES: dict[str, type[EventData]] = {
     cls.event_type: cls
     for cls in (
@@ -899,6 +688,8 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         WorkReady,
         WorkExited,
         AllocationGangReady,
+        EndpointReady,
+        EndpointUnready,
     )
 }
 

@@ -20,7 +20,7 @@ from libs.contracts.events import EVENT_TYPES, EventData, decode_data, subject_f
 # the entity part of `io.gpupool.<entity>.<event>.vN` → the service that owns (and alone publishes) it
 OWNERS: dict[str, str] = {
     "node": "inventory", "gpu": "inventory", "job": "queue", "allocation": "placement", "decision": "placement",
-    "quota": "quota", "reclaim": "reclamation", "usage": "accounting", "agent": "agent",
+    "quota": "quota", "reclaim": "reclamation", "usage": "accounting", "agent": "agent", "endpoint": "agent",
 }
 # types whose entity is shared by two owners
 TYPE_OWNERS: dict[str, str] = {

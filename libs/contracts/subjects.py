@@ -48,10 +48,12 @@ AGENT_WORK_STARTED = "gpupool.agent.work_started"
 AGENT_WORK_READY = "gpupool.agent.work_ready"
 AGENT_WORK_EXITED = "gpupool.agent.work_exited"
 AGENT_ALL = "gpupool.agent.>"
+ENDPOINT_READY = "gpupool.endpoint.ready"
+ENDPOINT_UNREADY = "gpupool.endpoint.unready"
 ALLOCATION_ALL = "gpupool.allocation.>"
 JOB_ALL = "gpupool.job.>"
 
-EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage", "decision", "agent")
+EVENT_ENTITIES = ("node", "gpu", "job", "allocation", "quota", "reclaim", "usage", "decision", "agent", "endpoint")
 
 # --- telemetry (JetStream stream TELEMETRY) -------------------------------------------------------------------
 TELEMETRY_ALL = "gpupool.telemetry.>"

@@ -62,6 +62,40 @@ class RestartPolicy(BaseModel):
         return self
 
 
+PORT_NAME = r"^[a-z][a-z0-9-]{0,14}$"
+PortName = Annotated[str, Field(pattern=PORT_NAME)]
+
+
+class HealthCheck(BaseModel):
+    """How the agent tells whether a replica serves: exactly one of `http` (GET this path on the first port, or on
+    `port`; a 2xx or 3xx answer is healthy), `tcp` (a port name: healthy when it accepts a connection) or `exec` (an
+    argv run on the node as the work's user with its environment: exit 0 is healthy). A replica is ready after its
+    first healthy probe; `failures` unhealthy probes in a row (not counted during `grace_s` after a start, until
+    it was ready once) make it unready and restart it on the same allocation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    http: str | None = Field(default=None, max_length=1024, pattern=r"^/[!-~]*$",
+                             description="path to GET, e.g. /healthz")
+    tcp: PortName | None = Field(default=None, description="a port name (from `ports`)")
+    exec: list[Arg] | None = Field(default=None, min_length=1, max_length=64, description="argv; exit 0 is healthy")
+    port: PortName | None = Field(default=None, description="with http: which port (default the first)")
+    interval_s: float = Field(default=5.0, ge=0.1, le=3600, description="between probes")
+    timeout_s: float = Field(default=2.0, ge=0.05, le=600, description="a probe not answered within this fails")
+    grace_s: float = Field(default=30.0, ge=0, le=3600, description="after a start: time to come up")
+    failures: int = Field(default=3, ge=1, le=100, description="unhealthy probes in a row before a restart")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> HealthCheck:
+        if sum(x is not None for x in (self.http, self.tcp, self.exec)) != 1:
+            raise ValueError("a health check is exactly one of http, tcp or exec")
+        if self.port is not None and self.http is None:
+            raise ValueError("health port goes with http")
+        if self.timeout_s > self.interval_s:
+            raise ValueError("health timeout_s must not exceed interval_s")
+        return self
+
+
 class WorkSpec(BaseModel):
     """The work a job runs. Travels from the submission through `job.submitted` and `allocation.granted` to the
     agent of each granted node."""
@@ -89,6 +123,10 @@ class WorkSpec(BaseModel):
                               description="container: an image the node already has (never pulled)")
     rootfs: str | None = Field(default=None, max_length=4096,
                                description="container: a root filesystem directory on the node")
+    ports: list[PortName] = Field(default_factory=list, max_length=16,
+                                  description="named ports the work serves on: the agent picks a free host port "
+                                              "for each and passes PORT (the first) and PORT_<NAME>")
+    health: HealthCheck | None = Field(default=None, description="how the agent tells the replica serves")
 
     @field_validator("command")
     @classmethod
@@ -119,6 +157,19 @@ class WorkSpec(BaseModel):
         if not path.startswith("/") or "\x00" in path or "/../" in f"{path}/":
             raise ValueError("must be an absolute path without '..'")
         return path
+
+    @model_validator(mode="after")
+    def _ports_named_once(self) -> WorkSpec:
+        if len(set(self.ports)) != len(self.ports):
+            raise ValueError("ports must be named once each")
+        h = self.health
+        if h is not None:
+            if h.http is not None and not self.ports:
+                raise ValueError("an http health check needs a port (ports)")
+            for name in (h.tcp, h.port):
+                if name is not None and name not in self.ports:
+                    raise ValueError(f"health names port {name!r}, which is not in ports")
+        return self
 
     @model_validator(mode="after")
     def _container_needs_root(self) -> WorkSpec:

@@ -74,7 +74,8 @@ def build_runner(nc, agent: NodeAgent, settings: AgentSettings) -> WorkRunner:  
                         run_as_uid=settings.run_as_uid, log_max_bytes=settings.log_max_mib * 1024 * 1024,
                         kill_on_close=settings.stop_work_on_exit, grants_dir=state_dir / "grants",
                         log_retention_s=settings.log_retention_s, mps=build_mps(settings, digest),
-                        rendezvous_env=network_environment(settings.nccl_socket_ifname, settings.nccl_ib_hca))
+                        rendezvous_env=network_environment(settings.nccl_socket_ifname, settings.nccl_ib_hca),
+                        address=agent.address)
     runner.executor = Executor(state_dir,
                                f"{agent.cluster}-{agent.node}-{digest}", on_exit=runner.on_exit, drivers=drivers,
                                default_uid=settings.run_as_uid, max_stop_grace_s=settings.max_stop_grace_s,

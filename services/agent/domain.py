@@ -376,3 +376,52 @@ def fraction_action(policy: str, kind: str) -> str:
     if policy == "auto":
         return "stop" if kind == "dev" else "report"
     return policy
+
+
+# --- a service replica's health (pure: the prober in services/agent/endpoints.py feeds it) ------------------------
+RESTARTS_IN_PLACE = 3  # restarts on the same allocation without becoming ready between: then it is replaced
+
+
+@dataclass(frozen=True)
+class ReplicaHealth:
+    """What the agent knows of one replica's health: ready or not, and its unhealthy probes in a row."""
+
+    ready: bool = False
+    failures: int = 0
+
+
+def health_step(health: ReplicaHealth, healthy: bool, *, since_start_s: float, grace_s: float,
+                failures: int) -> tuple[ReplicaHealth, str | None]:
+    """One probe's result → the new state and what it means: `ready` (became ready), `restart` (`failures`
+    unhealthy probes in a row: unready, and its work is restarted) or None. Until it was ready once, probes during
+    `grace_s` after the start do not count (the replica is coming up)."""
+    if healthy:
+        return ReplicaHealth(True, 0), None if health.ready else "ready"
+    if not health.ready and since_start_s < grace_s:
+        return health, None
+    count = health.failures + 1
+    if count >= failures:
+        return ReplicaHealth(False, 0), "restart"
+    return ReplicaHealth(health.ready, count), None
+
+
+def restart_in_place(*, has_health: bool, stopped_by_placement: bool, restarts: int) -> bool:
+    """A replica with a health check whose work ended without placement asking (it crashed, or the agent stopped
+    it unhealthy) is restarted on the same allocation, at most RESTARTS_IN_PLACE times without becoming ready in
+    between; then its end is reported and placement replaces it."""
+    return has_health and not stopped_by_placement and restarts < RESTARTS_IN_PLACE
+
+
+def port_environment(ports: dict[str, int], address: str) -> dict[str, str]:
+    """PORT (the first named port), PORT_<NAME> for each (upper case, '-' as '_'), and where the node is."""
+    env = {f"PORT_{name.upper().replace('-', '_')}": str(port) for name, port in ports.items()}
+    if ports:
+        env["PORT"] = str(next(iter(ports.values())))
+    env["GPUPOOL_NODE_ADDRESS"] = address
+    return env
+
+
+def endpoint_url(address: str, ports: dict[str, int]) -> str:
+    """The replica's endpoint: its first port on its node's address."""
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{next(iter(ports.values()))}"

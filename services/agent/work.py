@@ -35,6 +35,7 @@ from libs.contracts.work import WorkExit, WorkSpec
 from services.agent.domain import launch_environment, log_text, mps_gpus, waits_for_gang
 from services.agent.executor import Executor, ExitReport, LaunchError, LaunchSpec, Limits
 from services.agent.mps import MpsControl, MpsError
+from services.agent.replicas import ReplicaKeeper
 
 log = logging.getLogger(__name__)
 Publish = Callable[[EventData, str], Awaitable[bool]]
@@ -48,7 +49,7 @@ class WorkRunner:
                  device_dir: str = "/dev", run_as_uid: int | None = None, log_max_bytes: int | None = None,
                  kill_on_close: bool = False, grants_dir: Path | None = None,
                  log_retention_s: float = 86_400.0, mps: MpsControl | None = None,
-                 rendezvous_env: dict[str, str] | None = None) -> None:
+                 rendezvous_env: dict[str, str] | None = None, address: str = "") -> None:
         self.rendezvous_env = rendezvous_env or {}  # the node's NCCL interfaces, for work with a rendezvous
         self.log_retention_s = log_retention_s
         self.mps = mps  # CUDA MPS daemons for fractions (None: this node enforces no fraction limits with MPS)
@@ -80,6 +81,11 @@ class WorkRunner:
         self.over_fraction: dict[str, str] = {}  # allocation stopped for its fraction's memory → what it used
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopped = False
+        # service replicas: ports, health, endpoints, restarts in place (services/agent/replicas.py)
+        self.replicas = ReplicaKeeper(cluster, node, address or "127.0.0.1", self._publish_until_taken,
+                                      self._stop_for, self._relaunch, run_as_uid)
+        self.mig_used: dict[str, str | None] = {}  # allocation → the MIG instance its work was launched on
+        self.last_exit: dict[str, WorkExit] = {}  # a replica restarting in place: its last end (if it never does)
 
     # --- start and stop --------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -94,6 +100,7 @@ class WorkRunner:
         """The agent stops: the work goes on (a restarted agent re-adopts it), unless `kill_on_close` (a local
         simulated platform going down takes its work with it)."""
         if self.kill_on_close:
+            self.replicas.stopped.update(self.executor.running())
             for allocation_id in list(self.executor.running()):
                 with contextlib.suppress(Exception):
                     await self.executor.stop(allocation_id, deadline=utcnow(), reason="AgentStopped")
@@ -101,6 +108,7 @@ class WorkRunner:
             while self.executor.running() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)  # the executor reports through on_exit, not an event to wait on
         self._stopped = True
+        self.replicas.close()
         for task in self._tasks:
             task.cancel()
         if self.kill_on_close and self.mps is not None:  # no work left: no client for any daemon
@@ -196,6 +204,9 @@ class WorkRunner:
             await self._report_unstarted(self.grants[data.allocation_id], "Stopped",
                                          f"stopped before it started ({data.reason})")
             return
+        grant = self.grants[data.allocation_id]
+        if self.replicas.serves(grant):  # out of the endpoint list before its stop signal
+            await self.replicas.draining(grant, data.reason)
         await self.executor.stop(data.allocation_id, deadline=data.deadline, reason=data.reason)
 
     async def stop_over_fraction(self, allocation_id: str, pid: int, used_mib: int, limit_mib: int,
@@ -218,6 +229,7 @@ class WorkRunner:
                                          f"released before its gang started ({data.reason})")
             return
         if data.allocation_id in self.grants and data.allocation_id not in self.ended:
+            self.replicas.stopped.add(data.allocation_id)
             await self.executor.stop(data.allocation_id, deadline=utcnow(), reason=data.reason)
 
     def _ungate(self, allocation_id: str) -> bool:
@@ -316,15 +328,17 @@ class WorkRunner:
                         log.info("mps_daemon_stopped", extra={"node": self.node, "gpu": uuid, "idle": True})
 
     def _spec(self, grant: AllocationGranted, mig_uuid: str | None,
-              extra_env: dict[str, str] | None = None) -> LaunchSpec:
+              extra_env: dict[str, str] | None = None, restart: int = 0) -> LaunchSpec:
         work = grant.work
         assert work is not None
         # the node's interfaces for a job whose members talk to each other, unless the job names its own
         node_env = self.rendezvous_env if "PET_NNODES" in grant.environment else {}
         env = launch_environment(grant.environment, {**node_env, **work.env}, gpus=grant.gpus, mig_uuid=mig_uuid)
         env.update(extra_env or {})
+        env.update(self.replicas.environment(grant))  # a service replica's ports
         return LaunchSpec(
             allocation_id=grant.allocation_id, job_id=grant.job_id, argv=list(work.command), attempt=grant.attempt,
+            restart=restart,
             replica=grant.replica, env=env, workdir=work.workdir,
             limits=Limits(cpu_milli=work.limits.cpu_milli, memory_mib=work.limits.memory_mib,
                           pids=work.limits.pids),
@@ -334,11 +348,30 @@ class WorkRunner:
             warn_signal=work.warn_signal, uid=self.run_as_uid, gid=self.run_as_uid,
             **({"log_max_bytes": self.log_max_bytes} if self.log_max_bytes else {}))
 
-    async def _launch(self, grant: AllocationGranted, mig_uuid: str | None) -> None:
+    def _relaunch(self, grant: AllocationGranted, restart: int) -> None:
+        """A replica restarting in place (replicas.py): the same grant again, after a short back-off."""
+        self.launching.add(grant.allocation_id)
+        self.start_reported[grant.allocation_id] = asyncio.Event()
+        self._spawn(self._launch(grant, self.mig_used.get(grant.allocation_id), restart=restart,
+                                 delay=min(5.0, 0.5 * restart)))
+
+    async def _stop_for(self, allocation_id: str, deadline: datetime, reason: str) -> None:
+        await self.executor.stop(allocation_id, deadline=deadline, reason=reason)
+
+    async def _launch(self, grant: AllocationGranted, mig_uuid: str | None, restart: int = 0,
+                      delay: float = 0.0) -> None:
         reported = self.start_reported.setdefault(grant.allocation_id, asyncio.Event())
         try:
+            if delay:
+                await asyncio.sleep(delay)
+            if restart and grant.allocation_id in self.replicas.stopped:  # stopped while it was to restart
+                self.launching.discard(grant.allocation_id)
+                reported.set()
+                await self._report(grant, self.last_exit.pop(grant.allocation_id))
+                return
+            self.mig_used[grant.allocation_id] = mig_uuid
             try:
-                spec = self._spec(grant, mig_uuid, await self._prepare_mps(grant))
+                spec = self._spec(grant, mig_uuid, await self._prepare_mps(grant), restart=restart)
                 pid = await self.executor.launch(spec)
             except LaunchError as exc:
                 log.warning("work_launch_failed", extra={"node": self.node, "allocation_id": grant.allocation_id,
@@ -360,7 +393,9 @@ class WorkRunner:
             await self._publish_until_taken(WorkStarted(
                 allocation_id=grant.allocation_id, job_id=grant.job_id, team=grant.team, project=grant.project,
                 cluster=self.cluster, node=self.node, replica=grant.replica, attempt=grant.attempt, pid=pid,
-                isolation=grant.work.isolation, started_at=utcnow()), f"work_started/{grant.allocation_id}")
+                isolation=grant.work.isolation, started_at=utcnow()),
+                f"work_started/{grant.allocation_id}" + (f"/{restart}" if restart else ""))
+            self.replicas.started(grant, spec.env)
         finally:
             reported.set()  # also when cancelled (the agent stops): an exit report never waits forever
 
@@ -385,6 +420,10 @@ class WorkRunner:
                         cpu_s=max(0.0, report.cpu_s))
         log.info("work_exited", extra={"node": self.node, "allocation_id": report.allocation_id,
                                        "reason": report.reason, "exit_code": report.exit_code})
+        if self.replicas.serves(grant) and await self.replicas.ended(
+                grant, reason, final=over is not None or reason == "MaxRuntimeExceeded" or self._stopped):
+            self.last_exit[report.allocation_id] = exit  # restarting in place: reported only if it never does
+            return
         await self._report(grant, exit)
 
     async def _report(self, grant: AllocationGranted, exit: WorkExit) -> None:
@@ -399,6 +438,9 @@ class WorkRunner:
             self.ended.popitem(last=False)
         self.waiting.pop(allocation_id, None)
         self._ungate(allocation_id)
+        self.replicas.forget(allocation_id)
+        self.mig_used.pop(allocation_id, None)
+        self.last_exit.pop(allocation_id, None)
         self.grants.pop(allocation_id, None)
         self.known_since.pop(allocation_id, None)
         started = self.start_reported.get(allocation_id)

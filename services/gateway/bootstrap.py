@@ -30,6 +30,7 @@ from services.gateway.auth import Authenticator
 from services.gateway.config import GatewaySettings
 from services.gateway.decisions import router as decisions_router
 from services.gateway.domain import problem
+from services.gateway.endpoints import router as endpoints_router
 from services.gateway.events import StreamSlots
 from services.gateway.events import router as events_router
 from services.gateway.handlers import ApiError, router
@@ -199,6 +200,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.event_streams = StreamSlots(settings.max_event_streams)
     app.include_router(router)
     app.include_router(logs_router)
+    app.include_router(endpoints_router)
     app.include_router(events_router)
     app.include_router(policy_router)
     app.include_router(reports_router)

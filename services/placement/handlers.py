@@ -12,7 +12,6 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -38,6 +37,8 @@ from libs.contracts.events import (
     AllocationPreempting,
     AllocationReleased,
     DecidedPreemption,
+    EndpointReady,
+    EndpointUnready,
     GpuHealthChanged,
     GpuSharingSet,
     JobCancelled,
@@ -57,16 +58,11 @@ from libs.contracts.events import (
     WorkReady,
 )
 from libs.contracts.work import WorkExit, WorkSpec
-from libs.core import NormalizeMemo, Placement, Plan, Preemption, codec, schedule
+from libs.core import NormalizeMemo, Placement, Preemption, codec, schedule
 from libs.observability.metrics import (
-    ALLOCATIONS,
-    GPUS_ALLOCATED,
     PENDING_UNITS,
-    QUOTA_GUARANTEED_GPUS,
-    QUOTA_USED_GPUS,
     SCHEDULING_CYCLE_SECONDS,
     SCHEDULING_DECISIONS,
-    SCHEDULING_PHASE_SECONDS,
 )
 from libs.observability.tracing import extract_context, tracer
 from libs.runtime.loops import every
@@ -94,6 +90,7 @@ from services.placement.domain import (
     split_unit,
     workload_environment,
 )
+from services.placement.reporting import report_holdings, report_plan
 
 log = logging.getLogger(__name__)
 CONSUMER = "placement"
@@ -300,6 +297,18 @@ class PlacementHandlers:
                     project=m["project"], cluster=m["cluster"], node=m["node"], gpus=gpus, attempt=m["attempt"],
                     members=len(members), ready_at=now))
             log.info("gang_ready", extra={"job_id": data.job_id, "members": len(members)})
+
+    async def on_endpoint(self, event: CloudEvent, data: EndpointReady | EndpointUnready) -> None:
+        """A replica's agent says where it serves and whether it is ready: kept with its allocation (for
+        `GET /v1/jobs/{id}/endpoints`). Only the agent of the allocation's node is believed."""
+        async with self.rt.uow() as uow:
+            if not await uow.first_time(CONSUMER, event.id):
+                return
+            ready = isinstance(data, EndpointReady)
+            if not await store.set_endpoint(uow.conn, data.allocation_id, data.cluster, data.node, url=data.url,
+                                            ports=data.ports, ready=ready, at=data.at,
+                                            reason="" if ready else data.reason):  # type: ignore[union-attr]
+                log.info("endpoint_not_recorded", extra={"allocation_id": data.allocation_id, "node": data.node})
 
     async def release_unstarted_gangs(self) -> int:
         """A gang whose members were not all ready within GANG_START_TIMEOUT_S of the grant is released whole
@@ -666,6 +675,9 @@ class PlacementHandlers:
                                                            r["allocation_id"]),
                                     **json.loads(r["rendezvous_env"] or "{}")} if r["work"] else {},
                     "gang_wait": r["gang_wait"],
+                    "endpoint": {"url": r["endpoint_url"], "ports": json.loads(r["endpoint_ports"] or "{}"),
+                                 "ready": bool(r["endpoint_ready"]), "since": r["endpoint_at"].isoformat(),
+                                 "reason": r["endpoint_reason"] or None} if r["endpoint_url"] else None,
                     "exit": json.loads(r["exit"]) if r["exit"] else None,
                     "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
                     "granted_at": r["granted_at"].isoformat(),
@@ -715,45 +727,6 @@ class _Unit:
         return out
 
 
-def report_holdings(running: Iterable[Any], quotas: Iterable[Any], teams: Iterable[Any]) -> None:
-    """/metrics: live allocations by state, GPUs held per model, and per team what it holds against what it is
-    guaranteed (shares counted by their share)."""
-    states: Counter[str] = Counter()
-    by_model: dict[str, float] = defaultdict(float)
-    by_team: dict[tuple[str, str], float] = defaultdict(float)
-    for r in running:
-        states["preempting" if r["preempt_deadline"] is not None else "running"] += 1
-        held = len(r["gpu_uuids"]) * r["share_milli"] / 1000
-        by_model[r["gpu_model"] or ""] += held
-        by_team[(r["team"], r["gpu_model"] or "")] += held
-    for state in ("running", "preempting"):
-        ALLOCATIONS.labels(state=state).set(states[state])
-    GPUS_ALLOCATED.clear()
-    for model, held in by_model.items():
-        GPUS_ALLOCATED.labels(gpu_model=model).set(held)
-    org_of = {t["team"]: t["org"] for t in teams}
-    QUOTA_USED_GPUS.clear()
-    for (team, model), held in by_team.items():
-        QUOTA_USED_GPUS.labels(team=team, gpu_model=model).set(held)
-    QUOTA_GUARANTEED_GPUS.clear()
-    for q in quotas:
-        org, _, team = q["path"].partition("/")
-        if team and "/" not in team and org_of.get(team, org) == org:
-            QUOTA_GUARANTEED_GPUS.labels(team=team, gpu_model=q["gpu_model"]).set(q["guaranteed"])
-
-
-def report_plan(plan: Plan) -> None:
-    """/metrics: the core's time per phase, victims chosen, and what is left pending by reason."""
-    for key, value in plan.stats:
-        if key.endswith("_us"):
-            SCHEDULING_PHASE_SECONDS.labels(phase=key[:-3]).observe(value / 1e6)
-    if plan.preemptions:
-        SCHEDULING_DECISIONS.labels(outcome="preempted").inc(len(plan.preemptions))
-    PENDING_UNITS.clear()
-    for reason, n in Counter(r.reason for r in plan.pending).items():
-        PENDING_UNITS.labels(reason=reason).set(n)
-
-
 def routes(h: PlacementHandlers) -> Routes:
     return Routes(
         commands={
@@ -777,6 +750,8 @@ def routes(h: PlacementHandlers) -> Routes:
             JobScaled: h.on_job_scaled,
             WorkExited: h.on_work_exited,
             WorkReady: h.on_work_ready,
+            EndpointReady: h.on_endpoint,
+            EndpointUnready: h.on_endpoint,
             TeamCreated: h.on_team_created,
             QuotaSet: h.on_quota_set,
             PriorityClassSet: h.on_priority_class_set,

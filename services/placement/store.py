@@ -370,6 +370,17 @@ async def start_gang(conn: asyncpg.Connection, allocation_ids: list[str]) -> lis
     return [await _held(conn, a) for a in allocation_ids]
 
 
+async def set_endpoint(conn: asyncpg.Connection, allocation_id: str, cluster: str, node: str, *, url: str,
+                       ports: dict[str, int], ready: bool, at: datetime, reason: str) -> bool:
+    """Record a replica's endpoint as its node's agent announced it; only for an allocation on that node, and never
+    over a newer announcement. False: nothing recorded."""
+    return await conn.fetchval(
+        """UPDATE allocations SET endpoint_url = $4, endpoint_ports = $5, endpoint_ready = $6, endpoint_at = $7,
+                                  endpoint_reason = $8
+           WHERE allocation_id = $1 AND cluster = $2 AND node = $3 AND (endpoint_at IS NULL OR endpoint_at <= $7)
+           RETURNING true""", allocation_id, cluster, node, url, json.dumps(ports), ready, at, reason) is not None
+
+
 async def unstarted_gangs(conn: asyncpg.Connection, granted_before: datetime) -> list[str]:
     """Jobs with a live member still waiting for its gang since before `granted_before` (and not being stopped)."""
     rows = await conn.fetch(
@@ -446,7 +457,8 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
     return await conn.fetch(
         """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
                   a.released_at, a.release_reason, a.preempt_deadline, a.preempt_reason, a.attempt, a.work, a.kind,
-                  a.exit, a.rendezvous_env, a.gang_wait,
+                  a.exit, a.rendezvous_env, a.gang_wait, a.endpoint_url, a.endpoint_ports, a.endpoint_ready,
+                  a.endpoint_at, a.endpoint_reason,
                   coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model,
                                              'share_milli', g.share_milli, 'memory_mib', g.memory_mib,
                                              'mig_profile', g.mig_profile, 'mig_start', g.mig_start)

@@ -1,5 +1,5 @@
 """The tiers on the node (issue #17): a training gang whose members find each other the way torchrun expects, and
-runs, fails and restarts as one. Real processes in real cgroups on a simulated fleet of two nodes, each node at its
+runs, fails and restarts as one; an inference service whose replicas serve at endpoints behind a health check. Real processes in real cgroups on a simulated fleet of two nodes, each node at its
 own loopback address, so the gang's rendezvous is real TCP between "nodes". Needs root (cgroups, device nodes)."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
+import nats
 import pytest
 from support import (
     AllocationWatcher,
@@ -19,7 +21,8 @@ from support import (
     wait_state,
 )
 
-from libs.contracts.events import AllocationGangReady, AllocationGranted, AllocationReleased
+from libs.contracts.envelope import parse_envelope
+from libs.contracts.events import AllocationGangReady, AllocationGranted, AllocationReleased, decode_data
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="the executor needs root for cgroups and device nodes")]
@@ -159,3 +162,107 @@ async def test_a_gang_restarts_as_one_after_a_member_dies(platform) -> None:  # 
             assert f"rank {rank} of 2" in out and "gathered" in out, out
         assert time.monotonic() - started < 90
         assert member_processes(job_id) == {}
+
+
+# --- inference services ----------------------------------------------------------------------------------------
+SERVER = r"""
+import http.server, os
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"replica {os.environ['GPUPOOL_REPLICA']} restarts {os.environ['GPUPOOL_RESTARTS']}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+address = (os.environ["GPUPOOL_NODE_ADDRESS"], int(os.environ["PORT"]))
+http.server.ThreadingHTTPServer(address, Handler).serve_forever()
+"""
+HEALTH = {"http": "/healthz", "interval_s": 0.3, "timeout_s": 0.3, "grace_s": 15, "failures": 2}
+
+
+class EndpointWatcher:
+    """A plain core-NATS subscriber on gpupool.endpoint.>, as a load balancer would follow a service."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.events: list[tuple[str, object]] = []
+
+    async def __aenter__(self) -> EndpointWatcher:
+        self.nc = await nats.connect(self.url)
+
+        async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+            envelope = parse_envelope(msg.data)
+            self.events.append((envelope.type, decode_data(envelope)))
+
+        await self.nc.subscribe("gpupool.endpoint.>", cb=on_msg)
+        await self.nc.flush()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.nc.close()
+
+    def of(self, allocation_id: str) -> list[str]:
+        return [t.split(".")[3] for t, d in self.events if getattr(d, "allocation_id", None) == allocation_id]
+
+
+def service(api, name: str, replicas: int = 2, **fields) -> str:  # type: ignore[no-untyped-def]
+    body = {"name": name, "team": "research", "kind": "inference", "gpus": 1, "replicas": replicas,
+            "command": ["python3", "-c", SERVER], "ports": ["http"], "health": HEALTH, **fields}
+    response = api.post("/v1/jobs", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["job_id"]
+
+
+def ready_endpoints(api, job_id: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    response = api.get(f"/v1/jobs/{job_id}/endpoints")
+    assert response.status_code == 200, response.text
+    return [e for e in response.json()["items"] if e["ready"]]
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url + "/", timeout=5) as answer:  # noqa: S310 (the test's own endpoint)
+        return answer.read().decode()
+
+
+def replica_pid(job_id: str, replica: int) -> int | None:
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"GPUPOOL_JOB_ID={job_id}".encode() in env and f"GPUPOOL_REPLICA={replica}".encode() in env:
+            return int(proc.name)
+    return None
+
+
+async def test_a_service_comes_up_behind_its_health_check_and_a_killed_replica_is_restarted_in_place(platform) -> None:  # type: ignore[no-untyped-def]
+    async with EndpointWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            job_id = service(api, "echo")
+            try:
+                ready = await eventually_async(lambda: (r := ready_endpoints(api, job_id)) and len(r) == 2 and r,
+                                               "2 ready endpoints", timeout=60)
+                for e in ready:  # each answers over HTTP at the URL the API lists
+                    assert e["url"].startswith("http://127.0.0.") and e["ports"]["http"] > 0
+                    assert fetch(e["url"]) == f"replica {e['replica']} restarts 0"
+                victim = ready[0]
+                pid = replica_pid(job_id, victim["replica"])
+                assert pid is not None
+                os.kill(pid, signal.SIGKILL)
+                await eventually_async(lambda: watcher.of(victim["allocation_id"])[-2:] == ["unready", "ready"],
+                                       "the killed replica unready, then ready again", timeout=60)
+                again = {e["replica"]: e for e in ready_endpoints(api, job_id)}
+                same = again[victim["replica"]]
+                # restarted on the same allocation, at the same endpoint
+                assert (same["allocation_id"], same["url"]) == (victim["allocation_id"], victim["url"])
+                assert fetch(same["url"]) == f"replica {victim['replica']} restarts 1"
+                assert watcher.of(victim["allocation_id"]) == ["ready", "unready", "ready"]
+            finally:
+                api.post(f"/v1/jobs/{job_id}/cancel")
+            await eventually_async(lambda: watcher.of(victim["allocation_id"])[-1:] == ["unready"],
+                                   "the cancelled replica to leave the endpoint list", timeout=30)

@@ -134,7 +134,8 @@ class Executor:
         if alloc in self._launching:
             return await asyncio.shield(self._launching[alloc])
         rec = self._attempts.get(alloc)
-        if rec is not None and rec.state == "ended" and rec.spec.attempt == spec.attempt:
+        if rec is not None and rec.state == "ended" and (rec.spec.attempt, rec.spec.restart) == (
+                spec.attempt, spec.restart):
             if rec.pid is not None:
                 return rec.pid
             raise LaunchError("LaunchFailed", f"attempt {spec.attempt} of allocation {alloc} already ended "
@@ -239,6 +240,7 @@ class Executor:
         env = dict(spec.env)
         env.update({"GPUPOOL_ALLOCATION_ID": spec.allocation_id, "GPUPOOL_JOB_ID": spec.job_id,
                     "GPUPOOL_ATTEMPT": str(spec.attempt), "GPUPOOL_REPLICA": str(spec.replica),
+                    "GPUPOOL_RESTARTS": str(spec.restart),
                     "GPUPOOL_CHECKPOINT_DIR": paths.checkpoint_dir, "GPUPOOL_WORKDIR": paths.workdir,
                     "GPUPOOL_STOP_DEADLINE_FILE": paths.deadline_file})
         if rec.runtime_deadline is not None:

@@ -45,6 +45,7 @@ class LaunchSpec:
     job_id: str
     argv: list[str]
     attempt: int = 1
+    restart: int = 0  # restarts of this attempt on the same allocation (a service replica that failed its health)
     replica: int = 0
     env: dict[str, str] = field(default_factory=dict)  # the final environment; the executor adds GPUPOOL_* only
     workdir: str | None = None  # None: <state_dir>/jobs/<job_id>/work, made and owned by uid
