@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from libs.contracts.addresses import PeerAddress
+from libs.contracts.autoscale import AutoscalePolicy, ReplicaBounds
 from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
 from libs.contracts.work import Arg, HealthCheck, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
@@ -185,6 +186,16 @@ class JobShape(BaseModel):
     exclusive: bool = Field(default=False,
                             description="dev jobs only: a whole GPU even where shared GPUs exist (dev jobs without "
                                         "an explicit shape take a fraction or a MIG slice where the pool offers one)")
+    min_replicas: int | None = Field(default=None, ge=1, le=256, description="a service: scaled no lower")
+    max_replicas: int | None = Field(default=None, ge=1, le=256, description="a service: scaled no higher")
+    autoscale: AutoscalePolicy | None = Field(default=None, description="scale between min and max on the load "
+                                              "the service reports (POST /v1/jobs/{id}/load)")
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> JobShape:
+        ReplicaBounds(replicas=self.replicas, min_replicas=self.min_replicas, max_replicas=self.max_replicas,
+                      autoscale=self.autoscale)
+        return self
 
     @model_validator(mode="after")
     def _consistent_shape(self) -> JobShape:
@@ -275,6 +286,15 @@ class ScaleJob(Command):
     replicas: int = Field(ge=1, le=256)
 
 
+class ReportLoad(Command):
+    """A service's load now (requests in flight, queue length), for its autoscaler. Each `reporter` (the service as
+    a whole: ''; or each replica, e.g. 'replica-0') keeps its latest value; their sum is the service's load."""
+
+    job_id: str = Field(min_length=1, max_length=64)
+    value: float = Field(ge=0, le=1e12)
+    reporter: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9._-]*$")
+
+
 class JobRef(Command):
     job_id: str = Field(min_length=1, max_length=64)
 
@@ -345,6 +365,9 @@ class JobView(BaseModel):
     exit_code: int | None = Field(default=None, description="the work's exit code, once an attempt ended")
     reason: str | None = Field(default=None, description="why the job is in its state: the last transition's "
                                                          "reason (e.g. NonZeroExit, OutOfMemory, Completed)")
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    autoscale: AutoscalePolicy | None = None
 
 
 # --- quota ------------------------------------------------------------------------------------------------------

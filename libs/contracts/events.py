@@ -239,6 +239,25 @@ class JobScaled(EventData):
     scaled_at: datetime
 
 
+class JobAutoscaled(EventData):
+    """The queue's autoscaler changed a service's replicas (then `job.scaled` follows as for a manual scale), with
+    the load it saw, the target and why: a load balancer, an SRE or `gpupool describe` can tell every step."""
+
+    event_type: ClassVar[str] = "io.gpupool.job.autoscaled.v1"
+    event_subject: ClassVar[str] = subjects.JOB_AUTOSCALED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    team: str
+    replicas: int = Field(ge=1, le=256)
+    previous: int = Field(ge=1, le=256)
+    signal: str = Field(max_length=32)
+    load: float = Field(ge=0, le=1e12)
+    target: float = Field(gt=0, le=1e9)
+    reason: str = Field(max_length=500)
+    scaled_at: datetime
+
+
 class JobStarted(EventData):
     event_type: ClassVar[str] = "io.gpupool.job.started.v1"
     event_subject: ClassVar[str] = subjects.JOB_STARTED
@@ -663,6 +682,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         JobCompleted,
         JobCancelled,
         JobScaled,
+        JobAutoscaled,
         JobStateChanged,
         AllocationGranted,
         AllocationPreempting,

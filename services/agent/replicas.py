@@ -91,6 +91,9 @@ class ReplicaKeeper:
     async def draining(self, grant: AllocationGranted, reason: str) -> None:
         """Placement stops the replica: it leaves the endpoint list before its stop signal, and stays stopped."""
         self.stopped.add(grant.allocation_id)
+        watch = self.watches.pop(grant.allocation_id, None)
+        if watch is not None:  # its health no longer matters: it is going
+            watch.cancel()
         await self._announce(grant, False, "Draining", f"stopping: {reason}")
 
     async def ended(self, grant: AllocationGranted, reason: str, *, final: bool) -> bool:

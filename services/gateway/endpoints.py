@@ -1,17 +1,19 @@
-"""GET /v1/jobs/{job_id}/endpoints: where each live replica of a job serves and whether it is ready, from
-placement's allocations (which keep what the agents announce as endpoint.ready / endpoint.unready). A load
-balancer or service mesh that follows the events gets the same; this is its snapshot."""
+"""A service's own routes. GET /v1/jobs/{job_id}/endpoints: where each live replica of a job serves and whether it
+is ready, from placement's allocations (which keep what the agents announce as endpoint.ready / endpoint.unready;
+a load balancer or service mesh that follows the events gets the same, this is its snapshot). POST
+/v1/jobs/{job_id}/load: the load the service reports for its autoscaler."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
+from pydantic import Field
 
 from libs.contracts import subjects
-from libs.contracts.commands import ListAllocations
+from libs.contracts.commands import ListAllocations, ReportLoad
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, Caller, call, job_team, require
+from services.gateway.handlers import ERRORS, Caller, RequestBody, call, job_team, require, require_on_job
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 EXAMPLE = {"job_id": "01a2...", "items": [
@@ -49,3 +51,26 @@ async def job_endpoints(job_id: Annotated[str, Path(max_length=64)], req: Reques
         if not after:
             break
     return {"job_id": job_id, "items": sorted(items, key=lambda i: i["replica"])}
+
+
+class LoadBody(RequestBody):
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"value": 37}, {"value": 4,
+                                                                                        "reporter": "replica-1"}]}}
+    value: float = Field(ge=0, le=1e12, description="requests in flight, queue length: the unit of the target")
+    reporter: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9._-]*$",
+                          description="who reports ('' the service as a whole; or each replica its own): the "
+                                      "service's load is the sum of each reporter's latest value")
+
+
+@router.post("/jobs/{job_id}/load", status_code=202, summary="Report a service's load for its autoscaler",
+             tags=["jobs"],
+             description="Kept as the reporter's latest value; the queue's autoscaler (every second) scales the "
+                         "job toward ceil(load / target) replicas within min_replicas..max_replicas, per its "
+                         "stabilisation windows and cool-down; each step is a `job.autoscaled` event and an "
+                         "`Autoscaled:<a>-><b>` history entry (`gpupool describe`). A report older than the "
+                         "policy's `sample_ttl_s` no longer counts. `409 NotAutoscaled`: the job has no policy.")
+async def report_load(job_id: Annotated[str, Path(max_length=64)], body: LoadBody, req: Request,
+                      caller: Caller) -> dict:
+    await require_on_job(req, caller, Action.JOB_SUBMIT, job_id)
+    return await call(req, subjects.CMD_QUEUE_REPORT_LOAD,
+                      ReportLoad(job_id=job_id, value=body.value, reporter=body.reporter))

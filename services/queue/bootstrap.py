@@ -11,6 +11,7 @@ async def main() -> None:
     await runtime.start()
     handlers = QueueHandlers(runtime, settings)
     await runtime.mount(routes(handlers))
+    runtime.background(handlers.autoscaler.run_forever(), "autoscale")
     runtime.background(handlers.report_queue_depth(), "queue-depth")
     runtime.background(handlers.sweep_requeues(), "requeue-backoff")
     await runtime.run_until_signalled()

@@ -15,3 +15,5 @@ class QueueSettings(ServiceSettings):
                                                                    "doubles with each loss")
     requeue_backoff_max_s: float = Field(default=300.0, ge=0, description="Longest requeue back-off")
     requeue_sweep_interval_s: float = Field(default=1.0, gt=0, description="How often due requeues are released")
+    autoscale_interval_s: float = Field(default=1.0, gt=0, le=3600,
+                                        description="How often each autoscaled service's load is evaluated")

@@ -1,10 +1,14 @@
-"""The job state machine: which transitions are legal, and the refusal when one is not."""
+"""The job state machine: which transitions are legal, and the refusal when one is not; what an attempt's end
+means; how a service scales itself."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from libs.contracts.autoscale import AutoscalePolicy
 from libs.contracts.commands import Reply
 from libs.contracts.work import WorkExit, WorkSpec
 
@@ -104,3 +108,46 @@ def after_work_ended(*, state: str, replicas: int, work: WorkSpec | None, restar
                                       f"{restart.delay_s:g}s", delay_s=restart.delay_s, failure=failure)
     return AttemptOutcome("fail", reason=str(failure["reason"]), exit_code=failure["exit_code"], message=message,
                           failure=failure)
+
+
+# --- autoscaling a service (pure: the handler loads the samples and the recommendations, and stores the result) ----
+@dataclass(frozen=True)
+class ScaleStep:
+    """What one evaluation decided: `replicas` (the current count when nothing changes), the recommendations kept
+    for the stabilisation windows ((at, replicas), oldest first), the load it saw, and why (None: no step)."""
+
+    replicas: int
+    recommendations: tuple[tuple[float, int], ...]
+    load: float | None = None
+    reason: str | None = None
+
+
+def autoscale(policy: AutoscalePolicy, *, current: int, min_replicas: int, max_replicas: int,
+              samples: Iterable[tuple[float, float]], recommendations: Iterable[tuple[float, int]],
+              last_scaled_at: float | None, now: float) -> ScaleStep:
+    """HPA's rule on a reported load: the raw recommendation is ceil(load / target) within the bounds; a scale-up
+    goes to the lowest recommendation of the up window, a scale-down to the highest of the down window (so a dip
+    shorter than the window never scales down), never sooner than `cooldown_s` after the last step. `samples`:
+    (value, at) of each reporter's latest report; only those younger than `sample_ttl_s` count, and with none
+    fresh nothing changes."""
+    keep = max(policy.scale_up_stabilization_s, policy.scale_down_stabilization_s)
+    recs = [(at, n) for at, n in recommendations if now - at <= keep]
+    fresh = [value for value, at in samples if now - at <= policy.sample_ttl_s]
+    if not fresh:
+        return ScaleStep(current, tuple(recs))
+    load = sum(fresh)
+    raw = min(max_replicas, max(min_replicas, math.ceil(load / policy.target - 1e-9)))
+    recs.append((now, raw))
+    if raw > current:
+        desired = min(n for at, n in recs if now - at <= policy.scale_up_stabilization_s)
+    elif raw < current:
+        desired = max(n for at, n in recs if now - at <= policy.scale_down_stabilization_s)
+    else:
+        desired = current
+    desired = min(max_replicas, max(min_replicas, desired))
+    cooling = last_scaled_at is not None and now - last_scaled_at < policy.cooldown_s
+    if desired == current or cooling:
+        return ScaleStep(current, tuple(recs), load)
+    return ScaleStep(desired, tuple(recs), load,
+                     f"load {load:g} at target {policy.target:g} per replica wants {raw} "
+                     f"(stabilised: {desired}; was {current})")

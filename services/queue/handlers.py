@@ -15,6 +15,7 @@ from libs.contracts.commands import (
     JobRef,
     ListJobs,
     Reply,
+    ReportLoad,
     ScaleJob,
     SubmitJob,
     page,
@@ -37,6 +38,7 @@ from libs.observability.metrics import JOB_TRANSITIONS, QUEUE_JOBS, QUEUE_WAIT_S
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
+from services.queue.autoscaler import Autoscaler
 from services.queue.config import QueueSettings
 from services.queue.domain import (
     STOPS_AFTER_FAILURE,
@@ -81,6 +83,7 @@ class QueueHandlers:
     def __init__(self, runtime: ServiceRuntime, settings: QueueSettings) -> None:
         self.rt = runtime
         self.settings = settings
+        self.autoscaler = Autoscaler(runtime, settings)
 
     # --- commands --------------------------------------------------------------------------------------------
     async def submit_job(self, cmd: SubmitJob) -> Reply:
@@ -108,6 +111,7 @@ class QueueHandlers:
             "max_runtime_s": cmd.max_runtime_s, "gpu_fraction_milli": cmd.gpu_fraction_milli,
             "gpu_memory_mib": cmd.gpu_memory_mib, "mig_profile": cmd.mig_profile, "exclusive": cmd.exclusive,
             "idempotency_key": cmd.idempotency_key, "idempotency_scope": cmd.idempotency_scope, "request_hash": request_hash, "work": cmd.work_spec(),
+            "min_replicas": cmd.min_replicas, "max_replicas": cmd.max_replicas, "autoscale": cmd.autoscale,
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)
@@ -161,6 +165,11 @@ class QueueHandlers:
                 return refuse_transition(cmd.job_id, row["state"], "scaled")
             if row["gang_nodes"]:
                 return Reply.failure(409, "NotScalable", "a gang job runs all or nothing; it cannot be scaled")
+            low, high = row["min_replicas"] or 1, row["max_replicas"] or 256
+            if not low <= cmd.replicas <= high:
+                return Reply.failure(409, "OutsideReplicaBounds", f"job {cmd.job_id} runs {low} to {high} "
+                                     f"replicas; {cmd.replicas} is outside", job_id=cmd.job_id,
+                                     min_replicas=low, max_replicas=high)
             if row["replicas"] != cmd.replicas:
                 await store.set_replicas(uow.conn, cmd.job_id, cmd.replicas)
                 await store.record_history(uow.conn, cmd.job_id, row["state"], row["state"],
@@ -405,6 +414,7 @@ def routes(h: QueueHandlers) -> Routes:
             subjects.CMD_QUEUE_COMPLETE_JOB: (JobRef, h.complete_job),
             subjects.CMD_QUEUE_CANCEL_JOB: (CancelJob, h.cancel_job),
             subjects.CMD_QUEUE_SCALE_JOB: (ScaleJob, h.scale_job),
+            subjects.CMD_QUEUE_REPORT_LOAD: (ReportLoad, h.autoscaler.report_load),
             subjects.QUERY_QUEUE_GET_JOB: (JobRef, h.get_job),
             subjects.QUERY_QUEUE_LIST_JOBS: (ListJobs, h.list_jobs),
         },

@@ -8,13 +8,15 @@ from typing import Any
 
 import asyncpg
 
+from libs.contracts.autoscale import AutoscalePolicy
 from libs.contracts.commands import JobView
 from libs.contracts.work import WorkSpec
 
 _COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gang_nodes, gpus_per_node, "
             "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
             "started_at, finished_at, allocation_id, node, cluster, message, gpu_fraction_milli, gpu_memory_mib, "
-            "mig_profile, exclusive, submitted_by, work, exit_code, reason, restarts, attempt_failure")
+            "mig_profile, exclusive, submitted_by, work, exit_code, reason, restarts, attempt_failure, "
+            "min_replicas, max_replicas, autoscale")
 
 
 def work_of(row: asyncpg.Record) -> WorkSpec | None:
@@ -28,8 +30,14 @@ def failure_of(row: asyncpg.Record) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+def autoscale_of(row: asyncpg.Record) -> AutoscalePolicy | None:
+    raw = row["autoscale"]
+    return AutoscalePolicy.model_validate_json(raw) if raw else None
+
+
 def to_view(row: asyncpg.Record) -> JobView:
-    return JobView(**{k: row[k] for k in JobView.model_fields if k != "work"}, work=work_of(row))
+    return JobView(**{k: row[k] for k in JobView.model_fields if k not in ("work", "autoscale")}, work=work_of(row),
+                   autoscale=autoscale_of(row))
 
 
 async def find_by_idempotency_key(conn: asyncpg.Connection, scope: str, key: str) -> asyncpg.Record | None:
@@ -46,9 +54,10 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
               INSERT INTO jobs (job_id, name, team, project, kind, priority_class, priority, gpus, gpu_models, state,
                                 submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
                                 gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
-                                mig_profile, exclusive, approval_id, work, reason, idempotency_scope)
+                                mig_profile, exclusive, approval_id, work, reason, idempotency_scope,
+                                min_replicas, max_replicas, autoscale)
               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23,$24,
-                      $26::jsonb, $25, $27)
+                      $26::jsonb, $25, $27, $28, $29, $30)
               ON CONFLICT (idempotency_scope, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
               RETURNING {_COLUMNS}),
             h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
@@ -60,7 +69,9 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
         job["gpus_per_node"], job["replicas"], job["max_runtime_s"], job["state"], job["gpu_fraction_milli"],
         job["gpu_memory_mib"], job["mig_profile"], job["exclusive"], job.get("approval_id"),
         "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted",
-        job["work"].model_dump_json() if job.get("work") is not None else None, job.get("idempotency_scope", ""))
+        job["work"].model_dump_json() if job.get("work") is not None else None, job.get("idempotency_scope", ""),
+        job.get("min_replicas"), job.get("max_replicas"),
+        job["autoscale"].model_dump_json() if job.get("autoscale") is not None else None)
 
 
 async def get_job(conn: asyncpg.Connection, job_id: str, *, for_update: bool = False) -> asyncpg.Record | None:
@@ -116,6 +127,39 @@ async def remember_failure(conn: asyncpg.Connection, job_id: str, failure: dict[
     """The first failure of the attempt, kept until its last member ended."""
     await conn.execute("UPDATE jobs SET attempt_failure = $2::jsonb WHERE job_id = $1 AND attempt_failure IS NULL",
                        job_id, json.dumps(failure))
+
+
+async def report_load(conn: asyncpg.Connection, job_id: str, reporter: str, value: float, at: datetime) -> None:
+    await conn.execute(
+        """INSERT INTO autoscale_load (job_id, reporter, value, at) VALUES ($1, $2, $3, $4)
+           ON CONFLICT (job_id, reporter) DO UPDATE SET value = EXCLUDED.value, at = EXCLUDED.at""",
+        job_id, reporter, value, at)
+
+
+async def autoscaled_jobs(conn: asyncpg.Connection) -> list[str]:
+    rows = await conn.fetch("""SELECT job_id FROM jobs WHERE autoscale IS NOT NULL
+                               AND state IN ('pending', 'launching', 'running', 'preempting') ORDER BY job_id""")
+    return [r["job_id"] for r in rows]
+
+
+async def autoscale_inputs(conn: asyncpg.Connection, job_id: str) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+    """The job (locked) with its scaling state, and each reporter's latest load."""
+    row = await conn.fetchrow(f"SELECT {_COLUMNS}, scaled_at, autoscale_recs FROM jobs WHERE job_id = $1 FOR UPDATE",
+                              job_id)
+    if row is None:
+        return None
+    return row, await conn.fetch("SELECT value, at FROM autoscale_load WHERE job_id = $1", job_id)
+
+
+async def save_autoscale(conn: asyncpg.Connection, job_id: str, recommendations: list, scaled_at: datetime | None,
+                         replicas: int | None) -> None:
+    await conn.execute(
+        """UPDATE jobs SET autoscale_recs = $2, scaled_at = coalesce($3, scaled_at), replicas = coalesce($4, replicas)
+           WHERE job_id = $1""", job_id, json.dumps(recommendations), scaled_at, replicas)
+
+
+async def forget_load(conn: asyncpg.Connection, job_id: str) -> None:
+    await conn.execute("DELETE FROM autoscale_load WHERE job_id = $1", job_id)
 
 
 async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> None:

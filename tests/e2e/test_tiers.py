@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +24,13 @@ from support import (
 )
 
 from libs.contracts.envelope import parse_envelope
-from libs.contracts.events import AllocationGangReady, AllocationGranted, AllocationReleased, decode_data
+from libs.contracts.events import (
+    AllocationGangReady,
+    AllocationGranted,
+    AllocationReleased,
+    EndpointUnready,
+    decode_data,
+)
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="the executor needs root for cgroups and device nodes")]
@@ -266,3 +274,54 @@ async def test_a_service_comes_up_behind_its_health_check_and_a_killed_replica_i
                 api.post(f"/v1/jobs/{job_id}/cancel")
             await eventually_async(lambda: watcher.of(victim["allocation_id"])[-1:] == ["unready"],
                                    "the cancelled replica to leave the endpoint list", timeout=30)
+
+
+async def test_a_service_scales_on_its_reported_load_within_its_windows_and_drains_what_it_scales_down(platform) -> None:  # type: ignore[no-untyped-def]
+    autoscale = {"target": 10, "scale_up_stabilization_s": 0, "scale_down_stabilization_s": 3, "cooldown_s": 1,
+                 "sample_ttl_s": 60}
+    async with EndpointWatcher(platform.nats_url) as endpoints:
+        nc = await nats.connect(platform.nats_url)
+        steps: list = []
+
+        async def on_step(msg) -> None:  # type: ignore[no-untyped-def]
+            steps.append((time.monotonic(), decode_data(parse_envelope(msg.data))))
+
+        await nc.subscribe("gpupool.job.autoscaled", cb=on_step)
+        try:
+            with platform.client() as api:
+                finish_all(api)
+                job_id = service(api, "autoscaled", replicas=2, min_replicas=2, max_replicas=4, autoscale=autoscale)
+                try:
+                    await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 2, "2 ready", timeout=60)
+                    assert api.post(f"/v1/jobs/{job_id}/load", json={"value": 35}).status_code == 202
+                    await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 4, "4 ready", timeout=60)
+                    up = [s for _, s in steps if s.job_id == job_id]
+                    assert [(s.previous, s.replicas) for s in up] == [(2, 4)], up
+                    assert up[0].load == 35 and up[0].target == 10 and "wants 4" in up[0].reason
+                    reported = time.monotonic()
+                    assert api.post(f"/v1/jobs/{job_id}/load", json={"value": 5}).status_code == 202
+                    await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 2 and len(
+                        api.get(f"/v1/jobs/{job_id}/endpoints").json()["items"]) == 2, "back to 2", timeout=60)
+                    down = [(t, s) for t, s in steps if s.job_id == job_id][1:]
+                    assert [(s.previous, s.replicas) for _, s in down] == [(4, 2)]
+                    waited = down[0][0] - reported
+                    # the last high recommendation was at most one evaluation (1 s) before the load fell, and the
+                    # down window (3 s) counts from it
+                    assert 2 <= waited < 15, f"scaled down {waited:.1f}s after the load fell (window 3 s)"
+                    # the replicas scaled away left the endpoint list before their stop
+                    drained = [d for _, d in endpoints.events if isinstance(d, EndpointUnready) and d.job_id == job_id]
+                    assert {d.replica for d in drained} == {2, 3} and {d.reason for d in drained} == {"Draining"}
+                    history = [h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]]
+                    assert "Autoscaled:2->4" in history and "Autoscaled:4->2" in history
+                    described = _cli(platform, "describe", job_id)
+                    assert described.returncode == 0 and "Autoscaled:4->2" in described.stdout, described.stdout
+                finally:
+                    api.post(f"/v1/jobs/{job_id}/cancel")
+        finally:
+            await nc.close()
+
+
+def _cli(platform, *args: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "GPUPOOL_URL": platform.gateway, "GPUPOOL_TOKEN": platform.run["admin_token"]}
+    return subprocess.run([sys.executable, "-m", "libs.cli.main", *args], env=env, capture_output=True, text=True,
+                          timeout=60)

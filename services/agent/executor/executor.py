@@ -173,6 +173,9 @@ class Executor:
         old = self._attempts.pop(spec.allocation_id, None)
         if old is not None:  # an ended earlier attempt of this allocation: its files make way
             shutil.rmtree(old.attempt_dir, ignore_errors=True)
+            stale = self._live.pop(spec.allocation_id, None)  # and its watch: this attempt's end is watched anew
+            if stale is not None and stale.timer is not None:
+                stale.timer.cancel()
         paths = self._prepare_dirs(spec)
         job_cg = self.cgroups.job(self.cgroup_name, spec.allocation_id)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import textwrap
 import time
@@ -69,6 +70,25 @@ async def test_completed_and_idempotent_launch(make_executor, reports) -> None:
     assert (r.exit_code, r.reason) == (0, "Completed")
     assert await ex.launch(s) == pid  # already ended (same attempt): no second run, no second report
     assert reports.empty()
+
+
+async def test_a_restart_on_the_same_allocation_runs_again_and_its_end_is_reported_too(make_executor, reports) -> None:
+    """A service replica restarted in place (issue #17): the same allocation, `restart` + 1, watched anew."""
+    ex = make_executor()
+    s = spec("a-again", ["sh", "-c", "echo run $GPUPOOL_RESTARTS; exit 4"])
+    await ex.launch(s)
+    first = await reports.next()
+    assert (first.exit_code, first.reason) == (4, "NonZeroExit")
+    await asyncio.sleep(0)  # the report is delivered: now the allocation may run again
+    again = LaunchSpec(**{**s.to_dict(), "restart": 1, "limits": s.limits})
+    await ex.launch(again)
+    second = await reports.next()
+    assert (second.allocation_id, second.exit_code) == ("a-again", 4)
+    assert ex.read_logs("a-again", "stdout")[0] == b"run 1\n"
+    await ex.launch(dataclasses.replace(again, restart=2, argv=["sleep", "30"]))
+    await ex.stop("a-again", deadline=None, reason="Stopped")
+    third = await reports.next()
+    assert third.reason == "Stopped" and ex.running() == {}
 
 
 async def test_logs_offsets_tail_and_rotation(make_executor, reports, state_dir) -> None:

@@ -1,0 +1,72 @@
+"""A service's autoscaling rule (pure): ceil(load / target) within the bounds, scale-up to the lowest and
+scale-down to the highest recommendation of their windows, a cool-down between steps, and no step without a fresh
+report. And the bounds a job declares, checked at the edge."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from libs.contracts.autoscale import AutoscalePolicy
+from libs.contracts.commands import SubmitJob
+from services.queue.domain import autoscale
+
+POLICY = AutoscalePolicy(target=10, scale_up_stabilization_s=0, scale_down_stabilization_s=30, cooldown_s=5,
+                         sample_ttl_s=60)
+
+
+def run(load: float | None, *, current: int, recs=(), last=None, now: float = 1000.0, policy=POLICY):  # type: ignore[no-untyped-def]
+    samples = [] if load is None else [(load, now - 1)]
+    return autoscale(policy, current=current, min_replicas=2, max_replicas=8, samples=samples,
+                     recommendations=recs, last_scaled_at=last, now=now)
+
+
+def test_load_over_target_scales_up_at_once_and_says_why() -> None:
+    step = run(35, current=2)
+    assert step.replicas == 4 and step.load == 35
+    assert step.reason is not None and "load 35" in step.reason and "wants 4" in step.reason
+
+
+def test_the_bounds_hold_both_ways() -> None:
+    assert run(1000, current=2).replicas == 8
+    assert run(0, current=3, now=2000).replicas == 2
+
+
+def test_a_dip_shorter_than_the_down_window_does_not_scale_down() -> None:
+    recs = [(980.0, 4), (990.0, 4)]
+    held = run(5, current=4, recs=recs, now=1000)
+    assert held.replicas == 4 and held.reason is None  # the window still remembers 4
+    assert run(5, current=4, recs=held.recommendations, now=1015).replicas == 4  # 990's 4 is 25 s old
+    later = run(5, current=4, recs=held.recommendations, now=1021)  # 980 and 990 have left the 30 s window
+    assert later.replicas == 2 and later.reason is not None
+
+
+def test_no_step_within_the_cooldown_nor_without_a_fresh_report() -> None:
+    assert run(35, current=2, last=998).replicas == 2
+    assert run(None, current=2).replicas == 2
+    stale = autoscale(POLICY, current=2, min_replicas=2, max_replicas=8, samples=[(100, 900.0)], recommendations=(),
+                      last_scaled_at=None, now=1000.0)
+    assert stale.replicas == 2 and stale.reason is None
+
+
+def test_reports_are_summed_and_old_recommendations_forgotten() -> None:
+    step = autoscale(POLICY, current=2, min_replicas=2, max_replicas=8, samples=[(12, 999.0), (13, 999.5)],
+                     recommendations=[(1.0, 7)], last_scaled_at=None, now=1000.0)
+    assert step.replicas == 3 and step.recommendations == ((1000.0, 3),)
+
+
+def test_an_up_window_takes_the_lowest_recent_recommendation() -> None:
+    slow_up = POLICY.model_copy(update={"scale_up_stabilization_s": 10})
+    assert run(80, current=2, recs=[(995.0, 3)], policy=slow_up).replicas == 3
+
+
+def test_bounds_and_policy_are_checked_when_submitted() -> None:
+    base = {"name": "svc", "team": "t", "gpus": 1, "kind": "inference"}
+    ok = SubmitJob(**base, replicas=2, min_replicas=2, max_replicas=4, autoscale={"target": 5})
+    assert ok.autoscale is not None and ok.autoscale.scale_down_stabilization_s == 300
+    for bad, why in ((dict(replicas=5, min_replicas=2, max_replicas=4), "min_replicas <= replicas"),
+                     (dict(replicas=2, autoscale={"target": 5}), "needs min_replicas and max_replicas"),
+                     (dict(replicas=1, min_replicas=1, max_replicas=3, autoscale={"target": 5}), ">= 2"),
+                     (dict(replicas=2, min_replicas=2, max_replicas=4, autoscale={"target": 0}), "greater than")):
+        with pytest.raises(ValidationError, match=why):
+            SubmitJob(**base, **bad)
