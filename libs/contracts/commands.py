@@ -286,6 +286,16 @@ class ScaleJob(Command):
     replicas: int = Field(ge=1, le=256)
 
 
+class UpdateWork(Command):
+    """Change a running service's work (rolled out replica by replica). Fields left out keep their value; `env`
+    replaces the whole environment."""
+
+    job_id: str = Field(min_length=1, max_length=64)
+    command: list[Arg] | None = Field(default=None, min_length=1, max_length=4096)
+    env: dict[str, Annotated[str, Field(max_length=32_768)]] | None = Field(default=None, max_length=512)
+    updated_by: str = Field(default="anonymous", max_length=253)
+
+
 class ReportLoad(Command):
     """A service's load now (requests in flight, queue length), for its autoscaler. Each `reporter` (the service as
     a whole: ''; or each replica, e.g. 'replica-0') keeps its latest value; their sum is the service's load."""

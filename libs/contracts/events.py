@@ -258,6 +258,21 @@ class JobAutoscaled(EventData):
     scaled_at: datetime
 
 
+class JobWorkUpdated(EventData):
+    """A service's work changed (its command or env): placement rolls its replicas over to `work` one at a time,
+    one extra replica first, so no fewer than `replicas` are ready meanwhile (a rolling update)."""
+
+    event_type: ClassVar[str] = "io.gpupool.job.work_updated.v1"
+    event_subject: ClassVar[str] = subjects.JOB_WORK_UPDATED
+    entity_field: ClassVar[str] = "job_id"
+
+    job_id: str
+    team: str
+    work: WorkSpec
+    revision: int = Field(ge=1, le=2**31, description="the job's work revisions so far")
+    updated_at: datetime
+
+
 class JobStarted(EventData):
     event_type: ClassVar[str] = "io.gpupool.job.started.v1"
     event_subject: ClassVar[str] = subjects.JOB_STARTED
@@ -683,6 +698,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         JobCancelled,
         JobScaled,
         JobAutoscaled,
+        JobWorkUpdated,
         JobStateChanged,
         AllocationGranted,
         AllocationPreempting,

@@ -31,6 +31,7 @@ from libs.contracts.commands import (
     ListUsage,
     ScaleJob,
     SubmitJob,
+    UpdateWork,
     page,
 )
 from libs.core import mig as migcat
@@ -112,8 +113,20 @@ class JobRequestBody(RequestBody, JobShape, JobWork):
 
 
 class ScaleBody(RequestBody):
-    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"replicas": 4}]}}
-    replicas: int = Field(ge=1, le=256)
+    """`replicas` scales; `command` and/or `env` update the work of a service, rolled out replica by replica (one
+    extra replica first; each older one stopped only when the target count is ready without it)."""
+
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
+        {"replicas": 4}, {"command": ["python3", "serve.py", "--model", "v2"]}, {"env": {"MODEL": "v2"}}]}}
+    replicas: int | None = Field(default=None, ge=1, le=256)
+    command: list[str] | None = Field(default=None, min_length=1, max_length=4096)
+    env: dict[str, str] | None = Field(default=None, max_length=512)
+
+    @model_validator(mode="after")
+    def _something(self) -> ScaleBody:
+        if self.replicas is None and self.command is None and self.env is None:
+            raise ValueError("give replicas, command or env")
+        return self
 
 
 class CancelBody(RequestBody):
@@ -271,11 +284,21 @@ async def explain_job(job_id: Annotated[str, Path(max_length=64)], req: Request,
     return {"job_id": job_id, "state": job["state"], "message": job.get("message"), "placement": placement}
 
 
-@router.patch("/jobs/{job_id}", summary="Scale a replicated job (an inference service)", tags=["jobs"])
+@router.patch("/jobs/{job_id}", summary="Scale a service, or roll out its new command or env", tags=["jobs"],
+              description="`replicas`: the new count (within min_replicas..max_replicas). `command` / `env`: the "
+                          "service's new work (env replaces the whole environment), rolled out replica by replica "
+                          "without dropping below its replicas ready (`409 NotRollable` for a single job, a gang, "
+                          "or work without ports). Both: the work first, then the count.")
 async def scale_job(job_id: Annotated[str, Path(max_length=64)], body: ScaleBody, req: Request,
                     caller: Caller) -> dict:
     await require_on_job(req, caller, Action.JOB_SUBMIT, job_id)
-    return await call(req, subjects.CMD_QUEUE_SCALE_JOB, ScaleJob(job_id=job_id, replicas=body.replicas))
+    result: dict = {}
+    if body.command is not None or body.env is not None:
+        result = await call(req, subjects.CMD_QUEUE_UPDATE_WORK, UpdateWork(
+            job_id=job_id, command=body.command, env=body.env, updated_by=caller.subject))
+    if body.replicas is not None:
+        result = await call(req, subjects.CMD_QUEUE_SCALE_JOB, ScaleJob(job_id=job_id, replicas=body.replicas))
+    return result
 
 
 @router.post("/jobs/{job_id}/complete", summary="Mark a running job completed (releases its GPUs)", tags=["jobs"])

@@ -495,3 +495,34 @@ class RendezvousPorts:
             return None
         held.add(port)
         return host, port, rendezvous_environment(job_id, members, port)
+
+
+# --- a rolling update of a service's work -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RolloutStep:
+    """`stop` one replica (its allocation) that runs older work, `finish` (every replica runs the new work and the
+    target is ready: the surge replica goes), or `wait`."""
+
+    action: str
+    allocation_id: str | None = None
+    replica: int | None = None
+
+
+def rollout_step(members: Iterable[Row], work: str, target: int) -> RolloutStep:
+    """Pure rule (maxSurge 1, maxUnavailable 0): an outdated replica that is not ready is stopped at once (it
+    serves nothing); a ready one only when target + 1 replicas are ready and no other stop is under way, so the
+    ready count never falls below the target. Done when nothing outdated is left and every replica that stays
+    (those numbered below the target) is live and ready: only then does the surge replica go."""
+    members = list(members)
+    live = [m for m in members if m["preempt_deadline"] is None]
+    outdated = [m for m in live if m["work"] != work]
+    stopping = any(m["preempt_deadline"] is not None for m in members)
+    if not outdated:
+        staying = {m["replica"] for m in live if m["replica"] < target and m["ready"]}
+        done = not any(m["work"] != work for m in members) and len(staying) == target
+        return RolloutStep("finish") if done else RolloutStep("wait")
+    idle = [m for m in outdated if not m["ready"]]
+    pick = idle[0] if idle else outdated[0]
+    if idle or (not stopping and sum(m["ready"] for m in live) >= target + 1):
+        return RolloutStep("stop", pick["allocation_id"], pick["replica"])
+    return RolloutStep("wait")

@@ -45,6 +45,7 @@ from libs.contracts.events import (
     JobCompleted,
     JobScaled,
     JobSubmitted,
+    JobWorkUpdated,
     NodeCordoned,
     NodeLost,
     NodeRecovered,
@@ -91,6 +92,7 @@ from services.placement.domain import (
     workload_environment,
 )
 from services.placement.reporting import report_holdings, report_plan
+from services.placement.rollouts import Rollouts
 
 log = logging.getLogger(__name__)
 CONSUMER = "placement"
@@ -114,6 +116,7 @@ class PlacementHandlers:
         self._next_deadline: Any = False
         self._gang_due: Any = None  # when the earliest gang still waiting for its members runs out of time
         self._tracer = tracer("gpupool.placement")
+        self.rollouts = Rollouts(self)
 
     async def _wake(self) -> None:
         """Wake the scheduling loop once a change is committed (inside a consumer's batch transaction, after the
@@ -129,6 +132,7 @@ class PlacementHandlers:
     async def on_leader_wake(self, _msg: Any) -> None:
         """Another replica committed a change: the leader schedules now, not at its next interval."""
         if self.lease is None or self.lease.is_leader:
+            self.rollouts.active = None  # a follower may have started one: look again
             self._kick.set()
 
     # --- events that change the read model --------------------------------------------------------------------
@@ -204,9 +208,10 @@ class PlacementHandlers:
             uow.after_commit(self._wake)
             if not await uow.first_time(CONSUMER, event.id):
                 return
-            if not await store.set_replicas(uow.conn, data.job_id, data.replicas):
+            wanted = await store.set_replicas(uow.conn, data.job_id, data.replicas)
+            if wanted is None:
                 return
-            await self._release(uow, data.job_id, "ScaledDown", utcnow(), min_replica=data.replicas)
+            await self._release(uow, data.job_id, "ScaledDown", utcnow(), min_replica=wanted)
             await store.refresh_satisfied(uow.conn, data.job_id)
 
     async def _release(self, uow, job_id: str, reason: str, at, **which) -> int:  # type: ignore[no-untyped-def]
@@ -309,6 +314,8 @@ class PlacementHandlers:
                                             ports=data.ports, ready=ready, at=data.at,
                                             reason="" if ready else data.reason):  # type: ignore[union-attr]
                 log.info("endpoint_not_recorded", extra={"allocation_id": data.allocation_id, "node": data.node})
+            elif self.rollouts.active is not False:
+                uow.after_commit(self._wake)  # a rollout waits on readiness
 
     async def release_unstarted_gangs(self) -> int:
         """A gang whose members were not all ready within GANG_START_TIMEOUT_S of the grant is released whole
@@ -419,6 +426,7 @@ class PlacementHandlers:
                 if self._gang_due is not None and self._gang_due <= utcnow():
                     await self.release_unstarted_gangs()
                 await self.run_cycle()
+                await self.rollouts.advance()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -751,6 +759,7 @@ def routes(h: PlacementHandlers) -> Routes:
             WorkExited: h.on_work_exited,
             WorkReady: h.on_work_ready,
             EndpointReady: h.on_endpoint,
+            JobWorkUpdated: h.rollouts.on_job_work_updated,
             EndpointUnready: h.on_endpoint,
             TeamCreated: h.on_team_created,
             QuotaSet: h.on_quota_set,

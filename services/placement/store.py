@@ -197,9 +197,47 @@ async def refresh_satisfied_many(conn: asyncpg.Connection, job_ids: list[str]) -
            WHERE job_id = ANY($1::text[])""", job_ids)
 
 
-async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> bool:
-    return await conn.fetchval("UPDATE pending_jobs SET replicas = $2 WHERE job_id = $1 RETURNING 1",
-                               job_id, replicas) is not None
+async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> int | None:
+    """The job's new replica count; during a rolling update the new target, with its surge replica kept on top.
+    Returns the replicas now wanted (None: not a wanted job)."""
+    return await conn.fetchval(
+        """UPDATE pending_jobs SET replicas = CASE WHEN rollout_target IS NULL THEN $2 ELSE $2 + 1 END,
+                                   rollout_target = CASE WHEN rollout_target IS NULL THEN NULL ELSE $2 END
+           WHERE job_id = $1 RETURNING replicas""", job_id, replicas)
+
+
+async def start_rollout(conn: asyncpg.Connection, job_id: str, work: str) -> bool:
+    """The job's new work; a replicated job with replicas live on other work starts rolling (one surge replica).
+    True when a rollout runs."""
+    return bool(await conn.fetchval(
+        """UPDATE pending_jobs p SET work = $2,
+               rollout_target = CASE WHEN p.replicas > 1 AND EXISTS (
+                       SELECT 1 FROM allocations a WHERE a.job_id = p.job_id AND a.released_at IS NULL
+                                                     AND a.work IS DISTINCT FROM $2)
+                   THEN coalesce(p.rollout_target, p.replicas) END,
+               replicas = CASE WHEN p.replicas > 1 AND EXISTS (
+                       SELECT 1 FROM allocations a WHERE a.job_id = p.job_id AND a.released_at IS NULL
+                                                     AND a.work IS DISTINCT FROM $2)
+                   THEN coalesce(p.rollout_target, p.replicas) + 1 ELSE coalesce(p.rollout_target, p.replicas) END
+           WHERE job_id = $1 RETURNING rollout_target IS NOT NULL""", job_id, work))
+
+
+async def rolling_jobs(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch("""SELECT job_id, work, rollout_target FROM pending_jobs
+                               WHERE rollout_target IS NOT NULL ORDER BY job_id FOR UPDATE""")
+
+
+async def rollout_members(conn: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT allocation_id, replica, work, coalesce(endpoint_ready, false) AS ready, preempt_deadline
+           FROM allocations WHERE job_id = $1 AND released_at IS NULL ORDER BY replica""", job_id)
+
+
+async def finish_rollout(conn: asyncpg.Connection, job_id: str) -> int:
+    """The rollout is over: the job wants its target again. Returns it."""
+    return await conn.fetchval(
+        """UPDATE pending_jobs SET replicas = rollout_target, rollout_target = NULL
+           WHERE job_id = $1 AND rollout_target IS NOT NULL RETURNING replicas""", job_id)
 
 
 async def insert_allocations(conn: asyncpg.Connection, allocations: list[tuple], gpus: list[tuple]) -> None:

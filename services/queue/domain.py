@@ -151,3 +151,26 @@ def autoscale(policy: AutoscalePolicy, *, current: int, min_replicas: int, max_r
     return ScaleStep(desired, tuple(recs), load,
                      f"load {load:g} at target {policy.target:g} per replica wants {raw} "
                      f"(stabilised: {desired}; was {current})")
+
+
+# --- updating a service's work ------------------------------------------------------------------------------------
+def rollout_refusal(work: WorkSpec | None, *, replicas: int, gang_nodes: int) -> str | None:
+    """Why a job's work cannot be rolled out replica by replica (None: it can). Readiness must be known to keep
+    replicas serving, so the work needs ports (and ideally a health check)."""
+    if work is None:
+        return "the job runs no command: there is no work to update"
+    if gang_nodes or replicas < 2:
+        return "only a replicated service is updated replica by replica; cancel and resubmit a single job or gang"
+    if not work.ports:
+        return "a rolling update needs the work's ports (its replicas' readiness decides each step)"
+    return None
+
+
+def updated_work(work: WorkSpec, *, command: list[str] | None, env: dict[str, str] | None) -> WorkSpec:
+    """The work with a new command and/or env, checked as at submission (ValueError)."""
+    fields = work.model_dump()
+    if command is not None:
+        fields["command"] = command
+    if env is not None:
+        fields["env"] = env
+    return WorkSpec.model_validate(fields)

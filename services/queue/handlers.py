@@ -18,6 +18,7 @@ from libs.contracts.commands import (
     ReportLoad,
     ScaleJob,
     SubmitJob,
+    UpdateWork,
     page,
 )
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
@@ -32,6 +33,7 @@ from libs.contracts.events import (
     JobStarted,
     JobStateChanged,
     JobSubmitted,
+    JobWorkUpdated,
     WorkStarted,
 )
 from libs.observability.metrics import JOB_TRANSITIONS, QUEUE_JOBS, QUEUE_WAIT_SECONDS
@@ -47,6 +49,8 @@ from services.queue.domain import (
     after_work_ended,
     can_transition,
     refuse_transition,
+    rollout_refusal,
+    updated_work,
 )
 
 log = logging.getLogger(__name__)
@@ -176,6 +180,32 @@ class QueueHandlers:
                                            f"Scaled:{row['replicas']}->{cmd.replicas}")
                 await uow.emit(JobScaled(job_id=cmd.job_id, team=row["team"], replicas=cmd.replicas,
                                          previous=row["replicas"], scaled_at=utcnow()))
+            updated = await store.get_job(uow.conn, cmd.job_id)
+        return Reply.success(store.to_view(updated).model_dump(mode="json"))
+
+    async def update_work(self, cmd: UpdateWork) -> Reply:
+        """A service's new command or env, rolled out by placement replica by replica (`job.work_updated`)."""
+        async with self.rt.uow() as uow:
+            row = await store.get_job(uow.conn, cmd.job_id, for_update=True)
+            if row is None:
+                return Reply.failure(404, "JobNotFound", f"no job {cmd.job_id}")
+            if row["state"] in TERMINAL:
+                return refuse_transition(cmd.job_id, row["state"], "updated")
+            old = store.work_of(row)
+            refusal = rollout_refusal(old, replicas=row["replicas"], gang_nodes=row["gang_nodes"])
+            if refusal:
+                return Reply.failure(409, "NotRollable", refusal, job_id=cmd.job_id)
+            assert old is not None
+            try:
+                new = updated_work(old, command=cmd.command, env=cmd.env)
+            except ValueError as exc:
+                return Reply.failure(422, "InvalidRequest", str(exc)[:500], job_id=cmd.job_id)
+            if new != old:
+                revision = await store.set_work(uow.conn, cmd.job_id, new)
+                await store.record_history(uow.conn, cmd.job_id, row["state"], row["state"],
+                                           f"WorkUpdated:{revision}")
+                await uow.emit(JobWorkUpdated(job_id=cmd.job_id, team=row["team"], work=new, revision=revision,
+                                              updated_at=utcnow()))
             updated = await store.get_job(uow.conn, cmd.job_id)
         return Reply.success(store.to_view(updated).model_dump(mode="json"))
 
@@ -415,6 +445,7 @@ def routes(h: QueueHandlers) -> Routes:
             subjects.CMD_QUEUE_CANCEL_JOB: (CancelJob, h.cancel_job),
             subjects.CMD_QUEUE_SCALE_JOB: (ScaleJob, h.scale_job),
             subjects.CMD_QUEUE_REPORT_LOAD: (ReportLoad, h.autoscaler.report_load),
+            subjects.CMD_QUEUE_UPDATE_WORK: (UpdateWork, h.update_work),
             subjects.QUERY_QUEUE_GET_JOB: (JobRef, h.get_job),
             subjects.QUERY_QUEUE_LIST_JOBS: (ListJobs, h.list_jobs),
         },

@@ -162,6 +162,13 @@ async def forget_load(conn: asyncpg.Connection, job_id: str) -> None:
     await conn.execute("DELETE FROM autoscale_load WHERE job_id = $1", job_id)
 
 
+async def set_work(conn: asyncpg.Connection, job_id: str, work: WorkSpec) -> int:
+    """The job's new work; returns its revision."""
+    return await conn.fetchval(
+        "UPDATE jobs SET work = $2::jsonb, work_revision = work_revision + 1 WHERE job_id = $1 RETURNING work_revision",
+        job_id, work.model_dump_json())
+
+
 async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> None:
     await conn.execute("UPDATE jobs SET replicas = $2 WHERE job_id = $1", job_id, replicas)
 

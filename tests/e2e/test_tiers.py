@@ -4,6 +4,7 @@ own loopback address, so the gang's rendezvous is real TCP between "nodes". Need
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -177,7 +178,8 @@ SERVER = r"""
 import http.server, os
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = f"replica {os.environ['GPUPOOL_REPLICA']} restarts {os.environ['GPUPOOL_RESTARTS']}".encode()
+        body = (f"replica {os.environ['GPUPOOL_REPLICA']} restarts {os.environ['GPUPOOL_RESTARTS']} "
+                f"version {os.environ.get('VERSION', '1')}").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -257,7 +259,7 @@ async def test_a_service_comes_up_behind_its_health_check_and_a_killed_replica_i
                                                "2 ready endpoints", timeout=60)
                 for e in ready:  # each answers over HTTP at the URL the API lists
                     assert e["url"].startswith("http://127.0.0.") and e["ports"]["http"] > 0
-                    assert fetch(e["url"]) == f"replica {e['replica']} restarts 0"
+                    assert fetch(e["url"]) == f"replica {e['replica']} restarts 0 version 1"
                 victim = ready[0]
                 pid = replica_pid(job_id, victim["replica"])
                 assert pid is not None
@@ -268,7 +270,7 @@ async def test_a_service_comes_up_behind_its_health_check_and_a_killed_replica_i
                 same = again[victim["replica"]]
                 # restarted on the same allocation, at the same endpoint
                 assert (same["allocation_id"], same["url"]) == (victim["allocation_id"], victim["url"])
-                assert fetch(same["url"]) == f"replica {victim['replica']} restarts 1"
+                assert fetch(same["url"]) == f"replica {victim['replica']} restarts 1 version 1"
                 assert watcher.of(victim["allocation_id"]) == ["ready", "unready", "ready"]
             finally:
                 api.post(f"/v1/jobs/{job_id}/cancel")
@@ -325,3 +327,43 @@ def _cli(platform, *args: str) -> subprocess.CompletedProcess:  # type: ignore[n
     env = {**os.environ, "GPUPOOL_URL": platform.gateway, "GPUPOOL_TOKEN": platform.run["admin_token"]}
     return subprocess.run([sys.executable, "-m", "libs.cli.main", *args], env=env, capture_output=True, text=True,
                           timeout=60)
+
+
+async def test_a_rolling_update_keeps_the_replicas_ready_throughout(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+        job_id = service(api, "rolled", replicas=2, min_replicas=2, max_replicas=4)
+        try:
+            await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 2, "2 ready", timeout=60)
+            updated = api.patch(f"/v1/jobs/{job_id}", json={"env": {"VERSION": "2"}})
+            assert updated.status_code == 200, updated.text
+            assert updated.json()["work"]["env"] == {"VERSION": "2"}
+            fewest, deadline = 2, time.monotonic() + 90
+            while time.monotonic() < deadline:  # sampled every 100 ms until every replica serves version 2
+                ready = ready_endpoints(api, job_id)
+                fewest = min(fewest, len(ready))
+                answers = []
+                for e in ready:
+                    try:
+                        answers.append(fetch(e["url"]))
+                    except OSError:
+                        answers.append("")  # listed ready while already going: counted as not serving
+                assert sum(a.endswith("version 2") or a.endswith("version 1") for a in answers) >= 2 or len(
+                    ready) < 2, answers
+                if len(ready) == 2 and all(a.endswith("version 2") for a in answers):
+                    items = api.get(f"/v1/jobs/{job_id}/endpoints").json()["items"]
+                    if len(items) == 2:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"the update did not finish in 90 s: {ready_endpoints(api, job_id)}")
+            assert fewest >= 2, f"only {fewest} replicas were ready at one point (min_replicas 2)"
+            history = [h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]]
+            assert "WorkUpdated:1" in history
+            single = api.post("/v1/jobs", json={"name": "single", "team": "research", "gpus": 1,
+                                                "command": ["sleep", "30"]}).json()["job_id"]
+            refused = api.patch(f"/v1/jobs/{single}", json={"env": {"VERSION": "2"}})
+            assert refused.status_code == 409 and refused.json()["reason"] == "NotRollable", refused.text
+            api.post(f"/v1/jobs/{single}/cancel")
+        finally:
+            api.post(f"/v1/jobs/{job_id}/cancel")

@@ -15,6 +15,7 @@ from services.placement.domain import (
     gang_start_due,
     port_host,
     rendezvous_environment,
+    rollout_step,
 )
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -94,3 +95,27 @@ def test_the_gang_start_deadline_is_the_earliest_waiting_grant_plus_the_timeout(
     later = {**member_row(), "granted_at": T0 + timedelta(seconds=30)}
     assert gang_start_due([later, member_row(), member_row(waiting=False)], 300) == T0 + timedelta(seconds=300)
     assert gang_start_due([member_row(stopping=True), member_row(waiting=False)], 300) is None
+
+
+def m(replica: int, work: str, ready: bool = True, stopping: bool = False) -> dict:
+    return {"allocation_id": f"a{replica}", "replica": replica, "work": work, "ready": ready,
+            "preempt_deadline": T0 if stopping else None}
+
+
+def test_a_rollout_stops_an_old_replica_only_when_the_target_is_ready_without_it() -> None:
+    # the surge replica (2) is not ready yet: nothing to stop
+    assert rollout_step([m(0, "v1"), m(1, "v1"), m(2, "v2", ready=False)], "v2", 2).action == "wait"
+    step = rollout_step([m(0, "v1"), m(1, "v1"), m(2, "v2")], "v2", 2)
+    assert (step.action, step.replica) == ("stop", 0)
+    # one stop at a time
+    assert rollout_step([m(0, "v1", stopping=True), m(1, "v1"), m(2, "v2")], "v2", 2).action == "wait"
+    # an old replica that serves nothing goes at once
+    step = rollout_step([m(0, "v2", ready=False), m(1, "v1", ready=False), m(2, "v2")], "v2", 2)
+    assert (step.action, step.replica) == ("stop", 1)
+
+
+def test_a_rollout_finishes_only_when_every_replica_that_stays_is_new_and_ready() -> None:
+    assert rollout_step([m(0, "v2"), m(2, "v2")], "v2", 2).action == "wait"  # replica 1 not back yet
+    assert rollout_step([m(0, "v2"), m(1, "v2", ready=False), m(2, "v2")], "v2", 2).action == "wait"
+    assert rollout_step([m(0, "v2"), m(1, "v1", stopping=True), m(2, "v2")], "v2", 2).action == "wait"
+    assert rollout_step([m(0, "v2"), m(1, "v2"), m(2, "v2")], "v2", 2).action == "finish"
