@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -367,3 +369,67 @@ async def test_a_rolling_update_keeps_the_replicas_ready_throughout(platform) ->
             api.post(f"/v1/jobs/{single}/cancel")
         finally:
             api.post(f"/v1/jobs/{job_id}/cancel")
+
+
+# --- torchrun ----------------------------------------------------------------------------------------------------
+ALLREDUCE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} all_reduce {t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def torch_for_the_work() -> str:
+    """A directory the work's /usr/bin/python3 imports torch from (PYTHONPATH): GPUPOOL_TEST_TORCH_DIR, or one
+    installed once into .venv/torch-cpu from a CPU wheel this machine has (pip's find-links); else skip."""
+    given = os.environ.get("GPUPOOL_TEST_TORCH_DIR")
+    if given:
+        return given
+    target = Path(sys.prefix) / "torch-cpu"
+    if (target / "torch" / "__init__.py").exists():
+        return str(target)
+    if subprocess.run(["/usr/bin/python3", "-c", "import sys; assert sys.version_info[:2] == (3, 11)"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("torchrun test: the work's /usr/bin/python3 is not 3.11, so the CPU wheel cannot serve it")
+    links = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+                           capture_output=True, text=True).stdout.split()
+    wheels = sorted(w for d in links if Path(d).is_dir() for w in Path(d).glob("torch-*+cpu-cp311-*.whl"))
+    if not wheels:
+        pytest.skip("torchrun test: no torch for /usr/bin/python3 and no CPU wheel on this machine (a CUDA build "
+                    "is several GB); set GPUPOOL_TEST_TORCH_DIR to a `pip install --target` directory of torch")
+    if shutil.disk_usage(sys.prefix).free < 3 * 2**30:
+        pytest.skip("torchrun test: less than 3 GiB free for torch's CPU build (about 0.9 GiB installed)")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), str(wheels[-1])],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        shutil.rmtree(target, ignore_errors=True)
+        pytest.skip(f"torchrun test: installing torch's CPU wheel failed: {done.stderr[-300:]}")
+    return str(target)
+
+
+async def test_torchrun_all_reduces_with_gloo_across_the_gangs_two_simulated_nodes(platform) -> None:  # type: ignore[no-untyped-def]
+    torch_dir = torch_for_the_work()
+    where = Path(tempfile.mkdtemp(prefix="gpupool-ddp-"))
+    script = where / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    for path in (where, script):
+        path.chmod(0o755)  # the work runs as nobody (pytest's tmp_path is root's alone)
+    with platform.client() as api:
+        finish_all(api)
+        body = {"name": "ddp", "team": "research", "kind": "training", "gpus": 4, "gang_nodes": 2,
+                "gpus_per_node": 2, "env": {"PYTHONPATH": torch_dir},
+                "command": ["python3", "-m", "torch.distributed.run", str(script)]}
+        response = api.post("/v1/jobs", json=body)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["job_id"]
+        job = await finished(api, job_id, timeout=180)
+        out = {rank: api.get(f"/v1/jobs/{job_id}/logs", params={"replica": rank, "stream": "stdout"}).text
+               for rank in (0, 1)}
+        errs = {rank: api.get(f"/v1/jobs/{job_id}/logs", params={"replica": rank, "stream": "stderr", "tail": 60}).text for rank in (0, 1)}
+        assert job["state"] == "completed", (job["reason"], job["message"], out, errs)
+        # torchrun made 2 workers per node from PET_NPROC_PER_NODE: ranks 0-3, each summed 1+2+3+4
+        lines = sorted(line for text in out.values() for line in text.splitlines() if "all_reduce" in line)
+        assert lines == [f"rank {r} of 4 all_reduce 10" for r in range(4)], out
