@@ -189,11 +189,13 @@ SPEC_KEYS = {"name": "name", "team": "team", "project": "project", "gpus": "gpus
              "max_runtime_s": "max_runtime_s", "max_runtime": "max_runtime_s", "max-runtime": "max_runtime_s",
              "gpu_fraction_milli": "gpu_fraction_milli", "fraction": "gpu_fraction_milli",
              "gpu_memory_mib": "gpu_memory_mib", "gpu-memory": "gpu_memory_mib", "mig_profile": "mig_profile",
-             "mig": "mig_profile", "exclusive": "exclusive"}
+             "mig": "mig_profile", "exclusive": "exclusive", "min_replicas": "min_replicas",
+             "min-replicas": "min_replicas", "max_replicas": "max_replicas", "max-replicas": "max_replicas",
+             "autoscale": "autoscale"}
 SPEC_FIELDS = ("name, team, project, gpus, gpu_models, kind, priority_class, gang_nodes, gpus_per_node, replicas, "
-               "max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, idempotency_key; the "
-               "work: command, env, workdir, limits, stop_signal, stop_grace_s, warn_before_s, warn_signal, "
-               "restart, isolation, image, rootfs")
+               "max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, idempotency_key, "
+               "min_replicas, max_replicas, autoscale; the work: command, env, workdir, limits, stop_signal, "
+               "stop_grace_s, warn_before_s, warn_signal, restart, isolation, image, rootfs, ports, health")
 
 
 def load_spec_file(path: str) -> dict[str, Any]:
@@ -1260,6 +1262,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from libs.cli import work
 
     work.register(sub, add)  # submit, run, logs
+    from libs.cli import services
+
+    services.register(add)  # endpoints, load, update
 
     p = add("jobs", cmd_jobs, "list jobs")
     p.add_argument("--team")

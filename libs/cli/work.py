@@ -44,7 +44,7 @@ WORK_KEYS = {"command": "command", "env": "env", "workdir": "workdir", "limits":
              "stop_grace_s": "stop_grace_s", "stop_grace": "stop_grace_s", "stop-grace": "stop_grace_s",
              "warn_before_s": "warn_before_s", "warn_before": "warn_before_s", "warn-before": "warn_before_s",
              "warn_signal": "warn_signal", "warn-signal": "warn_signal", "restart": "restart",
-             "isolation": "isolation", "image": "image", "rootfs": "rootfs"}
+             "isolation": "isolation", "image": "image", "rootfs": "rootfs", "ports": "ports", "health": "health"}
 LIMIT_KEYS = ("cpu_milli", "memory_mib", "pids")
 
 
@@ -138,6 +138,17 @@ def merge_work(file_work: dict[str, Any], flags: dict[str, Any]) -> dict[str, An
         value = flags.get(key) if flags.get(key) is not None else file_work.get(key)
         if value is not None:
             work[key] = str(value)
+    ports = file_work.get("ports")
+    if ports is not None:
+        if not isinstance(ports, list) or not all(isinstance(p, str) for p in ports):
+            raise UsageError("ports must be a list of names, e.g. [http, metrics]")
+        work["ports"] = ports
+    health = file_work.get("health")
+    if health is not None:
+        if not isinstance(health, dict):
+            raise UsageError("health must be a mapping: {http: /healthz} or {tcp: PORT} or {exec: [argv]}, with "
+                             "interval_s, timeout_s, grace_s, failures")
+        work["health"] = health
     return work
 
 

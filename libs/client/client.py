@@ -244,7 +244,9 @@ class GpupoolClient(ReportsApi, WorkApi):
                    gang_nodes: int | None = None, gpus_per_node: int | None = None, replicas: int | None = None,
                    max_runtime_s: float | None = None, gpu_fraction_milli: int | None = None,
                    gpu_memory_mib: int | None = None, mig_profile: str | None = None,
-                   exclusive: bool | None = None, work: Mapping[str, Any] | None = None) -> SubmitResult:
+                   exclusive: bool | None = None, work: Mapping[str, Any] | None = None,
+                   min_replicas: int | None = None, max_replicas: int | None = None,
+                   autoscale: Mapping[str, Any] | None = None) -> SubmitResult:
         """Submit a job: `gpus` on one node; a gang (`gang_nodes` × `gpus_per_node`, with `gpus` their product)
         placed all or nothing; or `replicas` independent copies of `gpus` each (scale them with `scale_job`).
         `max_runtime_s` declares a limit that lets smaller jobs backfill around reservations. A share of one GPU:
@@ -261,7 +263,8 @@ class GpupoolClient(ReportsApi, WorkApi):
                            ("gang_nodes", gang_nodes), ("gpus_per_node", gpus_per_node), ("replicas", replicas),
                            ("max_runtime_s", max_runtime_s), ("gpu_fraction_milli", gpu_fraction_milli),
                            ("gpu_memory_mib", gpu_memory_mib), ("mig_profile", mig_profile),
-                           ("exclusive", exclusive)):
+                           ("exclusive", exclusive), ("min_replicas", min_replicas),
+                           ("max_replicas", max_replicas), ("autoscale", dict(autoscale) if autoscale else None)):
             if value is not None:
                 body[key] = value
         if gpu_models:
@@ -297,6 +300,26 @@ class GpupoolClient(ReportsApi, WorkApi):
         """Set how many replicas a replicated job should run; placement adds or releases allocations to match."""
         return _parse(Job, self._json("PATCH", f"/v1/jobs/{_seg(job_id)}", json_body={"replicas": replicas},
                                       retry=True), "/v1/jobs/{id}")
+
+    def update_work(self, job_id: str, command: Sequence[str] | None = None,
+                    env: Mapping[str, str] | None = None) -> Job:
+        """Roll a service's new command and/or env out replica by replica (`env` replaces the whole environment)."""
+        body: dict[str, Any] = {}
+        if command is not None:
+            body["command"] = list(command)
+        if env is not None:
+            body["env"] = dict(env)
+        return _parse(Job, self._json("PATCH", f"/v1/jobs/{_seg(job_id)}", json_body=body, retry=True),
+                      "/v1/jobs/{id}")
+
+    def list_endpoints(self, job_id: str) -> list[dict[str, Any]]:
+        """Every live replica of a job: `replica`, `node`, `url`, `ports`, `ready`, `since`, `reason`."""
+        return list(self._json("GET", f"/v1/jobs/{_seg(job_id)}/endpoints")["items"])
+
+    def report_load(self, job_id: str, value: float, reporter: str = "") -> dict[str, Any]:
+        """A service's load now, for its autoscaler (each reporter's latest value counts; their sum is the load)."""
+        return dict(self._json("POST", f"/v1/jobs/{_seg(job_id)}/load",
+                               json_body={"value": value, "reporter": reporter}))
 
     # --- pool --------------------------------------------------------------------------------------------------
     def list_nodes(self, cluster: str | None = None) -> list[Node]:

@@ -15,8 +15,8 @@ from libs.contracts.work import WorkExit
 
 
 # --- what the node agent applied (agent) ------------------------------------------------------------------------
-class AgentAllocationEvent(EventData):
-    """What the node agent's events say about the allocation and GPU they concern."""
+class AgentEvent(EventData):
+    """What every event a node's agent publishes about an allocation says: whose it is, and where."""
 
     entity_field: ClassVar[str] = "allocation_id"
     node_scoped: ClassVar[bool] = True
@@ -27,6 +27,11 @@ class AgentAllocationEvent(EventData):
     project: str
     cluster: str
     node: str
+
+
+class AgentAllocationEvent(AgentEvent):
+    """What the node agent's events say about the allocation and GPU they concern."""
+
     gpu_uuid: str
     gpu_index: int
 
@@ -63,18 +68,9 @@ class FractionExceeded(AgentAllocationEvent):
     detected_at: datetime
 
 
-class AgentWorkEvent(EventData):
+class AgentWorkEvent(AgentEvent):
     """What the agent's work events say about the allocation whose work they concern."""
 
-    entity_field: ClassVar[str] = "allocation_id"
-    node_scoped: ClassVar[bool] = True
-
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
     replica: int = 0
     attempt: int = 0
 
@@ -113,20 +109,10 @@ class WorkExited(AgentWorkEvent):
 
 
 # --- a replica's endpoint (agent) ---------------------------------------------------------------------------------
-class EndpointEvent(EventData):
+class EndpointEvent(AgentWorkEvent):
     """Where a replica of a job serves (the first of its work's `ports`, on its node's address), for a load balancer
     or a service mesh to follow."""
 
-    entity_field: ClassVar[str] = "allocation_id"
-    node_scoped: ClassVar[bool] = True
-
-    allocation_id: str = Field(max_length=64)
-    job_id: str = Field(max_length=64)
-    team: str = Field(max_length=63)
-    project: str = Field(max_length=63)
-    cluster: str = Field(max_length=63)
-    node: str = Field(max_length=253)
-    replica: int = Field(default=0, ge=0, le=4095)
     url: str = Field(max_length=300, pattern=r"^(http|tcp)://[^\s/]+:[0-9]{1,5}$", description="http://<address>:<port>")
     ports: dict[str, int] = Field(default_factory=dict, max_length=16, description="every named port → host port")
     at: datetime

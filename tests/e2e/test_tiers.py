@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from support import (
     wait_state,
 )
 
+from libs.check import CheckConfig, check_async
 from libs.contracts.envelope import parse_envelope
 from libs.contracts.events import (
     AllocationGangReady,
@@ -39,9 +41,11 @@ pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="the executor needs root for cgroups and device nodes")]
 
 DEVICES = fake_nvidia_devices(4)
+CHECKPOINTS = Path(tempfile.mkdtemp(prefix="gpupool-ckpt-"))  # one filesystem for both nodes: resume anywhere
+CHECKPOINTS.chmod(0o755)
 FLEET_NODES = 2
 UP_ARGS = ["--fleet", "H100-80GB*4;H100-80GB*4",
-           "--env", f"agent:DEVICE_DIR={DEVICES}",
+           "--env", f"agent:DEVICE_DIR={DEVICES}", "--env", f"agent:CHECKPOINT_ROOT={CHECKPOINTS}",
            "--env", "placement:PREEMPTION_GRACE_S=3", "--env", "placement:MIN_RUNTIME_S=0"]
 
 # Each member: rank 0 listens at PET_MASTER_ADDR:PET_MASTER_PORT, the others connect and send their rank and
@@ -95,20 +99,25 @@ async def finished(api, job_id: str, timeout: float = 60) -> dict:  # type: igno
         "completed", "failed", "cancelled") and job, f"job {job_id} to finish", timeout=timeout)
 
 
-def member_processes(job_id: str) -> dict[int, int]:
-    """Live processes of the job's work on this machine: pid by member rank (from each one's environment)."""
-    found: dict[int, int] = {}
+def work_processes(job_id: str) -> dict[int, dict[str, str]]:
+    """The live processes of a job's work on this machine (root reads every environment): pid → environment."""
+    found: dict[int, dict[str, str]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            env = dict(item.split("=", 1) for item in (proc / "environ").read_bytes().decode(
-                errors="replace").split("\0") if "=" in item)
+            raw = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if env.get("PET_RDZV_ID") == job_id and "PET_NODE_RANK" in env:
-            found[int(env["PET_NODE_RANK"])] = int(proc.name)
+        env = dict(item.split("=", 1) for item in raw if "=" in item)
+        if env.get("GPUPOOL_JOB_ID") == job_id:
+            found[int(proc.name)] = env
     return found
+
+
+def member_processes(job_id: str) -> dict[int, int]:
+    """A gang's live member processes: pid by member rank."""
+    return {int(env["PET_NODE_RANK"]): pid for pid, env in work_processes(job_id).items() if "PET_NODE_RANK" in env}
 
 
 async def test_a_two_node_gang_rendezvouses_over_tcp_with_torchruns_variables(platform) -> None:  # type: ignore[no-untyped-def]
@@ -239,16 +248,8 @@ def fetch(url: str) -> str:
 
 
 def replica_pid(job_id: str, replica: int) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"GPUPOOL_JOB_ID={job_id}".encode() in env and f"GPUPOOL_REPLICA={replica}".encode() in env:
-            return int(proc.name)
-    return None
+    return next((pid for pid, env in work_processes(job_id).items() if env.get("GPUPOOL_REPLICA") == str(replica)),
+                None)
 
 
 async def test_a_service_comes_up_behind_its_health_check_and_a_killed_replica_is_restarted_in_place(platform) -> None:  # type: ignore[no-untyped-def]
@@ -372,12 +373,13 @@ async def test_a_rolling_update_keeps_the_replicas_ready_throughout(platform) ->
 
 
 # --- torchrun ----------------------------------------------------------------------------------------------------
-ALLREDUCE = """
-import torch, torch.distributed as dist
+ALLREDUCE = r"""
+import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print(f"rank {dist.get_rank()} of {dist.get_world_size()} all_reduce {t.item():g}", flush=True)
+line = f"rank {dist.get_rank()} of {dist.get_world_size()} all_reduce {t.item():g}\n"
+os.write(1, line.encode())  # one write: a node's workers share its stdout
 dist.destroy_process_group()
 """
 
@@ -431,5 +433,79 @@ async def test_torchrun_all_reduces_with_gloo_across_the_gangs_two_simulated_nod
         errs = {rank: api.get(f"/v1/jobs/{job_id}/logs", params={"replica": rank, "stream": "stderr", "tail": 60}).text for rank in (0, 1)}
         assert job["state"] == "completed", (job["reason"], job["message"], out, errs)
         # torchrun made 2 workers per node from PET_NPROC_PER_NODE: ranks 0-3, each summed 1+2+3+4
-        lines = sorted(line for text in out.values() for line in text.splitlines() if "all_reduce" in line)
+        lines = sorted(re.findall(r"rank \d+ of \d+ all_reduce [0-9.]+", "\n".join(out.values())))
         assert lines == [f"rank {r} of 4 all_reduce 10" for r in range(4)], out
+
+
+
+# --- the seed's second scenario: inference and training share the pool, peak and trough --------------------------
+TRAIN = """
+import os, signal, sys, time
+rank = os.environ["PET_NODE_RANK"]
+ck = os.path.join(os.environ["GPUPOOL_CHECKPOINT_DIR"], f"step-{rank}")
+step = int(open(ck).read()) if os.path.exists(ck) else 0
+print(f"attempt {os.environ['GPUPOOL_ATTEMPT']} resumed from step {step}", flush=True)
+def save(*_):
+    open(ck, "w").write(str(step))
+    print(f"checkpointed at step {step}", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+while step < 60:
+    step += 1
+    time.sleep(0.1)
+open(ck, "w").write(str(step))
+print(f"done at step {step}", flush=True)
+"""
+
+
+async def test_night_and_morning_inference_lends_its_gpus_to_training_and_takes_them_back(platform) -> None:  # type: ignore[no-untyped-def]
+    """推理服务和训练任务混跑: the service scales down at night, preemptible training borrows the GPUs and runs; in
+    the morning the service scales back up, preempting the training with its checkpoint signal; the training
+    resumes from its checkpoint when capacity returns. Reports what training gained and the service's time below
+    target; `gpupool check` is green at the end."""
+    autoscale = {"target": 10, "scale_up_stabilization_s": 0, "scale_down_stabilization_s": 2, "cooldown_s": 1,
+                 "sample_ttl_s": 120}
+    with platform.client() as api:
+        finish_all(api)
+        svc = service(api, "chat", replicas=6, min_replicas=2, max_replicas=6, autoscale=autoscale,
+                      priority_class="production-inference")
+        try:
+            load = lambda value: api.post(f"/v1/jobs/{svc}/load", json={"value": value})  # noqa: E731
+            assert load(60).status_code == 202  # day: 6 replicas' worth
+            await eventually_async(lambda: len(ready_endpoints(api, svc)) == 6, "6 ready by day", timeout=90)
+            train = api.post("/v1/jobs", json={
+                "name": "pretrain", "team": "research", "kind": "training", "priority_class": "normal",
+                "gpus": 4, "gang_nodes": 2, "gpus_per_node": 2, "stop_grace_s": 10,
+                "command": ["python3", "-c", TRAIN]}).json()["job_id"]
+            await asyncio.sleep(2)
+            assert api.get(f"/v1/jobs/{train}").json()["state"] == "pending", "training ran beside the day's peak"
+            assert load(5).status_code == 202  # night
+            await eventually_async(lambda: api.get(f"/v1/jobs/{train}").json()["state"] == "running",
+                                   "the training to borrow the night's GPUs", timeout=60)
+            assert len(api.get(f"/v1/jobs/{svc}/endpoints").json()["items"]) == 2  # down to min_replicas
+            await asyncio.sleep(3)  # it trains
+            rose = time.monotonic()
+            assert load(60).status_code == 202  # morning
+            await eventually_async(lambda: len(ready_endpoints(api, svc)) == 6, "6 ready again", timeout=90)
+            below_target_s = time.monotonic() - rose
+            job = api.get(f"/v1/jobs/{train}").json()
+            assert job["state"] == "pending" and job["attempts"] >= 1, job  # preempted, requeued
+            assert "PreemptedByPriority" in [h["reason"] for h in job["history"]], job["history"]
+            assert load(5).status_code == 202  # night again: capacity returns
+            done = await finished(api, train, timeout=120)
+            assert done["state"] == "completed", done
+            out = api.get(f"/v1/jobs/{train}/logs", params={"replica": 0, "stream": "stdout"}).text
+            resumed = int(out.split("resumed from step ")[1].split()[0])
+            assert done["attempts"] >= 1 and resumed > 0 and "done at step 60" in out, out
+            rows = api.get("/v1/usage", params={"job_id": train, "limit": 1000}).json()["items"]
+            gained_gpu_h = sum(r["gpu_seconds"] for r in rows) / 3600
+            assert gained_gpu_h > 0
+            print(f"\ntraining gained {gained_gpu_h * 3600:.0f} GPU-seconds ({gained_gpu_h:.4f} GPU-h) at night; "
+                  f"resumed from step {resumed}; the service was below its target for {below_target_s:.1f} s "
+                  "in the morning")
+        finally:
+            api.post(f"/v1/jobs/{svc}/cancel")
+    with platform.client() as api:
+        finish_all(api)
+    report = await check_async(CheckConfig.from_run_file(platform.data_dir / "run.json"))  # `gpupool check`
+    assert report.ok, report.to_text()
