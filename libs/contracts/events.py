@@ -351,8 +351,8 @@ class AllocationGranted(AllocationEvent):
         default_factory=dict,
         description="What the workload must run with to stay inside its allocation: CUDA_VISIBLE_DEVICES (GPU "
                     "uuids; for a MIG slice the agent reports the instance), and for a fraction the limits CUDA "
-                    "MPS enforces: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT. A job "
-                    "that runs work as one (single or gang) also gets its rendezvous: torchrun's PET_NNODES, "
+                    "MPS enforces: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT. A gang "
+                    "that runs work, or a single training job, also gets its rendezvous: torchrun's PET_NNODES, "
                     "PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_RDZV_ID, "
                     "PET_RDZV_ENDPOINT, and MASTER_ADDR, MASTER_PORT, WORLD_SIZE (members), NODE_RANK, RANK, "
                     "GPUPOOL_NODE_IPS (members' addresses by rank), GPUPOOL_RENDEZVOUS_PORT")

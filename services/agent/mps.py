@@ -10,7 +10,8 @@ of that GPU is granted, and kills it if it does not quit. The daemon writes its 
 the agent restarted.
 
 Every call blocks (a subprocess and a short wait): the agent runs them in a thread. Tests drive it with a fake
-control binary (tests/unit/agent/test_mps.py); scripts/device_check_nvml.py runs the real one when a GPU is lent.
+control binary (tests/unit/agent/test_mps.py); scripts/device_check_mps.py runs the real one when a GPU is lent
+(two fractions as clients of one daemon, each reporting through the CUDA driver whether its limits held).
 """
 
 from __future__ import annotations

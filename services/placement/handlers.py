@@ -710,9 +710,10 @@ class _Unit:
         job_id, replica = split_unit(unit)
         out = cls(unit, job_id, [], [], [])
         ordered = sorted(placements, key=lambda p: p.replica)
-        # a job that runs as one (not a replica of a service) and runs work gets its members' rendezvous
-        joint = rendezvous.take(job_id, ordered) if replica is None and job["work"] else None
-        if replica is None and job["work"] and joint is None:
+        # a gang that runs work, or a single training job (torchrun on one node), gets its members' rendezvous
+        wants = replica is None and bool(job["work"]) and (len(ordered) > 1 or job["kind"] == "training")
+        joint = rendezvous.take(job_id, ordered) if wants else None
+        if wants and joint is None:
             log.warning("rendezvous_ports_exhausted", extra={"job_id": job_id, "ports": rendezvous.ports})
         for p in ordered:
             allocation_id = uuid7()
@@ -723,7 +724,7 @@ class _Unit:
                                     now, job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"],
                                     job["work"], job["attempt"], joint[0] if joint else None,
                                     joint[1] if joint else None, json.dumps(together) if joint else None,
-                                    bool(job["work"]) and replica is None and len(ordered) > 1))
+                                    joint is not None and len(ordered) > 1))  # waits: its agents gate it
             out.gpus += [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile,
                           g.mig_start, mig_slots.get(g.uuid)) for g in alloc_gpus]
             out.granted.append(AllocationGranted(

@@ -81,6 +81,10 @@ class ShimStarter:
         loop = asyncio.get_running_loop()
         try:
             reply = await asyncio.wait_for(loop.sock_recv(sock, 256), REPLY_TIMEOUT_S)
+        except ConnectionResetError as e:
+            # the server closed with our request still unread (it died before taking it): nothing was forked,
+            # so spawning instead cannot start a second shim
+            raise OSError(f"fork server gone before it took the request ({e})") from e
         except (TimeoutError, OSError) as e:
             raise ServerUnanswered(str(e) or type(e).__name__) from e
         text = reply.decode(errors="replace")

@@ -4,9 +4,11 @@ parsing of mountinfo."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 from executor_support import JOB_ENV, alive, needs_root
@@ -79,7 +81,9 @@ async def test_without_cgroups_the_session_stands_in(make_executor, reports) -> 
     ex = make_executor(cgroups="none")
     assert ex.cgroups.kind == "none"
     await ex.launch(spec("n-bg", ["sh", "-c", "sleep 30 & echo $!; sleep 30"], stop_grace_s=0.3))
-    r_pids = ex.pids("n-bg")
+    deadline = time.monotonic() + 10
+    while len(r_pids := ex.pids("n-bg")) < 2 and time.monotonic() < deadline:  # the shell forks its children
+        await asyncio.sleep(0.05)
     assert len(r_pids) >= 2  # found by session
     assert ex.usage("n-bg")[1] > 0  # resident memory of the session's processes
     await ex.stop("n-bg")

@@ -8,12 +8,12 @@ fraction's end stops it."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fake_mps import FAKE  # the fake control binary, shared with the device check's test
 
 from libs.contracts.events import AllocatedGpu, AllocationGranted
 from libs.contracts.work import WorkSpec
@@ -21,34 +21,6 @@ from services.agent.domain import mps_gpus
 from services.agent.executor import ExitReport
 from services.agent.mps import PID_FILE, MpsControl, MpsError
 from services.agent.work import WorkRunner
-
-FAKE = f"""#!{sys.executable}
-import os, sys, time
-pipe, log = os.environ["CUDA_MPS_PIPE_DIRECTORY"], os.environ["CUDA_MPS_LOG_DIRECTORY"]
-if sys.argv[1:] == ["-d"]:
-    if os.fork():
-        sys.exit(0)
-    os.setsid()
-    if os.fork():
-        os._exit(0)
-    with open(os.path.join(log, "control.log"), "a") as f:
-        f.write("start " + os.environ.get("CUDA_VISIBLE_DEVICES", "") + "\\n")
-    with open(os.path.join(pipe, "{PID_FILE}"), "w") as f:
-        f.write(str(os.getpid()))
-    quit_file = os.path.join(pipe, "quit")
-    while not os.path.exists(quit_file):
-        time.sleep(0.02)
-    if os.environ.get("FAKE_MPS_STUBBORN"):
-        time.sleep(3600)
-    os.unlink(quit_file)
-    os.unlink(os.path.join(pipe, "{PID_FILE}"))
-    with open(os.path.join(log, "control.log"), "a") as f:
-        f.write("quit\\n")
-    os._exit(0)
-command = sys.stdin.read().strip()
-if command == "quit":
-    open(os.path.join(pipe, "quit"), "w").close()
-"""
 
 
 @pytest.fixture
