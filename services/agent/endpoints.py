@@ -39,20 +39,20 @@ def release_ports(ports: dict[str, int]) -> None:
 
 
 async def probe(check: HealthCheck, host: str, ports: dict[str, int], *, env: dict[str, str],
-                cwd: str | None, uid: int | None) -> tuple[bool, str]:
-    """One probe: (healthy, what it saw)."""
+                uid: int | None) -> tuple[bool, str]:
+    """One probe: (healthy, what it saw). An exec probe runs in / as `uid` with the work's environment."""
     try:
-        return await asyncio.wait_for(_probe(check, host, ports, env=env, cwd=cwd, uid=uid), check.timeout_s)
+        return await asyncio.wait_for(_probe(check, host, ports, env=env, uid=uid), check.timeout_s)
     except TimeoutError:
         return False, f"no answer within {check.timeout_s:g}s"
     except OSError as exc:
         return False, f"{type(exc).__name__}: {exc}"[:300]
 
 
-async def _probe(check: HealthCheck, host: str, ports: dict[str, int], *, env: dict[str, str], cwd: str | None,
+async def _probe(check: HealthCheck, host: str, ports: dict[str, int], *, env: dict[str, str],
                  uid: int | None) -> tuple[bool, str]:
     if check.exec is not None:
-        return await _exec(check.exec, env=env, cwd=cwd, uid=uid)
+        return await _exec(check.exec, env=env, uid=uid)
     name = check.tcp or check.port or next(iter(ports))
     port = ports[name]
     reader, writer = await asyncio.open_connection(host or "127.0.0.1", port)
@@ -73,10 +73,10 @@ async def _probe(check: HealthCheck, host: str, ports: dict[str, int], *, env: d
             await writer.wait_closed()
 
 
-async def _exec(argv: list[str], *, env: dict[str, str], cwd: str | None, uid: int | None) -> tuple[bool, str]:
+async def _exec(argv: list[str], *, env: dict[str, str], uid: int | None) -> tuple[bool, str]:
     as_user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None and os.geteuid() == 0 else {}
     proc = await asyncio.create_subprocess_exec(
-        *argv, env=env, cwd=cwd or "/", stdin=asyncio.subprocess.DEVNULL,
+        *argv, env=env, cwd="/", stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True, **as_user)
     try:
         code = await proc.wait()

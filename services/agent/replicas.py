@@ -8,7 +8,6 @@ stop signal. One `ReplicaKeeper` per node, driven by the node's WorkRunner."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -73,8 +72,7 @@ class ReplicaKeeper:
         state, began = ReplicaHealth(), time.monotonic()
         while True:
             await asyncio.sleep(check.interval_s)
-            healthy, seen = await probe(check, self.address, self.ports.get(aid, {}), env=env, cwd=None,
-                                        uid=self.run_as_uid)
+            healthy, seen = await probe(check, self.address, self.ports.get(aid, {}), env=env, uid=self.run_as_uid)
             state, what = health_step(state, healthy, since_start_s=time.monotonic() - began,
                                       grace_s=check.grace_s, failures=check.failures)
             if what == "ready":
@@ -145,5 +143,4 @@ class ReplicaKeeper:
     def close(self) -> None:
         for watch in self.watches.values():
             watch.cancel()
-        with contextlib.suppress(Exception):
-            self.watches.clear()
+        self.watches.clear()

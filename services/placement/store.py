@@ -210,16 +210,15 @@ async def start_rollout(conn: asyncpg.Connection, job_id: str, work: str) -> boo
     """The job's new work; a replicated job with replicas live on other work starts rolling (one surge replica).
     True when a rollout runs."""
     return bool(await conn.fetchval(
-        """UPDATE pending_jobs p SET work = $2,
-               rollout_target = CASE WHEN p.replicas > 1 AND EXISTS (
-                       SELECT 1 FROM allocations a WHERE a.job_id = p.job_id AND a.released_at IS NULL
-                                                     AND a.work IS DISTINCT FROM $2)
-                   THEN coalesce(p.rollout_target, p.replicas) END,
-               replicas = CASE WHEN p.replicas > 1 AND EXISTS (
-                       SELECT 1 FROM allocations a WHERE a.job_id = p.job_id AND a.released_at IS NULL
-                                                     AND a.work IS DISTINCT FROM $2)
-                   THEN coalesce(p.rollout_target, p.replicas) + 1 ELSE coalesce(p.rollout_target, p.replicas) END
-           WHERE job_id = $1 RETURNING rollout_target IS NOT NULL""", job_id, work))
+        """WITH j AS (
+               SELECT job_id, coalesce(rollout_target, replicas) AS target,
+                      replicas > 1 AND EXISTS (SELECT 1 FROM allocations a
+                                               WHERE a.job_id = p.job_id AND a.released_at IS NULL
+                                                 AND a.work IS DISTINCT FROM $2) AS rolls
+               FROM pending_jobs p WHERE job_id = $1)
+           UPDATE pending_jobs p SET work = $2, rollout_target = CASE WHEN j.rolls THEN j.target END,
+                                     replicas = j.target + CASE WHEN j.rolls THEN 1 ELSE 0 END
+           FROM j WHERE p.job_id = j.job_id RETURNING j.rolls""", job_id, work))
 
 
 async def rolling_jobs(conn: asyncpg.Connection) -> list[asyncpg.Record]:
@@ -385,7 +384,7 @@ async def work_allocation(conn: asyncpg.Connection, allocation_id: str) -> async
 
 async def gang_members(conn: asyncpg.Connection, allocation_id: str) -> list[asyncpg.Record]:
     """The live allocations of the job `allocation_id` belongs to, locked in one order (members reporting ready
-    at once then wait for each other instead of deadlocking), with the gang's size and each one's GPUs' rows."""
+    at once then wait for each other instead of deadlocking), each with the gang's size."""
     job_id = await conn.fetchval("SELECT job_id FROM allocations WHERE allocation_id = $1", allocation_id)
     if job_id is None:
         return []

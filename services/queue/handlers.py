@@ -162,11 +162,9 @@ class QueueHandlers:
         """Change how many replicas a replicated job (an inference service) should run; placement adds or
         releases allocations to match."""
         async with self.rt.uow() as uow:
-            row = await store.get_job(uow.conn, cmd.job_id, for_update=True)
-            if row is None:
-                return Reply.failure(404, "JobNotFound", f"no job {cmd.job_id}")
-            if row["state"] in TERMINAL:
-                return refuse_transition(cmd.job_id, row["state"], "scaled")
+            row, refused = await self._unfinished_job(uow, cmd.job_id, "scaled")
+            if refused is not None:
+                return refused
             if row["gang_nodes"]:
                 return Reply.failure(409, "NotScalable", "a gang job runs all or nothing; it cannot be scaled")
             low, high = row["min_replicas"] or 1, row["max_replicas"] or 256
@@ -183,14 +181,21 @@ class QueueHandlers:
             updated = await store.get_job(uow.conn, cmd.job_id)
         return Reply.success(store.to_view(updated).model_dump(mode="json"))
 
+    async def _unfinished_job(self, uow, job_id: str, verb: str):  # type: ignore[no-untyped-def]
+        """The job's row, locked, or the refusal: unknown (404), or finished and so not to be `verb` (409)."""
+        row = await store.get_job(uow.conn, job_id, for_update=True)
+        if row is None:
+            return None, Reply.failure(404, "JobNotFound", f"no job {job_id}")
+        if row["state"] in TERMINAL:
+            return row, refuse_transition(job_id, row["state"], verb)
+        return row, None
+
     async def update_work(self, cmd: UpdateWork) -> Reply:
         """A service's new command or env, rolled out by placement replica by replica (`job.work_updated`)."""
         async with self.rt.uow() as uow:
-            row = await store.get_job(uow.conn, cmd.job_id, for_update=True)
-            if row is None:
-                return Reply.failure(404, "JobNotFound", f"no job {cmd.job_id}")
-            if row["state"] in TERMINAL:
-                return refuse_transition(cmd.job_id, row["state"], "updated")
+            row, refused = await self._unfinished_job(uow, cmd.job_id, "updated")
+            if refused is not None:
+                return refused
             old = store.work_of(row)
             refusal = rollout_refusal(old, replicas=row["replicas"], gang_nodes=row["gang_nodes"])
             if refusal:

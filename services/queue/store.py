@@ -158,10 +158,6 @@ async def save_autoscale(conn: asyncpg.Connection, job_id: str, recommendations:
            WHERE job_id = $1""", job_id, json.dumps(recommendations), scaled_at, replicas)
 
 
-async def forget_load(conn: asyncpg.Connection, job_id: str) -> None:
-    await conn.execute("DELETE FROM autoscale_load WHERE job_id = $1", job_id)
-
-
 async def set_work(conn: asyncpg.Connection, job_id: str, work: WorkSpec) -> int:
     """The job's new work; returns its revision."""
     return await conn.fetchval(

@@ -88,6 +88,14 @@ def grant(allocation_id: str = "a1", health: dict | None = None) -> AllocationGr
                                                                            "timeout_s": 0.1}))
 
 
+async def until(probe, timeout_s: float = 3.0) -> None:  # type: ignore[no-untyped-def]
+    """Let the keeper's watch run until `probe()` holds (at most `timeout_s`; the assertion after says what)."""
+    for _ in range(int(timeout_s / 0.05)):
+        if probe():
+            return
+        await asyncio.sleep(0.05)
+
+
 class Harness:
     def __init__(self) -> None:
         self.published: list = []
@@ -115,10 +123,7 @@ async def test_a_healthy_replica_is_announced_and_a_crashed_one_restarts_in_plac
     port = int(env["PORT"])
     assert h.keeper.environment(g)["PORT"] == str(port)  # one set of ports per allocation, kept
     h.keeper.started(g, {"PATH": "/usr/bin:/bin"})
-    for _ in range(50):
-        await asyncio.sleep(0.05)
-        if h.published:
-            break
+    await until(lambda: h.published)
     assert h.kinds() == ["ready"]
     ready = h.published[0]
     assert (ready.url, ready.ports, ready.replica) == (f"http://127.0.0.1:{port}", {"http": port}, 1)
@@ -136,10 +141,7 @@ async def test_an_unhealthy_replica_leaves_the_endpoints_and_is_stopped_for_a_re
     g = grant(health={"exec": ["false"], "interval_s": 0.1, "timeout_s": 0.1, "grace_s": 0, "failures": 2})
     h.keeper.environment(g)
     h.keeper.started(g, {"PATH": "/usr/bin:/bin"})
-    for _ in range(60):
-        await asyncio.sleep(0.05)
-        if h.stops:
-            break
+    await until(lambda: h.stops)
     assert h.stops == [("a1", "HealthCheckFailed")]
     assert h.kinds() == []  # never ready: nothing to take out of rotation
     assert await h.keeper.ended(g, "Stopped", final=False)
@@ -151,10 +153,7 @@ async def test_a_replica_placement_stops_is_drained_first_and_never_restarted() 
     g = grant()
     h.keeper.environment(g)
     h.keeper.started(g, {"PATH": "/usr/bin:/bin"})
-    for _ in range(50):
-        await asyncio.sleep(0.05)
-        if h.published:
-            break
+    await until(lambda: h.published)
     await h.keeper.draining(g, "ScaledDown")
     assert h.kinds() == ["ready", "unready:Draining"]
     assert isinstance(h.published[-1], EndpointUnready) and "ScaledDown" in h.published[-1].message
