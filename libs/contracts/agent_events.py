@@ -108,6 +108,19 @@ class WorkExited(AgentWorkEvent):
     exit: WorkExit
 
 
+class WorkLoadSampled(AgentWorkEvent):
+    """One replica's load as its node's agent sampled it for the job's autoscaler (the work's `load` probe): its
+    GPUs' mean utilisation in percent, or the scraped metric's value. Published by the agent directly to
+    JetStream, every `load.every_s` while the work runs."""
+
+    event_type: ClassVar[str] = "io.gpupool.agent.work_load.v1"
+    event_subject: ClassVar[str] = subjects.AGENT_WORK_LOAD
+
+    signal: Literal["gpu_utilization", "metric"]
+    value: float = Field(ge=0, le=1e12)
+    sampled_at: datetime
+
+
 # --- a replica's endpoint (agent) ---------------------------------------------------------------------------------
 class EndpointEvent(AgentWorkEvent):
     """Where a replica of a job serves (the first of its work's `ports`, on its node's address), for a load balancer

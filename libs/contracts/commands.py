@@ -267,7 +267,28 @@ WORK_FIELDS = ("command", "env", "workdir", "limits", "stop_signal", "stop_grace
                "restart", "isolation", "image", "rootfs", "ports", "health")
 
 
-class SubmitJob(Command, JobShape, JobWork):
+class JobSpec(JobShape, JobWork):
+    """A job's shape and its work together, with the rules that need both."""
+
+    @model_validator(mode="after")
+    def _autoscale_sampled(self) -> JobSpec:
+        if self.autoscale is not None and self.autoscale.signal != "load":
+            if self.command is None:
+                raise ValueError(f"autoscale on {self.autoscale.signal} needs a command: the agent samples the "
+                                 "replicas it runs")
+            self.autoscale.probe(self.ports)  # a metric needs a port to scrape
+        return self
+
+    def work_spec(self) -> WorkSpec | None:
+        """The work, with what its agent samples for the autoscale policy."""
+        spec = super().work_spec()
+        if spec is None or self.autoscale is None:
+            return spec
+        probe = self.autoscale.probe(self.ports)
+        return spec if probe is None else spec.model_copy(update={"load": probe})
+
+
+class SubmitJob(Command, JobSpec):
     name: str = Field(pattern=NAME_PATTERN)
     team: str = Field(pattern=NAME_PATTERN)
     project: str = Field(default="default", pattern=NAME_PATTERN)

@@ -25,6 +25,7 @@ from libs.contracts.agent_events import (  # noqa: F401 (the agent's payloads ar
     MigApplied,
     TelemetrySampled,
     WorkExited,
+    WorkLoadSampled,
     WorkReady,
     WorkStarted,
 )
@@ -723,6 +724,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         WorkStarted,
         WorkReady,
         WorkExited,
+        WorkLoadSampled,
         AllocationGangReady,
         EndpointReady,
         EndpointUnready,

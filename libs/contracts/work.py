@@ -96,6 +96,30 @@ class HealthCheck(BaseModel):
         return self
 
 
+METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$"  # a Prometheus metric name
+
+
+class LoadProbe(BaseModel):
+    """What the agent samples from each replica for its job's autoscaler, every `every_s`: its GPUs' mean
+    utilisation (percent, from the node's telemetry) or one Prometheus metric scraped from the replica (`GET
+    http://<node>:<port>/<path>`, the sum of every series of `metric`). Set by the platform from the job's
+    `autoscale` policy (signal `gpu_utilization` or `metric`), not submitted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    signal: Literal["gpu_utilization", "metric"]
+    every_s: float = Field(ge=0.5, le=600)
+    metric: str | None = Field(default=None, pattern=METRIC_NAME)
+    port: PortName | None = Field(default=None, description="metric: the port it is served on")
+    path: str = Field(default="/metrics", max_length=256, pattern=r"^/[A-Za-z0-9._~/%-]*$")
+
+    @model_validator(mode="after")
+    def _metric_named(self) -> LoadProbe:
+        if (self.signal == "metric") != (self.metric is not None and self.port is not None):
+            raise ValueError("a metric probe names its metric and port, and only a metric probe does")
+        return self
+
+
 class WorkSpec(BaseModel):
     """The work a job runs. Travels from the submission through `job.submitted` and `allocation.granted` to the
     agent of each granted node."""
@@ -127,6 +151,8 @@ class WorkSpec(BaseModel):
                                   description="named ports the work serves on: the agent picks a free host port "
                                               "for each and passes PORT (the first) and PORT_<NAME>")
     health: HealthCheck | None = Field(default=None, description="how the agent tells the replica serves")
+    load: LoadProbe | None = Field(default=None, description="set from the job's autoscale policy: what the agent "
+                                   "samples from each replica for it")
 
     @field_validator("command")
     @classmethod
@@ -169,6 +195,8 @@ class WorkSpec(BaseModel):
             for name in (h.tcp, h.port):
                 if name is not None and name not in self.ports:
                     raise ValueError(f"health names port {name!r}, which is not in ports")
+        if self.load is not None and self.load.port is not None and self.load.port not in self.ports:
+            raise ValueError(f"the load metric's port {self.load.port!r} is not in ports")
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -425,3 +427,36 @@ def endpoint_url(address: str, ports: dict[str, int]) -> str:
     """The replica's endpoint: its first port on its node's address."""
     host = f"[{address}]" if ":" in address else address
     return f"http://{host}:{next(iter(ports.values()))}"
+
+
+# --- a replica's load for its autoscaler (pure: services/agent/load.py samples and publishes) ----------------------
+_SAMPLE_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{.*\})?\s+(?P<value>\S+)(\s+-?\d+)?$")
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The sum of every series of metric `name` in a Prometheus text exposition (`name{labels} value [ts]` lines;
+    comments and other metrics skipped), None when it has no finite sample."""
+    total, seen = 0.0, False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        m = _SAMPLE_LINE.match(line)
+        if m is None or m.group("name") != name:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            total, seen = total + value, True
+    return total if seen else None
+
+
+def replica_utilization(gpus: Iterable[str], utilization: dict[str, float | None]) -> float | None:
+    """A replica's GPUs' mean utilisation (percent) from the node's last sample; None when one of them reports
+    none (a MIG-mode GPU has no whole-GPU utilisation) or was not sampled yet."""
+    values = [utilization.get(uuid) for uuid in gpus]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(v for v in values if v is not None) / len(values)

@@ -86,3 +86,35 @@ async def _exec(argv: list[str], *, env: dict[str, str], uid: int | None) -> tup
         await proc.wait()
         raise
     return code == 0, f"{argv[0]} exited {code}"
+
+
+MAX_SCRAPE_BYTES = 1 << 20  # a metrics page larger than this is cut off (the metric sought is usually near the top)
+
+
+async def scrape(host: str, port: int, path: str, timeout_s: float) -> str | None:
+    """The body of `GET http://<host>:<port><path>` when it answers 200 within `timeout_s` (HTTP/1.0, so no
+    chunked encoding comes back), at most MAX_SCRAPE_BYTES of it; None otherwise."""
+    try:
+        return await asyncio.wait_for(_scrape(host, port, path), timeout_s)
+    except (TimeoutError, OSError, ValueError):
+        return None
+
+
+async def _scrape(host: str, port: int, path: str) -> str | None:
+    reader, writer = await asyncio.open_connection(host or "127.0.0.1", port)
+    try:
+        hostname = f"[{host}]" if ":" in host else host
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {hostname}:{port}\r\nUser-Agent: gpupool-agent\r\n"
+                     "Accept: text/plain\r\n\r\n".encode())
+        await writer.drain()
+        parts = (await reader.readline()).decode("latin-1").split(" ", 2)
+        if len(parts) < 2 or parts[1] != "200":
+            return None
+        while (await reader.readline()).strip():  # the headers
+            pass
+        body = await reader.read(MAX_SCRAPE_BYTES)
+        return body.decode("utf-8", "replace")
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()

@@ -290,6 +290,8 @@ class NodeAgent:
             self._measure_work()
         samples = self.backend.sample()
         self.update_metrics(samples)
+        if self.work is not None:
+            self.work.loads.observe(samples)
         try:
             host = self.backend.node_sample()
         except Exception as exc:  # the node's own facts must never stop GPU telemetry

@@ -34,12 +34,14 @@ from libs.contracts.events import (
 from libs.contracts.work import WorkExit, WorkSpec
 from services.agent.domain import launch_environment, log_text, mps_gpus, waits_for_gang
 from services.agent.executor import Executor, ExitReport, LaunchError, LaunchSpec, Limits
+from services.agent.load import LoadSampler
 from services.agent.mps import MpsControl, MpsError
 from services.agent.replicas import ReplicaKeeper
 
 log = logging.getLogger(__name__)
 Publish = Callable[[EventData, str], Awaitable[bool]]
 PUBLISH_RETRY_MAX_S = 10.0
+LOAD_TICK_S = 0.5  # how often due load samples are looked for (each probe has its own interval)
 
 
 class WorkRunner:
@@ -84,6 +86,8 @@ class WorkRunner:
         # service replicas: ports, health, endpoints, restarts in place (services/agent/replicas.py)
         self.replicas = ReplicaKeeper(cluster, node, address or "127.0.0.1", self._publish_until_taken,
                                       self._stop_for, self._relaunch, run_as_uid)
+        # each running replica's load for its job's autoscaler (services/agent/load.py)
+        self.loads = LoadSampler(cluster, node, address or "127.0.0.1", publish)
         self.mig_used: dict[str, str | None] = {}  # allocation → the MIG instance its work was launched on
         self.last_exit: dict[str, WorkExit] = {}  # a replica restarting in place: its last end (if it never does)
 
@@ -95,6 +99,21 @@ class WorkRunner:
         await self.executor.adopt()
         await serve(self.nc, subjects.agent_logs(self.cluster, self.node), ReadLogs, self.read_logs,
                     queue=f"agent-logs-{self.cluster}-{self.node}")
+        self._spawn(self._sample_loads())
+
+    async def _sample_loads(self) -> None:
+        """Every running replica whose work has a load probe, sampled when its probe is due."""
+        while not self._stopped:
+            await asyncio.sleep(LOAD_TICK_S)
+            running = self.executor.running()
+            sampled = [(grant, self.replicas.ports.get(aid, {})) for aid, grant in list(self.grants.items())
+                       if aid in running and grant.work is not None and grant.work.load is not None]
+            if not sampled:
+                continue
+            try:
+                await self.loads.tick(sampled)
+            except Exception as exc:  # a sample lost is not worth the loop
+                log.warning("load_sampling_failed", extra={"node": self.node, "error": repr(exc)})
 
     async def close(self) -> None:
         """The agent stops: the work goes on (a restarted agent re-adopts it), unless `kill_on_close` (a local
@@ -439,6 +458,7 @@ class WorkRunner:
         self.waiting.pop(allocation_id, None)
         self._ungate(allocation_id)
         self.replicas.forget(allocation_id)
+        self.loads.forget(allocation_id)
         self.mig_used.pop(allocation_id, None)
         self.last_exit.pop(allocation_id, None)
         self.grants.pop(allocation_id, None)

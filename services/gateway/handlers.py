@@ -21,9 +21,8 @@ from libs.contracts.commands import (
     GetPool,
     JobKind,
     JobRef,
-    JobShape,
+    JobSpec,
     JobState,
-    JobWork,
     ListAllocations,
     ListApprovals,
     ListJobs,
@@ -58,7 +57,7 @@ class ApiError(Exception):
         self.headers = headers
 
 
-class JobRequestBody(RequestBody, JobShape, JobWork):
+class JobRequestBody(RequestBody, JobSpec):
     """What a caller sends to submit a job: `gpus` on one node, a gang (`gang_nodes` × `gpus_per_node`, all or
     nothing), or `replicas` independent copies (an inference service; scale it later with PATCH). With `command`
     the agent of every granted node runs it (one process tree per allocation, logs at `/v1/jobs/{id}/logs`); the

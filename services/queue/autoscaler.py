@@ -1,5 +1,5 @@
-"""The queue's autoscaler: services report their load (`cmd.queue.report_load`, from `POST /v1/jobs/{id}/load`);
-every `AUTOSCALE_INTERVAL_S` each running autoscaled job is evaluated by domain.autoscale and, when that takes a
+"""The queue's autoscaler: services report their load (`cmd.queue.report_load`, from `POST /v1/jobs/{id}/load`), or
+their nodes' agents sample each replica (`agent.work_load`: GPU utilisation, a scraped metric); every `AUTOSCALE_INTERVAL_S` each running autoscaled job is evaluated by domain.autoscale and, when that takes a
 step, its replicas change in the same transaction as `job.autoscaled` (the load, target and reason) and
 `job.scaled` (placement adds or drains replicas as for a manual scale) and a history entry `Autoscaled:<a>-><b>`."""
 
@@ -10,13 +10,13 @@ import logging
 from datetime import datetime
 
 from libs.contracts.commands import Reply, ReportLoad
-from libs.contracts.envelope import utcnow
-from libs.contracts.events import JobAutoscaled, JobScaled
+from libs.contracts.envelope import CloudEvent, utcnow
+from libs.contracts.events import JobAutoscaled, JobScaled, WorkLoadSampled
 from libs.runtime.loops import every
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
 from services.queue.config import QueueSettings
-from services.queue.domain import TERMINAL, autoscale
+from services.queue.domain import TERMINAL, autoscale, counted_sample, sampled_reporter
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,28 @@ class Autoscaler:
             if row["state"] in TERMINAL:
                 return Reply.failure(409, "InvalidJobState", f"job {cmd.job_id} is {row['state']}",
                                      job_id=cmd.job_id, state=row["state"])
+            policy = store.autoscale_of(row)
+            if policy is not None and policy.signal != "load":
+                return Reply.failure(409, "LoadNotPushed", f"job {cmd.job_id} autoscales on {policy.signal}, which "
+                                                           "its nodes' agents sample: a pushed load is not used",
+                                     job_id=cmd.job_id, signal=policy.signal)
             now = utcnow()
             await store.report_load(uow.conn, cmd.job_id, cmd.reporter, cmd.value, now)
         return Reply.success({"job_id": cmd.job_id, "reporter": cmd.reporter, "value": cmd.value,
                               "at": now.isoformat()})
+
+    async def on_work_load(self, event: CloudEvent, data: WorkLoadSampled) -> None:
+        """A replica's load as its node's agent sampled it: kept (the latest per replica) when the job autoscales
+        on that signal. Idempotent by design (a replayed or late sample never replaces a newer one): no inbox."""
+        async with self.rt.uow() as uow:
+            row = await store.get_job(uow.conn, data.job_id)
+            if row is None or row["state"] in TERMINAL:
+                return
+            policy = store.autoscale_of(row)
+            if policy is None or policy.signal != data.signal:
+                return
+            await store.report_load(uow.conn, data.job_id, sampled_reporter(data.replica), data.value,
+                                    min(data.sampled_at, utcnow()))  # a node's clock ahead never keeps it fresh
 
     async def run_forever(self) -> None:
         await every(self.settings.autoscale_interval_s, self.evaluate_all, log=log, failure="autoscale_failed")
@@ -66,7 +84,8 @@ class Autoscaler:
                 return 0
             step = autoscale(
                 policy, current=row["replicas"], min_replicas=row["min_replicas"], max_replicas=row["max_replicas"],
-                samples=[(s["value"], s["at"].timestamp()) for s in samples],
+                samples=[(s["value"], s["at"].timestamp()) for s in samples
+                         if counted_sample(policy, s["reporter"], row["replicas"])],
                 recommendations=[(at, n) for at, n in json.loads(row["autoscale_recs"])],
                 last_scaled_at=row["scaled_at"].timestamp() if row["scaled_at"] else None, now=now.timestamp())
             scaled = step.reason is not None

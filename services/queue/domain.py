@@ -149,8 +149,31 @@ def autoscale(policy: AutoscalePolicy, *, current: int, min_replicas: int, max_r
     if desired == current or cooling:
         return ScaleStep(current, tuple(recs), load)
     return ScaleStep(desired, tuple(recs), load,
-                     f"load {load:g} at target {policy.target:g} per replica wants {raw} "
+                     f"{_signal_name(policy)} {load:g} at target {policy.target:g} per replica wants {raw} "
                      f"(stabilised: {desired}; was {current})")
+
+
+def _signal_name(policy: AutoscalePolicy) -> str:
+    if policy.signal == "gpu_utilization":
+        return "GPU utilisation (% summed over replicas)"
+    if policy.signal == "metric":
+        return f"metric {policy.metric} (summed over replicas)"
+    return "load"
+
+
+def sampled_reporter(replica: int) -> str:
+    """Whose sample an agent's `work_load` for replica `replica` is (one kept per replica)."""
+    return f"agent-replica-{replica}"
+
+
+def counted_sample(policy: AutoscalePolicy, reporter: str, replicas: int) -> bool:
+    """Whether a kept sample counts toward the job's load: every push report for `load`; for a signal the agents
+    sample, only the replicas the job has now (a replica scaled away leaves its last sample behind: not counted)."""
+    if policy.signal == "load":
+        return True
+    prefix = sampled_reporter(0)[:-1]
+    index = reporter[len(prefix):]
+    return reporter.startswith(prefix) and index.isdigit() and int(index) < replicas
 
 
 # --- updating a service's work ------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from libs.contracts.events import (
     JobStateChanged,
     JobSubmitted,
     JobWorkUpdated,
+    WorkLoadSampled,
     WorkStarted,
 )
 from libs.observability.metrics import JOB_TRANSITIONS, QUEUE_JOBS, QUEUE_WAIT_SECONDS
@@ -250,6 +251,8 @@ class QueueHandlers:
             QUEUE_WAIT_SECONDS.labels(team=row["team"], priority_class=row["priority_class"]).observe(
                 max(0.0, (at - row["submitted_at"]).total_seconds()))
         requeue = target == "pending" and row["state"] in store.REQUEUED_FROM
+        if target in TERMINAL and row.get("autoscale") is not None:
+            await store.forget_load(uow.conn, row["job_id"])
         await uow.emit(JobStateChanged(
             job_id=row["job_id"], team=row["team"], project=row["project"], kind=row["kind"], previous=row["state"],
             current=target, reason=reason, message=message, attempts=row["attempts"] + (1 if requeue else 0), at=at))
@@ -460,6 +463,7 @@ def routes(h: QueueHandlers) -> Routes:
             ApprovalDecided: h.on_approval_decided,
             AllocationReleased: h.on_allocation_released,
             WorkStarted: h.on_work_started,
+            WorkLoadSampled: h.autoscaler.on_work_load,
         },
         # every event handler is one unit of work and nothing else (no pool reads, RPCs or publishes): safe to
         # apply a fetched batch in one transaction (README: "Batched event handling")

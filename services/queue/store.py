@@ -132,8 +132,14 @@ async def remember_failure(conn: asyncpg.Connection, job_id: str, failure: dict[
 async def report_load(conn: asyncpg.Connection, job_id: str, reporter: str, value: float, at: datetime) -> None:
     await conn.execute(
         """INSERT INTO autoscale_load (job_id, reporter, value, at) VALUES ($1, $2, $3, $4)
-           ON CONFLICT (job_id, reporter) DO UPDATE SET value = EXCLUDED.value, at = EXCLUDED.at""",
+           ON CONFLICT (job_id, reporter) DO UPDATE SET value = EXCLUDED.value, at = EXCLUDED.at
+           WHERE autoscale_load.at <= EXCLUDED.at""",  # a late (replayed) sample never replaces a newer one
         job_id, reporter, value, at)
+
+
+async def forget_load(conn: asyncpg.Connection, job_id: str) -> None:
+    """The job ended: its load reports are of no further use."""
+    await conn.execute("DELETE FROM autoscale_load WHERE job_id = $1", job_id)
 
 
 async def autoscaled_jobs(conn: asyncpg.Connection) -> list[str]:
@@ -148,7 +154,7 @@ async def autoscale_inputs(conn: asyncpg.Connection, job_id: str) -> tuple[async
                               job_id)
     if row is None:
         return None
-    return row, await conn.fetch("SELECT value, at FROM autoscale_load WHERE job_id = $1", job_id)
+    return row, await conn.fetch("SELECT reporter, value, at FROM autoscale_load WHERE job_id = $1", job_id)
 
 
 async def save_autoscale(conn: asyncpg.Connection, job_id: str, recommendations: list, scaled_at: datetime | None,

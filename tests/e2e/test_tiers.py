@@ -326,6 +326,97 @@ async def test_a_service_scales_on_its_reported_load_within_its_windows_and_drai
             await nc.close()
 
 
+# A replica whose load the test sets through a file: it keeps a CPU core busy `<load>`% of the time (on the simulated
+# fleet a replica's CPU use is its GPU's utilisation) and serves the load as a Prometheus metric.
+LOADED = r"""
+import http.server, os, threading, time
+path = os.environ["LOAD_FILE"]
+def load():
+    try:
+        return float(open(path).read().strip() or 0)
+    except (OSError, ValueError):
+        return 0.0
+def burn():
+    while True:
+        duty, began = min(1.0, load() / 100), time.monotonic()
+        while time.monotonic() - began < 0.1 * duty:
+            pass
+        time.sleep(0.1 * (1 - duty))
+threading.Thread(target=burn, daemon=True).start()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (f"# HELP requests_in_flight requests being served\n# TYPE requests_in_flight gauge\n"
+                f"requests_in_flight{{replica=\"{os.environ['GPUPOOL_REPLICA']}\"}} {load():g}\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((os.environ["GPUPOOL_NODE_ADDRESS"], int(os.environ["PORT"])), Handler).serve_forever()
+"""
+
+
+async def _scales_2_4_2_on_what_the_agents_sample(platform, name: str, autoscale: dict, high: str,  # type: ignore[no-untyped-def]
+                                                  low: str) -> list:
+    """A 2..4 service whose load file says `high` scales to 4, then on `low` back to 2: the job.autoscaled steps."""
+    load_dir = Path(tempfile.mkdtemp(prefix="gpupool-load-"))
+    load_dir.chmod(0o755)
+    load_file = load_dir / "load"
+    load_file.write_text("0")
+    load_file.chmod(0o644)
+    nc = await nats.connect(platform.nats_url)
+    steps: list = []
+
+    async def on_step(msg) -> None:  # type: ignore[no-untyped-def]
+        steps.append(decode_data(parse_envelope(msg.data)))
+
+    await nc.subscribe("gpupool.job.autoscaled", cb=on_step)
+    try:
+        with platform.client() as api:
+            finish_all(api)
+            job_id = service(api, name, replicas=2, min_replicas=2, max_replicas=4, autoscale=autoscale,
+                             command=["python3", "-c", LOADED], env={"LOAD_FILE": str(load_file)})
+            try:
+                await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 2, "2 ready", timeout=60)
+                pushed = api.post(f"/v1/jobs/{job_id}/load", json={"value": 35})
+                assert pushed.status_code == 409 and pushed.json()["reason"] == "LoadNotPushed", pushed.text
+                load_file.write_text(high)
+                await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 4, "4 ready", timeout=60)
+                load_file.write_text(low)
+                await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 2 and len(
+                    api.get(f"/v1/jobs/{job_id}/endpoints").json()["items"]) == 2, "back to 2", timeout=60)
+                history = [h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]]
+                assert "Autoscaled:2->4" in history and "Autoscaled:4->2" in history
+            finally:
+                api.post(f"/v1/jobs/{job_id}/cancel")
+                shutil.rmtree(load_dir, ignore_errors=True)
+    finally:
+        await nc.close()
+    return [s for s in steps if s.job_id == job_id]
+
+
+async def test_a_service_scales_on_its_replicas_gpu_utilisation_from_telemetry(platform) -> None:  # type: ignore[no-untyped-def]
+    # each replica busy 25% of a core = its GPU 25% utilised: 2 × 25 over a target of 12 wants 4 (at most 4)
+    autoscale = {"signal": "gpu_utilization", "target": 12, "sample_every_s": 1, "sample_ttl_s": 5,
+                 "scale_up_stabilization_s": 2, "scale_down_stabilization_s": 3, "cooldown_s": 1}
+    steps = await _scales_2_4_2_on_what_the_agents_sample(platform, "gpu-scaled", autoscale, high="25", low="0")
+    assert [(s.previous, s.replicas) for s in steps] == [(2, 4), (4, 2)], steps
+    up, down = steps
+    assert up.signal == "gpu_utilization" and up.load > 36 and "GPU utilisation" in up.reason, up
+    assert down.load < 24, down  # idle replicas: their GPUs' utilisation ~0
+
+
+async def test_a_service_scales_on_a_metric_its_agents_scrape_from_each_replica(platform) -> None:  # type: ignore[no-untyped-def]
+    autoscale = {"signal": "metric", "metric": "requests_in_flight", "target": 10, "sample_every_s": 1,
+                 "sample_ttl_s": 5, "scale_up_stabilization_s": 0, "scale_down_stabilization_s": 3, "cooldown_s": 1}
+    steps = await _scales_2_4_2_on_what_the_agents_sample(platform, "metric-scaled", autoscale, high="20", low="1")
+    assert [(s.previous, s.replicas) for s in steps] == [(2, 4), (4, 2)], steps
+    up, down = steps
+    assert up.signal == "metric" and up.load == 40 and "requests_in_flight" in up.reason, up
+    assert down.load == 4, down  # 4 replicas at 1 each (afterwards the 2 scaled away no longer count)
+
+
 def _cli(platform, *args: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
     env = {**os.environ, "GPUPOOL_URL": platform.gateway, "GPUPOOL_TOKEN": platform.run["admin_token"]}
     return subprocess.run([sys.executable, "-m", "libs.cli.main", *args], env=env, capture_output=True, text=True,

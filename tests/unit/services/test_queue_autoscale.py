@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from libs.contracts.autoscale import AutoscalePolicy
 from libs.contracts.commands import SubmitJob
-from services.queue.domain import autoscale
+from services.queue.domain import autoscale, counted_sample, sampled_reporter
 
 POLICY = AutoscalePolicy(target=10, scale_up_stabilization_s=0, scale_down_stabilization_s=30, cooldown_s=5,
                          sample_ttl_s=60)
@@ -70,3 +70,49 @@ def test_bounds_and_policy_are_checked_when_submitted() -> None:
                      (dict(replicas=2, min_replicas=2, max_replicas=4, autoscale={"target": 0}), "greater than")):
         with pytest.raises(ValidationError, match=why):
             SubmitJob(**base, **bad)
+
+
+SERVICE = {"name": "svc", "team": "t", "gpus": 1, "kind": "inference", "replicas": 2, "min_replicas": 2,
+           "max_replicas": 4, "command": ["python3", "-m", "server"], "ports": ["http", "admin"]}
+
+
+def test_a_sampled_signal_puts_its_probe_into_the_work_the_agents_run() -> None:
+    gpu = SubmitJob(**SERVICE, autoscale={"signal": "gpu_utilization", "target": 60, "sample_every_s": 2})
+    probe = gpu.work_spec().load  # type: ignore[union-attr]
+    assert probe is not None and (probe.signal, probe.every_s, probe.metric) == ("gpu_utilization", 2, None)
+    metric = SubmitJob(**SERVICE, autoscale={"signal": "metric", "metric": "vllm:num_requests_running",
+                                             "metric_port": "admin", "target": 8})
+    probe = metric.work_spec().load  # type: ignore[union-attr]
+    assert probe is not None and (probe.metric, probe.port, probe.path) == ("vllm:num_requests_running", "admin",
+                                                                            "/metrics")
+    default_port = SubmitJob(**SERVICE, autoscale={"signal": "metric", "metric": "inflight", "target": 8})
+    assert default_port.work_spec().load.port == "http"  # type: ignore[union-attr]
+    pushed = SubmitJob(**SERVICE, autoscale={"target": 8})
+    assert pushed.work_spec().load is None  # type: ignore[union-attr]
+
+
+def test_a_sampled_signal_is_refused_where_nothing_can_sample_it() -> None:
+    commandless = {k: v for k, v in SERVICE.items() if k not in ("command", "ports")}
+    portless = {k: v for k, v in SERVICE.items() if k != "ports"}
+    for fields, policy, why in (
+            (commandless, {"signal": "gpu_utilization", "target": 50}, "needs a command"),
+            (portless, {"signal": "metric", "metric": "inflight", "target": 5}, "needs the work's ports"),
+            (SERVICE, {"signal": "metric", "metric": "inflight", "metric_port": "grpc", "target": 5}, "among them"),
+            (SERVICE, {"signal": "metric", "target": 5}, "needs one"),
+            (SERVICE, {"signal": "load", "metric": "inflight", "target": 5}, "goes with signal metric"),
+            (SERVICE, {"signal": "gpu_utilization", "target": 150}, "at most 100"),
+            (SERVICE, {"signal": "gpu_utilization", "target": 50, "sample_every_s": 60, "sample_ttl_s": 30},
+             "shorter than sample_ttl_s"),
+            (SERVICE, {"signal": "metric", "metric": "bad name", "target": 5}, "pattern")):
+        with pytest.raises(ValidationError, match=why):
+            SubmitJob(**fields, autoscale=policy)
+
+
+def test_only_the_replicas_the_job_has_now_count_for_a_sampled_signal() -> None:
+    gpu = AutoscalePolicy(signal="gpu_utilization", target=50)
+    assert [counted_sample(gpu, sampled_reporter(i), 2) for i in range(4)] == [True, True, False, False]
+    assert not counted_sample(gpu, "replica-0", 2) and not counted_sample(gpu, "agent-replica-x", 2)
+    assert counted_sample(POLICY, "anything", 1)  # a pushed load counts whoever reported it
+    step = autoscale(gpu, current=2, min_replicas=2, max_replicas=8, samples=[(90.0, 999.0), (80.0, 999.0)],
+                     recommendations=(), last_scaled_at=None, now=1000.0)
+    assert step.replicas == 4 and step.reason is not None and step.reason.startswith("GPU utilisation"), step
