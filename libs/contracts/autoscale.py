@@ -86,6 +86,6 @@ class ReplicaBounds(BaseModel):
         if self.autoscale is not None:
             if self.min_replicas is None or self.max_replicas is None:
                 raise ValueError("autoscale needs min_replicas and max_replicas")
-            if self.min_replicas < 2:
-                raise ValueError("autoscale needs min_replicas >= 2 (a job of one replica runs as a single job)")
+            if self.max_replicas < 2:
+                raise ValueError("autoscale needs max_replicas >= 2: room to scale")
         return self

@@ -194,6 +194,8 @@ class JobSubmitted(EventData):
     gang_nodes: int = 0
     gpus_per_node: int = 0
     replicas: int = 1
+    replica_set: bool = Field(default=False, description="a replica set (a service): each replica is placed, "
+                              "replaced and scaled by itself, even while it has one (replicas > 1 is one always)")
     max_runtime_s: float | None = None
     submitted_by: str | None = Field(default=None, max_length=256,
                                      description="Who submitted it (the caller's token or identity name)")
@@ -238,6 +240,8 @@ class JobScaled(EventData):
     replicas: int
     previous: int
     scaled_at: datetime
+    replica_set: bool | None = Field(default=None, description="whether the job is a replica set at its new "
+                                     "count (null: as replicas > 1 says)")
 
 
 class JobAutoscaled(EventData):

@@ -68,7 +68,8 @@ class LoadBody(RequestBody):
                          "job toward ceil(load / target) replicas within min_replicas..max_replicas, per its "
                          "stabilisation windows and cool-down; each step is a `job.autoscaled` event and an "
                          "`Autoscaled:<a>-><b>` history entry (`gpupool describe`). A report older than the "
-                         "policy's `sample_ttl_s` no longer counts. `409 NotAutoscaled`: the job has no policy.")
+                         "policy's `sample_ttl_s` no longer counts. `409 NotAutoscaled`: the job has no policy; "
+                         "`409 LoadNotPushed`: it autoscales on what its agents sample (gpu_utilization, metric).")
 async def report_load(job_id: Annotated[str, Path(max_length=64)], body: LoadBody, req: Request,
                       caller: Caller) -> dict:
     await require_on_job(req, caller, Action.JOB_SUBMIT, job_id)

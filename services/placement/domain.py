@@ -41,9 +41,15 @@ Row = Mapping[str, Any]
 NO_NODE_OFFERS_ISOLATION = "NoNodeOffersIsolation"
 
 
-def unit_id(job_id: str, replica: int, replicas: int) -> str:
-    """What the core schedules: a whole job (single or gang), or one replica of a replicated job."""
-    return f"{job_id}#{replica}" if replicas > 1 else job_id
+def unit_id(job_id: str, replica: int, replica_set: bool) -> str:
+    """What the core schedules: a whole job (single or gang), or one replica of a replica set (a service)."""
+    return f"{job_id}#{replica}" if replica_set else job_id
+
+
+def is_replica_set(row: Row) -> bool:
+    """A pending_jobs row (or an allocation joined with it) of a replica set: its bounds let it scale, or it has
+    more than one replica."""
+    return bool(row.get("replica_set")) or row.get("replicas", 1) > 1
 
 
 def split_unit(unit: str) -> tuple[str, int | None]:
@@ -67,13 +73,13 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
             for n in nodes
         ),
         running=tuple(
-            Allocation(job_id=unit_id(r["job_id"], r["replica"], r["replicas"]), team=r["team"], node=r["node"],
+            Allocation(job_id=unit_id(r["job_id"], r["replica"], is_replica_set(r)), team=r["team"], node=r["node"],
                        gpu_uuids=tuple(r["gpu_uuids"]), started_at=r["granted_at"].timestamp(),
                        project=r["project"], priority=r["priority"], priority_class=r["priority_class"],
                        gpu_model=r["gpu_model"] or "", max_runtime_s=r["max_runtime_s"],
                        # an allocation already being preempted is on its way out: never pick it again
                        preemptible=False if r["preempt_deadline"] is not None else None,
-                       kind=r["kind"] or "", replica_group=r["job_id"] if r["replicas"] > 1 else "",
+                       kind=r["kind"] or "", replica_group=r["job_id"] if is_replica_set(r) else "",
                        **_held_share(r))
             for r in running
         ),
@@ -171,8 +177,8 @@ def _units(r: Row, offered: Mapping[str, set[str]], dev_fraction_milli: int, dev
     if r["gang_nodes"]:
         return [JobRequest(job_id=r["job_id"], gang_nodes=r["gang_nodes"], gpus_per_node=r["gpus_per_node"],
                            **common)]
-    if r["replicas"] > 1:
-        return [JobRequest(job_id=unit_id(r["job_id"], i, r["replicas"]), replica_group=r["job_id"], **common)
+    if is_replica_set(r):
+        return [JobRequest(job_id=unit_id(r["job_id"], i, True), replica_group=r["job_id"], **common)
                 for i in range(r["replicas"])]
     return [JobRequest(job_id=r["job_id"], **common)]
 
@@ -202,7 +208,7 @@ class RequestBuilder:
             held = live.get(job_id)
             if not held:
                 out += hit[1]
-            elif r["replicas"] > 1 and not r["gang_nodes"]:
+            elif is_replica_set(r) and not r["gang_nodes"]:
                 out += [u for i, u in enumerate(hit[1]) if i not in held]
         return out
 

@@ -208,7 +208,7 @@ class PlacementHandlers:
             uow.after_commit(self._wake)
             if not await uow.first_time(CONSUMER, event.id):
                 return
-            wanted = await store.set_replicas(uow.conn, data.job_id, data.replicas)
+            wanted = await store.set_replicas(uow.conn, data.job_id, data.replicas, data.replica_set)
             if wanted is None:
                 return
             await self._release(uow, data.job_id, "ScaledDown", utcnow(), min_replica=wanted)
@@ -337,7 +337,7 @@ class PlacementHandlers:
     async def _back_off(self, uow, data: WorkExited) -> None:  # type: ignore[no-untyped-def]
         """A replica of a replicated job failed: the job's next placement waits (domain.replica_back_off)."""
         wanted = await store.replica_failures(uow.conn, data.job_id)
-        if wanted is None or wanted[0] <= 1:
+        if wanted is None or not wanted[0]:
             return
         failures, delay = replica_back_off(wanted[1], data.exit.wall_s)
         await store.back_off(uow.conn, data.job_id, failures, utcnow() + timedelta(seconds=delay))
@@ -640,7 +640,7 @@ class PlacementHandlers:
             if row["released_at"] is not None:
                 return Reply.success({"allocation_id": cmd.allocation_id, "released": 0})
             # one replica of a replicated job goes alone; a single job or a gang goes whole
-            which = {"replica": row["replica"]} if row["replicas"] > 1 else {}
+            which = {"replica": row["replica"]} if row["replica_set"] else {}
             released = await self._release(uow, row["job_id"], cmd.reason, utcnow(), **which)
             await store.refresh_satisfied(uow.conn, row["job_id"], after_release=True)
         self._kick.set()

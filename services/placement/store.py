@@ -78,10 +78,10 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
         """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
                                     priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s,
                                     gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, work, attempt,
-                                    isolation)
+                                    isolation, replica_set)
            SELECT $1::text, $2::text, $3::text, $4::int, $5::text[], $6::int, $7::timestamptz, $8::text, $9::text,
                   $10::text, $11::int, $12::int, $13::int, $14::float8, $15::int, $16::int, $17::text, $18::bool,
-                  $19::text, $20::int, $21::text
+                  $19::text, $20::int, $21::text, $22::bool
            WHERE NOT EXISTS (SELECT 1 FROM finished_jobs WHERE job_id = $1)
              AND NOT EXISTS (SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL)
            ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL,
@@ -92,7 +92,7 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
         traceparent, data.priority_class, data.kind, data.gang_nodes, data.gpus_per_node, data.replicas,
         data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive,
         data.work.model_dump_json() if data.work is not None else None, data.attempt,
-        data.work.isolation if data.work is not None else None) is not None
+        data.work.isolation if data.work is not None else None, data.replica_set or data.replicas > 1) is not None
 
 
 _STATE = """
@@ -105,20 +105,20 @@ SELECT json_build_object(
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
              a.rendezvous_port, a.gang_wait,
-             coalesce(p.replicas, 1) AS replicas,
+             coalesce(p.replicas, 1) AS replicas, coalesce(p.replica_set, false) AS replica_set,
              array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
              min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
              array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
              array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
       FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
-      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas) r),
+      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas, p.replica_set) r),
   'pending', (SELECT json_build_object(
         'ids', coalesce(json_agg(q.job_id), '[]'), 'xids', coalesce(json_agg(q.changed_xid::text), '[]'),
         'rows', coalesce(json_agg(q) FILTER (WHERE q.changed_xid >= $1::text::xid8), '[]'))
       FROM (
       SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
              gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile,
-             exclusive, isolation, not_before, replica_failures, changed_xid
+             exclusive, isolation, not_before, replica_failures, replica_set, changed_xid
       FROM pending_jobs WHERE NOT satisfied) q),
   'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
@@ -186,7 +186,7 @@ async def refresh_satisfied(conn: asyncpg.Connection, job_id: str, *, after_rele
     return bool(await conn.fetchval(
         """UPDATE pending_jobs p SET satisfied = (SELECT count(*) FROM allocations a
                                                  WHERE a.job_id = p.job_id AND a.released_at IS NULL) >= p.replicas
-           WHERE job_id = $1 AND (NOT $2 OR p.replicas > 1) RETURNING satisfied""", job_id, after_release))
+           WHERE job_id = $1 AND (NOT $2 OR p.replica_set) RETURNING satisfied""", job_id, after_release))
 
 
 async def refresh_satisfied_many(conn: asyncpg.Connection, job_ids: list[str]) -> None:
@@ -197,13 +197,15 @@ async def refresh_satisfied_many(conn: asyncpg.Connection, job_ids: list[str]) -
            WHERE job_id = ANY($1::text[])""", job_ids)
 
 
-async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int) -> int | None:
-    """The job's new replica count; during a rolling update the new target, with its surge replica kept on top.
-    Returns the replicas now wanted (None: not a wanted job)."""
+async def set_replicas(conn: asyncpg.Connection, job_id: str, replicas: int, replica_set: bool | None = None) -> int | None:
+    """The job's new replica count (and whether it is a replica set at it; None: when it has more than one);
+    during a rolling update the new target, with its surge replica kept on top. Returns the replicas now wanted
+    (None: not a wanted job)."""
     return await conn.fetchval(
         """UPDATE pending_jobs SET replicas = CASE WHEN rollout_target IS NULL THEN $2 ELSE $2 + 1 END,
-                                   rollout_target = CASE WHEN rollout_target IS NULL THEN NULL ELSE $2 END
-           WHERE job_id = $1 RETURNING replicas""", job_id, replicas)
+                                   rollout_target = CASE WHEN rollout_target IS NULL THEN NULL ELSE $2 END,
+                                   replica_set = coalesce($3, $2 > 1)
+           WHERE job_id = $1 RETURNING replicas""", job_id, replicas, replica_set)
 
 
 async def start_rollout(conn: asyncpg.Connection, job_id: str, work: str) -> bool:
@@ -212,7 +214,7 @@ async def start_rollout(conn: asyncpg.Connection, job_id: str, work: str) -> boo
     return bool(await conn.fetchval(
         """WITH j AS (
                SELECT job_id, coalesce(rollout_target, replicas) AS target,
-                      replicas > 1 AND EXISTS (SELECT 1 FROM allocations a
+                      replica_set AND EXISTS (SELECT 1 FROM allocations a
                                                WHERE a.job_id = p.job_id AND a.released_at IS NULL
                                                  AND a.work IS DISTINCT FROM $2) AS rolls
                FROM pending_jobs p WHERE job_id = $1)
@@ -318,9 +320,9 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
 
 async def replica_failures(conn: asyncpg.Connection, job_id: str) -> tuple[int, int] | None:
     """(replicas, failures in a row) of a wanted job, its row locked; None if it is not wanted."""
-    row = await conn.fetchrow("SELECT replicas, replica_failures FROM pending_jobs WHERE job_id = $1 FOR UPDATE",
+    row = await conn.fetchrow("SELECT replica_set, replica_failures FROM pending_jobs WHERE job_id = $1 FOR UPDATE",
                               job_id)
-    return None if row is None else (row["replicas"], row["replica_failures"])
+    return None if row is None else (row["replica_set"], row["replica_failures"])
 
 
 async def back_off(conn: asyncpg.Connection, job_id: str, failures: int, not_before: datetime) -> None:
@@ -433,7 +435,7 @@ async def live_count(conn: asyncpg.Connection, job_id: str) -> int:
 
 async def allocation(conn: asyncpg.Connection, allocation_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        """SELECT a.allocation_id, a.job_id, a.replica, a.released_at, coalesce(p.replicas, 1) AS replicas
+        """SELECT a.allocation_id, a.job_id, a.replica, a.released_at, coalesce(p.replica_set, false) AS replica_set
            FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.allocation_id = $1""", allocation_id)
 
 

@@ -16,7 +16,7 @@ from libs.runtime.loops import every
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
 from services.queue.config import QueueSettings
-from services.queue.domain import TERMINAL, autoscale, counted_sample, sampled_reporter
+from services.queue.domain import TERMINAL, autoscale, counted_sample, is_replica_set, sampled_reporter
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class Autoscaler:
                                          signal=policy.signal, load=step.load or 0.0, target=policy.target,
                                          reason=step.reason or "", scaled_at=now))
             await uow.emit(JobScaled(job_id=job_id, team=row["team"], replicas=step.replicas, previous=previous,
+                                     replica_set=is_replica_set(step.replicas, row["max_replicas"]),
                                      scaled_at=now))
         log.info("job_autoscaled", extra={"job_id": job_id, "from": previous, "to": step.replicas,
                                           "reason": step.reason})

@@ -80,7 +80,13 @@ def describe_failure(failure: dict[str, Any]) -> str:
     return str(detail) if detail else text  # the agent's own words say more (signal, limit), when it gave them
 
 
-def after_work_ended(*, state: str, replicas: int, work: WorkSpec | None, restarts: int,
+def is_replica_set(replicas: int, max_replicas: int | None) -> bool:
+    """A replica set (a service): each replica placed, replaced and scaled by itself. A job with more than one
+    replica is one, and so is one whose bounds let it scale beyond one (`max_replicas` > 1), even at one replica."""
+    return replicas > 1 or (max_replicas or 1) > 1
+
+
+def after_work_ended(*, state: str, replica_set: bool, work: WorkSpec | None, restarts: int,
                      recorded: dict[str, Any] | None, release_reason: str, exit: WorkExit,
                      remaining: int) -> AttemptOutcome:
     """The job lifecycle rule for the end of one allocation's work (pure: the handler loads, calls and stores).
@@ -91,7 +97,7 @@ def after_work_ended(*, state: str, replicas: int, work: WorkSpec | None, restar
     - while other members still hold GPUs the attempt is not over;
     - the last one: no failure → completed; a failure → restarted per the restart policy, else failed with the
       cause's exit code and reason."""
-    if state in TERMINAL or state == "preempting" or replicas > 1:
+    if state in TERMINAL or state == "preempting" or replica_set:
         return AttemptOutcome("ignore")
     failure = recorded
     if failure is None and not exit.succeeded and release_reason != "GangMemberFailed":
@@ -177,12 +183,12 @@ def counted_sample(policy: AutoscalePolicy, reporter: str, replicas: int) -> boo
 
 
 # --- updating a service's work ------------------------------------------------------------------------------------
-def rollout_refusal(work: WorkSpec | None, *, replicas: int, gang_nodes: int) -> str | None:
+def rollout_refusal(work: WorkSpec | None, *, replica_set: bool, gang_nodes: int) -> str | None:
     """Why a job's work cannot be rolled out replica by replica (None: it can). Readiness must be known to keep
     replicas serving, so the work needs ports (and ideally a health check)."""
     if work is None:
         return "the job runs no command: there is no work to update"
-    if gang_nodes or replicas < 2:
+    if gang_nodes or not replica_set:
         return "only a replicated service is updated replica by replica; cancel and resubmit a single job or gang"
     if not work.ports:
         return "a rolling update needs the work's ports (its replicas' readiness decides each step)"

@@ -49,6 +49,7 @@ from services.queue.domain import (
     WORK_RELEASES,
     after_work_ended,
     can_transition,
+    is_replica_set,
     refuse_transition,
     rollout_refusal,
     updated_work,
@@ -63,13 +64,18 @@ NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})
 ENDS_THE_JOB = frozenset({"IdleReclaimed", "MaxRuntimeExceeded", "RestartLimitReached"})
 
 
+def replica_set_of(row) -> bool:  # type: ignore[no-untyped-def]
+    return is_replica_set(row["replicas"], row["max_replicas"])
+
+
 def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]
     """The job as placement must want it: at submission, after an approval, and again after each requeue."""
     return JobSubmitted(
         job_id=row["job_id"], name=row["name"], team=row["team"], project=row["project"], kind=row["kind"],
         priority_class=row["priority_class"], priority=row["priority"], gpus=row["gpus"],
         gpu_models=list(row["gpu_models"]), submitted_at=row["submitted_at"], gang_nodes=row["gang_nodes"],
-        gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], max_runtime_s=row["max_runtime_s"],
+        gpus_per_node=row["gpus_per_node"], replicas=row["replicas"], replica_set=replica_set_of(row),
+        max_runtime_s=row["max_runtime_s"],
         gpu_fraction_milli=row["gpu_fraction_milli"], gpu_memory_mib=row["gpu_memory_mib"],
         mig_profile=row["mig_profile"], exclusive=row["exclusive"], submitted_by=row["submitted_by"],
         work=store.work_of(row), attempt=row["attempts"])
@@ -178,6 +184,7 @@ class QueueHandlers:
                 await store.record_history(uow.conn, cmd.job_id, row["state"], row["state"],
                                            f"Scaled:{row['replicas']}->{cmd.replicas}")
                 await uow.emit(JobScaled(job_id=cmd.job_id, team=row["team"], replicas=cmd.replicas,
+                                         replica_set=is_replica_set(cmd.replicas, row["max_replicas"]),
                                          previous=row["replicas"], scaled_at=utcnow()))
             updated = await store.get_job(uow.conn, cmd.job_id)
         return Reply.success(store.to_view(updated).model_dump(mode="json"))
@@ -198,7 +205,7 @@ class QueueHandlers:
             if refused is not None:
                 return refused
             old = store.work_of(row)
-            refusal = rollout_refusal(old, replicas=row["replicas"], gang_nodes=row["gang_nodes"])
+            refusal = rollout_refusal(old, replica_set=replica_set_of(row), gang_nodes=row["gang_nodes"])
             if refusal:
                 return Reply.failure(409, "NotRollable", refusal, job_id=cmd.job_id)
             assert old is not None
@@ -349,7 +356,7 @@ class QueueHandlers:
             if not await uow.first_time(CONSUMER, event.id):
                 return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
-            if row is not None and row["replicas"] > 1 and row["state"] == "running":
+            if row is not None and replica_set_of(row) and row["state"] == "running":
                 await store.record_history(uow.conn, data.job_id, "running", "running",
                                            f"ReplicaPreempting:{data.replica}:{data.reason}")
                 return  # one replica of a service goes; placement brings it back elsewhere
@@ -375,7 +382,7 @@ class QueueHandlers:
                 return
             if row is None or row["state"] in TERMINAL or row["allocation_id"] != data.allocation_id:
                 return
-            if row["replicas"] > 1:
+            if replica_set_of(row):
                 return  # one replica of a service lost: placement places it again; the job keeps running
             if data.reason in ENDS_THE_JOB:
                 await self._set_state(uow, row, "failed", data.reason,
@@ -400,7 +407,7 @@ class QueueHandlers:
         """One allocation's work ended and its GPUs are free: the domain rule says what that means for the job."""
         assert data.exit is not None
         outcome = after_work_ended(
-            state=row["state"], replicas=row["replicas"], work=store.work_of(row), restarts=row["restarts"],
+            state=row["state"], replica_set=replica_set_of(row), work=store.work_of(row), restarts=row["restarts"],
             recorded=store.failure_of(row), release_reason=data.reason, exit=data.exit,
             remaining=data.remaining or 0)
         at = data.released_at

@@ -5,6 +5,7 @@ own loopback address, so the gang's rendezvous is real TCP between "nodes". Need
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -326,6 +327,44 @@ async def test_a_service_scales_on_its_reported_load_within_its_windows_and_drai
             await nc.close()
 
 
+async def test_a_service_of_one_replica_scales_from_one_and_back_and_rolls_without_a_gap(platform) -> None:  # type: ignore[no-untyped-def]
+    autoscale = {"target": 10, "scale_up_stabilization_s": 0, "scale_down_stabilization_s": 2, "cooldown_s": 1}
+    with platform.client() as api:
+        finish_all(api)
+        job_id = service(api, "solo", replicas=1, min_replicas=1, max_replicas=3, autoscale=autoscale)
+        try:
+            first = await eventually_async(lambda: (r := ready_endpoints(api, job_id)) and r, "1 ready", timeout=60)
+            assert [e["replica"] for e in first] == [0]
+            assert api.post(f"/v1/jobs/{job_id}/load", json={"value": 25}).status_code == 202
+            await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 3, "3 ready", timeout=60)
+            assert api.post(f"/v1/jobs/{job_id}/load", json={"value": 0}).status_code == 202
+            await eventually_async(lambda: len(api.get(f"/v1/jobs/{job_id}/endpoints").json()["items"]) == 1,
+                                   "back to 1", timeout=60)
+            kept = ready_endpoints(api, job_id)
+            # the replica it started with is the one kept: a service of one is still a replica set
+            assert [(e["replica"], e["allocation_id"]) for e in kept] == [(0, first[0]["allocation_id"])]
+            job = api.get(f"/v1/jobs/{job_id}").json()
+            assert job["state"] == "running" and job["replicas"] == 1, job
+            assert api.patch(f"/v1/jobs/{job_id}", json={"env": {"VERSION": "2"}}).status_code == 200
+            fewest, deadline = 1, time.monotonic() + 60
+            while time.monotonic() < deadline:  # sampled every 100 ms: one replica ready throughout
+                ready = ready_endpoints(api, job_id)
+                fewest = min(fewest, len(ready))
+                answers = []
+                for e in ready:
+                    with contextlib.suppress(OSError):
+                        answers.append(fetch(e["url"]))
+                if answers and all(a.endswith("version 2") for a in answers) and len(
+                        api.get(f"/v1/jobs/{job_id}/endpoints").json()["items"]) == 1:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"the update did not finish in 60 s: {ready_endpoints(api, job_id)}")
+            assert fewest >= 1, "no replica was ready at one point during the update"
+        finally:
+            api.post(f"/v1/jobs/{job_id}/cancel")
+
+
 # A replica whose load the test sets through a file: it keeps a CPU core busy `<load>`% of the time (on the simulated
 # fleet a replica's CPU use is its GPU's utilisation) and serves the load as a Prometheus metric.
 LOADED = r"""
@@ -387,7 +426,8 @@ async def _scales_2_4_2_on_what_the_agents_sample(platform, name: str, autoscale
                 await eventually_async(lambda: len(ready_endpoints(api, job_id)) == 2 and len(
                     api.get(f"/v1/jobs/{job_id}/endpoints").json()["items"]) == 2, "back to 2", timeout=60)
                 history = [h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]]
-                assert "Autoscaled:2->4" in history and "Autoscaled:4->2" in history
+                scaled = [h for h in history if h.startswith("Autoscaled:")]
+                assert scaled[0] == "Autoscaled:2->4" and scaled[-1].endswith("->2"), history
             finally:
                 api.post(f"/v1/jobs/{job_id}/cancel")
                 shutil.rmtree(load_dir, ignore_errors=True)
@@ -396,13 +436,21 @@ async def _scales_2_4_2_on_what_the_agents_sample(platform, name: str, autoscale
     return [s for s in steps if s.job_id == job_id]
 
 
+def _up_then_down(steps: list) -> tuple:
+    """One step 2 → 4, then down to 2 (in one step, or more while the samples of the last seconds still differ:
+    the down window keeps their highest recommendation): the up step and the last."""
+    moves = [(s.previous, s.replicas) for s in steps]
+    assert moves[0] == (2, 4) and moves[-1][1] == 2, moves
+    assert all(a > b for a, b in moves[1:]) and all(moves[i][1] == moves[i + 1][0] for i in range(len(moves) - 1))
+    return steps[0], steps[-1]
+
+
 async def test_a_service_scales_on_its_replicas_gpu_utilisation_from_telemetry(platform) -> None:  # type: ignore[no-untyped-def]
     # each replica busy 25% of a core = its GPU 25% utilised: 2 × 25 over a target of 12 wants 4 (at most 4)
     autoscale = {"signal": "gpu_utilization", "target": 12, "sample_every_s": 1, "sample_ttl_s": 5,
                  "scale_up_stabilization_s": 2, "scale_down_stabilization_s": 3, "cooldown_s": 1}
     steps = await _scales_2_4_2_on_what_the_agents_sample(platform, "gpu-scaled", autoscale, high="25", low="0")
-    assert [(s.previous, s.replicas) for s in steps] == [(2, 4), (4, 2)], steps
-    up, down = steps
+    up, down = _up_then_down(steps)
     assert up.signal == "gpu_utilization" and up.load > 36 and "GPU utilisation" in up.reason, up
     assert down.load < 24, down  # idle replicas: their GPUs' utilisation ~0
 
@@ -411,10 +459,9 @@ async def test_a_service_scales_on_a_metric_its_agents_scrape_from_each_replica(
     autoscale = {"signal": "metric", "metric": "requests_in_flight", "target": 10, "sample_every_s": 1,
                  "sample_ttl_s": 5, "scale_up_stabilization_s": 0, "scale_down_stabilization_s": 3, "cooldown_s": 1}
     steps = await _scales_2_4_2_on_what_the_agents_sample(platform, "metric-scaled", autoscale, high="20", low="1")
-    assert [(s.previous, s.replicas) for s in steps] == [(2, 4), (4, 2)], steps
-    up, down = steps
+    up, down = _up_then_down(steps)
     assert up.signal == "metric" and up.load == 40 and "requests_in_flight" in up.reason, up
-    assert down.load == 4, down  # 4 replicas at 1 each (afterwards the 2 scaled away no longer count)
+    assert down.load <= 4, down  # at most 4 replicas at 1 each (the ones scaled away no longer count)
 
 
 def _cli(platform, *args: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]

@@ -42,8 +42,9 @@ def test_a_replicated_job_asks_only_for_its_missing_replicas() -> None:
 
 
 def test_unit_ids_round_trip() -> None:
-    assert split_unit(unit_id("svc", 3, replicas=4)) == ("svc", 3)
-    assert split_unit(unit_id("job", 0, replicas=1)) == ("job", None)
+    assert split_unit(unit_id("svc", 3, replica_set=True)) == ("svc", 3)
+    assert split_unit(unit_id("svc", 0, replica_set=True)) == ("svc", 0)  # a service at one replica stays one
+    assert split_unit(unit_id("job", 0, replica_set=False)) == ("job", None)
 
 
 def test_declared_max_runtime_reaches_the_core() -> None:

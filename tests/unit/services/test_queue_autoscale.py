@@ -64,9 +64,10 @@ def test_bounds_and_policy_are_checked_when_submitted() -> None:
     base = {"name": "svc", "team": "t", "gpus": 1, "kind": "inference"}
     ok = SubmitJob(**base, replicas=2, min_replicas=2, max_replicas=4, autoscale={"target": 5})
     assert ok.autoscale is not None and ok.autoscale.scale_down_stabilization_s == 300
+    assert SubmitJob(**base, replicas=1, min_replicas=1, max_replicas=3, autoscale={"target": 5}).min_replicas == 1
     for bad, why in ((dict(replicas=5, min_replicas=2, max_replicas=4), "min_replicas <= replicas"),
                      (dict(replicas=2, autoscale={"target": 5}), "needs min_replicas and max_replicas"),
-                     (dict(replicas=1, min_replicas=1, max_replicas=3, autoscale={"target": 5}), ">= 2"),
+                     (dict(replicas=1, min_replicas=1, max_replicas=1, autoscale={"target": 5}), "room to scale"),
                      (dict(replicas=2, min_replicas=2, max_replicas=4, autoscale={"target": 0}), "greater than")):
         with pytest.raises(ValidationError, match=why):
             SubmitJob(**base, **bad)

@@ -12,11 +12,11 @@ SERVED = WorkSpec(command=["serve"], ports=["http"], env={"A": "1"})
 
 
 def test_only_a_replicated_service_with_ports_is_rolled() -> None:
-    assert rollout_refusal(SERVED, replicas=2, gang_nodes=0) is None
-    assert "no command" in (rollout_refusal(None, replicas=2, gang_nodes=0) or "")
-    assert "replicated service" in (rollout_refusal(SERVED, replicas=1, gang_nodes=0) or "")
-    assert "replicated service" in (rollout_refusal(SERVED, replicas=2, gang_nodes=2) or "")
-    assert "ports" in (rollout_refusal(WorkSpec(command=["x"]), replicas=2, gang_nodes=0) or "")
+    assert rollout_refusal(SERVED, replica_set=True, gang_nodes=0) is None
+    assert "no command" in (rollout_refusal(None, replica_set=True, gang_nodes=0) or "")
+    assert "replicated service" in (rollout_refusal(SERVED, replica_set=False, gang_nodes=0) or "")
+    assert "replicated service" in (rollout_refusal(SERVED, replica_set=True, gang_nodes=2) or "")
+    assert "ports" in (rollout_refusal(WorkSpec(command=["x"]), replica_set=True, gang_nodes=0) or "")
 
 
 def test_the_new_work_replaces_what_is_given_and_keeps_the_rest() -> None:

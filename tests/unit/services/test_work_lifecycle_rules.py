@@ -20,9 +20,9 @@ def ended(reason: str = "Completed", code: int | None = 0, **kw) -> WorkExit:  #
     return WorkExit(reason=reason, exit_code=code, exited_at=NOW, **kw)  # type: ignore[arg-type]
 
 
-def decide(exit: WorkExit, *, state="running", replicas=1, work=WORK, restarts=0, recorded=None,  # type: ignore[no-untyped-def]
+def decide(exit: WorkExit, *, state="running", replica_set=False, work=WORK, restarts=0, recorded=None,  # type: ignore[no-untyped-def]
            release="WorkCompleted", remaining=0):
-    return after_work_ended(state=state, replicas=replicas, work=work, restarts=restarts, recorded=recorded,
+    return after_work_ended(state=state, replica_set=replica_set, work=work, restarts=restarts, recorded=recorded,
                             release_reason=release, exit=exit, remaining=remaining)
 
 
@@ -73,7 +73,7 @@ def test_a_stopped_member_alone_is_no_failure_cause_and_members_finishing_zero_c
 def test_preempting_finished_and_replicated_jobs_are_left_alone() -> None:
     assert decide(ended("NonZeroExit", 1), state="preempting").action == "ignore"
     assert decide(ended(), state="cancelled").action == "ignore"
-    assert decide(ended("NonZeroExit", 1), replicas=3).action == "ignore"
+    assert decide(ended("NonZeroExit", 1), replica_set=True).action == "ignore"
 
 
 def test_placement_keeps_the_reason_of_a_stop_it_asked_for_whatever_the_exit() -> None:
