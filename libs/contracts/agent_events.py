@@ -10,23 +10,16 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from libs.contracts import subjects
-from libs.contracts.event_base import EventData, Health
+from libs.contracts.event_base import AllocationSubject, EventData, Health
 from libs.contracts.work import WorkExit
 
 
 # --- what the node agent applied (agent) ------------------------------------------------------------------------
-class AgentEvent(EventData):
-    """What every event a node's agent publishes about an allocation says: whose it is, and where."""
+class AgentEvent(AllocationSubject):
+    """What every event a node's agent publishes about an allocation says: whose it is, and where (on the agent's
+    own node's subject)."""
 
-    entity_field: ClassVar[str] = "allocation_id"
     node_scoped: ClassVar[bool] = True
-
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
 
 
 class AgentAllocationEvent(AgentEvent):

@@ -90,3 +90,17 @@ class EventData(BaseModel):
             data=self.model_dump(mode="json"),
             traceparent=traceparent,
         )
+
+
+class AllocationSubject(EventData):
+    """Whose allocation an event concerns and where it lives: what every allocation event (placement's) and every
+    agent event about an allocation say."""
+
+    entity_field: ClassVar[str] = "allocation_id"
+
+    allocation_id: str
+    job_id: str
+    team: str
+    project: str
+    cluster: str
+    node: str

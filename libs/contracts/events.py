@@ -30,7 +30,7 @@ from libs.contracts.agent_events import (  # noqa: F401 (the agent's payloads ar
     WorkStarted,
 )
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope
-from libs.contracts.event_base import MAX_EVENT_NUMBER, MAX_EVENT_TEXT, EventData, Health  # noqa: F401
+from libs.contracts.event_base import MAX_EVENT_NUMBER, MAX_EVENT_TEXT, AllocationSubject, EventData, Health  # noqa: F401
 from libs.contracts.work import WorkExit, WorkSpec
 
 # Inventory's health state machine per GPU (healthy → suspect → quarantined → probation → healthy). `Health`
@@ -328,18 +328,10 @@ class AllocatedGpu(BaseModel):
     memory_mib: int | None = Field(default=None, description="GPU memory limit of a fraction (MPS pinned memory)")
 
 
-class AllocationEvent(EventData):
+class AllocationEvent(AllocationSubject):
     """What every allocation event says about the allocation: who holds which GPUs where (the wire contract
     promises these fields on every allocation event)."""
 
-    entity_field: ClassVar[str] = "allocation_id"
-
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    cluster: str
-    node: str
     gpus: list[AllocatedGpu]
     replica: int = Field(default=0, description="which copy of the job (gang member or inference replica)")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -47,7 +48,10 @@ CHECKPOINTS.chmod(0o755)
 FLEET_NODES = 2
 UP_ARGS = ["--fleet", "H100-80GB*4;H100-80GB*4",
            "--env", f"agent:DEVICE_DIR={DEVICES}", "--env", f"agent:CHECKPOINT_ROOT={CHECKPOINTS}",
-           "--env", "placement:PREEMPTION_GRACE_S=3", "--env", "placement:MIN_RUNTIME_S=0"]
+           "--env", "placement:PREEMPTION_GRACE_S=3", "--env", "placement:MIN_RUNTIME_S=0",
+           # a node silent for 5 s is lost (one member's loss stops its gang), requeued after 1 s
+           "--env", "inventory:NODE_LOST_AFTER_S=5", "--env", "inventory:NODE_SWEEP_INTERVAL_S=0.5",
+           "--env", "reclamation:SWEEP_INTERVAL_S=0.5", "--env", "queue:REQUEUE_BACKOFF_S=1"]
 
 # Each member: rank 0 listens at PET_MASTER_ADDR:PET_MASTER_PORT, the others connect and send their rank and
 # address; rank 0 answers everyone with all of them (an all-gather). `hold` keeps the members running afterwards.
@@ -183,6 +187,34 @@ async def test_a_gang_restarts_as_one_after_a_member_dies(platform) -> None:  # 
             assert f"rank {rank} of 2" in out and "gathered" in out, out
         assert time.monotonic() - started < 90
         assert member_processes(job_id) == {}
+
+
+async def test_losing_one_members_node_stops_the_whole_gang_which_comes_back_as_one(platform) -> None:  # type: ignore[no-untyped-def]
+    async with AllocationWatcher(platform.nats_url) as watcher:
+        with platform.client() as api:
+            finish_all(api)
+            job_id = gang(api, "stranded", "hold")
+            wait_state(api, job_id, "running")
+            eventually(lambda: len(member_processes(job_id)) == 2, "both members' processes", timeout=30)
+            granted = {d.replica: d for _, _, d in watcher.of(AllocationGranted, job_id)}
+            nc = await nats.connect(platform.nats_url)  # member 1's node stops reporting: inventory declares it lost
+            await nc.publish("gpupool.sim.fault", json.dumps(
+                {"node": granted[1].node, "fault": "silence", "seconds": 10}).encode())
+            await nc.close()
+            await eventually_async(lambda: len(watcher.of(AllocationReleased, job_id)) == 2, "both members released",
+                                   timeout=60)
+            # the surviving member on the other node was stopped too: no member of attempt 0 is left anywhere
+            await eventually_async(lambda: not [e for e in work_processes(job_id).values()
+                                                if e.get("GPUPOOL_ATTEMPT") == "0"], "attempt 0's members gone",
+                                   timeout=30)
+            history = [h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]]
+            assert "Requeued:NodeLost" in history, history
+            # once the node reports again the gang is placed whole and its attempt 1 rendezvouses and completes
+            job = await finished(api, job_id, timeout=120)
+            assert (job["state"], job["attempts"]) == ("completed", 1), job
+            again = [d for _, _, d in watcher.of(AllocationGranted, job_id) if d.attempt == 1]
+            assert sorted(d.replica for d in again) == [0, 1], again
+            assert member_processes(job_id) == {}
 
 
 # --- inference services ----------------------------------------------------------------------------------------
