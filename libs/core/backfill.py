@@ -8,21 +8,21 @@ other work use held nodes only if it ends before `start_by`.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from libs.core.fit import Shape, gpu_eligible
-from libs.core.model import WHOLE, JobRequest
-
-if TYPE_CHECKING:
-    from libs.core.schedule import Scheduler
+from libs.core.model import WHOLE
+from libs.core.state import ClusterState
 
 INF = math.inf
 _NEVER = (INF, INF)
 
 
-def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: frozenset, now: float):
-    """Nodes to hold for a blocked big job, and when they are expected to be free enough (Slurm-style)."""
-    st = sched.state
+def plan_reservation(state: ClusterState, shape: Shape, allowed: frozenset, now: float,
+                     elig_memo: dict) -> tuple[list[int], float] | None:
+    """Nodes to hold for a blocked big job of `shape` (models `allowed`), and when they are expected to be free
+    enough (Slurm-style): (node indices, start_by), or None when the cluster could never host it. `elig_memo`
+    keeps, per (node class, shape, models), the positions of the GPUs that could serve it."""
+    st = state
     per = shape.per_node if shape.members else None
     running = st.running
     ready: list[tuple[float, float, int, int, int]] = []  # (time, guessed time, -gpus, idx, gpus)
@@ -32,9 +32,9 @@ def plan_reservation(sched: Scheduler, job: JobRequest, shape: Shape, allowed: f
         if (ns.cpu_cap and ns.cpu_cap < shape.cpu) or (ns.mem_cap and ns.mem_cap < shape.mem):
             continue  # could never host it, however long we wait
         ek = (ns.cls, shape, allowed)
-        elig = sched._elig_memo.get(ek)
+        elig = elig_memo.get(ek)
         if elig is None:
-            elig = sched._elig_memo[ek] = [
+            elig = elig_memo[ek] = [
                 i for i, s in enumerate(st.classes[ns.cls].gpus) if gpu_eligible(s, shape, allowed)
             ]
         if not elig:

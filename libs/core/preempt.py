@@ -16,26 +16,61 @@ buying). Victims that started after the job arrived cost nothing under the rule.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from libs.core.fit import CPU_KIND, Shape
 from libs.core.model import JobRequest
+from libs.core.policy import Policy
 from libs.core.quota import QuotaLedger
 from libs.core.reasons import PREEMPTED_BY_PRIORITY, RECLAIMED_FOR_GUARANTEE
-
-if TYPE_CHECKING:
-    from libs.core.schedule import Scheduler
+from libs.core.state import ClusterState, RunningJob, Take
 
 
-def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, prio: int, reclaim: bool,
-             ledger: QuotaLedger, taken: set, now: float):
-    """Decide victims (never act): same team and lower priority, or borrowers when the job's team is within
-    its guarantee. Never non-preemptible work, work younger than its minimum runtime, or a victim of higher
-    priority than the preemptor. Returns ([(victim, reason)], target node indices) or None."""
-    st = sched.state
+@dataclass(frozen=True, slots=True)
+class Victims:
+    """What the preemptor may take once these are gone: each victim with why (PreemptedByPriority or
+    ReclaimedForGuarantee), and the node indices the preemptor will start on."""
+
+    chosen: tuple[tuple[str, str], ...]
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NotYet:
+    """Victims exist, but preempting them now would throw away more work than waiting has cost (the ski-rental
+    rule): `reason` says so, for the job's pending reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Preemptor:
+    """The blocked job a search is for, and how to try it on the state: `fits_node(idx)` (one member on one
+    node), `place()` (the whole job, on the state's journal: the caller's search rolls it back); `demand` is its
+    GPU demand in milli (the most over the models it may use), for the waiting cost."""
+
+    job: JobRequest
+    shape: Shape
+    allowed: frozenset
+    priority: int
+    reclaim: bool  # its team is within its guarantee: borrowers of other teams are candidates too
+    demand: int
+    fits_node: Callable[[int], bool]
+    place: Callable[[], list[Take] | None]
+
+
+def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
+                 taken: set[str], policy: Policy, now: float) -> Victims | NotYet | None:
+    """Decide victims (never act) among `candidates` (running work preemptible now), none of `taken` (victims
+    and jobs placed earlier in the cycle): same team and lower priority, or borrowers when the job's team is
+    within its guarantee. Never a victim of higher priority than the preemptor. None: no set of victims makes
+    room."""
+    st = state
+    job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
     budget: dict[str, int] = {}
     cands: list[tuple] = []
-    for rj in sched._eligible_victims:
+    for rj in candidates:
         if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
             continue
         if shape.kind != CPU_KIND and not (set(rj.milli_by_model) & allowed):
@@ -106,24 +141,27 @@ def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allo
                     sel.pop()
                     continue
                 st.release(c[2])
-                if sched._fits_node(idx, shape, sid, allowed):
+                if pre.fits_node(idx):
                     ok = True
                     break
             st.rollback(mark)
             if not ok:
                 continue
-            sel = minimise(sel, lambda idx=idx: sched._fits_node(idx, shape, sid, allowed))
+            sel = minimise(sel, lambda idx=idx: pre.fits_node(idx))
             key = (sum(c[1] for c in sel), max(c[0] for c in sel), len(sel), idx)
             if best is None or key < best[0]:
                 best = (key, sel, idx)
-        if best is None or not worth_it(sched, job, shape, allowed, prio, best[1], now):
+        if best is None:
             return None
-        return [(c[2], c[3]) for c in best[1]], [best[2]]
+        note = waiting_pays(policy, pre, best[1], now)
+        if note is not None:
+            return NotYet(note)
+        return Victims(tuple((c[2], c[3]) for c in best[1]), (best[2],))
 
     # gangs: release cheapest victims until the whole gang fits, then drop the ones not needed
     def gang_fits() -> bool:
         mark = st.mark()
-        ok = sched._place(job, shape, sid, allowed) is not None
+        ok = pre.place() is not None
         st.rollback(mark)
         return ok
 
@@ -143,34 +181,33 @@ def find_victims(sched: Scheduler, job: JobRequest, shape: Shape, sid: int, allo
     if not ok:
         return None
     sel = minimise(sel, gang_fits)
-    if not worth_it(sched, job, shape, allowed, prio, sel, now):
-        return None
+    note = waiting_pays(policy, pre, sel, now)
+    if note is not None:
+        return NotYet(note)
     mark = release_set(sel)
-    takes = sched._place(job, shape, sid, allowed) or []
-    nodes = sorted({t.node for t in takes})
+    takes = pre.place() or []
+    nodes = tuple(sorted({t.node for t in takes}))
     st.rollback(mark)
-    return [(c[2], c[3]) for c in sel], nodes
+    return Victims(tuple((c[2], c[3]) for c in sel), nodes)
 
 
-def worth_it(sched: Scheduler, job: JobRequest, shape: Shape, allowed: frozenset, prio: int, sel: list[tuple],
-             now: float) -> bool:
-    """The ski-rental rule (module docstring). Sets `sched.preempt_note` when the answer is "not yet"."""
-    policy = sched.policy
-    if prio >= policy.preempt_at_once_priority or not policy.preemption_cost:
-        return True
+def waiting_pays(policy: Policy, pre: Preemptor, sel: list[tuple], now: float) -> str | None:
+    """The ski-rental rule (module docstring): None when preempting `sel` now is worth it, else why it waits."""
+    job = pre.job
+    if pre.priority >= policy.preempt_at_once_priority or not policy.preemption_cost:
+        return None
     arrived = min(job.submitted_at, now)
     sunk = sum(c[4] * max(0.0, arrived - c[6]) for c in sel)
     if sunk <= 0:
-        return True
+        return None
     waited_s = max(0.0, now - job.submitted_at)
     if waited_s >= policy.max_preemption_wait_s:
-        return True
-    demand = max((sched._amount(shape, m) for m in allowed), default=0)
+        return None
+    demand = pre.demand
     if demand * waited_s >= sunk:
-        return True
+        return None
     names = [str(c[2]) for c in sel]
     which = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    sched.preempt_note = (f"it would preempt {which}, but that would throw away {sunk / 1000 / 3600:.3g} "
-                          f"GPU-hours of work; waiting has cost {demand * waited_s / 1000 / 3600:.3g} so far, so it "
-                          f"waits (at most {policy.max_preemption_wait_s:g} s)")
-    return False
+    return (f"it would preempt {which}, but that would throw away {sunk / 1000 / 3600:.3g} GPU-hours of work; "
+            f"waiting has cost {demand * waited_s / 1000 / 3600:.3g} so far, so it waits (at most "
+            f"{policy.max_preemption_wait_s:g} s)")

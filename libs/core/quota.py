@@ -13,7 +13,9 @@ Borrowed usage (above guarantee) is what reclaim may preempt when a team under i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
+from libs.core.model import WHOLE
 from libs.core.policy import QuotaEntry, QuotaTree
 
 INF = math.inf
@@ -35,6 +37,35 @@ class QuotaLedger:
         self.usage: dict[tuple[str, str], int] = {}
         self.has_entries = bool(tree.entries)
         self._paths: dict[tuple[str, str], tuple[str, str, str]] = {}
+
+    @classmethod
+    def holding(cls, tree: QuotaTree, capacity: dict[str, int], strict: bool,
+                held: Mapping[tuple[str, str, str], int]) -> QuotaLedger:
+        """A ledger with what runs already counted: `held` is (team, project, model) -> milli-GPUs."""
+        ledger = cls(tree, capacity, strict)
+        if ledger.has_entries:
+            for (team, project, model), milli in held.items():
+                ledger.add(ledger.paths(team, project), model, milli)
+        return ledger
+
+    def admissible(self, paths: tuple[str, str, str], amounts: Iterable[tuple[str, int]], job_id: str, *,
+                   guarantee_only: bool) -> tuple[list[str], str | None]:
+        """Quota admission of one job over the GPU models it may use (`amounts`: model -> milli it would take):
+        the models it may take now, and the first refusal's message. `guarantee_only`: non-preemptible work may
+        not borrow (what is borrowed must stay reclaimable), so it must fit its team's guarantee."""
+        allowed: list[str] = []
+        first: str | None = None
+        for model, amount in amounts:
+            msg = self.check(paths, model, amount)
+            if msg is None and guarantee_only and amount and not self.within_guarantee(paths, model, amount):
+                msg = (f"{job_id} is not preemptible, so it may use only {paths[1]}'s guarantee "
+                       f"({self.guaranteed(paths[1], model) / WHOLE:g} {model} GPU(s), "
+                       f"{self.team_used(paths[1], model) / WHOLE:g} in use); submit it preemptible to borrow")
+            if msg is None:
+                allowed.append(model)
+            elif first is None:
+                first = msg
+        return allowed, first
 
     def paths(self, team: str, project: str) -> tuple[str, str, str]:
         key = (team, project)

@@ -1,0 +1,376 @@
+"""Filter -> score -> select: where one job's parts fit on the cluster state, best first (`PlacementSearch`, the
+scheduler's base). Pure: no I/O; every answer is a function of the state, the policy and the request.
+
+Nodes with equal free-GPU layouts are grouped (`ClusterState.groups`) and each group is scored once through a
+representative node; `choose` gives a group's candidate GPU sets, `fragmentation` the FGD fragmentation measure
+against the workload's shapes. `_place` takes a job all or nothing (gangs member by member, NVLink/rack-local when
+the shape prefers it) on the state's journal, so a caller can roll it back; `_why` says why nothing fits.
+"""
+
+from __future__ import annotations
+
+from libs.core import mig as migcat
+from libs.core.fit import (
+    CPU_KIND,
+    FRAC_KIND,
+    MIG_KIND,
+    WHOLE_KIND,
+    Choice,
+    GpuShape,
+    Shape,
+    apply_choice,
+    choose,
+    fragmentation,
+    gpu_eligible,
+    used_share,
+)
+from libs.core.model import EXCLUSIVE, WHOLE, JobRequest
+from libs.core.policy import KindPolicy, Policy
+from libs.core.reasons import NO_FEASIBLE_NODE, NO_NODE_MATCHES_SELECTOR, RESERVED_FOR_GANG, WAITING_FOR_GANG
+from libs.core.state import ClusterState, Take
+
+
+class PlacementSearch:
+    """The search over a cluster state, with the memos that make it fast across jobs and cycles."""
+
+    def __init__(self, state: ClusterState, policy: Policy, gpu_shapes: tuple[GpuShape, ...]) -> None:
+        self.state = state
+        self.policy = policy
+        self.gpu_shapes = gpu_shapes  # the workload FGD's fragmentation is measured against
+        self._frag_memo: dict = {}
+        self._choose_memo: dict = {}
+        self._class_memo: dict = {}
+        self.elig_memo: dict = {}  # (node class, shape, models) -> positions of GPUs that could serve it
+        self.n_scored = 0  # node groups scored (the cycle resets it: a statistic of its plan)
+        self._shape_ids: dict = {}
+        self._kinds: dict[str, KindPolicy] = {k.kind: k for k in policy.kinds}
+        self._models = sorted(state.capacity)
+        self._model_mem: dict[str, int] = {}
+        for ns in state.nodes:
+            for g in ns.gpus:
+                self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
+        self._cache_settings()
+
+    def _kind(self, name: str) -> KindPolicy:
+        k = self._kinds.get(name)
+        if k is None:
+            k = self._kinds[name] = self.policy.kind(name)
+        return k
+
+
+    def _sid(self, shape: Shape) -> int:
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = len(self._shape_ids)
+        return sid
+
+    def _classes_for(self, shape: Shape, allowed: frozenset) -> list[int]:
+        key = (shape, allowed)
+        out = self._class_memo.get(key)
+        if out is None:  # classes with a GPU that could ever serve the shape (model, memory, sharing mode)
+            out = [
+                c.id
+                for c in self.state.classes
+                if shape.selector <= c.labels
+                and (shape.kind == CPU_KIND or any(gpu_eligible(st, shape, allowed) for st in c.gpus))
+                and (not c.cpu_cap or c.cpu_cap >= shape.cpu) and (not c.mem_cap or c.mem_cap >= shape.mem)
+            ]
+            self._class_memo[key] = out
+        return out
+
+    def _choices(self, cid: int, dyn: tuple, shape: Shape, sid: int, per_node: int, allowed: frozenset,
+                 mode: str, kid: int | None = None) -> tuple:
+        key = (kid, sid, per_node, allowed, mode) if kid is not None else (cid, dyn, sid, per_node, allowed, mode)
+        out = self._choose_memo.get(key)
+        if out is None:
+            if len(self._choose_memo) > 400_000:
+                self._choose_memo.clear()
+            out = choose(self.state.classes[cid], dyn, shape, per_node, allowed, mode)
+            self._choose_memo[key] = out
+        return out
+
+    def _frag(self, cid: int, dyn: tuple, mask: int) -> float:
+        key = (cid, dyn, mask)
+        v = self._frag_memo.get(key)
+        if v is None:
+            if len(self._frag_memo) > 400_000:
+                self._frag_memo.clear()
+            v = fragmentation(self.state.classes[cid], dyn, mask, self.gpu_shapes)
+            self._frag_memo[key] = v
+        return v
+
+    def _cache_settings(self) -> None:
+        p = self.policy
+        self._w_frag = p.setting("w_frag")
+        self._w_binpack = p.setting("w_binpack")
+        self._w_spread = p.setting("w_spread")
+        self._w_topology = p.setting("w_topology")
+        self._max_candidates = p.max_candidates
+        self._mode_v = self._mode()
+
+    def _mode(self) -> str:
+        p = self.policy
+        if p.setting("fit") == "first":
+            return "first"
+        if p.setting("w_frag") > 0:
+            return "frag"
+        return "loose" if p.setting("w_spread") > p.setting("w_binpack") else "tight"
+
+    def _rep(self, bucket: dict, shape: Shape, exclude: set, domain: str | None, lowest: bool):
+        nodes = self.state.nodes
+        host = bool(shape.cpu or shape.mem)
+        best = None
+        scanned = 0
+        for idx in bucket:
+            ns = nodes[idx]
+            if idx in exclude or (host and not ns.host_fits(shape.cpu, shape.mem)):
+                continue
+            if lowest:
+                if best is None or idx < best.idx:
+                    best = ns
+                continue
+            if domain is None or ns.topology == domain:
+                return ns
+            if best is None:
+                best = ns
+            scanned += 1
+            if scanned > 64:
+                break
+        return best
+
+    def _score(self, cid: int, dyn: tuple, mask: int, rep, choice: Choice, shape: Shape,
+               domain: str | None, pack: float) -> float:
+        cls = self.state.classes[cid]
+        after = apply_choice(cls, dyn, choice, shape)
+        s = 0.0
+        w_frag = self._w_frag
+        if w_frag:
+            if shape.kind == MIG_KIND:
+                s += w_frag * choice.mig_score
+            elif self.gpu_shapes:
+                mask_after = self.state.host_mask(rep, shape.cpu, shape.mem)
+                d = self._frag(cid, after, mask_after) - self._frag(cid, dyn, mask)
+                s -= w_frag * d / WHOLE
+        wb, ws = self._w_binpack + pack, self._w_spread
+        if shape.prefer_shared and choice.positions:
+            statics = cls.gpus
+            s += sum(statics[p][2] != EXCLUSIVE for p in choice.positions) / len(choice.positions)
+        if wb or ws:
+            # packing measure: GPUs in use after the choice, averaged with CPU in use where the node tracks CPU,
+            # so that ties go to the node whose spare capacity is smallest (big nodes stay free for big jobs)
+            u = used_share(cls, after) if shape.kind != CPU_KIND else 0.0
+            if rep.cpu_cap:
+                cpu_u = 1.0 - (rep.cpu_free - shape.cpu) / rep.cpu_cap
+                u = cpu_u if shape.kind == CPU_KIND else (u + cpu_u) / 2
+            s += wb * u + ws * (1.0 - u)
+        wt = self._w_topology
+        if wt:
+            s += wt * choice.topology
+            if domain is not None and rep.topology == domain:
+                s += wt
+        return s
+
+    def _best(self, shape: Shape, sid: int, per_node: int, allowed: frozenset, exclude: set,
+              domain: str | None, pack: float):
+        """Filter -> score -> select: the best (node, choice) for one node's part of the request. At most
+        `policy.max_candidates` feasible keys are scored (0: all), visited best first. `pack`: the job's kind's
+        extra bin-packing weight."""
+        mode = self._mode_v
+        best = None
+        best_key = None
+        limit = self._max_candidates if mode != "first" else 0
+        seen = 0
+        kids = self.state.key_ids
+        memo = self._choose_memo
+        for cid in self._classes_for(shape, allowed):
+            groups = self.state.groups.get(cid, {})
+            if shape.kind == WHOLE_KIND:
+                by_free = self.state.by_free.get(cid, {})
+                counts = sorted((c for c in by_free if c >= per_node and by_free[c]), reverse=(mode == "loose"))
+                keys = [k for c in counts for k in by_free[c]]
+            else:
+                keys = groups
+            for key in keys:
+                kid = kids[key]
+                cands = memo.get((kid, sid, per_node, allowed, mode))
+                if cands is None:
+                    cands = self._choices(cid, key[0], shape, sid, per_node, allowed, mode, kid)
+                if not cands:
+                    continue
+                bucket = groups[key]
+                dyn, mask = key
+                rep = self._rep(bucket, shape, exclude, domain, mode == "first")
+                if rep is None:
+                    continue
+                if mode == "first":
+                    k = (0.0, -rep.idx)
+                    if best_key is None or k > best_key:
+                        best_key, best = k, (rep.idx, cands[0])
+                    continue
+                self.n_scored += 1
+                for c in cands:
+                    k = (self._score(cid, dyn, mask, rep, c, shape, domain, pack), -rep.idx)
+                    if best_key is None or k > best_key:
+                        best_key, best = k, (rep.idx, c)
+                seen += 1
+                if limit and seen >= limit:
+                    return best
+        return best
+
+    def _whole_count(self, cid: int, dyn: tuple, shape: Shape, allowed: frozenset) -> int:
+        cls = self.state.classes[cid]
+        counts: dict[str, int] = {}
+        for st, d in zip(cls.gpus, dyn, strict=True):
+            if gpu_eligible(st, shape, allowed):
+                free = d if not isinstance(d, tuple) else d[0]
+                if free == WHOLE:
+                    counts[st[0]] = counts.get(st[0], 0) + 1
+        return max(counts.values(), default=0)
+
+    def _take(self, job: JobRequest, idx: int, choice: Choice, shape: Shape) -> Take:
+        ns = self.state.nodes[idx]
+        if shape.kind == WHOLE_KIND:
+            gmem = ns.gpus[choice.positions[0]].memory_mib
+            t = Take(job.job_id, idx, choice.positions, WHOLE, gmem, shape.cpu, shape.mem)
+        elif shape.kind == FRAC_KIND:
+            t = Take(job.job_id, idx, choice.positions, shape.milli, shape.gmem, shape.cpu, shape.mem)
+        elif shape.kind == MIG_KIND:
+            t = Take(job.job_id, idx, choice.positions, 0, 0, shape.cpu, shape.mem, mig=choice.mig)
+        else:
+            t = Take(job.job_id, idx, (), 0, 0, shape.cpu, shape.mem)
+        self.state.take(t)
+        return t
+
+    def _place(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
+               avoid: set[int] | None = None) -> list[Take] | None:
+        """All-or-nothing placement of every part of the job, never on the nodes in `avoid`; None (and nothing
+        changed) when it does not fit."""
+        st = self.state
+        mark = st.mark()
+        takes: list[Take] = []
+        used: set[int] = set(avoid) if avoid else set()
+        domain = None
+        if shape.members >= 1:
+            pack = self._kind(job.kind).pack
+            for _ in range(shape.members):
+                got = self._best(shape, sid, shape.per_node, allowed, used, domain, pack)
+                if got is None:
+                    st.rollback(mark)
+                    return None
+                idx, choice = got
+                takes.append(self._take(job, idx, choice, shape))
+                used.add(idx)
+                if shape.is_gang and shape.prefer_topology and domain is None:
+                    domain = st.nodes[idx].topology
+            return takes
+        remaining = shape.total
+        while remaining > 0:
+            pick = None
+            pick_key = None
+            levels: list[tuple[int, int, tuple]] = []  # (free count, class, key), most free first
+            for cid in self._classes_for(shape, allowed):
+                for c, keys in st.by_free.get(cid, {}).items():
+                    if c > 0:
+                        levels.extend((c, cid, key) for key in keys)
+            levels.sort(key=lambda x: -min(x[0], remaining))
+            best_level = None
+            for c, cid, key in levels:
+                if best_level is not None and min(c, remaining) < best_level:
+                    break
+                n = min(self._whole_count(cid, key[0], shape, allowed), remaining)
+                if n <= 0:
+                    continue
+                rep = self._rep(st.groups[cid][key], shape, used, domain, False)
+                if rep is None:
+                    continue
+                k = (n, domain is not None and rep.topology == domain, -rep.idx)
+                if pick_key is None or k > pick_key:
+                    pick_key, pick = k, (rep.idx, n)
+                    best_level = n
+            if pick is None:
+                st.rollback(mark)
+                return None
+            idx, n = pick
+            ns = st.nodes[idx]
+            dyn = tuple(g.dyn() for g in ns.gpus)
+            choice = self._choices(ns.cls, dyn, shape, sid, n, allowed, "tight" if self._mode_v == "frag"
+                                   else self._mode_v)
+            if not choice:
+                st.rollback(mark)
+                return None
+            takes.append(self._take(job, idx, choice[0], shape))
+            used.add(idx)
+            remaining -= n
+            if shape.prefer_topology and domain is None:
+                domain = ns.topology
+        return takes
+
+    def _fits_node(self, idx: int, shape: Shape, sid: int, allowed: frozenset) -> bool:
+        ns = self.state.nodes[idx]
+        if not ns.schedulable or not ns.host_fits(shape.cpu, shape.mem) or not shape.selector <= ns.labels:
+            return False
+        dyn = tuple(g.dyn() for g in ns.gpus)
+        return bool(self._choices(ns.cls, dyn, shape, sid, shape.per_node, allowed, "first"))
+
+    def _amount(self, shape: Shape, model: str) -> int:
+        if shape.kind == MIG_KIND:
+            p = migcat.profile(model, shape.profile)
+            return p.milli if p else 0
+        return shape.gpu_milli_total()
+
+    def _models_for(self, shape: Shape) -> list[str]:
+        if shape.kind == CPU_KIND:
+            return list(self._models)
+        out = []
+        for m in self._models:
+            if shape.models and m not in shape.models:
+                continue
+            if self._model_mem.get(m, 0) < shape.min_mem:
+                continue
+            if shape.kind == MIG_KIND and shape.profile not in migcat.profiles_for(m):
+                continue
+            out.append(m)
+        return out
+
+    def _take_milli(self, t: Take) -> dict[str, int]:
+        ns = self.state.nodes[t.node]
+        out: dict[str, int] = {}
+        for pos in t.positions:
+            g = ns.gpus[pos]
+            milli = g.mig_profiles[t.mig[0]].milli if t.mig else t.milli
+            out[g.model] = out.get(g.model, 0) + milli
+        return out
+
+    def _why(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, reserved: dict) -> tuple[str, str]:
+        st = self.state
+        if shape.selector and not any(ns.schedulable and shape.selector <= ns.labels for ns in st.nodes):
+            wanted = ", ".join(f"{k}={v}" for k, v in sorted(shape.selector))
+            return (NO_NODE_MATCHES_SELECTOR,
+                    f"no schedulable node has the label(s) its node_selector asks for: {wanted}")
+        if reserved:
+            opened = list(reserved)
+            for i in opened:
+                st.set_hidden(i, False)
+            mark = st.mark()
+            fits = self._place(job, shape, sid, allowed)
+            st.rollback(mark)
+            for i in opened:
+                st.set_hidden(i, True)
+            if fits:
+                holders = sorted({reserved[i][0] for i in opened})
+                return (RESERVED_FOR_GANG,
+                        f"capacity that fits is reserved for {', '.join(holders)}; set max_runtime_s short enough "
+                        f"to backfill")
+        if shape.is_gang:
+            n_ok = 0
+            for cid in self._classes_for(shape, allowed):
+                for key, bucket in st.groups.get(cid, {}).items():
+                    if self._choices(cid, key[0], shape, sid, shape.per_node if shape.members else 1, allowed,
+                                     "first"):
+                        n_ok += len(bucket)
+            need = shape.members or shape.total
+            return (WAITING_FOR_GANG,
+                    f"{shape.describe()}: all or nothing, and only {n_ok} node(s) can take a member now "
+                    f"(need {need})")
+        return (NO_FEASIBLE_NODE, f"no schedulable node has room for {shape.describe()}"
+                + (f" with {shape.cpu} mCPU / {shape.mem} MiB" if shape.cpu or shape.mem else ""))
