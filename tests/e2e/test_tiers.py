@@ -49,8 +49,8 @@ FLEET_NODES = 2
 UP_ARGS = ["--fleet", "H100-80GB*4;H100-80GB*4",
            "--env", f"agent:DEVICE_DIR={DEVICES}", "--env", f"agent:CHECKPOINT_ROOT={CHECKPOINTS}",
            "--env", "placement:PREEMPTION_GRACE_S=3", "--env", "placement:MIN_RUNTIME_S=0",
-           # a node silent for 5 s is lost (one member's loss stops its gang), requeued after 1 s
-           "--env", "inventory:NODE_LOST_AFTER_S=5", "--env", "inventory:NODE_SWEEP_INTERVAL_S=0.5",
+           # a node silent for 10 s is lost (one member's loss stops its gang), requeued after 1 s
+           "--env", "inventory:NODE_LOST_AFTER_S=10", "--env", "inventory:NODE_SWEEP_INTERVAL_S=0.5",
            "--env", "reclamation:SWEEP_INTERVAL_S=0.5", "--env", "queue:REQUEUE_BACKOFF_S=1"]
 
 # Each member: rank 0 listens at PET_MASTER_ADDR:PET_MASTER_PORT, the others connect and send their rank and
@@ -196,10 +196,12 @@ async def test_losing_one_members_node_stops_the_whole_gang_which_comes_back_as_
             job_id = gang(api, "stranded", "hold")
             wait_state(api, job_id, "running")
             eventually(lambda: len(member_processes(job_id)) == 2, "both members' processes", timeout=30)
-            granted = {d.replica: d for _, _, d in watcher.of(AllocationGranted, job_id)}
+            granted = await eventually_async(
+                lambda: (g := {d.replica: d for _, _, d in watcher.of(AllocationGranted, job_id)}) and len(g) == 2
+                and g, "both members' grants seen", timeout=30)
             nc = await nats.connect(platform.nats_url)  # member 1's node stops reporting: inventory declares it lost
             await nc.publish("gpupool.sim.fault", json.dumps(
-                {"node": granted[1].node, "fault": "silence", "seconds": 10}).encode())
+                {"node": granted[1].node, "fault": "silence", "seconds": 15}).encode())
             await nc.close()
             await eventually_async(lambda: len(watcher.of(AllocationReleased, job_id)) == 2, "both members released",
                                    timeout=60)
@@ -207,8 +209,10 @@ async def test_losing_one_members_node_stops_the_whole_gang_which_comes_back_as_
             await eventually_async(lambda: not [e for e in work_processes(job_id).values()
                                                 if e.get("GPUPOOL_ATTEMPT") == "0"], "attempt 0's members gone",
                                    timeout=30)
-            history = [h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]]
-            assert "Requeued:NodeLost" in history, history
+            reasons = sorted(d.reason for _, _, d in watcher.of(AllocationReleased, job_id))
+            assert reasons == ["NodeLost", "NodeLost"], reasons  # the gang goes whole, for its member's loss
+            await eventually_async(lambda: "Requeued:NodeLost" in [
+                h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]], "the gang requeued", timeout=30)
             # once the node reports again the gang is placed whole and its attempt 1 rendezvouses and completes
             job = await finished(api, job_id, timeout=120)
             assert (job["state"], job["attempts"]) == ("completed", 1), job
@@ -459,7 +463,8 @@ async def _scales_2_4_2_on_what_the_agents_sample(platform, name: str, autoscale
                     api.get(f"/v1/jobs/{job_id}/endpoints").json()["items"]) == 2, "back to 2", timeout=60)
                 history = [h["reason"] for h in api.get(f"/v1/jobs/{job_id}").json()["history"]]
                 scaled = [h for h in history if h.startswith("Autoscaled:")]
-                assert scaled[0] == "Autoscaled:2->4" and scaled[-1].endswith("->2"), history
+                assert scaled[0].startswith("Autoscaled:2->") and "->4" in " ".join(scaled) and scaled[-1].endswith(
+                    "->2"), history
             finally:
                 api.post(f"/v1/jobs/{job_id}/cancel")
                 shutil.rmtree(load_dir, ignore_errors=True)
@@ -469,12 +474,15 @@ async def _scales_2_4_2_on_what_the_agents_sample(platform, name: str, autoscale
 
 
 def _up_then_down(steps: list) -> tuple:
-    """One step 2 → 4, then down to 2 (in one step, or more while the samples of the last seconds still differ:
-    the down window keeps their highest recommendation): the up step and the last."""
+    """Up from 2 to 4, then down to 2, each way in one step or more (while the replicas' samples of the window
+    still differ, the up window keeps their lowest recommendation and the down window their highest): the step
+    that reached 4 and the last."""
     moves = [(s.previous, s.replicas) for s in steps]
-    assert moves[0] == (2, 4) and moves[-1][1] == 2, moves
-    assert all(a > b for a, b in moves[1:]) and all(moves[i][1] == moves[i + 1][0] for i in range(len(moves) - 1))
-    return steps[0], steps[-1]
+    top = next((i for i, (_, b) in enumerate(moves) if b == 4), None)
+    assert top is not None and moves[0][0] == 2 and moves[-1][1] == 2, moves
+    assert all(a < b for a, b in moves[:top + 1]) and all(a > b for a, b in moves[top + 1:]), moves
+    assert all(moves[i][1] == moves[i + 1][0] for i in range(len(moves) - 1)), moves
+    return steps[top], steps[-1]
 
 
 async def test_a_service_scales_on_its_replicas_gpu_utilisation_from_telemetry(platform) -> None:  # type: ignore[no-untyped-def]
@@ -492,7 +500,7 @@ async def test_a_service_scales_on_a_metric_its_agents_scrape_from_each_replica(
                  "sample_ttl_s": 5, "scale_up_stabilization_s": 0, "scale_down_stabilization_s": 3, "cooldown_s": 1}
     steps = await _scales_2_4_2_on_what_the_agents_sample(platform, "metric-scaled", autoscale, high="20", low="1")
     up, down = _up_then_down(steps)
-    assert up.signal == "metric" and up.load == 40 and "requests_in_flight" in up.reason, up
+    assert up.signal == "metric" and up.load > 30 and "requests_in_flight" in up.reason, up  # 20 per replica
     assert down.load <= 4, down  # at most 4 replicas at 1 each (the ones scaled away no longer count)
 
 

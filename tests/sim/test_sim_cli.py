@@ -62,7 +62,8 @@ def test_missing_file_reports_an_error_instead_of_a_traceback(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command,options", [
-    ("fill", ["--nodes", "--tasks", "--policy", "--seed", "--out", "--max-arrived", "--sharing"]),
+    ("fill", ["--nodes", "--tasks", "--policy", "--seed", "--runs", "--out", "--definition", "--tune",
+              "--max-arrived", "--sharing"]),
     ("replay", ["--trace", "--format", "--nodes", "--policy", "--out", "--seed", "--max-nodes", "--limit",
                 "--time-scale", "--cycle-interval", "--sharing"]),
 ])
@@ -89,33 +90,67 @@ def test_top_level_help_lists_every_option_of_every_command(capsys):
                     assert f"    {opt} " in text, (name, opt)
 
 
-def _fill(tmp_path, nodes_csv: str, tasks_csv: str, policy: str = "default") -> dict:
+def _fill(tmp_path, nodes_csv: str, tasks_csv: str, policy: str = "default", definition: str = "fgd") -> dict:
     (tmp_path / "n.csv").write_text(nodes_csv)
     (tmp_path / "t.csv").write_text(tasks_csv)
-    out = tmp_path / f"out-{policy}"
+    out = tmp_path / f"out-{policy}-{definition}"
     assert cli.main(["fill", "--nodes", str(tmp_path / "n.csv"), "--tasks", str(tmp_path / "t.csv"), "--policy",
-                     policy, "--seed", "1", "--out", str(out)]) == 0
+                     policy, "--seed", "1", "--out", str(out), "--definition", definition]) == 0
     return json.loads((out / "metrics.json").read_text())
 
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nbig,96000,393216,8,G2\nsmall,104000,524288,2,T4\n"
 
 
-@pytest.mark.parametrize("policy", ["default", "best-fit", "fifo"])
-def test_fill_honours_gpu_spec_when_the_column_is_present(tmp_path, policy):
-    anywhere = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,1000,1024,1,1000\n", policy)
+FILLS = [(p, "fgd") for p in ("default", "best-fit", "fifo", "fgd-best-fit")] + [
+    (p, "legacy") for p in ("default", "best-fit", "fifo")]
+
+
+@pytest.mark.parametrize("policy,definition", FILLS)
+def test_fill_honours_gpu_spec_when_the_column_is_present(tmp_path, policy, definition):
+    anywhere = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,1000,1024,1,1000\n", policy,
+                     definition)
     assert anywhere["unallocated_gpu_share"] == 0.0  # 10 one-GPU tasks fill the 10 GPUs
     only_t4 = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nt,1000,1024,1,1000,T4\n",
-                    policy)
+                    policy, definition)
     assert only_t4["unallocated_gpu_share"] == pytest.approx(0.8)  # only the two T4s can be used
-    assert only_t4["tasks_failed"] == 8
+    # legacy: 10 arrive (to 100%), fgd: 13 (to 130%); 2 fit
+    assert only_t4["tasks_failed"] == (8 if definition == "legacy" else 11)
 
 
-@pytest.mark.parametrize("policy", ["default", "best-fit", "fifo"])
-def test_fill_places_a_task_only_where_cpu_memory_and_gpu_all_fit(tmp_path, policy):
+@pytest.mark.parametrize("policy,definition", FILLS)
+def test_fill_places_a_task_only_where_cpu_memory_and_gpu_all_fit(tmp_path, policy, definition):
     # 100 cores fit only the T4 node (104 cores), and only once: its second GPU stays unallocated
-    cpu = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,100000,1024,1,1000\n", policy)
+    cpu = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,100000,1024,1,1000\n", policy,
+                definition)
     assert cpu["unallocated_gpu_share"] == pytest.approx(0.9)
     # 400 GiB of memory fit only the T4 node (512 GiB), once
-    mem = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,1000,409600,1,1000\n", policy)
+    mem = _fill(tmp_path, NODES, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt,1000,409600,1,1000\n", policy,
+                definition)
     assert mem["unallocated_gpu_share"] == pytest.approx(0.9)
+
+
+def test_fill_runs_seeds_and_reports_each_policys_median_and_every_seed(tmp_path):
+    tasks = tmp_path / "tasks.csv"
+    tasks.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                     + "".join(f"t{i},{2000 + 1000 * (i % 5)},4096,{1 if i % 7 else 2},{(300, 1000)[i % 2]}\n"
+                               for i in range(40)) + "cpu-only,4000,8192,0,0\n")
+    out = tmp_path / "out"
+    assert cli.main(["fill", "--nodes", str(node_list(tmp_path / "nodes.csv")), "--tasks", str(tasks), "--policy",
+                     "default,fgd-best-fit", "--seed", "42", "--runs", "3", "--out", str(out)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["definition"] == "fgd" and m["policy"] == "default"
+    for p in ("default", "fgd-best-fit"):
+        got = m["policies"][p]
+        seeds = got["seeds"]
+        assert sorted(seeds) == ["42", "43", "44"] and got["runs"] == 3
+        assert got["unallocated_gpu_share"] == sorted(seeds.values())[1]  # the median of three
+        assert got["min"] <= got["unallocated_gpu_share"] <= got["max"] and got["samples_at_100"] > 0
+    assert m["unallocated_gpu_share"] == m["policies"]["default"]["unallocated_gpu_share"]
+
+
+def test_fgd_best_fit_is_a_baseline_of_the_fgd_definition_only(tmp_path, capsys):
+    rc = cli.main(["fill", "--nodes", str(node_list(tmp_path / "nodes.csv")), "--tasks",
+                   str(openb_tasks(tmp_path / "t.csv", n=20)), "--policy", "fgd-best-fit", "--definition", "legacy",
+                   "--out", str(tmp_path / "o")])
+    assert rc == 2 and "goes with --definition fgd" in capsys.readouterr().err

@@ -1,0 +1,178 @@
+"""The fill experiment as FGD's artifact measures it (Weng et al., ATC'23; `hkust-adsl/kubernetes-scheduler-simulator`),
+and the BestFit baseline as that artifact defines it.
+
+Definition (`fill`): the whole task list is shuffled (seeded), then topped up with random draws (with replacement)
+until the arrived GPU demand reaches `tune` × capacity (1.3); each task is placed on arrival or fails and is
+dropped; after every arrival the allocated share of GPU capacity is sampled (fractions by their milli share); the
+value at 100% is the mean of the samples whose arrived workload rounds to 100% of capacity (99.5% ≤ arrived <
+100.5%). CPU-only tasks arrive like the others (they take CPU and memory, no GPU demand). The workload FGD's
+fragmentation measure is taken against is the pod-spec popularity: the specs covering `coverage` (95%) of the
+tasks, each weighted by how often it occurs (`workload_by_count`).
+
+gpupool's policies run the same `libs.core.Scheduler` the placement service runs. `fgd-best-fit` is the artifact's
+BestFit, reimplemented here as a baseline (it is not a gpupool policy): among the nodes where the task fits (CPU,
+memory, GPU model and GPU demand), the highest whole-number score 100 − 100·(½·free CPU / max CPU + ½·free GPU /
+max GPU) over the cluster's fixed maxima, ties broken at random (seeded); inside the node a shared task takes the
+fitting GPU with the least free share, a whole-GPU task the lowest-indexed free GPUs. Every plan of both is checked
+and applied by the independent applier (`applier.Ledger`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+from libs.core import Node, Scheduler, Snapshot, WorkloadShape
+from libs.core.model import WHOLE
+from libs.core.plan import Placement, Plan
+from libs.sim.applier import Ledger
+from libs.sim.engine import FillResult, make_policy
+from libs.sim.traces import Task
+
+BASELINES = ("fgd-best-fit",)
+TUNE = 1.3  # the artifact's top-up: random draws until the arrived GPU demand is 130% of capacity
+COVERAGE = 0.95  # the pod specs covering this share of tasks make FGD's workload
+
+
+def workload_by_count(tasks: list[Task], coverage: float = COVERAGE) -> tuple[WorkloadShape, ...]:
+    """FGD's target workload: the most popular pod specs (GPUs, share, GPU models, CPU, memory) that together cover
+    `coverage` of the tasks, each weighted by its count (GPU-less specs take part in the coverage but carry no GPU
+    shape)."""
+    specs = Counter((t.num_gpu, t.gpu_milli, tuple(sorted(t.gpu_spec)), t.cpu_milli, t.memory_mib) for t in tasks)
+    out: list[WorkloadShape] = []
+    covered = 0
+    for (gpus, milli, models, cpu, mem), n in sorted(specs.items(), key=lambda kv: (-kv[1], kv[0])):
+        if covered >= coverage * len(tasks):
+            break
+        covered += n
+        if gpus > 0:
+            out.append(WorkloadShape(gpus=min(gpus, 8), gpu_milli=milli or WHOLE, weight=float(n), cpu_milli=cpu,
+                                     memory_mib=mem, gpu_models=models))
+    return tuple(out)
+
+
+def arrivals(tasks: list[Task], capacity: int, rng: random.Random, tune: float = TUNE):
+    """The artifact's arrival order: every task once, shuffled, then random draws until `tune` × capacity."""
+    order = list(tasks)
+    rng.shuffle(order)
+    arrived = 0.0
+    for t in order:
+        arrived += t.gpu_demand
+        yield t
+    while arrived < tune * capacity - 1e-9:
+        t = tasks[rng.randrange(len(tasks))]
+        arrived += t.gpu_demand
+        yield t
+
+
+class BestFitBaseline:
+    """FGD's BestFit (module docstring): a node score over the node's free CPU and GPU before the placement."""
+
+    def __init__(self, nodes: list[Node], rng: random.Random) -> None:
+        self.rng = rng
+        self.nodes = [n for n in nodes if n.schedulable]
+        self.cpu_free = {n.name: n.cpu_milli for n in self.nodes}
+        self.mem_free = {n.name: n.memory_mib for n in self.nodes}
+        self.gpu_free = {n.name: [WHOLE if g.healthy else 0 for g in n.gpus] for n in self.nodes}
+        self.max_cpu = max((n.cpu_milli for n in self.nodes), default=0) or 1
+        self.max_gpu = max((len(n.gpus) for n in self.nodes), default=0) * WHOLE or 1
+
+    def _fits(self, n: Node, t: Task) -> list[int] | None:
+        """The GPU positions the task would take on `n` (empty for a CPU-only task), None when it does not fit."""
+        if self.cpu_free[n.name] < t.cpu_milli or self.mem_free[n.name] < t.memory_mib:
+            return None
+        if not t.num_gpu:
+            return []
+        free = self.gpu_free[n.name]
+        usable = [i for i, g in enumerate(n.gpus) if not t.gpu_spec or g.model in t.gpu_spec]
+        if t.num_gpu == 1 and t.gpu_milli < WHOLE:
+            shared = [i for i in usable if free[i] >= t.gpu_milli]
+            return [min(shared, key=lambda i: (free[i], i))] if shared else None
+        whole = [i for i in usable if free[i] == WHOLE]
+        return whole[:t.num_gpu] if len(whole) >= t.num_gpu else None
+
+    def place(self, t: Task, job_id: str) -> Plan:
+        best: list[tuple[Node, list[int]]] = []
+        top = -1
+        for n in self.nodes:
+            got = self._fits(n, t)
+            if got is None:
+                continue
+            free_gpu = sum(self.gpu_free[n.name])
+            score = int(100 - 100 * (0.5 * self.cpu_free[n.name] / self.max_cpu + 0.5 * free_gpu / self.max_gpu))
+            if score > top:
+                top, best = score, [(n, got)]
+            elif score == top:
+                best.append((n, got))
+        if not best:
+            return Plan((), ())
+        n, positions = best[self.rng.randrange(len(best))]
+        self.cpu_free[n.name] -= t.cpu_milli
+        self.mem_free[n.name] -= t.memory_mib
+        shared = t.num_gpu == 1 and t.gpu_milli < WHOLE
+        for i in positions:
+            self.gpu_free[n.name][i] -= t.gpu_milli if shared else WHOLE
+        gpus = [n.gpus[i] for i in positions]
+        return Plan((Placement(job_id, n.cluster, n.name, tuple(g.uuid for g in gpus), tuple(g.index for g in gpus),
+                               gpu_model=gpus[0].model if gpus else "", gpu_fraction_milli=t.gpu_milli if shared
+                               else 0, cpu_milli=t.cpu_milli, memory_mib=t.memory_mib),), ())
+
+
+def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, *, tune: float = TUNE,
+         coverage: float = COVERAGE) -> FillResult:
+    """One seed of the artifact's experiment (module docstring) with a gpupool policy or `fgd-best-fit`.
+    `unallocated_gpu_share` is 1 − the mean allocated share over the samples at 100% arrived."""
+    wall0 = time.perf_counter()
+    rng = random.Random(seed)
+    capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
+    if capacity == 0 or not tasks:
+        raise ValueError("the fill experiment needs GPUs and tasks")
+    if policy_name in BASELINES:
+        baseline = BestFitBaseline(nodes, random.Random(seed + 1_000_003))
+        sched = None
+    else:
+        baseline = None
+        policy = make_policy(policy_name, preemption=False, backfill=False, max_candidates=0)
+        sched = Scheduler(Snapshot(tuple(nodes)), policy, workload_by_count(tasks, coverage))
+    ledger = Ledger(nodes)
+    arrived = 0.0
+    at_100: list[float] = []
+    curve: list[tuple[float, float]] = [(0.0, 1.0)]
+    failed = 0
+    failed_gpu = 0.0
+    i = 0
+    for t in arrivals(tasks, capacity, rng, tune):
+        i += 1
+        req = t.request(f"fill-{i:06d}", float(i), "fill")
+        plan = baseline.place(t, req.job_id) if baseline is not None else sched.cycle([req], float(i))  # type: ignore[union-attr]
+        ledger.apply(plan, {req.job_id: req})
+        if not plan.placements:
+            failed += 1
+            failed_gpu += t.gpu_demand
+        arrived += t.gpu_demand
+        share = ledger.allocated_milli() / (capacity * WHOLE)
+        pct = round(100 * arrived / capacity)
+        if pct == 100:
+            at_100.append(share)
+        if pct > round(100 * curve[-1][0]) and t.gpu_demand:
+            curve.append((pct / 100, 1.0 - share))
+    allocated = sum(at_100) / len(at_100) if at_100 else ledger.allocated_milli() / (capacity * WHOLE)
+    metrics = {
+        "definition": "fgd",
+        "policy": policy_name,
+        "seed": seed,
+        "tune": tune,
+        "gpus": capacity,
+        "nodes": len(nodes),
+        "tasks_arrived": i,
+        "tasks_failed": failed,
+        "gpu_demand_failed": round(failed_gpu, 3),
+        "arrived_workload": round(arrived / capacity, 6),
+        "samples_at_100": len(at_100),
+        "unallocated_gpu_share": 1.0 - allocated,
+        "unallocated_gpus": (1.0 - allocated) * capacity,
+        "curve": [{"arrived": a, "unallocated_gpu_share": u} for a, u in curve],
+        "wall_s": round(time.perf_counter() - wall0, 3),
+    }
+    return FillResult(metrics, curve)
