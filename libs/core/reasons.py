@@ -3,6 +3,9 @@
 INVALID_REQUEST = "InvalidRequest"
 QUOTA_EXCEEDED = "QuotaExceeded"
 NO_FEASIBLE_NODE = "NoFeasibleNode"
+# it could not fit this pool even with every schedulable node empty (too big, too many members): waiting is futile
+# until the pool grows (re-checked every cycle)
+UNSCHEDULABLE = "Unschedulable"
 # no schedulable node carries every label of the job's node_selector (room elsewhere would not help)
 NO_NODE_MATCHES_SELECTOR = "NoNodeMatchesSelector"
 WAITING_FOR_GANG = "WaitingForGang"

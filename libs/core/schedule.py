@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -40,6 +40,7 @@ from libs.core.reasons import (
     PREEMPTING,
     QUOTA_EXCEEDED,
     RESERVED_FOR_GANG,
+    UNSCHEDULABLE,
     WAITING_FOR_GANG,
 )
 from libs.core.search import PlacementSearch
@@ -159,6 +160,7 @@ class CycleContext:
     blocked_by: str | None = None  # FIFO head of line: the job everything after waits behind
     placed_last: bool = False  # the last job the fair-share order yielded was placed (its team's share moved)
     head_of_line: bool = False  # FIFO: a job that does not fit blocks every job after it
+    nodes_by_class: dict[int, int] | None = None  # schedulable nodes per node class (for Unschedulable), on demand
 
 
 class Scheduler(PlacementSearch):
@@ -448,7 +450,7 @@ class Scheduler(PlacementSearch):
             ctx.laps.to("reasons")
         code, msg = self._diagnose(ctx, job, shape, sid, allowed, memo_key)
         # preempting frees room, never a label: a job no node matches has no victims to look for
-        if ctx.eligible_victims and code not in (RESERVED_FOR_GANG, NO_NODE_MATCHES_SELECTOR):
+        if ctx.eligible_victims and code not in (RESERVED_FOR_GANG, NO_NODE_MATCHES_SELECTOR, UNSCHEDULABLE):
             if ctx.laps:
                 ctx.laps.to("preemption")
             preempting, msg = self._try_preempt(ctx, job, shape, sid, allowed, prio, paths, msg)
@@ -458,7 +460,7 @@ class Scheduler(PlacementSearch):
             ctx.laps.to("backfill")
         msg = self._try_reserve(ctx, job, shape, sid, allowed, code, msg)
         ctx.reasons.append(PendingReason(job.job_id, code, msg))
-        if ctx.head_of_line:
+        if ctx.head_of_line and code != UNSCHEDULABLE:  # one that can never fit blocks nobody behind it
             ctx.blocked_by = job.job_id
 
     def _admit(self, ctx: CycleContext, job: JobRequest, shape: Shape, preemptible: bool,
@@ -542,7 +544,14 @@ class Scheduler(PlacementSearch):
         """6. Why it does not fit (the same for every job of the same shape, models and usable holds)."""
         got = ctx.fail_memo.get(memo_key)
         if got is None:
-            got = ctx.fail_memo[memo_key] = self._why(job, shape, sid, allowed, ctx.reserved)
+            got = self._why(job, shape, sid, allowed, ctx.reserved)
+            if got[0] in (NO_FEASIBLE_NODE, WAITING_FOR_GANG):  # blocked now; but could it ever fit this pool?
+                if ctx.nodes_by_class is None:
+                    ctx.nodes_by_class = dict(Counter(ns.cls for ns in self.state.nodes if ns.schedulable))
+                never = self._why_never(shape, sid, allowed, ctx.nodes_by_class)
+                if never is not None:
+                    got = (UNSCHEDULABLE, never + "; it waits until the pool grows")
+            ctx.fail_memo[memo_key] = got
         return got
 
     def _try_preempt(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,

@@ -13,6 +13,8 @@ from libs.core import mig as migcat
 from libs.core.fit import (
     CPU_KIND,
     FRAC_KIND,
+    FRACTIONAL,
+    MIG,
     MIG_KIND,
     WHOLE_KIND,
     Choice,
@@ -49,7 +51,38 @@ class PlacementSearch:
         for ns in state.nodes:
             for g in ns.gpus:
                 self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
+        self._empty: dict[int, tuple] = {}  # node class -> its free state when nothing runs there
         self._cache_settings()
+
+    def _empty_dyn(self, cid: int) -> tuple:
+        got = self._empty.get(cid)
+        if got is None:
+            got = self._empty[cid] = tuple(
+                None if not st[5] else (0, ()) if st[2] == MIG else (WHOLE, st[1]) if st[2] == FRACTIONAL else WHOLE
+                for st in self.state.classes[cid].gpus)
+        return got
+
+    def _why_never(self, shape: Shape, sid: int, allowed: frozenset, nodes_by_class: dict[int, int]) -> str | None:
+        """Why the shape could not fit this pool even with every schedulable node empty (`nodes_by_class`: how
+        many schedulable nodes each node class has); None when it could."""
+        classes = [cid for cid in self._classes_for(shape, allowed) if nodes_by_class.get(cid)]
+        if shape.kind == CPU_KIND:
+            return None if classes else f"no node of this pool has {shape.cpu} mCPU / {shape.mem} MiB"
+        if shape.members >= 1:
+            able = sum(nodes_by_class[cid] for cid in classes
+                       if self._choices(cid, self._empty_dyn(cid), shape, sid, shape.per_node, allowed, "first"))
+            if able >= shape.members:
+                return None
+            if shape.members == 1:
+                return f"no node of this pool could hold {shape.describe()}, even empty"
+            return (f"{shape.describe()}: only {able} node(s) of this pool could take a member, even empty "
+                    f"(need {shape.members})")
+        whole = sum(nodes_by_class[cid] * sum(1 for st in self.state.classes[cid].gpus
+                                              if st[5] and st[2] != MIG and gpu_eligible(st, shape, allowed))
+                    for cid in classes)
+        if whole >= shape.total:
+            return None
+        return f"{shape.describe()}: this pool has {whole} GPU(s) that could serve it, even empty"
 
     def _kind(self, name: str) -> KindPolicy:
         k = self._kinds.get(name)

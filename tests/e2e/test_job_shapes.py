@@ -92,6 +92,24 @@ async def test_an_inference_service_scaled_from_2_to_4_gets_2_more_allocations_a
             finish_all(api)
 
 
+async def test_a_job_bigger_than_the_pool_is_unschedulable_with_its_reason_and_blocks_nobody(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+        huge = post_job(api, name="huge", kind="training", gpus=12)  # on one node: the nodes have 8
+        wide = post_job(api, name="wide", kind="training", gpus=32, gang_nodes=4, gpus_per_node=8)  # 3 nodes
+        await eventually_async(lambda: reason(api, huge) == "Unschedulable" and reason(api, wide) == "Unschedulable",
+                               "both unschedulable", timeout=10)
+        explained = api.get(f"/v1/jobs/{huge}/explain").json()["placement"]
+        assert "could hold 12 whole GPU(s)" in explained["message"] and "even empty" in explained["message"], explained
+        assert "only 3 node(s)" in api.get(f"/v1/jobs/{wide}/explain").json()["placement"]["message"]
+        fits = post_job(api, name="fits", gpus=8)  # submitted after them, placed regardless
+        await eventually_async(lambda: api.get(f"/v1/jobs/{fits}").json()["state"] == "running", "placed", timeout=10)
+        for job_id in (huge, wide):
+            assert api.get(f"/v1/jobs/{job_id}").json()["state"] == "pending"
+            assert api.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+        finish_all(api)
+
+
 def test_inconsistent_gang_shapes_are_refused_at_the_edge(platform) -> None:  # type: ignore[no-untyped-def]
     with platform.client() as api:
         bad = api.post("/v1/jobs", json={"name": "bad", "team": "research", "gpus": 10, "gang_nodes": 2,

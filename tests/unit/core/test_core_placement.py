@@ -29,12 +29,14 @@ def test_places_multi_gpu_job_inside_one_nvlink_domain():
 
 def test_every_pending_job_gets_a_reason_code_and_message():
     snap = snapshot(cluster(1, 4))
-    jobs = [job("big", 8), job("ok", 4, at=1.0), job("bad", 0), job("bad-class", 1, priority_class="nope")]
+    jobs = [job("big", 8), job("ok", 4, at=1.0), job("later", 4, at=2.0), job("bad", 0),
+            job("bad-class", 1, priority_class="nope")]
     plan = schedule(snap, jobs, Policy(), now=0.0)
     placed = {p.job_id for p in plan.placements}
     reasons = {r.job_id: r for r in plan.pending}
     assert placed | set(reasons) == {j.job_id for j in jobs}
-    assert reasons["big"].reason == "NoFeasibleNode" and reasons["big"].message
+    assert reasons["later"].reason == "NoFeasibleNode" and reasons["later"].message  # the node is busy now
+    assert reasons["big"].reason == "Unschedulable" and "even empty" in reasons["big"].message  # never fits
     assert reasons["bad"].reason == "InvalidRequest"
     assert reasons["bad-class"].reason == "InvalidRequest"
 
@@ -76,7 +78,7 @@ def test_fractions_share_a_gpu_until_it_is_full():
 
 def test_fraction_is_never_placed_on_an_exclusive_gpu():
     plan = schedule(snapshot([node("x", 2)]), [job("f", 1, gpu_fraction_milli=500)], Policy(), now=0.0)
-    assert plan.placements == () and plan.reason_of("f").reason == "NoFeasibleNode"
+    assert plan.placements == () and plan.reason_of("f").reason == "Unschedulable"  # no shareable GPU at all
 
 
 def test_mig_request_gets_a_valid_new_instance_and_a_reconfig():
@@ -189,3 +191,20 @@ def test_plan_counts_what_the_cycle_did():
     stats = dict(plan.stats)
     assert stats["jobs"] == 3 and stats["placed"] == 2 and stats["pending"] == 1
     assert stats["node_groups"] >= 1 and stats["groups_scored"] >= 2
+
+
+def test_a_job_that_could_never_fit_the_pool_is_unschedulable_blocks_no_fifo_queue_and_fits_once_it_grows():
+    small = snapshot(cluster(2, 4))
+    jobs = [job("huge", 12, gang=True), job("nine", 9), job("wide", 12, gang_nodes=3, gpus_per_node=4),
+            job("after", 4, at=5.0)]
+    for name in ("default", "fifo"):
+        plan = schedule(small, jobs, Policy(name=name), now=0.0)
+        reasons = {r.job_id: r for r in plan.pending}
+        assert reasons["huge"].reason == "Unschedulable" and "8 GPU(s) that could serve it" in reasons["huge"].message
+        assert reasons["nine"].reason == "Unschedulable" and "on one node" in reasons["nine"].message
+        assert reasons["wide"].reason == "Unschedulable" and "only 2 node(s)" in reasons["wide"].message
+        assert "after" in {p.job_id for p in plan.placements}, name  # fifo does not wait behind them
+        assert not plan.preemptions and not plan.reservations
+    grown = snapshot(cluster(3, 4))  # re-checked every cycle: with a third node "huge" fits
+    plan = schedule(grown, jobs[:1], Policy(), now=0.0)
+    assert {p.job_id for p in plan.placements} == {"huge"}

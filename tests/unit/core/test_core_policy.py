@@ -76,9 +76,10 @@ def test_over_quota_weight_divides_the_share():
 
 
 def test_fifo_blocks_everything_behind_a_head_that_does_not_fit():
-    snap = snapshot(cluster(1, 4))
-    plan = schedule(snap, [job("big", 8, at=0.0), job("small", 1, at=1.0)], Policy(name="fifo"), now=0.0)
+    snap = snapshot(cluster(1, 4), running=[running("r", "node000", [0])])  # one of the four GPUs is busy
+    plan = schedule(snap, [job("big", 4, at=0.0), job("small", 1, at=1.0)], Policy(name="fifo"), now=0.0)
     assert plan.placements == ()
+    assert plan.reason_of("big").reason == "NoFeasibleNode"
     assert plan.reason_of("small").reason == "BlockedByQueueHead"
 
 

@@ -146,7 +146,7 @@ def test_replicas_share_their_reason_and_other_reasons_pass_through_unchanged() 
     shown = pending_reasons(plan.pending, requests)
     assert shown["svc"][0] == NO_NODE_OFFERS_ISOLATION
     core_big = next(r for r in plan.pending if r.job_id == "big")
-    assert shown["big"] == (core_big.reason, core_big.message) and core_big.reason == NO_FEASIBLE_NODE
+    assert shown["big"] == (core_big.reason, core_big.message) and core_big.reason == "Unschedulable"
 
 
 def test_a_selector_some_user_set_keeps_the_core_reason() -> None:
