@@ -9,6 +9,8 @@ the shape prefers it) on the state's journal, so a caller can roll it back; `_wh
 
 from __future__ import annotations
 
+import math
+
 from libs.core import mig as migcat
 from libs.core.fit import (
     CPU_KIND,
@@ -139,6 +141,7 @@ class PlacementSearch:
         self._w_spread = p.setting("w_spread")
         self._w_topology = p.setting("w_topology")
         self._max_candidates = p.max_candidates
+        self._frag_index = p.setting("frag_ties") == "index"
         self._mode_v = self._mode()
 
     def _mode(self) -> str:
@@ -183,7 +186,10 @@ class PlacementSearch:
             elif self.gpu_shapes:
                 mask_after = self.state.host_mask(rep, shape.cpu, shape.mem)
                 d = self._frag(cid, after, mask_after) - self._frag(cid, dyn, mask)
-                s -= w_frag * d / WHOLE
+                if self._frag_index:  # FGD's whole-number score of the fall in fragmentation (in GPUs)
+                    s += w_frag * int(100.0 / (1.0 + math.exp(min(50.0, d / WHOLE))))
+                else:
+                    s -= w_frag * d / WHOLE
         wb, ws = self._w_binpack + pack, self._w_spread
         if shape.prefer_shared and choice.positions:
             statics = cls.gpus
@@ -232,7 +238,7 @@ class PlacementSearch:
                     continue
                 bucket = groups[key]
                 dyn, mask = key
-                rep = self._rep(bucket, shape, exclude, domain, mode == "first")
+                rep = self._rep(bucket, shape, exclude, domain, mode == "first" or self._frag_index)
                 if rep is None:
                     continue
                 if mode == "first":
@@ -284,7 +290,7 @@ class PlacementSearch:
         used: set[int] = set(avoid) if avoid else set()
         domain = None
         if shape.members >= 1:
-            pack = self._kind(job.kind).pack
+            pack = 0.0 if self._frag_index else self._kind(job.kind).pack
             for _ in range(shape.members):
                 got = self._best(shape, sid, shape.per_node, allowed, used, domain, pack)
                 if got is None:

@@ -3,7 +3,7 @@
     gpupool sim fill   --nodes NODES.csv --tasks TASKS.csv --policy P --seed S [--runs N] --out DIR
     gpupool sim replay --trace TRACE.csv --format openb|generic --nodes NODES.csv --policy P --out DIR
 
-`--policy` takes one of fifo, best-fit, default, or several separated by commas (compared in one run: the first
+`--policy` takes one of fifo, best-fit, default, fgd, or several separated by commas (compared in one run: the first
 one's numbers are the top-level keys of metrics.json, all of them are under "policies"). The fill experiment is
 measured as FGD's artifact measures it (libs/sim/fgd.py; `--definition legacy`: the earlier one, engine.fill), where
 `fgd-best-fit` is also accepted: the artifact's BestFit baseline.
@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="task CSV with name,cpu_milli,memory_mib,num_gpu,gpu_milli (gpu_spec honoured when "
                         "present); default: the openb pod list in ../shared/traces when present")
     f.add_argument("--policy", type=_fill_policies, default=["default"],
-                   help="fifo | best-fit | default | fgd-best-fit (FGD's BestFit baseline; fgd definition only), or "
-                        "a comma-separated list to compare (default: default)")
+                   help="fifo | best-fit | default | fgd | fgd-best-fit (FGD's BestFit baseline; fgd definition "
+                        "only), or a comma-separated list to compare (default: default)")
     f.add_argument("--seed", type=int, default=0, help="seed of the task order and draws (default 0)")
     f.add_argument("--runs", type=int, default=1, help="seeds --seed .. --seed+N-1; medians reported (default 1)")
     f.add_argument("--out", required=True, help="output directory (created if missing)")
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--nodes", default=_default(DEFAULT_NODES), required=not DEFAULT_NODES.exists(),
                    help="node list CSV (sn|name,cpu_milli,memory_mib,gpu,model)")
     r.add_argument("--policy", type=_policies, default=["default"],
-                   help="fifo | best-fit | default, or a comma-separated list to compare (default: default)")
+                   help="fifo | best-fit | default | fgd, or a comma-separated list to compare (default: default)")
     r.add_argument("--out", required=True, help="output directory (created if missing)")
     r.add_argument("--seed", type=int, default=0, help="seed of the synthetic team assignment (default 0)")
     r.add_argument("--max-nodes", type=int, default=0,

@@ -24,7 +24,7 @@ from libs.sim.applier import Ledger
 from libs.sim.metrics import FragMeter, jain, mean, percentile
 from libs.sim.traces import SimJob, Task
 
-POLICIES = ("fifo", "best-fit", "default")
+POLICIES = ("fifo", "best-fit", "default", "fgd")
 
 
 def make_policy(name: str, teams: list[str] | dict[str, float] | None = None, capacity_gpus: float = 0.0, *,

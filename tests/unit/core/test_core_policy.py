@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from core_builders import cluster, job, node, running, snapshot
 
-from libs.core import Policy, QuotaEntry, QuotaTree, UsageRecord, schedule, teams_quota
+from libs.core import Allocation, Policy, QuotaEntry, QuotaTree, UsageRecord, schedule, teams_quota
 
 
 def _order(plan):
@@ -248,3 +248,23 @@ def test_a_blocked_big_job_whose_start_is_unknown_gets_a_soft_hold_that_idles_no
     jobs = [big, job("small", 2, at=1.0), job("more", 4, at=2.0)]
     placed = {p.job_id: p.node for p in schedule(snap2, jobs, Policy(), now=7200.0).placements}
     assert placed["small"] == "spare" and placed["more"] in ("node000", "node001")
+
+
+def test_the_fgd_preset_scores_fragmentation_in_whole_numbers_and_gives_ties_to_the_lowest_node() -> None:
+    from libs.core import WorkloadShape
+
+    shapes = (WorkloadShape(gpus=1, gpu_milli=500, weight=1.0), WorkloadShape(gpus=1, gpu_milli=1000, weight=1.0))
+    # two equal nodes but for what runs there: node b is fuller (one of its GPUs is held whole); a whole GPU on
+    # either leaves no fragment behind (the same score), so the tie decides
+    nodes = [node("a", 2, sharing="fractional"), node("b", 2, sharing="fractional")]
+    held = [Allocation(job_id="busy", team="t", node="b", gpu_uuids=("b-gpu0",), started_at=0.0)]
+    whole = [job("w", 1)]
+    for name, expected in (("default", "b"), ("fgd", "a")):
+        plan = schedule(snapshot(nodes, running=held), whole, Policy(name=name, workload=shapes), now=0.0)
+        assert [p.node for p in plan.placements] == [expected], name  # default packs; fgd: the lowest node
+    # a real difference in fragmentation still decides: a half-used GPU is filled before an empty node is touched
+    half = [Allocation(job_id="h", team="t", node="b", gpu_uuids=("b-gpu0",), started_at=0.0,
+                       gpu_fraction_milli=500, gpu_memory_mib=1000)]
+    plan = schedule(snapshot(nodes, running=half), [job("f", 1, gpu_fraction_milli=500, gpu_memory_mib=1000)],
+                    Policy(name="fgd", workload=shapes), now=0.0)
+    assert [(p.node, p.gpu_uuids) for p in plan.placements] == [("b", ("b-gpu0",))]
