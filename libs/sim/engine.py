@@ -245,6 +245,43 @@ class FillResult:
     curve: list[tuple[float, float]]  # (arrived workload share, unallocated GPU share)
 
 
+def fill_capacity(nodes: list[Node], tasks: list[Task]) -> int:
+    """The healthy GPUs a fill experiment fills (ValueError without any, or without tasks)."""
+    capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
+    if capacity == 0 or not tasks:
+        raise ValueError("the fill experiment needs GPUs and tasks")
+    return capacity
+
+
+def fill_scheduler(nodes: list[Node], policy_name: str, workload: tuple[WorkloadShape, ...]) -> Scheduler:
+    """The core as a fill experiment runs it: tasks never leave, so no preemption or reservations, and every
+    node group is scored (max_candidates=0): the experiment measures placement quality, not speed."""
+    policy = make_policy(policy_name, preemption=False, backfill=False, max_candidates=0)
+    return Scheduler(Snapshot(tuple(nodes)), policy, workload)
+
+
+def fill_metrics(policy_name: str, seed: int, nodes: list[Node], capacity: int, *, tasks_arrived: int, failed: int,
+                 failed_gpu: float, arrived: float, unallocated: float, curve: list[tuple[float, float]],
+                 wall0: float, **extra: object) -> dict:
+    """metrics.json of one fill run (both definitions): `arrived` in GPUs, `unallocated` a share of capacity;
+    `extra`: what only one definition reports."""
+    return {
+        "policy": policy_name,
+        "seed": seed,
+        "gpus": capacity,
+        "nodes": len(nodes),
+        "tasks_arrived": tasks_arrived,
+        "tasks_failed": failed,
+        "gpu_demand_failed": round(failed_gpu, 3),
+        "arrived_workload": round(arrived / capacity, 6),
+        **extra,
+        "unallocated_gpu_share": unallocated,
+        "unallocated_gpus": unallocated * capacity,
+        "curve": [{"arrived": a, "unallocated_gpu_share": u} for a, u in curve],
+        "wall_s": round(time.perf_counter() - wall0, 3),
+    }
+
+
 def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, *, max_arrived: float = 1.0,
          step: float = 0.01) -> FillResult:
     """Submit tasks sampled (with replacement, seeded) from `tasks` until the arrived GPU demand reaches
@@ -252,13 +289,8 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
     dropped. A task fits a node only where its CPU, memory and GPU demand all fit."""
     wall0 = time.perf_counter()
     rng = random.Random(seed)
-    capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
-    if capacity == 0 or not tasks:
-        raise ValueError("the fill experiment needs GPUs and tasks")
-    # every node group is scored (max_candidates=0): the experiment measures placement quality, not speed
-    policy = make_policy(policy_name, preemption=False, backfill=False, max_candidates=0)
-    workload = workload_of([t.request(t.name, 0.0, "fill") for t in tasks])
-    sched = Scheduler(Snapshot(tuple(nodes)), policy, workload)
+    capacity = fill_capacity(nodes, tasks)
+    sched = fill_scheduler(nodes, policy_name, workload_of([t.request(t.name, 0.0, "fill") for t in tasks]))
     ledger = Ledger(nodes)
     arrived = 0.0
     allocated = 0.0
@@ -283,18 +315,6 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
             curve.append((round(next_mark, 6), 1.0 - ledger.allocated_milli() / (capacity * WHOLE)))
             next_mark += step
     unalloc = 1.0 - ledger.allocated_milli() / (capacity * WHOLE)
-    metrics = {
-        "policy": policy_name,
-        "seed": seed,
-        "gpus": capacity,
-        "nodes": len(nodes),
-        "tasks_arrived": i,
-        "tasks_failed": failed,
-        "gpu_demand_failed": round(failed_gpu, 3),
-        "arrived_workload": round(arrived / capacity, 6),
-        "unallocated_gpu_share": unalloc,
-        "unallocated_gpus": unalloc * capacity,
-        "curve": [{"arrived": a, "unallocated_gpu_share": u} for a, u in curve],
-        "wall_s": round(time.perf_counter() - wall0, 3),
-    }
+    metrics = fill_metrics(policy_name, seed, nodes, capacity, tasks_arrived=i, failed=failed, failed_gpu=failed_gpu,
+                           arrived=arrived, unallocated=unalloc, curve=curve, wall0=wall0)
     return FillResult(metrics, curve)

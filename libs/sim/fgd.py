@@ -23,11 +23,11 @@ import random
 import time
 from collections import Counter
 
-from libs.core import Node, Scheduler, Snapshot, WorkloadShape
+from libs.core import Node, WorkloadShape
 from libs.core.model import WHOLE
 from libs.core.plan import Placement, Plan
 from libs.sim.applier import Ledger
-from libs.sim.engine import FillResult, make_policy
+from libs.sim.engine import FillResult, fill_capacity, fill_metrics, fill_scheduler
 from libs.sim.traces import Task
 
 BASELINES = ("fgd-best-fit",)
@@ -125,16 +125,13 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
     `unallocated_gpu_share` is 1 − the mean allocated share over the samples at 100% arrived."""
     wall0 = time.perf_counter()
     rng = random.Random(seed)
-    capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
-    if capacity == 0 or not tasks:
-        raise ValueError("the fill experiment needs GPUs and tasks")
+    capacity = fill_capacity(nodes, tasks)
     if policy_name in BASELINES:
         baseline = BestFitBaseline(nodes, random.Random(seed + 1_000_003))
         sched = None
     else:
         baseline = None
-        policy = make_policy(policy_name, preemption=False, backfill=False, max_candidates=0)
-        sched = Scheduler(Snapshot(tuple(nodes)), policy, workload_by_count(tasks, coverage))
+        sched = fill_scheduler(nodes, policy_name, workload_by_count(tasks, coverage))
     ledger = Ledger(nodes)
     arrived = 0.0
     at_100: list[float] = []
@@ -158,21 +155,7 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
         if pct > round(100 * curve[-1][0]) and t.gpu_demand:
             curve.append((pct / 100, 1.0 - share))
     allocated = sum(at_100) / len(at_100) if at_100 else ledger.allocated_milli() / (capacity * WHOLE)
-    metrics = {
-        "definition": "fgd",
-        "policy": policy_name,
-        "seed": seed,
-        "tune": tune,
-        "gpus": capacity,
-        "nodes": len(nodes),
-        "tasks_arrived": i,
-        "tasks_failed": failed,
-        "gpu_demand_failed": round(failed_gpu, 3),
-        "arrived_workload": round(arrived / capacity, 6),
-        "samples_at_100": len(at_100),
-        "unallocated_gpu_share": 1.0 - allocated,
-        "unallocated_gpus": (1.0 - allocated) * capacity,
-        "curve": [{"arrived": a, "unallocated_gpu_share": u} for a, u in curve],
-        "wall_s": round(time.perf_counter() - wall0, 3),
-    }
+    metrics = fill_metrics(policy_name, seed, nodes, capacity, tasks_arrived=i, failed=failed, failed_gpu=failed_gpu,
+                           arrived=arrived, unallocated=1.0 - allocated, curve=curve, wall0=wall0,
+                           definition="fgd", tune=tune, samples_at_100=len(at_100))
     return FillResult(metrics, curve)
