@@ -31,7 +31,6 @@ class LoadSampler:
         self.publish = publish
         self.utilization: dict[str, float | None] = {}  # GPU uuid → its utilisation in the node's last sample
         self.due: dict[str, float] = {}  # allocation → when (monotonic) its next sample is due
-        self.sent = 0
 
     def observe(self, samples: Iterable[GpuSample]) -> None:
         """The node's telemetry was sampled: what each GPU's utilisation is now."""
@@ -59,10 +58,7 @@ class LoadSampler:
         event = WorkLoadSampled(allocation_id=grant.allocation_id, job_id=grant.job_id, team=grant.team,
                                 project=grant.project, cluster=self.cluster, node=self.node, replica=grant.replica,
                                 attempt=grant.attempt, signal=probe.signal, value=value, sampled_at=at)
-        if await self.publish(event, f"work_load/{grant.allocation_id}/{at.timestamp()}"):
-            self.sent += 1
-            return True
-        return False
+        return await self.publish(event, f"work_load/{grant.allocation_id}/{at.timestamp()}")
 
     async def value(self, grant: AllocationGranted, probe: LoadProbe, ports: dict[str, int]) -> float | None:
         if probe.signal == "gpu_utilization":

@@ -105,9 +105,12 @@ class WorkRunner:
         """Every running replica whose work has a load probe, sampled when its probe is due."""
         while not self._stopped:
             await asyncio.sleep(LOAD_TICK_S)
+            probed = [(aid, grant) for aid, grant in list(self.grants.items())
+                      if grant.work is not None and grant.work.load is not None]
+            if not probed:  # most nodes most of the time: no need to ask the executor what runs
+                continue
             running = self.executor.running()
-            sampled = [(grant, self.replicas.ports.get(aid, {})) for aid, grant in list(self.grants.items())
-                       if aid in running and grant.work is not None and grant.work.load is not None]
+            sampled = [(grant, self.replicas.ports.get(aid, {})) for aid, grant in probed if aid in running]
             if not sampled:
                 continue
             try:
