@@ -135,7 +135,8 @@ def gpu_eligible(static: tuple, shape: Shape, allowed: frozenset) -> bool:
 class Choice:
     positions: tuple[int, ...]
     mig: tuple[str, int] | None = None
-    topology: float = 1.0  # 1: one NVLink domain (or a single GPU); 0.75 one NUMA node; 0.5 unknown; 0 split
+    # 1: one NVLink domain (or a single GPU); 0.75 one NUMA node; 0.5 several NUMA nodes, no NVLink facts; 0 split
+    topology: float = 1.0
     mig_score: float = 0.0
     reuse: bool = False
 
@@ -221,32 +222,57 @@ def _mig_room(model: str, busy: int) -> float:
 
 
 def _pick_nvlink(statics: tuple, pool: list[int], k: int, prefer: bool) -> Choice:
-    domains: dict[str, list[int]] = {}
-    for pos in pool:
-        domains.setdefault(statics[pos][3], []).append(pos)
+    """k GPUs of `pool` (eligible free positions, in preference order), as local as the node's facts allow: one
+    NVLink domain (the smallest that fits), inside it one NUMA node when one has room; else one NUMA node (the
+    smallest that fits); else as few NUMA nodes as possible. Ties go by `pool` order, so a node without NUMA or
+    NVLink facts (every GPU on NUMA node 0, no domain) gets the first k of `pool`, as it always did. Without
+    `prefer` (the job does not care), the first k of `pool`."""
     if k == 1:
         return Choice((pool[0],), topology=1.0)
-    if prefer:
+    has_nvlink = any(statics[pos][3] for pos in pool)
+    if not prefer:
+        chosen = pool[:k]
+        return Choice(tuple(sorted(chosen)), topology=_locality(statics, chosen, has_nvlink))
+    if has_nvlink:
+        domains: dict[str, list[int]] = {}
+        for pos in pool:
+            domains.setdefault(statics[pos][3], []).append(pos)
         fitting = [(len(v), v[0], d) for d, v in domains.items() if len(v) >= k and d]
         if fitting:
             _, _, d = min(fitting)
-            return Choice(tuple(sorted(domains[d][:k])), topology=1.0)
-    if len(domains) == 1 and "" in domains:
-        # no NVLink information: keep the GPUs on one NUMA node when one has room (PCIe peers, local memory)
-        numa: dict[int, list[int]] = {}
-        for pos in pool:
-            numa.setdefault(statics[pos][4], []).append(pos)
-        fitting = [(len(v), v[0], n) for n, v in numa.items() if len(v) >= k]
-        if prefer and len(numa) > 1 and fitting:
-            _, _, n = min(fitting)
-            return Choice(tuple(sorted(numa[n][:k])), topology=0.75)
-        return Choice(tuple(sorted(pool[:k])), topology=0.75 if len(numa) == 1 else 0.5)
+            return Choice(tuple(sorted(_numa_pick(statics, domains[d], k))), topology=1.0)
+    chosen = _numa_pick(statics, pool, k)
+    return Choice(tuple(sorted(chosen)), topology=_locality(statics, chosen, has_nvlink))
+
+
+def _numa_pick(statics: tuple, cands: list[int], k: int) -> list[int]:
+    """k of `cands` on one NUMA node (the smallest with room, then the one whose first GPU comes first), else on
+    as few NUMA nodes as possible (the largest first)."""
+    numa: dict[int, list[int]] = {}
+    for pos in cands:
+        numa.setdefault(statics[pos][4], []).append(pos)
+    if len(numa) == 1:
+        return cands[:k]
+    fitting = [(len(v), v[0], n) for n, v in numa.items() if len(v) >= k]
+    if fitting:
+        _, _, n = min(fitting)
+        return numa[n][:k]
     chosen: list[int] = []
-    for _, d in sorted(((-len(v), d) for d, v in domains.items())):
-        chosen.extend(domains[d][: k - len(chosen)])
+    for _, _, n in sorted((-len(v), v[0], n) for n, v in numa.items()):
+        chosen.extend(numa[n][: k - len(chosen)])
         if len(chosen) == k:
             break
-    return Choice(tuple(sorted(chosen)), topology=0.0)
+    return chosen
+
+
+def _locality(statics: tuple, chosen: list[int], has_nvlink: bool) -> float:
+    """The `Choice.topology` score of GPUs that are not all in one NVLink domain (1.0 when they are)."""
+    nv = {statics[pos][3] for pos in chosen}
+    if len(nv) == 1 and "" not in nv:
+        return 1.0
+    if len({statics[pos][4] for pos in chosen}) == 1:
+        return 0.75
+    return 0.0 if has_nvlink else 0.5
 
 
 def apply_choice(cls: NodeClass, dyn: tuple, choice: Choice, shape: Shape) -> tuple:

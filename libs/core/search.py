@@ -205,8 +205,8 @@ class PlacementSearch:
         wt = self._w_topology
         if wt:
             s += wt * choice.topology
-            if domain is not None and rep.topology == domain:
-                s += wt
+            if domain is not None:
+                s += wt * _nearness(rep.topology, domain)
         return s
 
     def _best(self, shape: Shape, sid: int, per_node: int, allowed: frozenset, exclude: set,
@@ -290,18 +290,19 @@ class PlacementSearch:
         used: set[int] = set(avoid) if avoid else set()
         domain = None
         if shape.members >= 1:
-            pack = 0.0 if self._frag_index else self._kind(job.kind).pack
-            for _ in range(shape.members):
-                got = self._best(shape, sid, shape.per_node, allowed, used, domain, pack)
-                if got is None:
-                    st.rollback(mark)
-                    return None
-                idx, choice = got
-                takes.append(self._take(job, idx, choice, shape))
-                used.add(idx)
-                if shape.is_gang and shape.prefer_topology and domain is None:
-                    domain = st.nodes[idx].topology
-            return takes
+            if shape.members > 1 and shape.prefer_topology and self.state.topologies:
+                # a gang goes to one rack (block) that can hold every member now, when one can
+                fits = self._gang_domain(shape, sid, allowed, used)
+                if fits is not None:
+                    inside = set(fits[1])
+                    outside = {ns.idx for ns in st.nodes if ns.idx not in inside}
+                    got = self._members(job, shape, sid, allowed, used | outside, fits[0])
+                    if got is not None:
+                        return got
+            got = self._members(job, shape, sid, allowed, used, None)
+            if got is None:
+                st.rollback(mark)
+            return got
         remaining = shape.total
         while remaining > 0:
             pick = None
@@ -344,6 +345,54 @@ class PlacementSearch:
                 domain = ns.topology
         return takes
 
+    def _members(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, used: set[int],
+                 domain: str | None) -> list[Take] | None:
+        """Each of the job's `shape.members` parts on its own node outside `used` (rolled back, None, when one does
+        not fit); a gang's later members near the first one's topology domain when it prefers."""
+        mark = self.state.mark()
+        used = set(used)
+        takes: list[Take] = []
+        pack = 0.0 if self._frag_index else self._kind(job.kind).pack
+        for _ in range(shape.members):
+            got = self._best(shape, sid, shape.per_node, allowed, used, domain, pack)
+            if got is None:
+                self.state.rollback(mark)
+                return None
+            idx, choice = got
+            takes.append(self._take(job, idx, choice, shape))
+            used.add(idx)
+            if shape.is_gang and shape.prefer_topology and domain is None:
+                domain = self.state.nodes[idx].topology
+        return takes
+
+    def able_by_domain(self, shape: Shape, sid: int, allowed: frozenset, exclude: set[int]) -> dict[str, list[int]]:
+        """Topology domain → the nodes in it (outside `exclude`) that could take one member of the gang now."""
+        out: dict[str, list[int]] = {}
+        nodes = self.state.nodes
+        per_node = shape.per_node if shape.members else 1
+        for cid in self._classes_for(shape, allowed):
+            for key, bucket in self.state.groups.get(cid, {}).items():
+                if not self._choices(cid, key[0], shape, sid, per_node, allowed, "first"):
+                    continue
+                for idx in bucket:
+                    ns = nodes[idx]
+                    if ns.topology and idx not in exclude and ns.host_fits(shape.cpu, shape.mem):
+                        out.setdefault(ns.topology, []).append(idx)
+        return out
+
+    def _gang_domain(self, shape: Shape, sid: int, allowed: frozenset,
+                     exclude: set[int]) -> tuple[str, list[int]] | None:
+        """The rack for a gang of `shape.members` nodes: of those where every member fits now, the one with the
+        fewest such nodes (big racks stay whole for big gangs), then by name; else the block (the racks sharing
+        a `block/` prefix) that fits, the same way; None when no domain holds the gang."""
+        able = self.able_by_domain(shape, sid, allowed, exclude)
+        for level in (able, _by_block(able)):
+            fitting = sorted((len(v), d) for d, v in level.items() if len(v) >= shape.members)
+            if fitting:
+                d = fitting[0][1]
+                return d, level[d]
+        return None
+
     def _fits_node(self, idx: int, shape: Shape, sid: int, allowed: frozenset) -> bool:
         ns = self.state.nodes[idx]
         if not ns.schedulable or not ns.host_fits(shape.cpu, shape.mem) or not shape.selector <= ns.labels:
@@ -380,6 +429,17 @@ class PlacementSearch:
             out[g.model] = out.get(g.model, 0) + milli
         return out
 
+    def _domain_wait(self, shape: Shape, sid: int, allowed: frozenset, need: int) -> str:
+        """For a waiting gang that prefers one topology domain, the domain closest to holding it (the most nodes
+        able to take a member now, then by name): '; waiting for 2 node(s) in one rack: rack r1 has 1'."""
+        if not (shape.prefer_topology and shape.members > 1 and self.state.topologies):
+            return ""
+        able = self.able_by_domain(shape, sid, allowed, set())
+        if not able:
+            return f"; waiting for {need} node(s) in one rack: no rack has a node that can take a member now"
+        n, d = min((-len(v), d) for d, v in able.items())
+        return f"; waiting for {need} node(s) in one rack: rack {d} has {-n}"
+
     def _why(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, reserved: dict) -> tuple[str, str]:
         st = self.state
         if shape.selector and not any(ns.schedulable and shape.selector <= ns.labels for ns in st.nodes):
@@ -410,6 +470,24 @@ class PlacementSearch:
             need = shape.members or shape.total
             return (WAITING_FOR_GANG,
                     f"{shape.describe()}: all or nothing, and only {n_ok} node(s) can take a member now "
-                    f"(need {need})")
+                    f"(need {need})" + self._domain_wait(shape, sid, allowed, need))
         return (NO_FEASIBLE_NODE, f"no schedulable node has room for {shape.describe()}"
                 + (f" with {shape.cpu} mCPU / {shape.mem} MiB" if shape.cpu or shape.mem else ""))
+
+
+def _nearness(topology: str, domain: str) -> float:
+    """1 for the same topology domain, 0.5 for another rack of the same block (`block/rack`), else 0."""
+    if topology == domain:
+        return 1.0
+    block, sep, _ = domain.rpartition("/")
+    return 0.5 if sep and topology.rpartition("/")[0] == block else 0.0
+
+
+def _by_block(able: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The same nodes by block (the part of `block/rack` before the '/'); racks without a block left out."""
+    out: dict[str, list[int]] = {}
+    for d, v in sorted(able.items()):
+        block, sep, _ = d.rpartition("/")
+        if sep:
+            out.setdefault(block, []).extend(v)
+    return out

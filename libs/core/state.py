@@ -139,6 +139,7 @@ class ClusterState:
         self.mem_capacity = 0  # MiB of schedulable nodes that track memory
         for n in sorted(snapshot.nodes, key=lambda n: (n.cluster, n.name)):
             self._add_node(n)
+        self.topologies = any(ns.topology for ns in self.nodes)  # some node says its rack: gangs pack by it
         for uuid in snapshot.allocated_gpus:
             at = self.gpu_at.get(uuid)
             if at is None:
