@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=int(os.environ.get("GPUPOOL_GATEWAY_PORT", "8080")),
                     help="gateway port (default 8080; 0 picks a free one)")
     up.add_argument("--fleet", default=None,
-                    help="simulated nodes, ';'-separated, each MODEL*COUNT[,MODEL*COUNT] "
+                    help="simulated nodes, ';'-separated, each MODEL*COUNT[,MODEL*COUNT][@OPTION,...]; options "
+                         "rack=R, block=B, numa=N, nvlink=all|pairs|none "
                          "(default: H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8)")
     up.add_argument("--telemetry-interval", type=float, default=1.0, help="seconds between agent samples")
     up.add_argument("--no-agent", action="store_true", help="start no simulated agent fleet")

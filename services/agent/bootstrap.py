@@ -15,10 +15,11 @@ from pathlib import Path
 
 from libs.bus.connection import NatsClient, connect, ensure_streams, identity_inbox, wait_for_streams
 from libs.contracts import subjects
+from libs.contracts.fleet import parse_fleet_nodes, parse_labels
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint
-from services.agent.config import AgentSettings, parse_fleet
+from services.agent.config import AgentSettings
 from services.agent.domain import network_environment, simulated_address
 from services.agent.handlers import NodeAgent, telemetry_buffer
 from services.agent.mps import MpsControl
@@ -35,14 +36,24 @@ def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
 
         paths = tuple(p.strip() for p in settings.storage_paths.split(",") if p.strip())
         return [(settings.node, RealNvml(storage_paths=paths or ("/",)))]
-    fleet = parse_fleet(settings.sim_fleet)
+    fleet = parse_fleet_nodes(settings.sim_fleet)
     mig_models = {m.strip() for m in settings.sim_mig.split(",") if m.strip()}
     return [
         (f"{settings.sim_node_prefix}-{i}",
-         SimulatedNvml(f"{settings.sim_node_prefix}-{i}", models, seed=settings.seed + i, clock=time.time,
-                       mig_mode=[j for j, m in enumerate(models) if m in mig_models]))
-        for i, models in enumerate(fleet)
+         SimulatedNvml(f"{settings.sim_node_prefix}-{i}", spec.models, seed=settings.seed + i, clock=time.time,
+                       mig_mode=[j for j, m in enumerate(spec.models) if m in mig_models],
+                       numa_nodes=spec.numa_nodes, nvlink=spec.nvlink))
+        for i, spec in enumerate(fleet)
     ]
+
+
+def node_labels(settings: AgentSettings) -> dict[str, dict[str, str]]:
+    """Each node's labels: the agent's LABELS, and for a simulated node those its fleet spec gives it (over them)."""
+    base = parse_labels(settings.labels)
+    if settings.backend == "real":
+        return {settings.node: base}
+    return {f"{settings.sim_node_prefix}-{i}": {**base, **spec.labels}
+            for i, spec in enumerate(parse_fleet_nodes(settings.sim_fleet))}
 
 
 def build_mps(settings: AgentSettings, digest: str) -> MpsControl | None:
@@ -157,11 +168,12 @@ async def main() -> None:
     buffers = {id(nc): telemetry_buffer(nc.jetstream(), max_bytes=settings.buffer_mib * 1024 * 1024)
                for nc in connections.values()}
     addresses = node_addresses(settings, [node for node, _ in backends])
+    labels = node_labels(settings)
     agents = [NodeAgent(connections[node], backend, settings.cluster, node, settings.interval_s,
                         workloads=workloads, fraction_policy=settings.fraction_policy,
                         stop_grace_s=settings.fraction_stop_grace_s, apply_mig=settings.apply_mig,
                         buffer=buffers[id(connections[node])], resync_s=settings.resync_s,
-                        address=addresses[node])
+                        address=addresses[node], labels=labels.get(node))
               for node, backend in backends]
     if settings.run_work:
         for agent in agents:

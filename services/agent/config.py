@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import socket
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from libs.contracts.addresses import peer_address
-from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet  # noqa: F401 (re-exported)
+from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet, parse_fleet_nodes, parse_labels  # noqa: F401
 
 # `gpupool up`'s default simulated fleet: 4 nodes × 8 GPUs of mixed models.
 
@@ -42,7 +42,23 @@ class AgentSettings(BaseSettings):
     node: str = Field(default_factory=socket.gethostname, description="Node name (real backend)")
     backend: Literal["real", "sim"] = "real"
     sim_fleet: str = Field(default=DEFAULT_SIM_FLEET,
-                           description="Simulated nodes separated by ';', each 'MODEL*COUNT[,MODEL*COUNT]'")
+                           description="Simulated nodes separated by ';', each 'MODEL*COUNT[,MODEL*COUNT]"
+                                       "[@OPTION,...]' (options rack=, block=, numa=, nvlink=all|pairs|none, "
+                                       "labels: libs/contracts/fleet.py)")
+    labels: str = Field(default="", max_length=4096,
+                        description="The node's labels, 'KEY=VALUE,...': its place in the network, e.g. "
+                                    "'topology.gpupool.io/rack=r12,topology.gpupool.io/block=b3' (placement packs a "
+                                    "gang into one rack, then one block); a simulated node's fleet options add to "
+                                    "them")
+
+    @field_validator("labels", "sim_fleet")
+    @classmethod
+    def _well_formed(cls, value: str, info: Any) -> str:
+        if info.field_name == "labels":
+            parse_labels(value)
+        else:
+            parse_fleet_nodes(value)
+        return value
     sim_node_prefix: str = "sim-node"
     seed: int = 7
     sim_workloads: str = Field(default="training=training,inference=inference,dev=dev,batch=training",

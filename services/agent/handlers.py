@@ -183,8 +183,9 @@ class NodeAgent:
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
                  fraction_policy: Literal["auto", "report", "stop"] = "auto", stop_grace_s: float = 10.0,
                  apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0,
-                 address: str = "") -> None:
+                 address: str = "", labels: dict[str, str] | None = None) -> None:
         self.address = address  # where this node's peers reach it (registered; a gang's rendezvous)
+        self.labels = dict(labels or {})  # registered as the node's labels (its rack, block, ...)
         self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
         self.fraction_policy = fraction_policy
         self.stop_grace_s = stop_grace_s
@@ -269,7 +270,7 @@ class NodeAgent:
         registers a few nodes at a time (REGISTERING): a thousand requests at once would time out in inventory's
         queue and come back as retries, each re-registering."""
         cmd = registration(self.cluster, self.node, self.backend.node_info(), self.backend.sample(),
-                           drivers=self.drivers, address=self.address)
+                           labels=self.labels, drivers=self.drivers, address=self.address)
         delay = 0.2
         while not stop.is_set():
             try:

@@ -202,11 +202,20 @@ class SimulatedNvml:
         driver_version: str = "550.90.07",
         cuda_driver_version: str = "12.4",
         mig_mode: Sequence[int] = (),
+        numa_nodes: int = 0,
+        nvlink: str = "auto",
     ) -> None:
+        """`numa_nodes`: how many NUMA nodes the GPUs split evenly over (0: two when there is more than one GPU);
+        `nvlink`: "auto" (all-to-all among SXM parts, as an NVSwitch baseboard), "all", "pairs" (0-1, 2-3, ...,
+        NVLink bridges) or "none"."""
         unknown = [m for m in gpu_models if m not in GPU_SPECS]
         if unknown:
             raise ValueError(f"unknown GPU model(s) {unknown}; known: {sorted(GPU_SPECS)}")
+        if nvlink not in ("auto", "all", "pairs", "none"):
+            raise ValueError(f"unknown NVLink layout {nvlink!r}")
         self._hostname = hostname
+        self._numa_nodes = numa_nodes
+        self._nvlink = nvlink
         self._seed = seed
         self._clock = clock
         self._cpu_count = cpu_count
@@ -496,12 +505,22 @@ class SimulatedNvml:
             raise MigError("InUse", f"MIG instance at slot {start} of GPU {index} has running processes")
         gpu.mig = tuple(m for m in gpu.mig or () if m.start != start)
 
+    def _nvlink_peers(self, index: int) -> tuple[int, ...]:
+        n = len(self._gpus)
+        if self._nvlink == "pairs":
+            peer = index ^ 1
+            return (peer,) if peer < n else ()
+        if self._nvlink == "none" or n < 2:
+            return ()
+        linked = [g.index for g in self._gpus if self._nvlink == "all" or g.spec.nvlink]
+        return tuple(i for i in linked if i != index) if index in linked else ()
+
     # ---- NvmlBackend -----------------------------------------------------------
 
     def node_info(self) -> NodeInfo:
         self._require_open()
         n = len(self._gpus)
-        nvlink = [g.index for g in self._gpus if g.spec.nvlink] if n > 1 else []
+        numa = self._numa_nodes or (2 if n > 1 else 1)
         gpus = tuple(
             GpuInfo(
                 uuid=g.uuid,
@@ -511,8 +530,8 @@ class SimulatedNvml:
                 memory_total_mib=g.spec.memory_total_mib,
                 pci_bus_id=self._bus_id(g.index),
                 serial=str(1650000000000 + int(_unit(self._hostname, g.index, "serial") * 10**10)),
-                numa_node=0 if g.index < (n + 1) // 2 else 1,
-                nvlink_peers=tuple(i for i in nvlink if i != g.index) if g.index in nvlink else (),
+                numa_node=g.index * numa // n,
+                nvlink_peers=self._nvlink_peers(g.index),
                 mig_mode=g.mig is not None,
                 mig_instances=g.mig or (),
                 compute_capability=g.spec.compute_capability,

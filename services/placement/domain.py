@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
-from libs.contracts.events import AllocatedGpu, DecidedPlacement
+from libs.contracts.events import AllocatedGpu, DecidedPlacement, GpuSpec
+from libs.contracts.fleet import BLOCK_LABEL, RACK_LABEL
 from libs.contracts.work import ISOLATION_LABEL_PREFIX
 from libs.core import (
     DEFAULT_PRIORITY_CLASSES,
@@ -57,19 +58,53 @@ def split_unit(unit: str) -> tuple[str, int | None]:
     return job_id, (int(replica) if sep else None)
 
 
+def nvlink_domains(gpus: Iterable[GpuSpec]) -> dict[int, str]:
+    """GPU index → its NVLink domain on the node: the GPUs it reaches over NVLink, directly or through a peer (an
+    NVSwitch baseboard: all of them; bridged pairs: its pair), named `nv<lowest index>`; '' without a peer."""
+    gpus = list(gpus)
+    known = {g.index for g in gpus}
+    root = {i: i for i in known}
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    for g in gpus:
+        for peer in g.nvlink_peers:
+            if peer in known and peer != g.index:
+                a, b = find(g.index), find(peer)
+                root[max(a, b)] = min(a, b)
+    sizes: dict[int, int] = defaultdict(int)
+    for i in known:
+        sizes[find(i)] += 1
+    return {i: f"nv{find(i)}" if sizes[find(i)] > 1 else "" for i in known}
+
+
+def node_topology(labels: Mapping[str, str]) -> str:
+    """The core's topology domain of a node from its labels: `block/rack` (a rack is named within its block), the
+    rack or the block alone, or '' when the node says neither."""
+    return "/".join(v for v in (labels.get(BLOCK_LABEL, ""), labels.get(RACK_LABEL, "")) if v)
+
+
 def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row]) -> Snapshot:
     """MIG is dynamic here: a GPU in MIG mode has exactly the instances live allocations hold (the agent creates
-    an instance with its grant and destroys it with its release), so every other slot is free to plan."""
+    an instance with its grant and destroys it with its release), so every other slot is free to plan. A GPU
+    whose NUMA node is unknown gets -1 (one group of its own)."""
     running = list(running)
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
+        numa = g.get("numa_node")
         by_node[(g["cluster"], g["node"])].append(
             Gpu(uuid=g["uuid"], index=g["idx"], model=g["model"], memory_mib=g["memory_mib"],
-                healthy=g["health"] == "healthy", sharing=g["sharing"]))
+                healthy=g["health"] == "healthy", sharing=g["sharing"], nvlink_domain=g.get("nvlink_domain") or "",
+                numa_node=-1 if numa is None else numa))
     return Snapshot(
         nodes=tuple(
             Node(name=n["node"], cluster=n["cluster"], gpus=tuple(by_node[(n["cluster"], n["node"])]),
-                 schedulable=n["schedulable"], labels=tuple(sorted((n.get("labels") or {}).items())))
+                 schedulable=n["schedulable"], labels=tuple(sorted((n.get("labels") or {}).items())),
+                 topology=node_topology(n.get("labels") or {}))
             for n in nodes
         ),
         running=tuple(

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 
 from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered, PriorityClassSet, QuotaSet
-from services.placement.domain import WantedJobs
+from services.placement.domain import WantedJobs, nvlink_domains
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +38,19 @@ async def upsert_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
            ON CONFLICT (cluster, node) DO UPDATE SET labels = EXCLUDED.labels, address = EXCLUDED.address,
                updated_at = now()""",
         data.cluster, data.node, json.dumps(data.labels, sort_keys=True), data.address)
+    domains = nvlink_domains(data.gpus)
     for g in data.gpus:
         await conn.execute(
-            """INSERT INTO gpus (uuid, cluster, node, idx, model, memory_mib, health, sharing)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8)
+            """INSERT INTO gpus (uuid, cluster, node, idx, model, memory_mib, health, sharing, numa_node,
+                                 nvlink_domain)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)
                ON CONFLICT (uuid) DO UPDATE SET cluster = EXCLUDED.cluster, node = EXCLUDED.node,
                    idx = EXCLUDED.idx, model = EXCLUDED.model, memory_mib = EXCLUDED.memory_mib,
-                   health = EXCLUDED.health,
+                   health = EXCLUDED.health, numa_node = EXCLUDED.numa_node,
+                   nvlink_domain = EXCLUDED.nvlink_domain,
                    sharing = CASE WHEN gpus.sharing_set_by_operator THEN gpus.sharing ELSE EXCLUDED.sharing END""",
             g.uuid, data.cluster, data.node, g.index, g.model, g.memory_mib, g.health,
-            "mig" if g.mig_mode else "exclusive")
+            "mig" if g.mig_mode else "exclusive", g.numa_node, domains[g.index])
 
 
 async def set_node_schedulable(conn: asyncpg.Connection, cluster: str, node: str, schedulable: bool) -> None:
@@ -100,7 +103,8 @@ SELECT json_build_object(
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
             FROM (SELECT cluster, node, schedulable, labels, address FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
-           FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing FROM gpus) g),
+           FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing, numa_node, nvlink_domain
+                 FROM gpus) g),
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,

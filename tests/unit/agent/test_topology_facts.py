@@ -1,0 +1,63 @@
+"""The topology facts a node registers: its labels (the agent's LABELS, a simulated node's fleet options) and each
+simulated GPU's NUMA node and NVLink peers as the fleet spec shapes them."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from libs.contracts.fleet import RACK_LABEL, FleetNode, parse_fleet, parse_fleet_nodes, parse_labels
+from services.agent.bootstrap import build_backends, node_labels
+from services.agent.config import AgentSettings
+from services.agent.domain import registration
+from services.agent.nvml_sim import SimulatedNvml
+
+
+def test_fleet_options_give_racks_blocks_numa_nodes_nvlink_layout_and_labels():
+    nodes = parse_fleet_nodes("H100-80GB*8@rack=r1,block=b0,nvlink=pairs,numa=4;L40S*2,T4 ;T4@example.com/x=1")
+    assert nodes[0] == FleetNode(["H100-80GB"] * 8, {RACK_LABEL: "r1", "topology.gpupool.io/block": "b0"}, 4,
+                                 "pairs")
+    assert nodes[1] == FleetNode(["L40S", "L40S", "T4"])
+    assert nodes[2] == FleetNode(["T4"], {"example.com/x": "1"})
+    assert parse_fleet("L40S*4@rack=r2;T4") == [["L40S"] * 4, ["T4"]]  # the models alone, as before
+
+
+@pytest.mark.parametrize("spec", ["L40S*4@rack", "L40S*4@numa=0", "L40S*4@nvlink=mesh", "L40S*4@colour=red",
+                                  "L40S*4@rack=bad value", "L40S*x"])
+def test_a_malformed_fleet_option_is_refused(spec: str) -> None:
+    with pytest.raises(ValueError):
+        parse_fleet_nodes(spec)
+
+
+def test_agent_labels_are_checked_and_a_simulated_node_adds_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPOOL_AGENT_BACKEND", "sim")
+    monkeypatch.setenv("GPUPOOL_AGENT_LABELS", f"{RACK_LABEL}=r9,example.com/zone=z1")
+    monkeypatch.setenv("GPUPOOL_AGENT_SIM_FLEET", "L40S*2@rack=r1;L40S*2")
+    settings = AgentSettings()
+    assert node_labels(settings) == {"sim-node-0": {RACK_LABEL: "r1", "example.com/zone": "z1"},
+                                     "sim-node-1": {RACK_LABEL: "r9", "example.com/zone": "z1"}}
+    assert [name for name, _ in build_backends(settings)] == ["sim-node-0", "sim-node-1"]
+    monkeypatch.setenv("GPUPOOL_AGENT_LABELS", "rack r1")
+    with pytest.raises(ValidationError):
+        AgentSettings()
+    with pytest.raises(ValueError):
+        parse_labels("=r1")
+
+
+def test_simulated_nvlink_pairs_and_four_numa_nodes(clock) -> None:  # type: ignore[no-untyped-def]
+    sim = SimulatedNvml("n", ["H100-80GB"] * 8, seed=1, clock=clock, numa_nodes=4, nvlink="pairs")
+    sim.open()
+    gpus = sim.node_info().gpus
+    assert [g.numa_node for g in gpus] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [g.nvlink_peers for g in gpus] == [(1,), (0,), (3,), (2,), (5,), (4,), (7,), (6,)]
+    bridged = SimulatedNvml("p", ["L40S"] * 3, seed=1, clock=clock, nvlink="all")
+    bridged.open()
+    assert [g.nvlink_peers for g in bridged.node_info().gpus] == [(1, 2), (0, 2), (0, 1)]
+
+
+def test_the_registration_carries_the_labels_and_the_gpu_facts(clock) -> None:  # type: ignore[no-untyped-def]
+    sim = SimulatedNvml("n", ["L4"] * 4, seed=1, clock=clock)
+    sim.open()
+    cmd = registration("c", "n", sim.node_info(), labels={RACK_LABEL: "r1"}, drivers={"process": None})
+    assert cmd.labels == {RACK_LABEL: "r1", "gpupool.io/isolation.process": "true"}
+    assert [(g.numa_node, g.nvlink_peers) for g in cmd.gpus] == [(0, []), (0, []), (1, []), (1, [])]
