@@ -300,13 +300,19 @@ def network_environment(socket_ifname: str, ib_hca: str) -> dict[str, str]:
 
 
 def launch_environment(grant_env: dict[str, str], work_env: dict[str, str], *, gpus: Iterable[AllocatedGpu],
-                       mig_uuid: str | None) -> dict[str, str]:
+                       mig_uuid: str | None, gpu_numa: dict[str, int] | None = None) -> dict[str, str]:
     """What the work runs with: a plain base (PATH, LANG), the job's own `env` over it, and the grant's over
     both (the job cannot set those: the contract refuses GPUPOOL_*, CUDA_VISIBLE_DEVICES and CUDA_MPS_*). GPUs are
-    named by UUID in PCI bus order, as CUDA and NVML agree on that order; a MIG slice is the instance's UUID."""
+    named by UUID in PCI bus order, as CUDA and NVML agree on that order; a MIG slice is the instance's UUID.
+    GPUPOOL_NUMA_NODES: the NUMA nodes its GPUs are on (`gpu_numa`: GPU uuid → NUMA node; left out where none is
+    known), e.g. for `numactl --cpunodebind=$GPUPOOL_NUMA_NODES --membind=$GPUPOOL_NUMA_NODES`."""
+    gpus = list(gpus)
     env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
     env.update(work_env)
     env.update(grant_env)
+    numa = sorted({gpu_numa[g.uuid] for g in gpus if g.uuid in (gpu_numa or {})})
+    if numa:
+        env["GPUPOOL_NUMA_NODES"] = ",".join(map(str, numa))
     visible = mig_uuid or env.get("CUDA_VISIBLE_DEVICES") or ",".join(g.uuid for g in gpus)
     env["CUDA_VISIBLE_DEVICES"] = visible
     env["NVIDIA_VISIBLE_DEVICES"] = visible

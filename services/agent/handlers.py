@@ -221,6 +221,9 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.backend.open()
+        if self.work is not None:  # which NUMA node each GPU is on, for the work's GPUPOOL_NUMA_NODES
+            self.work.gpu_numa = {g.uuid: g.numa_node for g in self.backend.node_info().gpus
+                                  if g.numa_node is not None}
         sync: asyncio.Task[None] | None = None
         try:
             subscribed_at = time.monotonic()

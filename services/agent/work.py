@@ -53,6 +53,7 @@ class WorkRunner:
                  log_retention_s: float = 86_400.0, mps: MpsControl | None = None,
                  rendezvous_env: dict[str, str] | None = None, address: str = "") -> None:
         self.rendezvous_env = rendezvous_env or {}  # the node's NCCL interfaces, for work with a rendezvous
+        self.gpu_numa: dict[str, int] = {}  # GPU uuid → its NUMA node (the node agent fills it from NVML)
         self.log_retention_s = log_retention_s
         self.mps = mps  # CUDA MPS daemons for fractions (None: this node enforces no fraction limits with MPS)
         self.kill_on_close = kill_on_close
@@ -355,7 +356,8 @@ class WorkRunner:
         assert work is not None
         # the node's interfaces for a job whose members talk to each other, unless the job names its own
         node_env = self.rendezvous_env if "PET_NNODES" in grant.environment else {}
-        env = launch_environment(grant.environment, {**node_env, **work.env}, gpus=grant.gpus, mig_uuid=mig_uuid)
+        env = launch_environment(grant.environment, {**node_env, **work.env}, gpus=grant.gpus, mig_uuid=mig_uuid,
+                                 gpu_numa=self.gpu_numa)
         env.update(extra_env or {})
         env.update(self.replicas.environment(grant))  # a service replica's ports
         return LaunchSpec(

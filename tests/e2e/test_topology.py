@@ -1,6 +1,6 @@
 """Topology through the whole platform: the simulated agents report each GPU's NUMA node and NVLink peers and each
 node's rack (from the fleet spec's `@rack=`), and placement keeps a multi-GPU job on one NUMA node and a gang in
-one rack, and says which rack a waiting gang waits for."""
+one rack, and says which rack a waiting gang waits for; the work learns its GPUs' NUMA nodes."""
 
 from __future__ import annotations
 
@@ -45,8 +45,13 @@ async def test_a_multi_gpu_job_keeps_to_one_numa_node_when_index_order_would_cro
             # NVSwitch: every GPU is an NVLink peer, so NUMA decides: 0-2 busy, index order would give 3,4
             three = post_job(api, name="three", gpus=3, gpu_models=["H100-80GB"])
             assert await granted_indices(watcher, three) == ("sim-node-4", (0, 1, 2))
-            two = post_job(api, name="two", gpus=2, gpu_models=["H100-80GB"])
+            two = post_job(api, name="two", gpus=2, gpu_models=["H100-80GB"],
+                           command=["sh", "-c", "echo numa=$GPUPOOL_NUMA_NODES"])
             assert await granted_indices(watcher, two) == ("sim-node-4", (4, 5))
+            # the agent tells the work which NUMA node its GPUs are on (numactl --cpunodebind / --membind)
+            await eventually_async(lambda: "numa=1" in api.get(f"/v1/jobs/{two}/logs",
+                                                                params={"stream": "stdout"}).text,
+                                   "the work printed its NUMA node", timeout=20)
             finish_all(api)
 
 

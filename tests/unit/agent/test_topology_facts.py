@@ -61,3 +61,14 @@ def test_the_registration_carries_the_labels_and_the_gpu_facts(clock) -> None:  
     cmd = registration("c", "n", sim.node_info(), labels={RACK_LABEL: "r1"}, drivers={"process": None})
     assert cmd.labels == {RACK_LABEL: "r1", "gpupool.io/isolation.process": "true"}
     assert [(g.numa_node, g.nvlink_peers) for g in cmd.gpus] == [(0, []), (0, []), (1, []), (1, [])]
+
+
+def test_the_work_learns_which_numa_nodes_its_gpus_are_on() -> None:
+    from libs.contracts.events import AllocatedGpu
+    from services.agent.domain import launch_environment
+
+    gpus = [AllocatedGpu(uuid=u, index=i, model="L4") for i, u in enumerate(("GPU-c", "GPU-a", "GPU-b"))]
+    numa = {"GPU-a": 1, "GPU-b": 0, "GPU-c": 1}
+    assert launch_environment({}, {}, gpus=gpus, mig_uuid=None, gpu_numa=numa)["GPUPOOL_NUMA_NODES"] == "0,1"
+    assert launch_environment({}, {}, gpus=gpus[:1], mig_uuid=None, gpu_numa=numa)["GPUPOOL_NUMA_NODES"] == "1"
+    assert "GPUPOOL_NUMA_NODES" not in launch_environment({}, {}, gpus=gpus, mig_uuid=None)  # unknown: left out
