@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from libs.contracts.addresses import PeerAddress
 from libs.contracts.autoscale import AutoscalePolicy, ReplicaBounds
 from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
+from libs.contracts.fleet import TOPOLOGY_LABEL_PREFIX, parse_labels
 from libs.contracts.work import Arg, HealthCheck, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -97,6 +98,14 @@ class Reply(BaseModel):
 
 
 # --- inventory --------------------------------------------------------------------------------------------------
+def _topology_labels(labels: dict[str, str]) -> dict[str, str]:
+    """A rack or block label names a topology domain placement groups nodes by: a well-formed label value."""
+    for key, value in labels.items():
+        if key.startswith(TOPOLOGY_LABEL_PREFIX):
+            parse_labels(f"{key}={value}")
+    return labels
+
+
 class RegisterNode(Command):
     cluster: str = Field(pattern=NAME_PATTERN)
     node: str = Field(min_length=1, max_length=253)
@@ -105,7 +114,10 @@ class RegisterNode(Command):
     memory_mib: int = Field(ge=0)
     driver_version: str = ""
     agent_version: str = ""
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Annotated[dict[str, str], AfterValidator(_topology_labels)] = Field(
+        default_factory=dict, max_length=128,
+        description="The node's labels: the isolation drivers it offers, its place in the network "
+                    "(topology.gpupool.io/rack and /block: placement keeps a gang in one rack, then one block)")
     gpus: list[GpuSpec] = Field(max_length=64)
     network: list[NicSpec] = Field(default_factory=list, max_length=64)
     storage: list[VolumeSpec] = Field(default_factory=list, max_length=32)

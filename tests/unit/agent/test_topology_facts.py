@@ -72,3 +72,13 @@ def test_the_work_learns_which_numa_nodes_its_gpus_are_on() -> None:
     assert launch_environment({}, {}, gpus=gpus, mig_uuid=None, gpu_numa=numa)["GPUPOOL_NUMA_NODES"] == "0,1"
     assert launch_environment({}, {}, gpus=gpus[:1], mig_uuid=None, gpu_numa=numa)["GPUPOOL_NUMA_NODES"] == "1"
     assert "GPUPOOL_NUMA_NODES" not in launch_environment({}, {}, gpus=gpus, mig_uuid=None)  # unknown: left out
+
+
+@pytest.mark.parametrize("value", ["r 1", "r1,r2", "x" * 64, "-r1"])
+def test_inventory_refuses_a_registration_whose_rack_is_not_a_label_value(value: str) -> None:
+    from libs.contracts.commands import RegisterNode
+
+    base = {"cluster": "c", "node": "n", "hostname": "n", "cpu_count": 1, "memory_mib": 1, "gpus": []}
+    assert RegisterNode(**base, labels={RACK_LABEL: "r1", "zone": "any text"}).labels[RACK_LABEL] == "r1"
+    with pytest.raises(ValidationError, match="bad label"):
+        RegisterNode(**base, labels={RACK_LABEL: value})
