@@ -27,6 +27,18 @@ from pathlib import Path
 DEFAULT_DATA_DIR = Path(os.environ.get("GPUPOOL_DATA_DIR", ".gpupool"))
 
 
+def fleet_spec(value: str) -> str:
+    """`--fleet`, checked before anything starts (a bad option is a usage error, not a traceback mid-start)."""
+    from libs.contracts.fleet import parse_fleet_nodes
+
+    try:
+        if not parse_fleet_nodes(value):
+            raise ValueError("no node in it")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad fleet {value!r}: {exc}") from None
+    return value
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from libs.devstack.stack import Stack, StackOptions
 
@@ -184,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where NATS/PostgreSQL data, logs, run.json and the admin token live (default .gpupool)")
     up.add_argument("--port", type=int, default=int(os.environ.get("GPUPOOL_GATEWAY_PORT", "8080")),
                     help="gateway port (default 8080; 0 picks a free one)")
-    up.add_argument("--fleet", default=None,
+    up.add_argument("--fleet", default=None, type=fleet_spec,
                     help="simulated nodes, ';'-separated, each MODEL*COUNT[,MODEL*COUNT][@OPTION,...]; options "
                          "rack=R, block=B, numa=N, nvlink=all|pairs|none "
                          "(default: H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8)")

@@ -82,3 +82,13 @@ def test_inventory_refuses_a_registration_whose_rack_is_not_a_label_value(value:
     assert RegisterNode(**base, labels={RACK_LABEL: "r1", "zone": "any text"}).labels[RACK_LABEL] == "r1"
     with pytest.raises(ValidationError, match="bad label"):
         RegisterNode(**base, labels={RACK_LABEL: value})
+
+
+def test_gpupool_up_refuses_a_bad_fleet_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    from libs.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["up", "--fleet", "L40S*4@rack=r1;L4*2"]).fleet == "L40S*4@rack=r1;L4*2"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--fleet", "L40S*4@rack=r 1"])
+    assert "bad fleet" in capsys.readouterr().err
