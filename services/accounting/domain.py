@@ -256,6 +256,7 @@ def efficiency_row(t: Totals) -> dict:
 FORECAST_MIN_POINTS = 3  # fewer: `insufficient_data` (a line through two points has no residual to size an interval)
 SEASON_MIN_DAYS = 14  # at least two of every weekday before day-of-week terms are fitted
 FORECAST_Z = 1.2816  # the interval: ±z × the residual standard deviation, an 80% band for normal errors
+FORECAST_STEP_S = 3600.0  # the future is evaluated at the bucket step, or hourly for shorter buckets
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DAY_S = 86_400.0
 
@@ -307,8 +308,8 @@ def demand_forecast(points: Sequence[tuple[float, float]], *, step_s: float,
     Least squares of a linear trend, plus day-of-week terms when the points span at least SEASON_MIN_DAYS and every
     weekday occurs at least twice (`trend+weekly`), else the trend alone (`trend`); `insufficient_data` with fewer
     than FORECAST_MIN_POINTS points or a single instant. For each horizon H: the forecast at every step of the next
-    H days, their mean and peak, and the peak's interval ±FORECAST_Z × the residual standard deviation (an 80% band
-    for normal errors); demand is never negative."""
+    H days (the bucket step, or hourly for shorter buckets), their mean and peak, and the peak's interval
+    ±FORECAST_Z × the residual standard deviation (an 80% band for normal errors); demand is never negative."""
     pts = sorted(points)
     base = {"model": "insufficient_data", "points": len(pts), "slope_gpus_per_day": None, "level_gpus": None,
             "residual_sd_gpus": None, "weekly_gpus": None,
@@ -335,9 +336,12 @@ def demand_forecast(points: Sequence[tuple[float, float]], *, step_s: float,
     dof = len(pts) - len(coef)
     sd = math.sqrt(sse / dof) if dof > 0 else 0.0
     last = pts[-1][0]
+    # the fit is a line plus one constant per weekday: hourly steps find its peak to within an hour's trend, and
+    # bound the work (30 days of 1-second buckets would be 2.6 million evaluations)
+    ahead = max(step_s, FORECAST_STEP_S)
     horizons = []
     for h in horizons_days:
-        future = [max(0.0, fitted(last + i * step_s)) for i in range(1, max(1, int(h * _DAY_S // step_s)) + 1)]
+        future = [max(0.0, fitted(last + i * ahead)) for i in range(1, max(1, int(h * _DAY_S // ahead)) + 1)]
         peak = max(future)
         horizons.append({"days": h, "mean_gpus": round(sum(future) / len(future), 3), "peak_gpus": round(peak, 3),
                          "peak_low_gpus": round(max(0.0, peak - FORECAST_Z * sd), 3),

@@ -87,8 +87,9 @@ def test_history_export_replays_through_the_simulator_and_answers_the_what_if(pl
     trials = {t["nodes"]: t for t in answer["trials"]}
     assert sorted(trials) == [2, 3, 4] and not trials[2]["ok"] and not trials[3]["ok"]
     assert trials[4]["p90_wait_s"] <= 0.5 and trials[2]["p90_wait_s"] > 0.8
-    # today's pool replayed gives about the p90 the platform recorded (the fourth wait of four)
-    assert abs(trials[2]["p90_wait_s"] - waits[3]) < 0.75, (trials[2], waits)
+    # today's pool replayed gives about the p90 the platform recorded (the fourth wait of four), never much more:
+    # the simulator places without the platform's latency
+    assert trials[2]["p90_wait_s"] <= waits[3] + 0.25, (trials[2], waits)
 
     code, out, err = cli("report", "capacity", "--from", start, "--bucket", "1s", "--what-if", "p90-wait=0.5",
                          "--cycle-interval", "0.1")  # no --history: exported live over the report's range

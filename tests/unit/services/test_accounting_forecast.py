@@ -79,3 +79,15 @@ def test_too_few_points_say_insufficient_data_without_numbers(points: list[tuple
     out = demand_forecast(points, step_s=DAY)
     assert out["model"] == "insufficient_data" and out["slope_gpus_per_day"] is None
     assert all(h["peak_gpus"] is None for h in out["horizons"])
+
+
+def test_second_buckets_are_forecast_hourly_so_a_month_ahead_stays_cheap() -> None:
+    import time
+
+    pts = [(MONDAY + s, 3.0 + 0.001 * s) for s in range(60)]
+    t0 = time.perf_counter()
+    out = demand_forecast(pts, step_s=1.0)
+    assert time.perf_counter() - t0 < 0.5
+    assert out["slope_gpus_per_day"] == pytest.approx(86.4, rel=1e-6)
+    # the peak of a rising line over 30 days is at its last hourly step: 59 s + 720 h after the first point
+    assert out["horizons"][1]["peak_gpus"] == pytest.approx(3.0 + 0.001 * (59 + 720 * 3600), abs=1e-3)
