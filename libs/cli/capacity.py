@@ -201,6 +201,8 @@ def cmd_report_capacity(args: argparse.Namespace, gp: GpupoolClient) -> int:
     target = parse_what_if(args.what_if) if args.what_if else None
     if args.history and target is None:
         raise UsageError("--history goes with --what-if p90-wait=SECONDS")
+    if target is not None and args.csv:
+        raise UsageError("--csv prints the report's table only: use --json (or the table) with --what-if")
     kw = dict(bucket_s=int(parse_duration(args.bucket)) if args.bucket else None, gpu_model=args.model,
               team=args.team)
     report = gp.report_capacity(start, end, **kw)

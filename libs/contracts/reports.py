@@ -87,7 +87,7 @@ class HistoryQuery(ReportRange):
     """Recorded jobs that entered the queue in [start, end), a page at a time in job id order (`after`: the last
     job id of the previous page), optionally only some teams'."""
 
-    teams: list[Annotated[str, Field(min_length=1, max_length=63)]] | None = Field(default=None, max_length=50)
+    teams: list[FilterValue] | None = Field(default=None, max_length=MAX_FILTER_VALUES)
     after: str | None = Field(default=None, max_length=128)
     limit: int = Field(default=500, ge=1, le=1000)
 
