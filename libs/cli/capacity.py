@@ -138,14 +138,14 @@ def what_if(nodes: list[Any], history: Path, target_s: float, models: Sequence[s
 
     jobs, served = read_history(history)
     today = Counter(whatif.model_of(n) for n in nodes)
-    gpus_per_node = {whatif.model_of(n): len(n.gpus) for n in reversed(nodes)}
+    gpus_today = Counter({m: sum(len(n.gpus) for n in nodes if whatif.model_of(n) == m) for m in today})
     out = []
     for model in sorted(models or today):
         if model not in today:
             raise UsageError(f"the pool has no {model} nodes")
         best, trials = whatif.smallest_pool(nodes, jobs, served, model, target_s, max_nodes=max_nodes,
                                             policy=policy, cycle_interval=cycle_interval)
-        out.append({"gpu_model": model, "nodes_now": today[model], "gpus_now": today[model] * gpus_per_node[model],
+        out.append({"gpu_model": model, "nodes_now": today[model], "gpus_now": gpus_today[model],
                     "answer": best.view() if best else None, "trials": [t.view() for t in trials]})
     return {"target_p90_wait_s": target_s, "history": str(history), "jobs": len(jobs), "policy": policy,
             "cycle_interval_s": cycle_interval, "models": out}
