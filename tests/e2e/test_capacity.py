@@ -5,6 +5,7 @@ smallest H100 count that keeps the p90 wait under a target."""
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -64,7 +65,7 @@ def test_history_export_replays_through_the_simulator_and_answers_the_what_if(pl
                and j.request.kind == "training" for j in jobs)
     assert set(served.values()) == {H100}
     assert all(0.8 < j.duration < 5 for j in jobs), [j.duration for j in jobs]
-    rows = {r["job_id"]: r for r in __import__("csv").DictReader(trace.open())}
+    rows = {r["job_id"]: r for r in csv.DictReader(trace.open())}
     waits = sorted(float(rows[j]["wait_s"]) for j in ids)
     assert waits[1] < 0.8 and waits[2] > 0.8, waits  # two started at once, two after the first pair ended
 
