@@ -18,7 +18,8 @@
   gpupool sharing NODE GPU MODE            exclusive | fractional | mig      gpupool gpu-health NODE GPU clear|quarantine
   gpupool orphans     processes on GPUs nobody holds; allocations that run no process
   gpupool whoami      the caller's identity, role and allowed actions
-  gpupool report      usage|efficiency|capacity|waste (JSON, table or --csv)
+  gpupool report      usage|efficiency|capacity|waste (JSON, table or --csv; capacity: forecast and --what-if)
+  gpupool history     export: the recorded jobs as a trace `gpupool sim replay` reads  (libs/cli/capacity.py)
   gpupool cost-rates  list|set|delete prices per GPU model and MIG profile
   gpupool completion  bash|zsh completion script
 
@@ -1528,37 +1529,6 @@ def cmd_report_efficiency(args: argparse.Namespace, gp: GpupoolClient) -> int:
     return EXIT_OK
 
 
-def _wait(seconds: float | None) -> str | None:
-    """Queue waits are often sub-second: show tenths below a minute."""
-    if seconds is None or seconds >= 60:
-        return fmt_duration(seconds)
-    return f"{seconds:.1f}s"
-
-
-def cmd_report_capacity(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    start, end = _report_range(args)
-    kw = dict(bucket_s=int(parse_duration(args.bucket)) if args.bucket else None, gpu_model=args.model,
-              team=args.team)
-    report = gp.report_capacity(start, end, **kw)
-
-    def render() -> str:
-        rows = []
-        for m in report.models:
-            d, f = m.demand, m.forecast
-            when = fmt_time(f.exceeds_supply_at) if f.exceeds_supply_at else ""
-            rows.append([m.gpu_model, m.supply_gpus, _fmt(d.peak_demand_gpus, 1), _fmt(d.peak_allocated_gpus, 1),
-                         _fmt(d.queued_gpu_hours, 2), _fmt(d.pending_gpus, 1), _wait(d.wait_p50_s),
-                         _wait(d.wait_p90_s), _wait(d.wait_p99_s),
-                         f"{f.status} {when}".strip()])
-        body = report_table(["MODEL", "SUPPLY", "PEAK-DEMAND", "PEAK-ALLOC", "QUEUED-H", "PENDING", "WAIT-P50",
-                             "WAIT-P90", "WAIT-P99", "FORECAST"], rows) if rows else "No GPUs and no demand."
-        scope = f" · demand of team {report.team}" if report.team else ""
-        return body + f"\n\n{_range_line(report)} · trend per {fmt_duration(report.bucket_s)}{scope}"
-
-    _report_out(args, report.raw, lambda: gp.report_capacity_csv(start, end, **kw), render)
-    return EXIT_OK
-
-
 def cmd_report_waste(args: argparse.Namespace, gp: GpupoolClient) -> int:
     start, end = _report_range(args)
     kw = dict(filters=_report_filters(args), min_idle_fraction=args.min_idle_fraction, limit=args.limit)
@@ -1650,11 +1620,9 @@ def register_reports(sub: argparse._SubParsersAction, common: argparse.ArgumentP
                        help=f"comma-separated, any of {','.join(REPORT_DIMENSIONS)} (default team; '' for a total)")
         filters(p)
         p.add_argument("--limit", type=int, help="at most this many groups (largest first)")
-    p = add(rsub, "capacity", cmd_report_capacity, "per GPU model: demand against supply, trend and forecast")
-    window(p, "30 days")
-    p.add_argument("--bucket", metavar="DURATION", help="trend bucket, e.g. 1h or 1d (default 1d)")
-    p.add_argument("--model", help="only this GPU model")
-    p.add_argument("--team", help="only this team's demand")
+    from libs.cli import capacity
+
+    capacity.register(sub, rsub, add, window, common, run_api)
     p = add(rsub, "waste", cmd_report_waste, "idle GPU-hours by team, idle allocations by name, and orphans")
     window(p, "7 days")
     filters(p)

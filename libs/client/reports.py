@@ -77,11 +77,28 @@ class TrendPoint(ApiModel):
     supply_gpus: int = 0
 
 
+class ForecastHorizon(ApiModel):
+    days: int
+    mean_gpus: float | None = None
+    peak_gpus: float | None = None
+    peak_low_gpus: float | None = None
+    peak_high_gpus: float | None = None
+
+
 class Forecast(ApiModel):
     method: str = ""
     status: str = "insufficient_data"
+    fit: str = "insufficient_data"
+    points: int = 0
     slope_gpus_per_day: float | None = None
+    level_gpus: float | None = None
+    residual_sd_gpus: float | None = None
+    weekly_gpus: dict[str, float] | None = None
+    next: list[ForecastHorizon] = Field(default_factory=list)
     exceeds_supply_at: datetime | None = None
+
+    def horizon(self, days: int) -> ForecastHorizon | None:
+        return next((h for h in self.next if h.days == days), None)
 
 
 class ModelCapacity(ApiModel):
@@ -243,6 +260,26 @@ class ReportsApi:
                          limit: int | None = None) -> str:
         return self._report_csv("waste", report_params(start, end, None, filters,
                                                        min_idle_fraction=min_idle_fraction, limit=limit))
+
+    def history_page(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                     teams: Sequence[str] | None = None, after: str | None = None,
+                     limit: int | None = None) -> dict[str, Any]:
+        """GET /v1/history/jobs: one page of recorded jobs (`items`, and `next` for the following page)."""
+        params = report_params(start, end, None, {"team": list(teams) if teams else None}, after=after, limit=limit)
+        return dict(self._json("GET", "/v1/history/jobs", params=params))
+
+    def history_jobs(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
+                     teams: Sequence[str] | None = None, page_size: int = 500) -> list[dict[str, Any]]:
+        """Every recorded job that entered the queue in [start, end) (default: the last 30 days), page by page:
+        what it asked for, when it was submitted, started and ended, its wait and the model it ran on."""
+        out: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            page = self.history_page(start, end, teams=teams, after=after, limit=page_size)
+            out += page.get("items", [])
+            after = page.get("next")
+            if not after:
+                return out
 
     def list_cost_rates(self, gpu_model: str | None = None) -> list[CostRate]:
         doc = self._json("GET", "/v1/cost-rates", params={"gpu_model": gpu_model})

@@ -71,7 +71,8 @@ class WasteReportQuery(Filtered):
 
 
 class CapacityReportQuery(ReportRange):
-    bucket_s: int = Field(default=86_400, ge=60, le=31 * 86_400, description="trend bucket length, seconds")
+    bucket_s: int = Field(default=86_400, ge=1, le=31 * 86_400,
+                          description="trend bucket length, seconds (the forecast fits one point per bucket)")
     gpu_model: str | None = Field(default=None, max_length=64)
     team: str | None = Field(default=None, max_length=63, description="only this team's demand (supply is shared)")
 
@@ -80,6 +81,15 @@ class CapacityReportQuery(ReportRange):
         if (self.end - self.start).total_seconds() / self.bucket_s > MAX_CAPACITY_BUCKETS:
             raise ValueError(f"at most {MAX_CAPACITY_BUCKETS} trend buckets: use a longer bucket")
         return self
+
+
+class HistoryQuery(ReportRange):
+    """Recorded jobs that entered the queue in [start, end), a page at a time in job id order (`after`: the last
+    job id of the previous page), optionally only some teams'."""
+
+    teams: list[FilterValue] | None = Field(default=None, max_length=MAX_FILTER_VALUES)
+    after: str | None = Field(default=None, max_length=128)
+    limit: int = Field(default=500, ge=1, le=1000)
 
 
 class SetCostRate(Command):

@@ -187,3 +187,37 @@ def read_generic(path: str | Path, seed: int = 0) -> list[SimJob]:
             )
             jobs.append(SimJob(req, float(_first(row, "duration", default="0"))))
     return jobs
+
+
+# --- the platform's own history (`gpupool history export`) -----------------------------------------------------------
+# The generic format's columns, then what only a recorded history has: when each job really started and ended, its
+# wait, the GPU model it ran on, and its final state. `read_generic` reads such a file as any generic trace (it
+# ignores the extra columns); `read_history` also returns the model each job ran on.
+HISTORY_COLUMNS = ("job_id", "submit_time", "duration", "gpus", "gpu_model", "team", "priority", "priority_class",
+                   "kind", "project", "gpu_milli", "mig_profile", "gang_nodes", "gpus_per_node", "max_runtime_s",
+                   "replica_group", "start_time", "end_time", "wait_s", "gpu_model_granted", "state")
+
+
+def write_history(path: str | Path, rows: list[dict]) -> int:
+    """Write recorded jobs (dicts keyed by HISTORY_COLUMNS; missing keys are empty) as a generic trace CSV, sorted
+    by submit time then job id. Returns the number of rows."""
+    ordered = sorted(rows, key=lambda r: (float(r["submit_time"]), str(r["job_id"])))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for r in ordered:
+            writer.writerow({c: "" if r.get(c) is None else r[c] for c in HISTORY_COLUMNS})
+    return len(ordered)
+
+
+def read_history(path: str | Path) -> tuple[list[SimJob], dict[str, str]]:
+    """A history trace: its jobs (as `read_generic` reads them) and, per job id, the GPU model it ran on
+    (`gpu_model_granted`; else the one model it asked for; else empty)."""
+    jobs = read_generic(path)
+    served: dict[str, str] = {}
+    with open(path, newline="") as f:
+        for i, row in enumerate(csv.DictReader(f)):
+            job_id = _first(row, "job_id", default=f"job-{i:06d}")
+            asked = [m for m in _first(row, "gpu_model").split("|") if m]
+            served[job_id] = _first(row, "gpu_model_granted") or (asked[0] if len(asked) == 1 else "")
+    return jobs, served

@@ -250,3 +250,148 @@ def efficiency_row(t: Totals) -> dict:
             "efficiency_pct": _pct(t.used_milli_us, t.measured_milli_us),
             "idle_pct": _pct(t.idle_milli_us, t.measured_milli_us),
             "telemetry_coverage_pct": _pct(t.measured_milli_us, t.milli_us)}
+
+
+# --- demand forecast: linear trend + weekly season ---------------------------------------------------------------
+FORECAST_MIN_POINTS = 3  # fewer: `insufficient_data` (a line through two points has no residual to size an interval)
+SEASON_MIN_DAYS = 14  # at least two of every weekday before day-of-week terms are fitted
+FORECAST_Z = 1.2816  # the interval: ±z × the residual standard deviation, an 80% band for normal errors
+FORECAST_STEP_S = 3600.0  # the future is evaluated at the bucket step, or hourly for shorter buckets
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_DAY_S = 86_400.0
+
+
+def weekday_of(epoch_s: float) -> int:
+    """0 = Monday … 6 = Sunday, in UTC (1970-01-01 was a Thursday)."""
+    return (int(epoch_s // _DAY_S) + 3) % 7
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when the system is singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def _least_squares(rows: list[list[float]], ys: Sequence[float]) -> list[float] | None:
+    k = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    aty = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(k)]
+    return _solve(ata, aty)
+
+
+def _design(t_days: float, weekday: int, seasonal: bool) -> list[float]:
+    """Intercept, trend, and (seasonal) six weekday terms coded to sum to zero over the week (Sunday = minus the
+    others), so intercept + trend is the weekly average and the day terms are deviations from it."""
+    row = [1.0, t_days]
+    if seasonal:
+        row += [-1.0 if weekday == 6 else (1.0 if weekday == d else 0.0) for d in range(6)]
+    return row
+
+
+def demand_forecast(points: Sequence[tuple[float, float]], *, step_s: float,
+                    horizons_days: Sequence[int] = (7, 30)) -> dict:
+    """Forecast GPU demand from evenly spaced (epoch seconds, GPUs) points (e.g. each day's peak demand).
+
+    Least squares of a linear trend, plus day-of-week terms when the points span at least SEASON_MIN_DAYS and every
+    weekday occurs at least twice (`trend+weekly`), else the trend alone (`trend`); `insufficient_data` with fewer
+    than FORECAST_MIN_POINTS points or a single instant. For each horizon H: the forecast at every step of the next
+    H days (the bucket step, or hourly for shorter buckets), their mean and peak, and the peak's interval
+    ±FORECAST_Z × the residual standard deviation (an 80% band for normal errors); demand is never negative."""
+    pts = sorted(points)
+    base = {"model": "insufficient_data", "points": len(pts), "slope_gpus_per_day": None, "level_gpus": None,
+            "residual_sd_gpus": None, "weekly_gpus": None,
+            "horizons": [{"days": h, "mean_gpus": None, "peak_gpus": None, "peak_low_gpus": None,
+                          "peak_high_gpus": None} for h in horizons_days]}
+    if len(pts) < FORECAST_MIN_POINTS or pts[-1][0] <= pts[0][0] or step_s <= 0:
+        return base
+    t0 = pts[0][0]
+    days = [(t - t0) / _DAY_S for t, _ in pts]
+    ys = [y for _, y in pts]
+    counts = Counter(weekday_of(t) for t, _ in pts)
+    seasonal = days[-1] + step_s / _DAY_S >= SEASON_MIN_DAYS and len(counts) == 7 and min(counts.values()) >= 2
+    coef = _least_squares([_design(d, weekday_of(t), seasonal) for d, (t, _) in zip(days, pts, strict=True)], ys)
+    if coef is None and seasonal:
+        seasonal = False
+        coef = _least_squares([_design(d, 0, False) for d in days], ys)
+    if coef is None:
+        return base
+
+    def fitted(t: float) -> float:
+        return sum(c * x for c, x in zip(coef, _design((t - t0) / _DAY_S, weekday_of(t), seasonal), strict=True))
+
+    sse = sum((y - fitted(t)) ** 2 for t, y in pts)
+    dof = len(pts) - len(coef)
+    sd = math.sqrt(sse / dof) if dof > 0 else 0.0
+    last = pts[-1][0]
+    # the fit is a line plus one constant per weekday: hourly steps find its peak to within an hour's trend, and
+    # bound the work (30 days of 1-second buckets would be 2.6 million evaluations)
+    ahead = max(step_s, FORECAST_STEP_S)
+    horizons = []
+    for h in horizons_days:
+        future = [max(0.0, fitted(last + i * ahead)) for i in range(1, max(1, int(h * _DAY_S // ahead)) + 1)]
+        peak = max(future)
+        horizons.append({"days": h, "mean_gpus": round(sum(future) / len(future), 3), "peak_gpus": round(peak, 3),
+                         "peak_low_gpus": round(max(0.0, peak - FORECAST_Z * sd), 3),
+                         "peak_high_gpus": round(peak + FORECAST_Z * sd, 3)})
+    weekly = None
+    if seasonal:
+        terms = coef[2:]
+        weekly = {WEEKDAYS[d]: round(terms[d] if d < 6 else -sum(terms), 3) for d in range(7)}
+    return {"model": "trend+weekly" if seasonal else "trend", "points": len(pts),
+            "slope_gpus_per_day": round(coef[1], 6), "level_gpus": round(max(0.0, fitted(last)), 3),
+            "residual_sd_gpus": round(sd, 3), "weekly_gpus": weekly, "horizons": horizons}
+
+
+# --- history export --------------------------------------------------------------------------------------------------
+def _epoch(value: datetime | None) -> float | None:
+    return round(value.timestamp(), 6) if value is not None else None
+
+
+def history_item(r: dict) -> dict:
+    """One recorded job as the history export shows it (`store.history_jobs` row in, JSON-ready dict out).
+
+    The shape is what the job asked for (its JobSubmitted); for jobs recorded before accounting kept requests, what
+    its last run held. `duration_s` is its last run, from that run's grant to its release (up to `as_of` while it
+    runs: `state` running); `wait_s` from first entering the queue to the first grant. `state`: waiting (in the
+    queue now), running, ended, or cancelled (never granted)."""
+    granted = r["first_granted"] is not None
+    slots, share = r["slots"] or 0, r["share_milli"] or 0
+    held_fraction = share if granted and slots == 1 and share < MILLI and not r["held_mig_profile"] else 0
+    gpus = r["gpus"] if r["gpus"] is not None else (max(1, share // MILLI) if granted else 0)
+    if r["waiting"]:
+        state = "waiting"
+    elif granted:
+        state = "running" if r["running"] else "ended"
+    else:
+        state = "cancelled"
+    return {
+        "job_id": r["job_id"], "name": r["name"], "team": r["team"], "project": r["project"],
+        "user": r["user_name"], "kind": r["kind"], "priority": r["priority"] or 0,
+        "priority_class": r["priority_class"] or "", "gpus": gpus, "gpu_models": list(r["gpu_models"] or []),
+        "gpu_fraction_milli": r["gpu_fraction_milli"] if r["gpu_fraction_milli"] is not None else held_fraction,
+        "mig_profile": r["mig_profile"] if r["mig_profile"] is not None else (r["held_mig_profile"] or ""),
+        "gang_nodes": r["gang_nodes"] or 0, "gpus_per_node": r["gpus_per_node"] or 0,
+        "replicas": r["replicas"] or 1, "max_runtime_s": r["max_runtime_s"],
+        "submitted_at": r["entered_at"].isoformat(), "submit_time": _epoch(r["entered_at"]),
+        "started_at": r["first_granted"].isoformat() if granted else None,
+        "start_time": _epoch(r["first_granted"]),
+        "ended_at": r["ended"].isoformat() if granted and not r["running"] else None,
+        "end_time": _epoch(r["ended"]) if granted and not r["running"] else None,
+        "duration_s": round(held_us(r["last_granted"], r["ended"]) / US_PER_S, 6) if granted else None,
+        "wait_s": round(held_us(r["entered_at"], r["first_granted"]) / US_PER_S, 6) if granted else None,
+        "gpu_model_granted": r["gpu_model"] if granted else None,
+        "gpu_share": round(share / MILLI, 3) if granted else None, "nodes": r["nodes"] if granted else None,
+        "state": state}

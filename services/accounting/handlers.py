@@ -32,6 +32,7 @@ from libs.contracts.events import (
 from libs.contracts.reports import (
     CapacityReportQuery,
     EfficiencyReportQuery,
+    HistoryQuery,
     ListCostRates,
     SetCostRate,
     UsageReportQuery,
@@ -49,11 +50,13 @@ from services.accounting.domain import (
     Totals,
     allocation_sharing,
     bucket_peaks,
+    demand_forecast,
     demand_milli,
     dominant_model,
     efficiency_row,
     fold_pieces,
     gpu_milli_us,
+    history_item,
     linear_forecast,
     requested_model,
     segment_bounds,
@@ -368,7 +371,7 @@ class AccountingHandlers:
                 else n_buckets
             points = [((starts[i] - cmd.start).total_seconds() + min(cmd.bucket_s, span_s - i * cmd.bucket_s) / 2,
                        demand_peaks[i]) for i in range(known[0] if known else n_buckets, last)]
-            forecast = linear_forecast(points, model_supply, span_s)
+            forecast = _forecast_view(points, model_supply, span_s, cmd)
             w = waits.get(model)
             pcts = list(w["wait_pcts"]) if w is not None and w["wait_pcts"] is not None else [None, None, None]
             allocated_hours = held.get(model, 0) / (MILLI * US_PER_HOUR)
@@ -386,13 +389,20 @@ class AccountingHandlers:
                 "allocated_pct_of_supply": round(100 * allocated_hours / (model_supply * span_s / 3600), 3)
                 if model_supply and span_s else None,
                 "trend": trend,
-                "forecast": {"method": "least-squares line through each bucket's peak demand",
-                             "status": forecast["status"],
-                             "slope_gpus_per_day": _round(forecast["slope_per_day"], 6),
-                             "exceeds_supply_at": (cmd.start + timedelta(seconds=forecast["exceeds_at_s"])).isoformat()
-                             if forecast["exceeds_at_s"] is not None else None}})
+                "forecast": forecast})
         return Reply.success({"start": cmd.start.isoformat(), "end": cmd.end.isoformat(), "as_of": as_of.isoformat(),
                               "bucket_s": cmd.bucket_s, "team": cmd.team, "models": out})
+
+    async def export_history(self, cmd: HistoryQuery) -> Reply:
+        """A page of recorded jobs (what each asked for, when it entered the queue, started and ended): the input
+        of `gpupool history export`, which writes them as a trace the simulator replays."""
+        as_of = min(cmd.end, utcnow())
+        async with self.rt.pool.acquire() as conn:
+            rows = await store.history_jobs(conn, start=cmd.start, end=cmd.end, as_of=as_of, teams=cmd.teams,
+                                            after=cmd.after, limit=cmd.limit + 1)
+        items = [history_item(dict(r)) for r in rows[:cmd.limit]]
+        return Reply.success({"start": cmd.start.isoformat(), "end": cmd.end.isoformat(), "as_of": as_of.isoformat(),
+                              "items": items, "next": items[-1]["job_id"] if len(rows) > cmd.limit else None})
 
     # --- ledger list -------------------------------------------------------------------------------------------------
     async def list_usage(self, cmd: ListUsage) -> Reply:
@@ -408,6 +418,26 @@ class AccountingHandlers:
 
 def _round(value: Any, digits: int = 3) -> float | None:
     return None if value is None else round(float(value), digits)
+
+
+FORECAST_METHOD = ("least squares through each bucket's peak demand: a linear trend, plus day-of-week terms with "
+                   "at least 14 days of data; status from the trend line against supply")
+
+
+def _forecast_view(points: list[tuple[float, float]], supply: int, span_s: float,
+                   cmd: CapacityReportQuery) -> dict[str, Any]:
+    """The report's forecast of one model: status and crossing from the trend line (linear_forecast), the numbers
+    (slope, level, next 7 and 30 days with an interval, weekly pattern) from demand_forecast."""
+    line = linear_forecast(points, supply, span_s)
+    at = cmd.start.timestamp()
+    fit = demand_forecast([(at + x, y) for x, y in points], step_s=cmd.bucket_s)
+    slope = fit["slope_gpus_per_day"] if fit["slope_gpus_per_day"] is not None else line["slope_per_day"]
+    return {"method": FORECAST_METHOD, "status": line["status"], "fit": fit["model"], "points": fit["points"],
+            "slope_gpus_per_day": _round(slope, 6), "level_gpus": fit["level_gpus"],
+            "residual_sd_gpus": fit["residual_sd_gpus"], "weekly_gpus": fit["weekly_gpus"],
+            "next": fit["horizons"],
+            "exceeds_supply_at": (cmd.start + timedelta(seconds=line["exceeds_at_s"])).isoformat()
+            if line["exceeds_at_s"] is not None else None}
 
 
 def _supply_at(history: list[Any], model: str, at: datetime, *, total: bool) -> int:
@@ -428,6 +458,7 @@ def routes(h: AccountingHandlers) -> Routes:
             subjects.QUERY_ACCOUNTING_REPORT_EFFICIENCY: (EfficiencyReportQuery, h.report_efficiency),
             subjects.QUERY_ACCOUNTING_REPORT_CAPACITY: (CapacityReportQuery, h.report_capacity),
             subjects.QUERY_ACCOUNTING_REPORT_WASTE: (WasteReportQuery, h.report_waste),
+            subjects.QUERY_ACCOUNTING_EXPORT_HISTORY: (HistoryQuery, h.export_history),
             subjects.QUERY_ACCOUNTING_COST_RATES: (ListCostRates, h.list_cost_rates),
             subjects.CMD_ACCOUNTING_SET_COST_RATE: (SetCostRate, h.set_cost_rate),
         },

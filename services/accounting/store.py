@@ -20,11 +20,22 @@ COLUMNS: dict[str, str] = {"team": "team", "project": "project", "user": "user_n
 
 # --- jobs and queue waits ------------------------------------------------------------------------------------------
 async def upsert_job(conn: asyncpg.Connection, data: JobSubmitted, user: str) -> None:
+    """The job's submitter and what it asks for (a later submission, e.g. after a scale, updates the request)."""
     await conn.execute(
-        """INSERT INTO jobs (job_id, team, project, user_name, kind, submitted_at) VALUES ($1,$2,$3,$4,$5,$6)
+        """INSERT INTO jobs (job_id, team, project, user_name, kind, submitted_at, name, priority, priority_class,
+                             gpus, gpu_models, gpu_fraction_milli, mig_profile, gang_nodes, gpus_per_node, replicas,
+                             max_runtime_s)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)
            ON CONFLICT (job_id) DO UPDATE SET user_name = CASE WHEN EXCLUDED.user_name = 'unknown'
-                                                               THEN jobs.user_name ELSE EXCLUDED.user_name END""",
-        data.job_id, data.team, data.project, user, data.kind, data.submitted_at)
+                                                               THEN jobs.user_name ELSE EXCLUDED.user_name END,
+               name = EXCLUDED.name, priority = EXCLUDED.priority, priority_class = EXCLUDED.priority_class,
+               gpus = EXCLUDED.gpus, gpu_models = EXCLUDED.gpu_models,
+               gpu_fraction_milli = EXCLUDED.gpu_fraction_milli, mig_profile = EXCLUDED.mig_profile,
+               gang_nodes = EXCLUDED.gang_nodes, gpus_per_node = EXCLUDED.gpus_per_node,
+               replicas = EXCLUDED.replicas, max_runtime_s = EXCLUDED.max_runtime_s""",
+        data.job_id, data.team, data.project, user, data.kind, data.submitted_at, data.name, data.priority,
+        data.priority_class, data.gpus, list(data.gpu_models), data.gpu_fraction_milli, data.mig_profile,
+        data.gang_nodes, data.gpus_per_node, data.replicas, data.max_runtime_s)
 
 
 async def job_user(conn: asyncpg.Connection, job_id: str) -> str:
@@ -476,3 +487,38 @@ async def held_by_model(conn: asyncpg.Connection, *, start: datetime, as_of: dat
              AND ($3::text IS NULL OR team = $3) AND ($4::text IS NULL OR gpu_model = $4)
            GROUP BY gpu_model""", start, as_of, team, gpu_model)
     return {r["gpu_model"]: int(r["milli_us"]) for r in rows}
+
+
+# --- history export ------------------------------------------------------------------------------------------------
+async def history_jobs(conn: asyncpg.Connection, *, start: datetime, end: datetime, as_of: datetime,
+                       teams: Sequence[str] | None, after: str | None, limit: int) -> list[asyncpg.Record]:
+    """Jobs that entered the queue in [start, end), in job id order after `after`: what they asked for, when they
+    first entered the queue, their first grant, and their last run (the allocations granted at the last grant
+    instant: a gang's members or a job's replicas together) — its start, its end (`as_of` while it runs), GPUs held
+    by share, model, MIG profile and nodes. A job never granted has NULL grant columns."""
+    return await conn.fetch(
+        """WITH j AS (SELECT j.*, w.entered_at, w.waiting, w.cancelled
+                      FROM jobs j
+                      JOIN LATERAL (SELECT min(entered_at) AS entered_at, bool_or(ended_at IS NULL) AS waiting,
+                                           bool_or(outcome = 'cancelled') AS cancelled
+                                    FROM queue_waits WHERE job_id = j.job_id) w ON TRUE
+                      WHERE w.entered_at >= $1 AND w.entered_at < $2
+                        AND ($4::text[] IS NULL OR j.team = ANY($4)) AND ($5::text IS NULL OR j.job_id > $5)
+                      ORDER BY j.job_id LIMIT $6)
+           SELECT j.job_id, j.team, j.project, j.user_name, j.kind, j.name, j.priority, j.priority_class, j.gpus,
+                  j.gpu_models, j.gpu_fraction_milli, j.mig_profile, j.gang_nodes, j.gpus_per_node, j.replicas,
+                  j.max_runtime_s, j.entered_at, j.waiting, j.cancelled,
+                  r.first_granted, r.last_granted, r.ended, r.running, r.slots, r.share_milli, r.gpu_model,
+                  r.mig_profile AS held_mig_profile, r.nodes, r.allocations
+           FROM j LEFT JOIN LATERAL (
+               SELECT (SELECT min(granted_at) FROM gpu_intervals WHERE job_id = j.job_id) AS first_granted,
+                      min(i.granted_at) AS last_granted,
+                      max(COALESCE(i.released_at, $3)) AS ended, bool_or(i.released_at IS NULL) AS running,
+                      count(*)::int AS slots, SUM(i.share_milli)::int AS share_milli, min(i.gpu_model) AS gpu_model,
+                      max(i.mig_profile) AS mig_profile, count(DISTINCT (i.cluster, i.node))::int AS nodes,
+                      count(DISTINCT i.allocation_id)::int AS allocations
+               FROM gpu_intervals i
+               WHERE i.job_id = j.job_id
+                 AND i.granted_at = (SELECT max(granted_at) FROM gpu_intervals WHERE job_id = j.job_id)
+               HAVING count(*) > 0) r ON TRUE
+           ORDER BY j.job_id""", start, end, as_of, list(teams) if teams else None, after, limit)

@@ -26,6 +26,7 @@ from libs.contracts.reports import (
     MIG_PROFILE_PATTERN,
     CapacityReportQuery,
     EfficiencyReportQuery,
+    HistoryQuery,
     ListCostRates,
     SetCostRate,
     UsageReportQuery,
@@ -142,10 +143,27 @@ class TrendBucket(BaseModel):
     supply_gpus: int
 
 
+class ForecastHorizon(BaseModel):
+    days: int
+    mean_gpus: float | None = Field(description="mean forecast demand over the next `days` days")
+    peak_gpus: float | None = Field(description="highest forecast demand (trend + weekday) in those days")
+    peak_low_gpus: float | None = Field(description="peak − 1.28 × residual standard deviation (never below 0)")
+    peak_high_gpus: float | None = Field(description="peak + 1.28 × residual standard deviation (an 80% band)")
+
+
 class Forecast(BaseModel):
     method: str
     status: Literal["exceeds", "will_exceed", "ok", "insufficient_data"]
-    slope_gpus_per_day: float | None
+    fit: Literal["trend+weekly", "trend", "insufficient_data"] = Field(
+        description="trend+weekly: linear trend and day-of-week terms (≥ 14 days, every weekday twice); trend: "
+                    "the line alone; insufficient_data: fewer than 3 bucket peaks")
+    points: int = Field(description="bucket peaks the fit used")
+    slope_gpus_per_day: float | None = Field(description="the trend, GPUs of peak demand per day")
+    level_gpus: float | None = Field(description="fitted demand at the last bucket")
+    residual_sd_gpus: float | None
+    weekly_gpus: dict[str, float] | None = Field(description="day-of-week deviations from the trend (mon…sun, "
+                                                             "summing to 0); null without the weekly fit")
+    next: list[ForecastHorizon] = Field(description="the next 7 and 30 days")
     exceeds_supply_at: datetime | None = Field(description="when the trend line reaches supply (will_exceed)")
 
 
@@ -167,8 +185,16 @@ class CapacityReport(BaseModel):
                        "peak_allocated_gpus": 28, "allocated_gpu_hours": 14880.0},
             "allocated_pct_of_supply": 62.0,
             "trend": [{"start": _T0, "peak_demand_gpus": 22, "peak_allocated_gpus": 22, "supply_gpus": 32}],
-            "forecast": {"method": "least-squares line through each bucket's peak demand", "status": "will_exceed",
-                         "slope_gpus_per_day": 0.3, "exceeds_supply_at": "2026-04-08T00:00:00+00:00"}}]}]})
+            "forecast": {"method": "least squares through each bucket's peak demand: a linear trend, plus "
+                                   "day-of-week terms with at least 14 days of data", "status": "will_exceed",
+                         "fit": "trend+weekly", "points": 31, "slope_gpus_per_day": 0.3, "level_gpus": 29.1,
+                         "residual_sd_gpus": 1.2, "weekly_gpus": {"mon": 2.0, "tue": 2.1, "wed": 1.9, "thu": 2.0,
+                                                                  "fri": 1.0, "sat": -4.5, "sun": -4.5},
+                         "next": [{"days": 7, "mean_gpus": 30.2, "peak_gpus": 33.2, "peak_low_gpus": 31.7,
+                                   "peak_high_gpus": 34.7},
+                                  {"days": 30, "mean_gpus": 33.7, "peak_gpus": 40.1, "peak_low_gpus": 38.6,
+                                   "peak_high_gpus": 41.6}],
+                         "exceeds_supply_at": "2026-04-08T00:00:00+00:00"}}]}]})
     start: datetime
     end: datetime
     as_of: datetime
@@ -239,6 +265,45 @@ class WasteReport(ReportFrame):
     by_team: list[TeamWaste]
     idle_allocations: list[IdleAllocation]
     orphans: list[Orphan]
+
+
+class HistoryJob(BaseModel):
+    job_id: str
+    name: str | None
+    team: str
+    project: str
+    user: str
+    kind: str
+    priority: int
+    priority_class: str
+    gpus: int = Field(description="GPUs asked for (a gang's total); 1 for a fraction or a MIG slice")
+    gpu_models: list[str] = Field(description="models it accepts; empty: any")
+    gpu_fraction_milli: int
+    mig_profile: str
+    gang_nodes: int
+    gpus_per_node: int
+    replicas: int
+    max_runtime_s: float | None
+    submitted_at: datetime = Field(description="when it first entered the queue")
+    submit_time: float = Field(description="the same, Unix seconds")
+    started_at: datetime | None = Field(description="its first grant; null: never granted")
+    start_time: float | None
+    ended_at: datetime | None = Field(description="the release of its last run; null: running or never granted")
+    end_time: float | None
+    duration_s: float | None = Field(description="its last run, grant to release (to `as_of` while running)")
+    wait_s: float | None = Field(description="first entering the queue to the first grant")
+    gpu_model_granted: str | None
+    gpu_share: float | None = Field(description="GPUs its last run held, each by its share")
+    nodes: int | None
+    state: Literal["waiting", "running", "ended", "cancelled"]
+
+
+class History(BaseModel):
+    start: datetime
+    end: datetime
+    as_of: datetime
+    items: list[HistoryJob]
+    next: str | None = Field(description="pass as `after` for the next page; null: the last page")
 
 
 class CostRate(BaseModel):
@@ -368,8 +433,8 @@ EFFICIENCY_COLUMNS = ["allocated_gpu_hours", "measured_gpu_hours", "used_gpu_hou
                       "efficiency_pct", "idle_pct", "telemetry_coverage_pct", "allocations", "jobs"]
 CAPACITY_COLUMNS = ["gpu_model", "supply_gpus", "queued_gpu_hours", "pending_gpus", "waits", "wait_p50_s",
                     "wait_p90_s", "wait_p99_s", "wait_max_s", "peak_demand_gpus", "peak_allocated_gpus",
-                    "allocated_gpu_hours", "allocated_pct_of_supply", "forecast_status", "slope_gpus_per_day",
-                    "exceeds_supply_at"]
+                    "allocated_gpu_hours", "allocated_pct_of_supply", "forecast_status", "forecast_fit",
+                    "slope_gpus_per_day", "forecast_7d_peak_gpus", "forecast_30d_peak_gpus", "exceeds_supply_at"]
 WASTE_COLUMNS = list(IdleAllocation.model_fields)
 
 RangeFrom = Annotated[datetime | None, Query(alias="from", description="start (inclusive); default: `to` − 7 days")]
@@ -436,11 +501,12 @@ async def efficiency_report(req: Request, caller: Caller, start: RangeFrom = Non
 @router.get("/reports/capacity", summary="Per GPU model: demand (queued GPU-hours, waits, peak concurrency) against "
             "supply, with a trend and a forecast", tags=["reports"], response_model=None,
             responses=_doc(CapacityReport, ",".join(CAPACITY_COLUMNS) + "\r\nH100-80GB,32,41.5,8,120,42.0,610.0,"
-                                           "2400.0,3100.0,30,28,14880.0,62.0,will_exceed,0.3,"
-                                           "2026-04-08T00:00:00+00:00\r\n"))
+                                           "2400.0,3100.0,30,28,14880.0,62.0,will_exceed,trend+weekly,0.3,"
+                                           "33.2,40.1,2026-04-08T00:00:00+00:00\r\n"))
 async def capacity_report(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
         alias="from", description="start; default: `to` − 30 days")] = None, end: RangeTo = None,
-        bucket_s: Annotated[int, Query(ge=60, le=31 * 86400, description="trend bucket, seconds")] = 86400,
+        bucket_s: Annotated[int, Query(ge=1, le=31 * 86400, description="trend bucket, seconds; the forecast fits "
+                                                                        "one point (its peak demand) per bucket")] = 86400,
         gpu_model: Annotated[str | None, Query(max_length=64)] = None,
         team: Annotated[str | None, Query(max_length=63, description="only this team's demand")] = None,
         fmt: FormatQ = None) -> Any:
@@ -457,7 +523,8 @@ async def capacity_report(req: Request, caller: Caller, start: Annotated[datetim
     if wants_csv(req, fmt):
         rows = [{"gpu_model": m["gpu_model"], "supply_gpus": m["supply_gpus"], **m["demand"],
                  "allocated_pct_of_supply": m["allocated_pct_of_supply"], "forecast_status": m["forecast"]["status"],
-                 "slope_gpus_per_day": m["forecast"]["slope_gpus_per_day"],
+                 "forecast_fit": m["forecast"]["fit"], "slope_gpus_per_day": m["forecast"]["slope_gpus_per_day"],
+                 **{f"forecast_{h['days']}d_peak_gpus": h["peak_gpus"] for h in m["forecast"]["next"]},
                  "exceeds_supply_at": m["forecast"]["exceeds_supply_at"]} for m in result["models"]]
         return csv_response(CAPACITY_COLUMNS, rows, "capacity", frm, to)
     return result
@@ -482,6 +549,20 @@ async def waste_report(req: Request, caller: Caller, start: RangeFrom = None, en
     if wants_csv(req, fmt):
         return csv_response(WASTE_COLUMNS, result["idle_allocations"], "waste", frm, to)
     return result
+
+
+@router.get("/history/jobs", summary="The jobs the platform ran: what each asked for, when it was submitted, "
+            "started and ended (the input of `gpupool history export`)", tags=["reports"], response_model=History)
+async def history_jobs(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
+        alias="from", description="jobs that entered the queue from here; default: `to` − 30 days")] = None,
+        end: RangeTo = None, team: Filter = None,
+        after: Annotated[str | None, Query(max_length=128, description="the `next` of the previous page")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 500) -> Any:
+    """A page of recorded jobs in job id order, from accounting's own records (each job's JobSubmitted, its queue
+    waits and its allocations). Team-scoped callers see their own team's jobs only."""
+    frm, to = time_range(start, end, 30)
+    return await call(req, subjects.QUERY_ACCOUNTING_EXPORT_HISTORY, HistoryQuery(
+        start=frm, end=to, teams=scoped_teams(caller, team), after=after, limit=limit))
 
 
 # --- cost rates ----------------------------------------------------------------------------------------------------

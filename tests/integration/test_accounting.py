@@ -37,6 +37,7 @@ from libs.contracts.origins import owner_of
 from libs.contracts.reports import (
     CapacityReportQuery,
     EfficiencyReportQuery,
+    HistoryQuery,
     ListCostRates,
     SetCostRate,
     UsageReportQuery,
@@ -370,3 +371,32 @@ async def test_cost_rates_are_events_and_a_price_can_be_withdrawn(accounting: Se
         return (info.state.subjects or {}).get(subjects.USAGE_RATE_SET) == 3
 
     await eventually(three_events, what="three CostRateSet events on the stream")
+
+
+async def test_history_export_lists_each_jobs_request_wait_and_last_run_a_page_at_a_time(
+        accounting: ServiceRuntime, js: JetStreamContext) -> None:
+    await play_scenario(js, accounting)
+    first = await ask(accounting, subjects.QUERY_ACCOUNTING_EXPORT_HISTORY,
+                      HistoryQuery(start=RANGE[0], end=RANGE[1], limit=3))
+    assert [j["job_id"] for j in first["items"]] == ["A", "B", "C"] and first["next"] == "C"
+    rest = await ask(accounting, subjects.QUERY_ACCOUNTING_EXPORT_HISTORY,
+                     HistoryQuery(start=RANGE[0], end=RANGE[1], after="C"))
+    assert [j["job_id"] for j in rest["items"]] == ["D", "E"] and rest["next"] is None
+    jobs = {j["job_id"]: j for j in first["items"] + rest["items"]}
+    a, b, c, d, e = (jobs[k] for k in "ABCDE")
+    assert (a["gpus"], a["gpu_models"], a["priority"], a["priority_class"], a["team"], a["user"]) == \
+        (2, [H100], 500, "normal", "research", "alice")
+    assert a["submitted_at"] == at(-5).isoformat() and a["submit_time"] == round(at(-5).timestamp(), 6)
+    assert a["wait_s"] == us(at(-5), A.granted_at) / 1e6 and a["duration_s"] == us(A.granted_at, RA.released_at) / 1e6
+    assert (a["state"], a["gpu_model_granted"], a["ended_at"], a["gpu_share"]) == \
+        ("ended", H100, RA.released_at.isoformat(), 2.0)
+    assert (b["gpus"], b["gpu_fraction_milli"], b["gpu_share"], b["duration_s"]) == (1, 500, 0.5, 3600.0)
+    assert (c["mig_profile"], c["state"], c["duration_s"], c["wait_s"]) == ("3g.40gb", "ended", 1800.0, 1200.0)
+    assert (d["state"], d["ended_at"], d["duration_s"]) == ("running", None, us(D.granted_at, RANGE[1]) / 1e6)
+    assert (e["state"], e["gpus"], e["duration_s"], e["started_at"]) == ("waiting", 4, None, None)
+    research = await ask(accounting, subjects.QUERY_ACCOUNTING_EXPORT_HISTORY,
+                         HistoryQuery(start=RANGE[0], end=RANGE[1], teams=["research"]))
+    assert [j["job_id"] for j in research["items"]] == ["A", "C"]
+    later = await ask(accounting, subjects.QUERY_ACCOUNTING_EXPORT_HISTORY,
+                      HistoryQuery(start=at(20), end=RANGE[1]))
+    assert [j["job_id"] for j in later["items"]] == ["D", "E"]  # entered the queue at 30 and 100
