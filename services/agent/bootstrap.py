@@ -163,6 +163,8 @@ async def main() -> None:
                         buffer=buffers[id(connections[node])], resync_s=settings.resync_s,
                         address=addresses[node])
               for node, backend in backends]
+    for agent, labels in zip(agents, settings.node_labels(len(agents)), strict=True):
+        agent.labels = labels
     if settings.run_work:
         for agent in agents:
             agent.attach_work(build_runner(agent.nc, agent, settings))

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from libs.contracts.addresses import peer_address
 from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet  # noqa: F401 (re-exported)
+from libs.contracts.labels import parse_labels
 
 # `gpupool up`'s default simulated fleet: 4 nodes × 8 GPUs of mixed models.
 
@@ -48,6 +49,32 @@ class AgentSettings(BaseSettings):
     sim_workloads: str = Field(default="training=training,inference=inference,dev=dev,batch=training",
                                description="Simulated load per job kind on allocated GPUs (kind=workload,...)")
     sim_mig: str = Field(default="", description="Simulated GPU models that start in MIG mode (comma-separated)")
+    labels: str = Field(default="", max_length=4096,
+                        description="The node's labels, 'key=value,...' (Kubernetes label syntax, e.g. "
+                                    "'zone=a,example.com/disk=nvme'): jobs' node_selector matches them. A simulated "
+                                    "fleet: every node's")
+    sim_labels: str = Field(default="", max_length=65_536,
+                            description="More labels per simulated node, ';'-separated in the fleet's node order, "
+                                        "each 'key=value,...' (e.g. 'zone=a;;zone=b': node 0 zone=a, node 1 none, "
+                                        "node 2 zone=b); over `labels` where both name a key")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: str) -> str:
+        parse_labels(value)
+        return value
+
+    @field_validator("sim_labels")
+    @classmethod
+    def _sim_labels(cls, value: str) -> str:
+        for part in value.split(";"):
+            parse_labels(part)
+        return value
+
+    def node_labels(self, nodes: int) -> list[dict[str, str]]:
+        """Each of `nodes` nodes' own labels (in fleet order): `labels`, then its entry of `sim_labels`."""
+        common, per_node = parse_labels(self.labels), self.sim_labels.split(";") if self.sim_labels else []
+        return [{**common, **(parse_labels(per_node[i]) if i < len(per_node) else {})} for i in range(nodes)]
     interval_s: float = Field(default=1.0, gt=0, description="Seconds between telemetry samples")
     buffer_mib: int = Field(default=32, ge=1, le=4096, description="Telemetry kept through a bus outage (MiB, "
                                                                      "the oldest dropped beyond it)")

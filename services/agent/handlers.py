@@ -213,6 +213,7 @@ class NodeAgent:
         self._info: NodeInfo | None = None  # static facts for the DCGM labels, read once
         self.work: WorkRunner | None = None  # the node's executor, when this agent runs jobs' commands
         self.drivers: dict[str, str | None] | None = None  # its offered_drivers(), registered as isolation labels
+        self.labels: dict[str, str] = {}  # its configured labels (jobs' node_selector matches them)
         self.resync_s = resync_s
 
     def attach_work(self, work: WorkRunner) -> None:
@@ -269,7 +270,7 @@ class NodeAgent:
         registers a few nodes at a time (REGISTERING): a thousand requests at once would time out in inventory's
         queue and come back as retries, each re-registering."""
         cmd = registration(self.cluster, self.node, self.backend.node_info(), self.backend.sample(),
-                           drivers=self.drivers, address=self.address)
+                           labels=self.labels, drivers=self.drivers, address=self.address)
         delay = 0.2
         while not stop.is_set():
             try:
