@@ -337,11 +337,14 @@ async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None
 @router.get("/pool", summary="Per cluster and GPU model: total, allocated, in use, allocated-but-idle, free, "
             "unhealthy; per node CPU, memory, network and storage", tags=["pool"],
             description="`clusters[].nodes[]` carry each node's CPU, memory, `network` and `storage` facts (as "
-                        "`/v1/nodes`); `clusters[].node_totals` and `all.node_totals` add up nodes, CPUs, memory, "
-                        "link speed (Gbit/s) and storage (GiB).",
+                        "`/v1/nodes`) and the host CPU (`cpu_allocated_milli`) and memory (`memory_allocated_mib`) "
+                        "live allocations reserve there (jobs' `cpu_milli` / `memory_mib`); `clusters[].node_totals` "
+                        "and `all.node_totals` add up nodes, CPUs, memory, link speed (Gbit/s), storage (GiB) "
+                        "and those reservations.",
             responses={200: {"content": {"application/json": {"example": {
                 "clusters": [{"cluster": "c1", "models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE,
-                              "nodes": [{"node": "node-a", "state": "ready", "gpus": 8, **NODE_FACTS_EXAMPLE}]}],
+                              "nodes": [{"node": "node-a", "state": "ready", "gpus": 8, **NODE_FACTS_EXAMPLE,
+                                         "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288}]}],
                 "all": {"models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE},
                 "in_use_util_pct": 5.0, "fresh_within_s": 30.0}}}}})
 async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
