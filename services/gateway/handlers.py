@@ -350,6 +350,11 @@ async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None
 async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
     require(caller, Action.POOL_READ)
     inventory = await call(req, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=cluster))
+    return combine_pool(inventory, await live_allocations(req), cluster)
+
+
+async def live_allocations(req: Request) -> list[dict]:
+    """Every live allocation, as placement lists them (every page)."""
     allocations: list[dict] = []
     after: str | None = None
     while True:
@@ -357,8 +362,7 @@ async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, 
                           ListAllocations(active=True, limit=1000, after=after))
         allocations += page["items"]
         if not (after := page["next"]):
-            break
-    return combine_pool(inventory, allocations, cluster)
+            return allocations
 
 
 @router.get("/allocations", summary="Allocations (GPUs held by jobs)", tags=["pool"])

@@ -56,6 +56,14 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
     }
 
 
+def host_reserved(allocations: Iterable[Mapping[str, Any]], cluster: str, node: str) -> dict[str, int]:
+    """The host CPU (milli-cores) and memory (MiB) the live allocations among `allocations` reserve on one node."""
+    mine = [a for a in allocations if a.get("released_at") is None and a["cluster"] == cluster
+            and a.get("node") == node]
+    return {"cpu_allocated_milli": sum(a.get("cpu_milli") or 0 for a in mine),
+            "memory_allocated_mib": sum(a.get("memory_mib") or 0 for a in mine)}
+
+
 def _with_host(node: Mapping[str, Any], reserved: tuple[int, int]) -> dict[str, Any]:
     return {**node, "cpu_allocated_milli": reserved[0], "memory_allocated_mib": reserved[1]}
 

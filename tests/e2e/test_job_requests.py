@@ -69,6 +69,8 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
         nodes = pool_nodes(api)
         assert nodes[first_node]["cpu_allocated_milli"] == big and nodes[first_node]["memory_allocated_mib"] == 4096
         assert nodes[second_node]["cpu_allocated_milli"] == big
+        one = api.get(f"/v1/nodes/{first_node}").json()
+        assert (one["cpu_allocated_milli"], one["memory_allocated_mib"]) == (big, 4096) and one["gpus"]
         totals = api.get("/v1/pool").json()["all"]["node_totals"]
         assert totals["cpu_allocated_milli"] == 2 * big and totals["memory_allocated_mib"] == 4096
         assert totals["cpu_count"] == sum(cores.values())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.pool import combine_pool
+from services.gateway.pool import combine_pool, host_reserved
 
 
 def model(name: str, total: int, *, in_use: list[str] = (), unhealthy: list[str] = (), lost: int = 0) -> dict:
@@ -108,3 +108,5 @@ def test_host_cpu_and_memory_reserved_by_live_allocations_are_shown_per_node_and
                                    "memory_allocated_mib": 1024}
     assert west["nodes"][0]["cpu_allocated_milli"] == 0
     assert pool["all"]["node_totals"]["cpu_allocated_milli"] == 5500
+    assert host_reserved(allocations, "east", "a") == {"cpu_allocated_milli": 5500, "memory_allocated_mib": 1024}
+    assert host_reserved(allocations, "east", "b") == {"cpu_allocated_milli": 0, "memory_allocated_mib": 0}
