@@ -192,10 +192,13 @@ SPEC_KEYS = {"name": "name", "team": "team", "project": "project", "gpus": "gpus
              "gpu_memory_mib": "gpu_memory_mib", "gpu-memory": "gpu_memory_mib", "mig_profile": "mig_profile",
              "mig": "mig_profile", "exclusive": "exclusive", "min_replicas": "min_replicas",
              "min-replicas": "min_replicas", "max_replicas": "max_replicas", "max-replicas": "max_replicas",
-             "autoscale": "autoscale"}
+             "autoscale": "autoscale", "cpu": "cpu", "cpu_milli": "cpu_milli", "memory": "memory_mib",
+             "memory_mib": "memory_mib", "node_selector": "node_selector", "node-selector": "node_selector",
+             "selector": "node_selector", "preemptible": "preemptible"}
 SPEC_FIELDS = ("name, team, project, gpus, gpu_models, kind, priority_class, gang_nodes, gpus_per_node, replicas, "
                "max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, idempotency_key, "
-               "min_replicas, max_replicas, autoscale; the work: command, env, workdir, limits, stop_signal, "
+               "min_replicas, max_replicas, autoscale, cpu (cores) or cpu_milli, memory_mib (or memory), "
+               "node_selector, preemptible; the work: command, env, workdir, limits, stop_signal, "
                "stop_grace_s, warn_before_s, warn_signal, restart, isolation, image, rootfs, ports, health")
 
 
@@ -247,6 +250,7 @@ def merge_spec(file_doc: dict[str, Any] | None, flags: dict[str, Any]) -> dict[s
         spec["gpus"] = 1  # a share is of one GPU
     if "exclusive" in spec and not isinstance(spec["exclusive"], bool):
         raise UsageError("exclusive must be true or false")
+    host_fields(spec)
     for key in ("gpus", "gang_nodes", "gpus_per_node", "replicas", "gpu_fraction_milli"):
         if key in spec:
             spec[key] = _whole(key, spec[key])
@@ -271,6 +275,50 @@ def merge_spec(file_doc: dict[str, Any] | None, flags: dict[str, Any]) -> dict[s
     if missing:
         raise UsageError("missing " + ", ".join(f"--{m}" for m in missing) + " (as flags or in the -f file)")
     return spec
+
+
+def host_fields(spec: dict[str, Any]) -> None:
+    """The job's host CPU (`cpu` in cores → cpu_milli), memory (MiB or with a unit), node selector (a mapping,
+    or KEY=VALUE strings) and preemptible flag, in the body's terms (in place)."""
+    if "cpu" in spec:
+        spec["cpu_milli"] = parse_cpu(spec.pop("cpu"))
+    if "cpu_milli" in spec:
+        spec["cpu_milli"] = _whole("cpu_milli", spec["cpu_milli"])
+    if "memory_mib" in spec:
+        spec["memory_mib"] = parse_mib(spec["memory_mib"])
+    if "node_selector" in spec:
+        spec["node_selector"] = parse_selector(spec["node_selector"])
+    if "preemptible" in spec and not isinstance(spec["preemptible"], bool):
+        raise UsageError("preemptible must be true or false")
+
+
+def parse_cpu(value: Any) -> int:
+    """Host CPU in cores ('4', '0.5', '500m' as Kubernetes writes milli-cores) → milli-cores."""
+    text = str(value).strip().lower()
+    try:
+        milli = int(text[:-1]) if text.endswith("m") else round(float(text) * 1000)
+    except ValueError:
+        raise UsageError(f"cpu must be cores like 4 or 0.5 (or milli-cores like 500m), not {value!r}") from None
+    if milli <= 0:
+        raise UsageError(f"cpu must be more than 0, not {value!r}")
+    return milli
+
+
+def parse_selector(value: Any) -> dict[str, str]:
+    """A node selector: a mapping (YAML), or KEY=VALUE strings (repeated --selector flags)."""
+    if isinstance(value, dict):
+        return {str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in value.items()}
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise UsageError("node_selector must be a mapping of label: value")
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, val = str(item).partition("=")
+        if not eq or not key.strip():
+            raise UsageError(f"--selector expects KEY=VALUE, not {item!r}")
+        out[key.strip()] = val.strip()
+    return out
 
 
 def parse_fraction(value: Any) -> int:
@@ -329,6 +377,13 @@ def job_shape(job: Job) -> str:
     return f"{job.gpus} GPU(s)"
 
 
+def host_request(job: Job) -> str | None:
+    """The host CPU and memory a job reserves on each node it holds: "4 CPU, 64.0 GiB per node"."""
+    parts = ([f"{job.cpu_milli / 1000:g} CPU"] if job.cpu_milli else []) + \
+        ([f"{fmt_gib(job.memory_mib)} GiB"] if job.memory_mib else [])
+    return ", ".join(parts) + " per node" if parts else None
+
+
 def _share(job: Job) -> str | None:
     if job.mig_profile:
         return f"MIG {job.mig_profile}"
@@ -384,7 +439,9 @@ def describe_text(job: Job, allocs: Sequence[Allocation]) -> str:
         ("Submitted", job.submitted_at), ("Started", job.started_at), ("Finished", job.finished_at),
         ("Runtime", runtime), ("Max runtime", fmt_duration(job.max_runtime_s)), ("Attempts", job.attempts),
         ("Message", job.message), ("Command", shlex.join(job.work.command) if job.work else None),
-        ("Exit code", job.exit_code), ("Reason", job.reason),
+        ("Exit code", job.exit_code), ("Reason", job.reason), ("Host", host_request(job)),
+        ("Selector", ",".join(f"{k}={v}" for k, v in sorted(job.node_selector.items())) or None),
+        ("Preemptible", None if job.preemptible is None else "yes" if job.preemptible else "no"),
     ])]
     out.append("\nHistory:")
     if job.history:

@@ -158,7 +158,8 @@ def shape_flags(args: argparse.Namespace) -> dict[str, Any]:
             "idempotency_key": args.idempotency_key, "gang_nodes": args.gang_nodes,
             "gpus_per_node": args.gpus_per_node, "replicas": args.replicas, "max_runtime_s": args.max_runtime,
             "gpu_fraction_milli": args.fraction, "gpu_memory_mib": args.gpu_memory, "mig_profile": args.mig,
-            "exclusive": True if args.exclusive else None}
+            "exclusive": True if args.exclusive else None, "cpu": args.cpu, "memory_mib": args.memory,
+            "node_selector": args.selector, "preemptible": args.preemptible}
 
 
 def work_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -444,6 +445,14 @@ def add_shape_flags(p: argparse.ArgumentParser, *, run: bool = False) -> None:
     p.add_argument("--mig", metavar="PROFILE", help="one MIG slice of this profile, e.g. 1g.10gb or 3g.40gb")
     p.add_argument("--exclusive", action="store_true",
                    help="dev jobs: a whole GPU (dev jobs otherwise get a share where the pool offers one)")
+    p.add_argument("--cpu", metavar="CORES", help="host CPU reserved on each node it holds: cores (4, 0.5) or "
+                                                  "milli-cores (500m); placement counts it against the node's CPUs")
+    p.add_argument("--memory", metavar="SIZE", help="host memory reserved on each node it holds: MiB or e.g. 64GiB")
+    p.add_argument("--selector", action="append", metavar="KEY=VALUE",
+                   help="a node label the job's nodes must carry (repeatable: all of them), e.g. zone=a")
+    p.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=None,
+                   help="may be preempted for higher-priority work (--no-preemptible: never); default: the "
+                        "priority class decides")
 
 
 def add_work_flags(p: argparse.ArgumentParser) -> None:

@@ -246,12 +246,16 @@ class GpupoolClient(ReportsApi, WorkApi):
                    gpu_memory_mib: int | None = None, mig_profile: str | None = None,
                    exclusive: bool | None = None, work: Mapping[str, Any] | None = None,
                    min_replicas: int | None = None, max_replicas: int | None = None,
-                   autoscale: Mapping[str, Any] | None = None) -> SubmitResult:
+                   autoscale: Mapping[str, Any] | None = None, cpu_milli: int | None = None,
+                   memory_mib: int | None = None, node_selector: Mapping[str, str] | None = None,
+                   preemptible: bool | None = None) -> SubmitResult:
         """Submit a job: `gpus` on one node; a gang (`gang_nodes` × `gpus_per_node`, with `gpus` their product)
         placed all or nothing; or `replicas` independent copies of `gpus` each (scale them with `scale_job`).
         `max_runtime_s` declares a limit that lets smaller jobs backfill around reservations. A share of one GPU:
         `gpu_fraction_milli` (1..999) with `gpu_memory_mib` on a fractional GPU, or a MIG slice `mig_profile`;
         `exclusive` keeps a dev job on a whole GPU (dev jobs otherwise default to a share where one is offered).
+        `cpu_milli` / `memory_mib`: host CPU (milli-cores) and memory (MiB) reserved on each node it holds;
+        `node_selector`: labels its nodes must carry; `preemptible`: its own word on preemption (None: its class).
 
         Without an idempotency key one is generated, so the client's own retries never create a second job; pass
         your own key to make retries across processes safe too. `created` on the result is False when the gateway
@@ -264,7 +268,9 @@ class GpupoolClient(ReportsApi, WorkApi):
                            ("max_runtime_s", max_runtime_s), ("gpu_fraction_milli", gpu_fraction_milli),
                            ("gpu_memory_mib", gpu_memory_mib), ("mig_profile", mig_profile),
                            ("exclusive", exclusive), ("min_replicas", min_replicas),
-                           ("max_replicas", max_replicas), ("autoscale", dict(autoscale) if autoscale else None)):
+                           ("max_replicas", max_replicas), ("autoscale", dict(autoscale) if autoscale else None),
+                           ("cpu_milli", cpu_milli), ("memory_mib", memory_mib), ("preemptible", preemptible),
+                           ("node_selector", dict(node_selector) if node_selector else None)):
             if value is not None:
                 body[key] = value
         if gpu_models:

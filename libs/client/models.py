@@ -95,6 +95,10 @@ class Job(ApiModel):
     gpu_memory_mib: int = 0
     mig_profile: str = Field(default="", description="a MIG slice of this profile")
     exclusive: bool = False
+    cpu_milli: int = Field(default=0, description="host CPU reserved on each node it holds, milli-cores")
+    memory_mib: int = Field(default=0, description="host memory reserved on each node it holds, MiB")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="labels its nodes must carry")
+    preemptible: bool | None = Field(default=None, description="its own word on preemption; None: its class")
     work: Work | None = Field(default=None, description="what the agent runs; None: the job only holds GPUs")
     exit_code: int | None = Field(default=None, description="the work's exit code, once an attempt ended")
     reason: str | None = Field(default=None, description="why the job is in its state, e.g. NonZeroExit, "

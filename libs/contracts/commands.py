@@ -15,7 +15,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from libs.contracts.addresses import PeerAddress
 from libs.contracts.autoscale import AutoscalePolicy, ReplicaBounds
 from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
-from libs.contracts.fleet import TOPOLOGY_LABEL_PREFIX, parse_labels
+from libs.contracts.fleet import TOPOLOGY_LABEL_PREFIX
+from libs.contracts.labels import MAX_SELECTOR, check_labels, label_problem
 from libs.contracts.work import Arg, HealthCheck, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -101,8 +102,9 @@ class Reply(BaseModel):
 def _topology_labels(labels: dict[str, str]) -> dict[str, str]:
     """A rack or block label names a topology domain placement groups nodes by: a well-formed label value."""
     for key, value in labels.items():
-        if key.startswith(TOPOLOGY_LABEL_PREFIX):
-            parse_labels(f"{key}={value}")
+        problem = label_problem(key, value) if key.startswith(TOPOLOGY_LABEL_PREFIX) else None
+        if problem is not None:
+            raise ValueError(f"bad label: {problem}")
     return labels
 
 
@@ -279,8 +281,33 @@ WORK_FIELDS = ("command", "env", "workdir", "limits", "stop_signal", "stop_grace
                "restart", "isolation", "image", "rootfs", "ports", "health")
 
 
-class JobSpec(JobShape, JobWork):
-    """A job's shape and its work together, with the rules that need both."""
+MAX_JOB_CPU_MILLI = 4_096_000  # 4096 cores
+MAX_JOB_MEMORY_MIB = 64 * 1024 * 1024  # 64 TiB
+
+
+class JobPlacement(BaseModel):
+    """What a job needs of its nodes besides GPUs, and whether it may be preempted."""
+
+    cpu_milli: int = Field(default=0, ge=0, le=MAX_JOB_CPU_MILLI,
+                           description="host CPU reserved on each node the job holds (each gang member, each "
+                                       "replica), in milli-cores (4000 = 4 cores); 0: none reserved. Placement "
+                                       "counts it against the node's CPUs, so a node whose CPUs are taken gets no "
+                                       "more work even with GPUs free")
+    memory_mib: int = Field(default=0, ge=0, le=MAX_JOB_MEMORY_MIB,
+                            description="host memory reserved on each node the job holds, MiB; 0: none reserved")
+    node_selector: Annotated[dict[str, str], AfterValidator(check_labels)] = Field(
+        default_factory=dict, max_length=MAX_SELECTOR,
+        description="node labels the job's nodes must all carry (Kubernetes label syntax, at most "
+                    f"{MAX_SELECTOR}): e.g. {{\"zone\": \"a\"}}. A selector no schedulable node matches waits "
+                    "with reason NoNodeMatchesSelector")
+    preemptible: bool | None = Field(default=None,
+                                     description="may the scheduler preempt this job for higher-priority work; "
+                                                 "null: its priority class (and kind) decide. Non-preemptible work "
+                                                 "may use only its team's guarantee, never borrow")
+
+
+class JobSpec(JobShape, JobWork, JobPlacement):
+    """A job's shape, its work and what it needs of its nodes, with the rules that need several of them."""
 
     @model_validator(mode="after")
     def _autoscale_sampled(self) -> JobSpec:
@@ -411,6 +438,11 @@ class JobView(BaseModel):
     min_replicas: int | None = None
     max_replicas: int | None = None
     autoscale: AutoscalePolicy | None = None
+    cpu_milli: int = Field(default=0, description="host CPU reserved on each node it holds, milli-cores")
+    memory_mib: int = Field(default=0, description="host memory reserved on each node it holds, MiB")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="labels its nodes must carry")
+    preemptible: bool | None = Field(default=None, description="its own word on preemption; null: its class "
+                                                               "decides")
 
 
 # --- quota ------------------------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from libs.contracts import subjects
 from libs.contracts.addresses import PeerAddress
@@ -31,6 +31,7 @@ from libs.contracts.agent_events import (  # noqa: F401 (the agent's payloads ar
 )
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope
 from libs.contracts.event_base import MAX_EVENT_NUMBER, MAX_EVENT_TEXT, AllocationSubject, EventData, Health  # noqa: F401
+from libs.contracts.labels import MAX_SELECTOR, check_labels
 from libs.contracts.work import WorkExit, WorkSpec
 
 # Inventory's health state machine per GPU (healthy → suspect → quarantined → probation → healthy). `Health`
@@ -207,6 +208,12 @@ class JobSubmitted(EventData):
     work: WorkSpec | None = Field(default=None, description="What the agent runs on the GPUs; null: the caller "
                                                             "launches its own work")
     attempt: int = Field(default=0, ge=0, description="times the job was requeued or restarted before this")
+    cpu_milli: int = Field(default=0, ge=0, description="host CPU reserved on each node it holds, milli-cores")
+    memory_mib: int = Field(default=0, ge=0, description="host memory reserved on each node it holds, MiB")
+    node_selector: Annotated[dict[str, str], AfterValidator(check_labels)] = Field(
+        default_factory=dict, max_length=MAX_SELECTOR, description="labels each of its nodes must carry")
+    preemptible: bool | None = Field(default=None, description="its own word on preemption; null: its priority "
+                                                               "class and kind decide")
 
 
 class JobStateChanged(EventData):

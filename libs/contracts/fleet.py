@@ -8,23 +8,22 @@ A fleet is nodes separated by ';', each ``MODEL*COUNT[,MODEL*COUNT][@OPTION[,OPT
 * ``numa=N``                its GPUs split evenly over N NUMA nodes (default 2 for a node of more than one GPU);
 * ``nvlink=all|pairs|none`` NVLink among its GPUs: all-to-all (NVSwitch), pairs (0-1, 2-3, ...) or none (default:
   all-to-all for SXM models, none for PCIe cards);
-* ``KEY=VALUE`` with a ``/`` in KEY: any other node label, as is.
+* any other ``KEY=VALUE``: a node label, as is (Kubernetes label syntax; jobs' ``node_selector`` matches it).
 
 e.g. ``H100-80GB*8@rack=r1,nvlink=pairs;L40S*4@rack=r2``.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+
+from libs.contracts.labels import parse_labels
 
 DEFAULT_SIM_FLEET = "H100-80GB*8;A100-80GB*8;H200-141GB*8;L40S*8"
 TOPOLOGY_LABEL_PREFIX = "topology.gpupool.io/"
 RACK_LABEL = TOPOLOGY_LABEL_PREFIX + "rack"
 BLOCK_LABEL = TOPOLOGY_LABEL_PREFIX + "block"
 NVLINK_LAYOUTS = ("auto", "all", "pairs", "none")
-_LABEL_KEY = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,20 +35,6 @@ class FleetNode:
     labels: dict[str, str] = field(default_factory=dict)
     numa_nodes: int = 0
     nvlink: str = "auto"
-
-
-def parse_labels(text: str) -> dict[str, str]:
-    """'KEY=VALUE,KEY=VALUE' (a node's labels, as an agent's LABELS setting gives them) → a dict; ValueError on a
-    malformed pair, key or value (Kubernetes-style: an optional DNS prefix and '/', then a name; values of at most
-    63 letters, digits, '.', '_' or '-')."""
-    labels: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not _LABEL_KEY.match(key) or len(key) > 253 or not _LABEL_VALUE.match(value):
-            raise ValueError(f"bad label {part!r}; expected KEY=VALUE (e.g. {RACK_LABEL}=r1)")
-        labels[key] = value
-    return labels
 
 
 def _options(text: str, spec: str) -> tuple[dict[str, str], int, str]:
@@ -70,11 +55,8 @@ def _options(text: str, spec: str) -> tuple[dict[str, str], int, str]:
             if value not in NVLINK_LAYOUTS:
                 raise ValueError(f"bad nvlink={value!r} in {spec!r}; expected one of {', '.join(NVLINK_LAYOUTS)}")
             nvlink = value
-        elif "/" in key:
-            labels.update(parse_labels(part))
         else:
-            raise ValueError(f"unknown node option {key!r} in {spec!r} (rack, block, numa, nvlink or a label "
-                             f"key with a '/')")
+            labels.update(parse_labels(part))
     return labels, numa, nvlink
 
 

@@ -60,7 +60,7 @@ class QuotaLedger:
             if msg is None and guarantee_only and amount and not self.within_guarantee(paths, model, amount):
                 msg = (f"{job_id} is not preemptible, so it may use only {paths[1]}'s guarantee "
                        f"({self.guaranteed(paths[1], model) / WHOLE:g} {model} GPU(s), "
-                       f"{self.team_used(paths[1], model) / WHOLE:g} in use); submit it preemptible to borrow")
+                       f"{self.team_used(paths[1], model) / WHOLE:g} in use); submit it with preemptible: true to borrow")
             if msg is None:
                 allowed.append(model)
             elif first is None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from libs.bus.connection import NatsClient, connect, ensure_streams, identity_inbox, wait_for_streams
 from libs.contracts import subjects
-from libs.contracts.fleet import parse_fleet_nodes, parse_labels
+from libs.contracts.fleet import parse_fleet_nodes
+from libs.contracts.labels import parse_labels
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import setup_tracing
 from libs.runtime.http import OpsEndpoint

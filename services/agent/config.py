@@ -9,7 +9,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from libs.contracts.addresses import peer_address
-from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet, parse_fleet_nodes, parse_labels  # noqa: F401
+from libs.contracts.fleet import DEFAULT_SIM_FLEET, parse_fleet, parse_fleet_nodes  # noqa: F401
+from libs.contracts.labels import parse_labels
 
 # `gpupool up`'s default simulated fleet: 4 nodes × 8 GPUs of mixed models.
 
@@ -46,7 +47,8 @@ class AgentSettings(BaseSettings):
                                        "[@OPTION,...]' (options rack=, block=, numa=, nvlink=all|pairs|none, "
                                        "labels: libs/contracts/fleet.py)")
     labels: str = Field(default="", max_length=4096,
-                        description="The node's labels, 'KEY=VALUE,...': its place in the network, e.g. "
+                        description="The node's labels, 'KEY=VALUE,...' (Kubernetes label syntax): jobs' "
+                                    "node_selector matches them, and its place in the network, e.g. "
                                     "'topology.gpupool.io/rack=r12,topology.gpupool.io/block=b3' (placement packs a "
                                     "gang into one rack, then one block); a simulated node's fleet options add to "
                                     "them")
@@ -64,6 +66,7 @@ class AgentSettings(BaseSettings):
     sim_workloads: str = Field(default="training=training,inference=inference,dev=dev,batch=training",
                                description="Simulated load per job kind on allocated GPUs (kind=workload,...)")
     sim_mig: str = Field(default="", description="Simulated GPU models that start in MIG mode (comma-separated)")
+
     interval_s: float = Field(default=1.0, gt=0, description="Seconds between telemetry samples")
     buffer_mib: int = Field(default=32, ge=1, le=4096, description="Telemetry kept through a bus outage (MiB, "
                                                                      "the oldest dropped beyond it)")

@@ -337,16 +337,24 @@ async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None
 @router.get("/pool", summary="Per cluster and GPU model: total, allocated, in use, allocated-but-idle, free, "
             "unhealthy; per node CPU, memory, network and storage", tags=["pool"],
             description="`clusters[].nodes[]` carry each node's CPU, memory, `network` and `storage` facts (as "
-                        "`/v1/nodes`); `clusters[].node_totals` and `all.node_totals` add up nodes, CPUs, memory, "
-                        "link speed (Gbit/s) and storage (GiB).",
+                        "`/v1/nodes`) and the host CPU (`cpu_allocated_milli`) and memory (`memory_allocated_mib`) "
+                        "live allocations reserve there (jobs' `cpu_milli` / `memory_mib`); `clusters[].node_totals` "
+                        "and `all.node_totals` add up nodes, CPUs, memory, link speed (Gbit/s), storage (GiB) "
+                        "and those reservations.",
             responses={200: {"content": {"application/json": {"example": {
                 "clusters": [{"cluster": "c1", "models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE,
-                              "nodes": [{"node": "node-a", "state": "ready", "gpus": 8, **NODE_FACTS_EXAMPLE}]}],
+                              "nodes": [{"node": "node-a", "state": "ready", "gpus": 8, **NODE_FACTS_EXAMPLE,
+                                         "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288}]}],
                 "all": {"models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE},
                 "in_use_util_pct": 5.0, "fresh_within_s": 30.0}}}}})
 async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
     require(caller, Action.POOL_READ)
     inventory = await call(req, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=cluster))
+    return combine_pool(inventory, await live_allocations(req), cluster)
+
+
+async def live_allocations(req: Request) -> list[dict]:
+    """Every live allocation, as placement lists them (every page)."""
     allocations: list[dict] = []
     after: str | None = None
     while True:
@@ -354,8 +362,7 @@ async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, 
                           ListAllocations(active=True, limit=1000, after=after))
         allocations += page["items"]
         if not (after := page["next"]):
-            break
-    return combine_pool(inventory, allocations, cluster)
+            return allocations
 
 
 @router.get("/allocations", summary="Allocations (GPUs held by jobs)", tags=["pool"])

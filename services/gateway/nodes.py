@@ -23,8 +23,8 @@ from libs.contracts.commands import (
 )
 from services.gateway.bodies import RequestBody
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, Caller, call, record, require
-from services.gateway.pool import NODE_FACTS_EXAMPLE
+from services.gateway.handlers import ERRORS, Caller, call, live_allocations, record, require
+from services.gateway.pool import NODE_FACTS_EXAMPLE, host_reserved
 
 router = APIRouter(prefix="/v1", responses=ERRORS, tags=["nodes"])
 
@@ -65,10 +65,14 @@ def _target(cluster: str | None, node: str) -> str:
             "holder and latest telemetry",
             responses={200: {"content": {"application/json": {"example": {
                 "cluster": "c1", "node": "node-a", "state": "ready", "cordoned": False, **NODE_FACTS_EXAMPLE,
-                "gpus": []}}}}})
+                "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288, "gpus": []}}}}},
+            description="`cpu_allocated_milli` / `memory_allocated_mib`: the host CPU and memory live allocations "
+                        "reserve on the node (jobs' `cpu_milli` / `memory_mib`), beside its `cpu_count` and "
+                        "`memory_mib`.")
 async def get_node(node: NodeName, req: Request, caller: Caller, cluster: Cluster = None) -> dict:
     require(caller, Action.POOL_READ)
-    return await call(req, subjects.QUERY_INVENTORY_GET_NODE, NodeRef(cluster=cluster, node=node))
+    found = await call(req, subjects.QUERY_INVENTORY_GET_NODE, NodeRef(cluster=cluster, node=node))
+    return {**found, **host_reserved(await live_allocations(req), found["cluster"], found["node"])}
 
 
 async def _cordon(req: Request, caller, node: str, cluster: str | None, action: str,  # type: ignore[no-untyped-def]

@@ -14,11 +14,17 @@ STATE_COUNTS = ("cordoned", "suspect", "quarantined", "probation")
 def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str, Any]],
                  cluster: str | None = None) -> dict[str, Any]:
     """Add to each (cluster, model) row: `allocated` (held by a live allocation), `allocated_idle` (allocated and
-    not in use) and `free` (healthy and not allocated); sum them per cluster and over clusters (`all`)."""
+    not in use) and `free` (healthy and not allocated); sum them per cluster and over clusters (`all`). Each node,
+    and the node totals, get the host CPU (milli-cores) and memory (MiB) live allocations reserve there
+    (`cpu_allocated_milli`, `memory_allocated_mib`), beside its `cpu_count` and `memory_mib`."""
     held: dict[tuple[str, str], set[str]] = {}
+    host: dict[tuple[str, str], tuple[int, int]] = {}
     for alloc in allocations:
         if alloc.get("released_at") is not None or (cluster is not None and alloc["cluster"] != cluster):
             continue
+        cpu, mem = host.get((alloc["cluster"], alloc.get("node", "")), (0, 0))
+        host[(alloc["cluster"], alloc.get("node", ""))] = (cpu + (alloc.get("cpu_milli") or 0),
+                                                          mem + (alloc.get("memory_mib") or 0))
         for gpu in alloc["gpus"]:
             held.setdefault((alloc["cluster"], gpu["model"]), set()).add(gpu["uuid"])
 
@@ -37,8 +43,9 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
             total = overall.setdefault(m["model"], {"model": m["model"], **dict.fromkeys(COUNTS + STATE_COUNTS, 0)})
             for key in COUNTS + STATE_COUNTS:
                 total[key] += row[key]
-        clusters.append({"cluster": entry["cluster"], "models": models, "totals": _sum(models),
-                         "nodes": entry["nodes"], "node_totals": entry.get("node_totals", {})})
+        nodes = [_with_host(n, host.get((entry["cluster"], n["node"]), (0, 0))) for n in entry["nodes"]]
+        clusters.append({"cluster": entry["cluster"], "models": models, "totals": _sum(models), "nodes": nodes,
+                         "node_totals": {**entry.get("node_totals", {}), **_host_totals(nodes)}})
     all_models = [overall[k] for k in sorted(overall)]
     return {
         "clusters": clusters,
@@ -47,6 +54,24 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
         "in_use_util_pct": inventory["in_use_util_pct"],
         "fresh_within_s": inventory["fresh_within_s"],
     }
+
+
+def host_reserved(allocations: Iterable[Mapping[str, Any]], cluster: str, node: str) -> dict[str, int]:
+    """The host CPU (milli-cores) and memory (MiB) the live allocations among `allocations` reserve on one node."""
+    mine = [a for a in allocations if a.get("released_at") is None and a["cluster"] == cluster
+            and a.get("node") == node]
+    return {"cpu_allocated_milli": sum(a.get("cpu_milli") or 0 for a in mine),
+            "memory_allocated_mib": sum(a.get("memory_mib") or 0 for a in mine)}
+
+
+def _with_host(node: Mapping[str, Any], reserved: tuple[int, int]) -> dict[str, Any]:
+    return {**node, "cpu_allocated_milli": reserved[0], "memory_allocated_mib": reserved[1]}
+
+
+def _host_totals(nodes: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    nodes = list(nodes)
+    return {"cpu_allocated_milli": sum(n["cpu_allocated_milli"] for n in nodes),
+            "memory_allocated_mib": sum(n["memory_allocated_mib"] for n in nodes)}
 
 
 def _sum(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -72,4 +97,5 @@ NODE_FACTS_EXAMPLE: dict[str, Any] = {
                 "total_gib": 28000.0, "used_gib": 1234.5},
 }
 NODE_TOTALS_EXAMPLE: dict[str, Any] = {"nodes": 1, "cpu_count": 192, "memory_mib": 2097152,
-                                       "network_link_gbps": 500.0, "storage_total_gib": 28000.0}
+                                       "network_link_gbps": 500.0, "storage_total_gib": 28000.0,
+                                       "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288}

@@ -104,7 +104,8 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
         nodes=tuple(
             Node(name=n["node"], cluster=n["cluster"], gpus=tuple(by_node[(n["cluster"], n["node"])]),
                  schedulable=n["schedulable"], labels=tuple(sorted((n.get("labels") or {}).items())),
-                 topology=node_topology(n.get("labels") or {}))
+                 topology=node_topology(n.get("labels") or {}),
+                 cpu_milli=n.get("cpu_milli") or 0, memory_mib=n.get("memory_mib") or 0)
             for n in nodes
         ),
         running=tuple(
@@ -112,8 +113,10 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
                        gpu_uuids=tuple(r["gpu_uuids"]), started_at=r["granted_at"].timestamp(),
                        project=r["project"], priority=r["priority"], priority_class=r["priority_class"],
                        gpu_model=r["gpu_model"] or "", max_runtime_s=r["max_runtime_s"],
-                       # an allocation already being preempted is on its way out: never pick it again
-                       preemptible=False if r["preempt_deadline"] is not None else None,
+                       # an allocation already being preempted is on its way out: never pick it again; else
+                       # the job's own word (None: its class and kind decide)
+                       preemptible=False if r["preempt_deadline"] is not None else r.get("preemptible"),
+                       cpu_milli=r.get("cpu_milli") or 0, memory_mib=r.get("memory_mib") or 0,
                        kind=r["kind"] or "", replica_group=r["job_id"] if is_replica_set(r) else "",
                        **_held_share(r))
             for r in running
@@ -169,6 +172,12 @@ def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]],
     return RequestBuilder().build(rows, live, offered or {}, dev_fraction_milli, dev_memory_mib)
 
 
+def node_selector(user: Mapping[str, str] | None, isolation: str | None) -> tuple[tuple[str, str], ...]:
+    """The labels a wanted job's nodes must carry: those its submitter asked for (`node_selector`) and the one its
+    work's isolation implies (which wins a clash: the work cannot run elsewhere)."""
+    return tuple(sorted({**(user or {}), **dict(isolation_selector(isolation))}.items()))
+
+
 def isolation_selector(isolation: str | None) -> tuple[tuple[str, str], ...]:
     """The node selector a wanted job's work implies (`isolation`: the work's driver, None without work). A job
     without work holds GPUs for a caller who launches what runs on them: any node will do, also one registered
@@ -178,19 +187,27 @@ def isolation_selector(isolation: str | None) -> tuple[tuple[str, str], ...]:
     return () if not isolation else ((ISOLATION_LABEL_PREFIX + isolation, "true"),)
 
 
-def pending_reasons(pending: Iterable[PendingReason], requests: Iterable[JobRequest]) -> dict[str, tuple[str, str]]:
+def pending_reasons(pending: Iterable[PendingReason], requests: Iterable[JobRequest],
+                    nodes: Iterable[Node] | None = None) -> dict[str, tuple[str, str]]:
     """Each wanted job's (reason, message) as `explain` shows it: the core's, one per job (its units share it),
     except that a unit no node matches because of its work's isolation says which driver no schedulable node
-    offers (`NoNodeOffersIsolation`) instead of the core's generic `NoNodeMatchesSelector`."""
+    offers (`NoNodeOffersIsolation`) instead of the core's generic `NoNodeMatchesSelector`. With `nodes` (the
+    snapshot's), a unit whose driver some schedulable node offers keeps the core's reason: the labels its
+    submitter asked for are what no node has."""
     pending = list(pending)
     selectors: dict[str, tuple[tuple[str, str], ...]] = {}
+    offered: set[tuple[str, str]] | None = None
     if any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending):
         selectors = {q.job_id: q.node_selector for q in requests if q.node_selector}
+        if nodes is not None:
+            offered = {kv for n in nodes if n.schedulable for kv in n.labels if kv[0].startswith(ISOLATION_LABEL_PREFIX)}
     out: dict[str, tuple[str, str]] = {}
     for r in pending:
         reason, message = r.reason, r.message
         driver = next((k.removeprefix(ISOLATION_LABEL_PREFIX) for k, _ in selectors.get(r.job_id, ())
                        if k.startswith(ISOLATION_LABEL_PREFIX)), None)
+        if offered is not None and (ISOLATION_LABEL_PREFIX + str(driver), "true") in offered:
+            driver = None
         if reason == NO_NODE_MATCHES_SELECTOR and driver is not None:
             reason = NO_NODE_OFFERS_ISOLATION
             message = (f"its work runs with isolation {driver!r}, and no schedulable node offers it: none has the "
@@ -207,7 +224,8 @@ def _units(r: Row, offered: Mapping[str, set[str]], dev_fraction_milli: int, dev
         priority=r["priority"], priority_class=r["priority_class"] or "", kind=r["kind"] or "batch",
         submitted_at=r["submitted_at"].timestamp(), max_runtime_s=r["max_runtime_s"],
         gpu_fraction_milli=r["gpu_fraction_milli"], gpu_memory_mib=r["gpu_memory_mib"],
-        mig_profile=r["mig_profile"], node_selector=isolation_selector(r.get("isolation")))
+        mig_profile=r["mig_profile"], node_selector=node_selector(r.get("node_selector"), r.get("isolation")),
+        cpu_milli=r.get("cpu_milli") or 0, memory_mib=r.get("memory_mib") or 0, preemptible=r.get("preemptible"))
     common.update(dev_share(r, offered, dev_fraction_milli, dev_memory_mib))
     if r["gang_nodes"]:
         return [JobRequest(job_id=r["job_id"], gang_nodes=r["gang_nodes"], gpus_per_node=r["gpus_per_node"],

@@ -493,7 +493,8 @@ class PlacementHandlers:
                                               ) if units else []
             applied = {u.unit for u in written}
             report_plan(plan)
-            reasons = {**pending_reasons(plan.pending, requests), **backoff_reasons(backing_off)}  # for `explain`
+            reasons = {**pending_reasons(plan.pending, requests, snapshot.nodes),  # for `explain`
+                       **backoff_reasons(backing_off)}
             await self._write_reasons(uow, reasons)
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
@@ -677,7 +678,8 @@ class PlacementHandlers:
         def view(r) -> dict:  # type: ignore[no-untyped-def]
             gpus = json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]
             return {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
-                                         "release_reason", "preempt_reason", "attempt", "kind")},
+                                         "release_reason", "preempt_reason", "attempt", "kind", "cpu_milli",
+                                         "memory_mib", "preemptible")},
                     "work": json.loads(r["work"]) if r["work"] else None,
                     "environment": {**workload_environment([AllocatedGpu.model_validate(g) for g in gpus],
                                                            r["allocation_id"]),
@@ -724,7 +726,8 @@ class _Unit:
                                     now, job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"],
                                     job["work"], job["attempt"], joint[0] if joint else None,
                                     joint[1] if joint else None, json.dumps(together) if joint else None,
-                                    joint is not None and len(ordered) > 1))  # waits: its agents gate it
+                                    joint is not None and len(ordered) > 1,  # waits: its agents gate it
+                                    p.cpu_milli, p.memory_mib, job["preemptible"]))
             out.gpus += [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile,
                           g.mig_start, mig_slots.get(g.uuid)) for g in alloc_gpus]
             out.granted.append(AllocationGranted(

@@ -14,6 +14,7 @@ from services.placement.domain import WantedJobs, nvlink_domains
 
 log = logging.getLogger(__name__)
 
+_INT_MAX = 2**31 - 1
 _ALLOCATION = "allocation_id, job_id, replica, team, project, cluster, node, granted_at, released_at"
 # what an allocation holds of one GPU, as AllocatedGpu's fields
 _HELD = ("gpu_uuid AS uuid, gpu_index AS index, model, share_milli, memory_mib, mig_profile, mig_start")
@@ -31,13 +32,15 @@ class AllocationConflict(Exception):
 
 # --- the pool ---------------------------------------------------------------------------------------------------
 async def upsert_node(conn: asyncpg.Connection, data: NodeRegistered) -> None:
-    """The node's labels and address are what its latest registration says (the isolation drivers its agent can
-    run now, where its peers reach it)."""
+    """The node's labels, address, CPUs and memory are what its latest registration says (the isolation drivers
+    its agent can run now, where its peers reach it, what its host has for jobs' CPU and memory requests)."""
     await conn.execute(
-        """INSERT INTO nodes (cluster, node, labels, address) VALUES ($1, $2, $3::jsonb, $4)
+        """INSERT INTO nodes (cluster, node, labels, address, cpu_milli, memory_mib)
+           VALUES ($1, $2, $3::jsonb, $4, $5, $6)
            ON CONFLICT (cluster, node) DO UPDATE SET labels = EXCLUDED.labels, address = EXCLUDED.address,
-               updated_at = now()""",
-        data.cluster, data.node, json.dumps(data.labels, sort_keys=True), data.address)
+               cpu_milli = EXCLUDED.cpu_milli, memory_mib = EXCLUDED.memory_mib, updated_at = now()""",
+        data.cluster, data.node, json.dumps(data.labels, sort_keys=True), data.address,
+        min(data.cpu_count * 1000, _INT_MAX), min(data.memory_mib, _INT_MAX))
     domains = nvlink_domains(data.gpus)
     for g in data.gpus:
         await conn.execute(
@@ -81,10 +84,10 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
         """INSERT INTO pending_jobs (job_id, team, project, gpus, gpu_models, priority, submitted_at, traceparent,
                                     priority_class, kind, gang_nodes, gpus_per_node, replicas, max_runtime_s,
                                     gpu_fraction_milli, gpu_memory_mib, mig_profile, exclusive, work, attempt,
-                                    isolation, replica_set)
+                                    isolation, replica_set, cpu_milli, memory_mib, node_selector, preemptible)
            SELECT $1::text, $2::text, $3::text, $4::int, $5::text[], $6::int, $7::timestamptz, $8::text, $9::text,
                   $10::text, $11::int, $12::int, $13::int, $14::float8, $15::int, $16::int, $17::text, $18::bool,
-                  $19::text, $20::int, $21::text, $22::bool
+                  $19::text, $20::int, $21::text, $22::bool, $23::int, $24::int, $25::jsonb, $26::bool
            WHERE NOT EXISTS (SELECT 1 FROM finished_jobs WHERE job_id = $1)
              AND NOT EXISTS (SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL)
            ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL,
@@ -95,20 +98,22 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
         traceparent, data.priority_class, data.kind, data.gang_nodes, data.gpus_per_node, data.replicas,
         data.max_runtime_s, data.gpu_fraction_milli, data.gpu_memory_mib, data.mig_profile, data.exclusive,
         data.work.model_dump_json() if data.work is not None else None, data.attempt,
-        data.work.isolation if data.work is not None else None, data.replica_set or data.replicas > 1) is not None
+        data.work.isolation if data.work is not None else None, data.replica_set or data.replicas > 1,
+        data.cpu_milli, data.memory_mib, json.dumps(data.node_selector, sort_keys=True),
+        data.preemptible) is not None
 
 
 _STATE = """
 SELECT json_build_object(
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
-            FROM (SELECT cluster, node, schedulable, labels, address FROM nodes) n),
+            FROM (SELECT cluster, node, schedulable, labels, address, cpu_milli, memory_mib FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
            FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing, numa_node, nvlink_domain
                  FROM gpus) g),
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
-             a.rendezvous_port, a.gang_wait,
+             a.rendezvous_port, a.gang_wait, a.cpu_milli, a.memory_mib, a.preemptible,
              coalesce(p.replicas, 1) AS replicas, coalesce(p.replica_set, false) AS replica_set,
              array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
              min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
@@ -122,7 +127,8 @@ SELECT json_build_object(
       FROM (
       SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
              gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile,
-             exclusive, isolation, not_before, replica_failures, replica_set, changed_xid
+             exclusive, isolation, not_before, replica_failures, replica_set, cpu_milli, memory_mib, node_selector,
+             preemptible, changed_xid
       FROM pending_jobs WHERE NOT satisfied) q),
   'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
@@ -177,7 +183,8 @@ async def claim_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, 
     so is one whose row another transaction holds right now (an event about it being applied): it waits for the
     next cycle instead of this cycle waiting for that transaction."""
     rows = await conn.fetch(
-        """SELECT job_id, team, project, priority, priority_class, kind, replicas, max_runtime_s, work, attempt
+        """SELECT job_id, team, project, priority, priority_class, kind, replicas, max_runtime_s, work, attempt,
+                  preemptible
            FROM pending_jobs
            WHERE job_id = ANY($1::text[]) AND NOT satisfied ORDER BY job_id FOR UPDATE SKIP LOCKED""", job_ids)
     return {r["job_id"]: r for r in rows}
@@ -249,14 +256,16 @@ async def insert_allocations(conn: asyncpg.Connection, allocations: list[tuple],
     """Insert allocations and the GPU shares they hold, all in two pipelined statements (one round trip each).
     `allocations`: (allocation_id, job_id, replica, team, project, cluster, node, granted_at, priority,
     priority_class, kind, max_runtime_s, work, attempt, rendezvous_host, rendezvous_port, rendezvous_env,
-    gang_wait); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
+    gang_wait, cpu_milli, memory_mib, preemptible); `gpus`: (allocation_id, uuid, index, model, share_milli, memory_mib,
     mig_profile, mig_start, mig_slots). Any refusal (a GPU held, a replica already placed) fails them all."""
     try:
         await conn.executemany(
             """INSERT INTO allocations (allocation_id, job_id, replica, team, project, cluster, node, granted_at,
                                        priority, priority_class, kind, max_runtime_s, work, attempt,
-                                       rendezvous_host, rendezvous_port, rendezvous_env, gang_wait)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)""", allocations)
+                                       rendezvous_host, rendezvous_port, rendezvous_env, gang_wait, cpu_milli,
+                                       memory_mib, preemptible)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21)""",
+            allocations)
         await conn.executemany(
             """INSERT INTO allocation_gpus (allocation_id, gpu_uuid, gpu_index, model, share_milli, memory_mib,
                                            mig_profile, mig_start, mig_slots)
@@ -271,7 +280,8 @@ async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: a
     await insert_allocations(
         conn, [(allocation_id, job["job_id"], replica, job["team"], job["project"], cluster, node, granted_at,
                 job["priority"], job["priority_class"], job["kind"], job["max_runtime_s"], job.get("work"),
-                job.get("attempt", 0), None, None, None, False)],
+                job.get("attempt", 0), None, None, None, False, job.get("cpu_milli", 0), job.get("memory_mib", 0),
+                job.get("preemptible"))],
         [(allocation_id, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start,
           mig_slots.get(g.uuid)) for g in gpus])
 
@@ -501,7 +511,7 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
         """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
                   a.released_at, a.release_reason, a.preempt_deadline, a.preempt_reason, a.attempt, a.work, a.kind,
                   a.exit, a.rendezvous_env, a.gang_wait, a.endpoint_url, a.endpoint_ports, a.endpoint_ready,
-                  a.endpoint_at, a.endpoint_reason,
+                  a.endpoint_at, a.endpoint_reason, a.cpu_milli, a.memory_mib, a.preemptible,
                   coalesce(json_agg(json_build_object('uuid', g.gpu_uuid, 'index', g.gpu_index, 'model', g.model,
                                              'share_milli', g.share_milli, 'memory_mib', g.memory_mib,
                                              'mig_profile', g.mig_profile, 'mig_start', g.mig_start)

@@ -78,7 +78,8 @@ def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]
         max_runtime_s=row["max_runtime_s"],
         gpu_fraction_milli=row["gpu_fraction_milli"], gpu_memory_mib=row["gpu_memory_mib"],
         mig_profile=row["mig_profile"], exclusive=row["exclusive"], submitted_by=row["submitted_by"],
-        work=store.work_of(row), attempt=row["attempts"])
+        work=store.work_of(row), attempt=row["attempts"], cpu_milli=row["cpu_milli"], memory_mib=row["memory_mib"],
+        node_selector=store.selector_of(row), preemptible=row["preemptible"])
 
 
 # Abnormal losses back off before the job is wanted again (a preemption or a scale-down does not).
@@ -123,6 +124,8 @@ class QueueHandlers:
             "gpu_memory_mib": cmd.gpu_memory_mib, "mig_profile": cmd.mig_profile, "exclusive": cmd.exclusive,
             "idempotency_key": cmd.idempotency_key, "idempotency_scope": cmd.idempotency_scope, "request_hash": request_hash, "work": cmd.work_spec(),
             "min_replicas": cmd.min_replicas, "max_replicas": cmd.max_replicas, "autoscale": cmd.autoscale,
+            "cpu_milli": cmd.cpu_milli, "memory_mib": cmd.memory_mib, "node_selector": cmd.node_selector,
+            "preemptible": cmd.preemptible,
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)

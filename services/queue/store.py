@@ -16,7 +16,7 @@ _COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attemp
             "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
             "started_at, finished_at, allocation_id, node, cluster, message, gpu_fraction_milli, gpu_memory_mib, "
             "mig_profile, exclusive, submitted_by, work, exit_code, reason, restarts, attempt_failure, "
-            "min_replicas, max_replicas, autoscale")
+            "min_replicas, max_replicas, autoscale, cpu_milli, memory_mib, node_selector, preemptible")
 
 
 def work_of(row: asyncpg.Record) -> WorkSpec | None:
@@ -35,9 +35,14 @@ def autoscale_of(row: asyncpg.Record) -> AutoscalePolicy | None:
     return AutoscalePolicy.model_validate_json(raw) if raw else None
 
 
+def selector_of(row: asyncpg.Record) -> dict[str, str]:
+    raw = row["node_selector"]
+    return json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+
+
 def to_view(row: asyncpg.Record) -> JobView:
-    return JobView(**{k: row[k] for k in JobView.model_fields if k not in ("work", "autoscale")}, work=work_of(row),
-                   autoscale=autoscale_of(row))
+    return JobView(**{k: row[k] for k in JobView.model_fields if k not in ("work", "autoscale", "node_selector")},
+                   work=work_of(row), autoscale=autoscale_of(row), node_selector=selector_of(row))
 
 
 async def find_by_idempotency_key(conn: asyncpg.Connection, scope: str, key: str) -> asyncpg.Record | None:
@@ -55,9 +60,10 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
                                 submitted_by, submitted_at, idempotency_key, request_hash, message, gang_nodes,
                                 gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
                                 mig_profile, exclusive, approval_id, work, reason, idempotency_scope,
-                                min_replicas, max_replicas, autoscale)
+                                min_replicas, max_replicas, autoscale, cpu_milli, memory_mib, node_selector,
+                                preemptible)
               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23,$24,
-                      $26::jsonb, $25, $27, $28, $29, $30)
+                      $26::jsonb, $25, $27, $28, $29, $30, $31, $32, $33::jsonb, $34)
               ON CONFLICT (idempotency_scope, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
               RETURNING {_COLUMNS}),
             h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
@@ -71,7 +77,9 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
         "AwaitingApproval" if job["state"] == "awaiting_approval" else "Submitted",
         job["work"].model_dump_json() if job.get("work") is not None else None, job.get("idempotency_scope", ""),
         job.get("min_replicas"), job.get("max_replicas"),
-        job["autoscale"].model_dump_json() if job.get("autoscale") is not None else None)
+        job["autoscale"].model_dump_json() if job.get("autoscale") is not None else None,
+        job.get("cpu_milli", 0), job.get("memory_mib", 0), json.dumps(job.get("node_selector") or {}, sort_keys=True),
+        job.get("preemptible"))
 
 
 async def get_job(conn: asyncpg.Connection, job_id: str, *, for_update: bool = False) -> asyncpg.Record | None:

@@ -128,7 +128,10 @@ def test_every_node_shows_its_network_and_storage_and_clusters_add_them_up(platf
             assert totals[key] == sum(n[key] for n in local["nodes"]) > 0, key
         assert totals["network_link_gbps"] == pytest.approx(sum(n["network"]["link_gbps"] for n in local["nodes"]))
         assert totals["storage_total_gib"] == pytest.approx(sum(n["storage"]["total_gib"] for n in local["nodes"]))
-        assert set(totals) == set(NODE_TOTALS)
+        # inventory's totals, and the host CPU and memory live allocations reserve (from placement)
+        assert set(totals) == set(NODE_TOTALS) | {"cpu_allocated_milli", "memory_allocated_mib"}
+        for key in ("cpu_allocated_milli", "memory_allocated_mib"):
+            assert totals[key] == sum(n[key] for n in local["nodes"]), key
 
         # /v1/nodes shows the same registered facts for each node
         listed = {n["node"]: n for n in api.get("/v1/nodes").json()["items"]}

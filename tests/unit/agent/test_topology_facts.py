@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from libs.contracts.fleet import RACK_LABEL, FleetNode, parse_fleet, parse_fleet_nodes, parse_labels
+from libs.contracts.fleet import RACK_LABEL, FleetNode, parse_fleet, parse_fleet_nodes
+from libs.contracts.labels import parse_labels
 from services.agent.bootstrap import build_backends, node_labels
 from services.agent.config import AgentSettings
 from services.agent.domain import registration
@@ -20,9 +21,10 @@ def test_fleet_options_give_racks_blocks_numa_nodes_nvlink_layout_and_labels():
     assert nodes[1] == FleetNode(["L40S", "L40S", "T4"])
     assert nodes[2] == FleetNode(["T4"], {"example.com/x": "1"})
     assert parse_fleet("L40S*4@rack=r2;T4") == [["L40S"] * 4, ["T4"]]  # the models alone, as before
+    assert parse_fleet_nodes("T4@zone=east")[0].labels == {"zone": "east"}  # any other option is a label
 
 
-@pytest.mark.parametrize("spec", ["L40S*4@rack", "L40S*4@numa=0", "L40S*4@nvlink=mesh", "L40S*4@colour=red",
+@pytest.mark.parametrize("spec", ["L40S*4@rack", "L40S*4@numa=0", "L40S*4@nvlink=mesh", "L40S*4@-colour=red",
                                   "L40S*4@rack=bad value", "L40S*x"])
 def test_a_malformed_fleet_option_is_refused(spec: str) -> None:
     with pytest.raises(ValueError):

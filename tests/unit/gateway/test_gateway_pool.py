@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.pool import combine_pool
+from services.gateway.pool import combine_pool, host_reserved
 
 
 def model(name: str, total: int, *, in_use: list[str] = (), unhealthy: list[str] = (), lost: int = 0) -> dict:
@@ -48,7 +48,9 @@ def test_allocated_idle_and_free_come_from_joining_allocations_with_use_and_heal
     assert east["models"][1]["allocated"] == 0 and east["models"][1]["free"] == 2
     assert {k: west["models"][0][k] for k in ("allocated", "allocated_idle", "free")} == {
         "allocated": 1, "allocated_idle": 0, "free": 1}
-    assert east["totals"]["free"] == 3 and east["nodes"] == INVENTORY["clusters"][0]["nodes"]
+    assert east["totals"]["free"] == 3
+    assert east["nodes"] == [{**n, "cpu_allocated_milli": 0, "memory_allocated_mib": 0}
+                             for n in INVENTORY["clusters"][0]["nodes"]]
     assert "in_use_gpus" not in h100  # uuid lists are inventory's working data, not the API's
     everything = {m["model"]: m for m in pool["all"]["models"]}
     assert everything["H100-80GB"]["total"] == 6 and everything["H100-80GB"]["allocated"] == 4
@@ -81,6 +83,30 @@ def test_node_totals_pass_through_per_cluster_and_sum_over_clusters() -> None:
     west = {**INVENTORY["clusters"][1], "node_totals": {"nodes": 1, "cpu_count": 8, "memory_mib": 512,
                                                         "network_link_gbps": 0.2, "storage_total_gib": 0.0}}
     pool = combine_pool({**INVENTORY, "clusters": [east, west]}, [])
-    assert pool["clusters"][0]["node_totals"] == east["node_totals"]
+    assert pool["clusters"][0]["node_totals"] == {**east["node_totals"], "cpu_allocated_milli": 0,
+                                                  "memory_allocated_mib": 0}
     assert pool["all"]["node_totals"] == {"nodes": 3, "cpu_count": 72, "memory_mib": 1536,
-                                          "network_link_gbps": 3200.3, "storage_total_gib": 10.5}
+                                          "network_link_gbps": 3200.3, "storage_total_gib": 10.5,
+                                          "cpu_allocated_milli": 0, "memory_allocated_mib": 0}
+
+
+def test_host_cpu_and_memory_reserved_by_live_allocations_are_shown_per_node_and_summed() -> None:
+    inventory = {**INVENTORY, "clusters": [
+        {**cluster("east", model("H100-80GB", 4)), "nodes": [{"node": "a", "cpu_count": 8, "memory_mib": 4096},
+                                                             {"node": "b", "cpu_count": 8, "memory_mib": 4096}],
+         "node_totals": {"nodes": 2, "cpu_count": 16, "memory_mib": 8192}},
+        {**cluster("west", model("H100-80GB", 2)), "node_totals": {"nodes": 1, "cpu_count": 8, "memory_mib": 0}}]}
+    allocations = [{**alloc("east", ("h1", "H100-80GB")), "node": "a", "cpu_milli": 4000, "memory_mib": 1024},
+                   {**alloc("east", ("h2", "H100-80GB")), "node": "a", "cpu_milli": 1500, "memory_mib": 0},
+                   {**alloc("east", ("h3", "H100-80GB"), released=True), "node": "b", "cpu_milli": 8000},
+                   {**alloc("west", ("w1", "H100-80GB")), "node": "west-n0"}]  # an older placement's: no fields
+    pool = combine_pool(inventory, allocations)
+    east, west = pool["clusters"]
+    assert [(n["node"], n["cpu_allocated_milli"], n["memory_allocated_mib"]) for n in east["nodes"]] == [
+        ("a", 5500, 1024), ("b", 0, 0)]
+    assert east["node_totals"] == {"nodes": 2, "cpu_count": 16, "memory_mib": 8192, "cpu_allocated_milli": 5500,
+                                   "memory_allocated_mib": 1024}
+    assert west["nodes"][0]["cpu_allocated_milli"] == 0
+    assert pool["all"]["node_totals"]["cpu_allocated_milli"] == 5500
+    assert host_reserved(allocations, "east", "a") == {"cpu_allocated_milli": 5500, "memory_allocated_mib": 1024}
+    assert host_reserved(allocations, "east", "b") == {"cpu_allocated_milli": 0, "memory_allocated_mib": 0}
