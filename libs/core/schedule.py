@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from libs.core.backfill import plan_reservation
 from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, derive_workload
 from libs.core.fit import FRAC_KIND, WHOLE_KIND, GpuShape, Invalid, Shape, normalize
-from libs.core.model import Allocation, JobRequest, MigInstance, Snapshot
+from libs.core.model import Allocation, JobRequest, MigInstance, Share, Snapshot
 from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
 from libs.core.policy import Policy, WorkloadShape
 from libs.core.preempt import NotYet, Preemptor, QuotaPreemptor, Victims, find_quota_victims, find_victims
@@ -112,6 +112,7 @@ class Scheduler(PlacementSearch):
         self.held: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
         self.norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
+        self.alt_cache: dict[str, tuple] = {}  # job id -> (request object, its alternatives normalised)
         self.team_alloc: dict[tuple[str, str], int] = {}  # (team, model) -> milli held
         self.usage_tp: dict[tuple[str, str, str], int] = {}  # (team, project, model) -> milli held
         self.team_host: dict[str, tuple[int, int]] = {}  # team -> (CPU milli-cores, memory MiB) held
@@ -293,6 +294,11 @@ class Scheduler(PlacementSearch):
                         shape = normalize(j)
                         if self._kind(j.kind).prefer_shared:
                             shape = replace(shape, prefer_shared=True)
+                        if j.alternatives:
+                            if shape.total != 1 or shape.members != 1:
+                                raise Invalid("alternative shares are for a one-GPU request (gpus=1)")
+                            self.alt_cache.pop(j.job_id, None)
+                            self._alternatives(j)  # raises Invalid for a share that is not one
                         hit = (j, (shape, *r))
                     except Invalid as e:
                         hit = (j, (INVALID_REQUEST, str(e)))
@@ -360,6 +366,8 @@ class Scheduler(PlacementSearch):
         paths = ctx.ledger.paths(job.team, job.project)
         allowed, refusal = self._admit(ctx, job, shape, preemptible, paths)
         if allowed is None:
+            if job.alternatives and self._try_alternatives(ctx, job, paths, prio, preemptible, min_rt):
+                return
             if refusal is not None:  # its quota refuses it: make room within that quota, or wait
                 if ctx.eligible_victims:
                     if ctx.laps:
@@ -375,6 +383,8 @@ class Scheduler(PlacementSearch):
         takes, memo_key = self._try_place(ctx, job, shape, sid, allowed)
         if takes:
             self._commit(ctx, job, shape, takes, paths, prio, preemptible, min_rt)
+            return
+        if job.alternatives and self._try_alternatives(ctx, job, paths, prio, preemptible, min_rt):
             return
         if ctx.laps:
             ctx.laps.to("reasons")
@@ -413,6 +423,30 @@ class Scheduler(PlacementSearch):
         if not allowed:
             return None, refusal or "over quota"
         return frozenset(allowed), None
+
+    def _try_alternatives(self, ctx: CycleContext, job: JobRequest, paths: tuple[str, str, str], prio: int,
+                          preemptible: bool, min_rt: float) -> bool:
+        """4-5 for each of the job's alternative shares in order, as if each were the request (True: one was
+        admitted and placed). The request's own reason, preemption and reservation follow when none is."""
+        for alt, alt_shape in self._alternatives(job):
+            if not self._models_for(alt_shape):
+                continue
+            allowed, _ = self._admit(ctx, alt, alt_shape, preemptible, paths)
+            if allowed is None:
+                continue
+            takes, _ = self._try_place(ctx, alt, alt_shape, self._sid(alt_shape), allowed)
+            if takes:
+                self._commit(ctx, alt, alt_shape, takes, paths, prio, preemptible, min_rt)
+                return True
+        return False
+
+    def _alternatives(self, job: JobRequest) -> tuple[tuple[JobRequest, Shape], ...]:
+        """The job's alternative shares as requests of their own, normalised (kept per request object)."""
+        hit = self.alt_cache.get(job.job_id)
+        if hit is None or hit[0] is not job:
+            hit = self.alt_cache[job.job_id] = (job, tuple(_alternative(job, a, self._kind(job.kind).prefer_shared)
+                                                         for a in job.alternatives))
+        return hit[1]
 
     def _guarantee_only(self, ctx: CycleContext, preemptible: bool) -> bool:
         return not preemptible and self.policy.nonpreemptible_within_guarantee and ctx.ledger.has_entries
@@ -679,6 +713,14 @@ class Scheduler(PlacementSearch):
             cpu_milli=shape.cpu,
             memory_mib=shape.mem,
         )
+
+
+def _alternative(job: JobRequest, share: Share, prefer_shared: bool) -> tuple[JobRequest, Shape]:
+    """The request with `share` in place of its own (and of its GPU models), normalised."""
+    alt = replace(job, gpu_fraction_milli=share.gpu_fraction_milli, gpu_memory_mib=share.gpu_memory_mib,
+                  mig_profile=share.mig_profile, gpu_models=share.gpu_models, gpus=1, alternatives=())
+    shape = normalize(alt)
+    return alt, replace(shape, prefer_shared=True) if prefer_shared else shape
 
 
 class NormalizeMemo:
