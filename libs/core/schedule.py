@@ -368,14 +368,17 @@ class Scheduler(PlacementSearch):
         if allowed is None:
             if job.alternatives and self._try_alternatives(ctx, job, paths, prio, preemptible, min_rt):
                 return
-            if refusal is not None:  # its quota refuses it: make room within that quota, or wait
-                if ctx.eligible_victims:
-                    if ctx.laps:
-                        ctx.laps.to("preemption")
-                    preempting, refusal = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, refusal)
-                    if preempting:
-                        return
-                ctx.reasons.append(PendingReason(job.job_id, QUOTA_EXCEEDED, refusal))
+            if refusal is None:
+                ctx.reasons.append(PendingReason(job.job_id, NO_FEASIBLE_NODE,
+                                                 f"no GPU model in the cluster can serve {shape.describe()}"))
+                return
+            if ctx.eligible_victims:  # its quota refuses it: make room within that quota, or wait
+                if ctx.laps:
+                    ctx.laps.to("preemption")
+                preempting, refusal = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, refusal)
+                if preempting:
+                    return
+            ctx.reasons.append(PendingReason(job.job_id, QUOTA_EXCEEDED, refusal))
             return
         if ctx.laps:
             ctx.laps.to("place")
@@ -412,11 +415,9 @@ class Scheduler(PlacementSearch):
     def _admit(self, ctx: CycleContext, job: JobRequest, shape: Shape, preemptible: bool,
                paths: tuple[str, str, str]) -> tuple[frozenset | None, str | None]:
         """4. The GPU models the job may take within its quota; (None, why) when its quota refuses it, (None,
-        None) when no model could serve it (that reason recorded)."""
+        None) when no GPU model in the cluster could serve it."""
         models = self._models_for(shape)
         if not models:
-            ctx.reasons.append(PendingReason(job.job_id, NO_FEASIBLE_NODE,
-                                             f"no GPU model in the cluster can serve {shape.describe()}"))
             return None, None
         allowed, refusal = ctx.ledger.admissible(paths, self._amounts(shape, models), job.job_id,
                                                  guarantee_only=self._guarantee_only(ctx, preemptible))
@@ -429,8 +430,6 @@ class Scheduler(PlacementSearch):
         """4-5 for each of the job's alternative shares in order, as if each were the request (True: one was
         admitted and placed). The request's own reason, preemption and reservation follow when none is."""
         for alt, alt_shape in self._alternatives(job):
-            if not self._models_for(alt_shape):
-                continue
             allowed, _ = self._admit(ctx, alt, alt_shape, preemptible, paths)
             if allowed is None:
                 continue

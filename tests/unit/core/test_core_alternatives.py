@@ -54,3 +54,10 @@ def test_alternatives_are_only_for_a_one_gpu_request():
     assert plan.reason_of("two").reason == "InvalidRequest"
     bad = job("bad", 1, alternatives=(Share(gpu_fraction_milli=100, mig_profile="1g.10gb"),))
     assert schedule(snapshot(_pool()), [bad], Policy(), now=10.0).reason_of("bad").reason == "InvalidRequest"
+
+
+def test_a_request_no_model_can_serve_still_runs_on_an_alternative_and_has_no_reason_left():
+    asked = job("d1", 1, kind="dev", gpu_fraction_milli=500, gpu_memory_mib=8192, gpu_models=("V100-32GB",),
+                alternatives=ALTERNATIVES)  # no V100 in this pool
+    plan = schedule(snapshot(_pool()), [asked], Policy(), now=10.0)
+    assert [p.node for p in plan.placements] == ["mig"] and plan.reason_of("d1") is None
