@@ -372,7 +372,7 @@ class AllocationPreempting(AllocationEvent):
     event_type: ClassVar[str] = "io.gpupool.allocation.preempting.v1"
     event_subject: ClassVar[str] = subjects.ALLOCATION_PREEMPTING
 
-    reason: str = Field(description="PreemptedByPriority or ReclaimedForGuarantee")
+    reason: str = Field(description="PreemptedByPriority, PreemptedWithinQuota or ReclaimedForGuarantee")
     message: str
     preemptor_job_id: str
     deadline: datetime

@@ -16,6 +16,7 @@ from libs.core.model import (
     JobRequest,
     MigInstance,
     Node,
+    Share,
     Snapshot,
     UsageRecord,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "QuotaTree",
     "Reservation",
     "Scheduler",
+    "Share",
     "Snapshot",
     "UsageRecord",
     "WorkloadShape",

@@ -59,6 +59,18 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class Share:
+    """Another way a one-GPU request may hold its GPU (`JobRequest.alternatives`): a fraction
+    (`gpu_fraction_milli` + `gpu_memory_mib`), a MIG slice (`mig_profile`), or, all left at their defaults, a
+    whole GPU; `gpu_models` replaces the request's (empty: any model)."""
+
+    gpu_fraction_milli: int = 0
+    gpu_memory_mib: int = 0
+    mig_profile: str = ""
+    gpu_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class JobRequest:
     """What a pending job asks for. `gpu_models` empty means any model.
 
@@ -70,6 +82,10 @@ class JobRequest:
     * ``gpus=1, gpu_fraction_milli=F``          F/1000 of one shareable GPU (+ ``gpu_memory_mib``);
     * ``gpus=1, mig_profile="3g.40gb"``         one MIG instance of that profile;
     * ``gpus=0`` with CPU/memory                a CPU-only task (the simulator replays those).
+
+    `alternatives` (one-GPU requests only): other `Share`s tried in order, each as if it were the request, when
+    the request as asked is not placed now (its quota refuses it or nothing fits); its reason, preemption and
+    reservation stay the request's own.
 
     `priority_class` (a name from the policy's classes) sets priority and default preemptibility; without it
     `priority` is used as is. `min_gpu_memory_mib` filters GPU models; `node_selector` must match node labels.
@@ -99,6 +115,7 @@ class JobRequest:
     max_runtime_s: float | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     replica_group: str = ""  # replicas of one service (e.g. its job id): spread when the kind says so
+    alternatives: tuple[Share, ...] = ()  # other shares tried in order when this one is not placed now
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,8 @@ class PendingReason:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """A victim to evict so that `preemptor` can run: reason `PreemptedByPriority` (same team, lower priority) or
+    """A victim to evict so that `preemptor` can run: reason `PreemptedByPriority` (same team, lower priority),
+    `PreemptedWithinQuota` (lower priority, of the quota subtree that refuses the preemptor) or
     `ReclaimedForGuarantee` (the victim's team borrows capacity another team is guaranteed)."""
 
     job_id: str

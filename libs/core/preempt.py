@@ -12,6 +12,14 @@ much as the work its victims had done when it arrived, or it has waited `policy.
 bounds how late a guarantee is given back). Until then capacity may well free up by itself; after it, waiting
 longer would cost more than preempting would have at the start (rent until the rent paid equals the price of
 buying). Victims that started after the job arrived cost nothing under the rule.
+
+A job its quota refuses (`find_quota_victims`, Kueue's `withinClusterQueue` and reclaim within the cohort) may
+make room within that quota: lower-priority work of its own quota subtree (its team; its project when only the
+project's quota refuses) is preempted as `PreemptedWithinQuota`, and when its team stays within its guarantee,
+other teams' borrowed work as `ReclaimedForGuarantee` (a quota entry above the teams, an org's, counts what they
+borrow, so reclaiming it is what makes room there). Victims in Kueue's order: other teams' borrowed work first,
+then the lowest priority, then the most recently started; the set is then minimised (each victim but the last
+added back, latest first, while the job is still admitted and fits).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from libs.core.fit import CPU_KIND, Shape
 from libs.core.model import JobRequest
 from libs.core.policy import Policy
 from libs.core.quota import QuotaLedger
-from libs.core.reasons import PREEMPTED_BY_PRIORITY, RECLAIMED_FOR_GUARANTEE
+from libs.core.reasons import PREEMPTED_BY_PRIORITY, PREEMPTED_WITHIN_QUOTA, RECLAIMED_FOR_GUARANTEE
 from libs.core.state import ClusterState, RunningJob, Take
 
 
@@ -104,15 +112,7 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
         return mark
 
     def within_budget(sel: list[tuple]) -> bool:
-        spent: dict[str, int] = {}
-        for c in sel:
-            if c[3] == RECLAIMED_FOR_GUARANTEE:
-                # a victim is fair game while its team still borrows (Kueue's rule): jobs are indivisible,
-                # so the last one may take the team below its guarantee
-                if spent.get(c[5], 0) >= budget.get(c[5], 0):
-                    return False
-                spent[c[5]] = spent.get(c[5], 0) + c[4]
-        return True
+        return _within_budget(sel, budget)
 
     def minimise(sel: list[tuple], fits) -> list[tuple]:
         for c in sorted(sel, key=lambda c: (-c[1], -c[0], c[2])):  # drop the most expensive first
@@ -191,7 +191,124 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
     return Victims(tuple((c[2], c[3]) for c in sel), nodes)
 
 
-def waiting_pays(policy: Policy, pre: Preemptor, sel: list[tuple], now: float) -> str | None:
+def _within_budget(sel: list[tuple], budget: dict[str, int]) -> bool:
+    spent: dict[str, int] = {}
+    for c in sel:
+        if c[3] == RECLAIMED_FOR_GUARANTEE:
+            # a victim is fair game while its team still borrows (Kueue's rule): jobs are indivisible,
+            # so the last one may take the team below its guarantee
+            if spent.get(c[5], 0) >= budget.get(c[5], 0):
+                return False
+            spent[c[5]] = spent.get(c[5], 0) + c[4]
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaPreemptor:
+    """A job its quota refuses: its quota path (org, team, project), what it would take of each model it may use
+    (`amounts`), whether it may only use its team's guarantee, whether that team stays within its guarantee
+    (`reclaim`), its GPU `demand` in milli (for the waiting cost), and `place(models)` (the whole job on the
+    state's journal, over those models; the caller's search rolls it back)."""
+
+    job: JobRequest
+    paths: tuple[str, str, str]
+    priority: int
+    amounts: tuple[tuple[str, int], ...]
+    guarantee_only: bool
+    reclaim: bool
+    demand: int
+    place: Callable[[frozenset], list[Take] | None]
+
+
+def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: QuotaPreemptor,
+                       ledger: QuotaLedger, taken: set[str], policy: Policy, now: float) -> Victims | NotYet | None:
+    """Victims that make room within the quota that refuses `pre.job` (module docstring), decided, never acted
+    on: once they are gone the job is admitted and fits. None: no such set."""
+    st, job, paths, prio = state, pre.job, pre.paths, pre.priority
+    refusing = ledger.refusing_paths(paths, pre.amounts, job.job_id, guarantee_only=pre.guarantee_only)
+    project_only = refusing <= {paths[2]}  # only the project is full: other projects' work would not help
+    models = {m for m, _ in pre.amounts}
+    budget: dict[str, int] = {}
+    cands: list[tuple] = []
+    for rj in candidates:
+        if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
+            continue
+        if not (set(rj.milli_by_model) & models):
+            continue
+        vpaths = ledger.paths(rj.team, rj.project)
+        if rj.team == job.team:
+            if rj.priority >= prio or (project_only and rj.project != job.project):
+                continue
+            why = PREEMPTED_WITHIN_QUOTA
+        elif pre.reclaim:
+            borrowed = sum(ledger.borrowed(vpaths[1], m) for m in rj.milli_by_model)
+            if borrowed <= 0:
+                continue
+            budget.setdefault(rj.team, borrowed)
+            why = RECLAIMED_FOR_GUARANTEE
+        else:
+            continue
+        milli = sum(rj.milli_by_model.values())
+        lost = milli * max(0.0, now - rj.started_at)
+        cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team, rj.started_at, vpaths, rj.milli_by_model))
+    if not cands:
+        return None
+    # Kueue's order: other teams' borrowed work, then the lowest priority, then the most recently started
+    cands.sort(key=lambda c: (c[3] != RECLAIMED_FOR_GUARANTEE, c[0], -c[6], c[2]))
+
+    def fits() -> list[Take] | None:
+        allowed, _ = ledger.admissible(paths, pre.amounts, job.job_id, guarantee_only=pre.guarantee_only)
+        if not allowed:
+            return None
+        mark = st.mark()
+        takes = pre.place(frozenset(allowed))
+        st.rollback(mark)
+        return takes
+
+    def without(sel: list[tuple]) -> list[Take] | None:
+        """Whether (and where) the job fits with `sel` gone, everything restored after."""
+        mark = st.mark()
+        for c in sel:
+            st.release(c[2])
+            ledger.remove(c[7], c[8])
+        takes = fits()
+        for c in sel:
+            for model, milli in c[8].items():
+                ledger.add(c[7], model, milli)
+        st.rollback(mark)
+        return takes
+
+    sel: list[tuple] = []
+    mark = st.mark()
+    ok = False
+    for c in cands[:256]:
+        sel.append(c)
+        if not _within_budget(sel, budget):
+            sel.pop()
+            continue
+        st.release(c[2])
+        ledger.remove(c[7], c[8])
+        if fits() is not None:
+            ok = True
+            break
+    for c in sel:
+        for model, milli in c[8].items():
+            ledger.add(c[7], model, milli)
+    st.rollback(mark)
+    if not ok:
+        return None
+    for c in reversed(sel[:-1]):  # minimise: add back each victim but the last, the latest chosen first
+        trial = [x for x in sel if x is not c]
+        if without(trial) is not None:
+            sel = trial
+    note = waiting_pays(policy, pre, sel, now)
+    if note is not None:
+        return NotYet(note)
+    takes = without(sel) or []
+    return Victims(tuple((c[2], c[3]) for c in sel), tuple(sorted({t.node for t in takes})))
+
+
+def waiting_pays(policy: Policy, pre: Preemptor | QuotaPreemptor, sel: list[tuple], now: float) -> str | None:
     """The ski-rental rule (module docstring): None when preempting `sel` now is worth it, else why it waits."""
     job = pre.job
     if pre.priority >= policy.preempt_at_once_priority or not policy.preemption_cost:

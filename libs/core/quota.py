@@ -56,16 +56,34 @@ class QuotaLedger:
         allowed: list[str] = []
         first: str | None = None
         for model, amount in amounts:
-            msg = self.check(paths, model, amount)
-            if msg is None and guarantee_only and amount and not self.within_guarantee(paths, model, amount):
-                msg = (f"{job_id} is not preemptible, so it may use only {paths[1]}'s guarantee "
-                       f"({self.guaranteed(paths[1], model) / WHOLE:g} {model} GPU(s), "
-                       f"{self.team_used(paths[1], model) / WHOLE:g} in use); submit it with preemptible: true to borrow")
-            if msg is None:
+            got = self.refusal(paths, model, amount, job_id, guarantee_only=guarantee_only)
+            if got is None:
                 allowed.append(model)
             elif first is None:
-                first = msg
+                first = got[1]
         return allowed, first
+
+    def refusal(self, paths: tuple[str, str, str], model: str, amount: int, job_id: str, *,
+                guarantee_only: bool) -> tuple[str, str] | None:
+        """None when `amount` of `model` is admissible, else (the path of the level that refuses, why)."""
+        got = self.check_at(paths, model, amount)
+        if got is None and guarantee_only and amount and not self.within_guarantee(paths, model, amount):
+            e = self.entry(paths[1], model)
+            got = (paths[1], f"{job_id} is not preemptible, so it may use only {paths[1]}'s guarantee "
+                             f"({_gpus(self.guaranteed(paths[1], model), e.gpu_model if e else model)}, "
+                             f"{self.team_used(paths[1], model) / WHOLE:g} in use); submit it with preemptible: true to "
+                             f"borrow")
+        return got
+
+    def refusing_paths(self, paths: tuple[str, str, str], amounts: Iterable[tuple[str, int]], job_id: str, *,
+                       guarantee_only: bool) -> set[str]:
+        """The levels of the job's path that refuse it, over the models it may use."""
+        out: set[str] = set()
+        for model, amount in amounts:
+            got = self.refusal(paths, model, amount, job_id, guarantee_only=guarantee_only)
+            if got is not None:
+                out.add(got[0])
+        return out
 
     def paths(self, team: str, project: str) -> tuple[str, str, str]:
         key = (team, project)
@@ -95,12 +113,19 @@ class QuotaLedger:
     def borrowed(self, path: str, model: str) -> int:
         e = self.entry(path, model)
         if e is None:
-            return self.used(path, "*")  # no guarantee: everything it uses is borrowed
+            return self.used(path, model)  # no guarantee for the model: everything it uses of it is borrowed
         return max(0, self.used(path, e.gpu_model) - int(e.guaranteed * 1000))
 
     def team_used(self, path: str, model: str) -> int:
+        """What `path` uses that counts against its quota for `model`: that model's GPUs, or every model's where
+        its entry is a wildcard."""
         e = self.entry(path, model)
-        return self.used(path, e.gpu_model if e else "*")
+        return self.used(path, e.gpu_model if e else model)
+
+    def remove(self, paths: tuple[str, ...], milli_by_model: Mapping[str, int]) -> None:
+        """Take a job's use out (a tentative preemption); `add` it back to undo."""
+        for model, milli in milli_by_model.items():
+            self.add(paths, model, -milli)
 
     def within_guarantee(self, paths: tuple[str, ...], model: str, milli: int) -> bool:
         """True when the team level (paths[1]) would stay within its guarantee after taking `milli`."""
@@ -111,6 +136,12 @@ class QuotaLedger:
 
     def check(self, paths: tuple[str, ...], model: str, milli: int) -> str | None:
         """None when admissible, else a message for a `QuotaExceeded` reason."""
+        got = self.check_at(paths, model, milli)
+        return got[1] if got else None
+
+    def check_at(self, paths: tuple[str, ...], model: str, milli: int) -> tuple[str, str] | None:
+        """None when admissible, else (the path of the first level that refuses, why). Counts are of what the
+        level's entry covers: the model's GPUs, or every model's for a wildcard entry ("GPUs of any model")."""
         if not self.has_entries:
             return None
         any_entry = False
@@ -123,20 +154,20 @@ class QuotaLedger:
             used = self.used(path, km)
             g = int(e.guaranteed * 1000)
             if e.borrowing_limit is not None and used + milli > g + int(e.borrowing_limit * 1000):
-                return (
-                    f"{path} would use {(used + milli) / 1000:g} {km} GPU(s), over its guarantee "
-                    f"{e.guaranteed:g} + borrowing limit {e.borrowing_limit:g}"
+                return path, (
+                    f"{path} would use {_gpus(used + milli, km)} ({_gpus(used, km, unit=False)} in use), over its "
+                    f"guarantee {e.guaranteed:g} + borrowing limit {e.borrowing_limit:g}"
                 )
             if used + milli > g:
                 avail = self._borrowable(path, km, e, used + milli)
                 need = used + milli - g
                 if need > avail:
-                    return (
-                        f"{path} would borrow {need / 1000:g} {km} GPU(s) but only {max(avail, 0) / 1000:g} "
+                    return path, (
+                        f"{path} would borrow {_gpus(need, km)} but only {max(avail, 0) / 1000:g} "
                         f"can be lent now"
                     )
         if self.strict and not any_entry:
-            return f"{paths[1]} has no quota for {model}"
+            return paths[1], f"{paths[1]} has no quota for {model}"
         return None
 
     def _borrowable(self, path: str, km: str, me: QuotaEntry, my_use: int) -> float:
@@ -164,6 +195,14 @@ class QuotaLedger:
             lend += unused
             borrowed_by_others += max(0, u - g)
         return lend + max(0.0, unassigned) - borrowed_by_others
+
+
+def _gpus(milli: float, model: str, unit: bool = True) -> str:
+    """`milli` GPUs as a message says them: "2 H100-80GB GPU(s)", or "2 GPU(s) of any model" for a wildcard."""
+    n = f"{milli / WHOLE:g}"
+    if not unit:
+        return n
+    return f"{n} GPU(s) of any model" if model == "*" else f"{n} {model} GPU(s)"
 
 
 def teams_quota(guarantees: dict[str, float], gpu_model: str = "*", org: str = "default",

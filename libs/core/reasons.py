@@ -14,5 +14,8 @@ PREEMPTING = "Preempting"
 BLOCKED_BY_QUEUE_HEAD = "BlockedByQueueHead"
 PREEMPTED_BY_PRIORITY = "PreemptedByPriority"
 RECLAIMED_FOR_GUARANTEE = "ReclaimedForGuarantee"
+# a victim of lower priority in the quota subtree (team, or project) of a job its quota refused: Kueue's
+# withinClusterQueue preemption (the job's own quota, not another team's, is what it takes back)
+PREEMPTED_WITHIN_QUOTA = "PreemptedWithinQuota"
 
 

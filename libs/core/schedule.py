@@ -25,11 +25,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from libs.core.backfill import plan_reservation
+from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, derive_workload
 from libs.core.fit import FRAC_KIND, WHOLE_KIND, GpuShape, Invalid, Shape, normalize
-from libs.core.model import WHOLE, Allocation, JobRequest, MigInstance, Snapshot
+from libs.core.model import Allocation, JobRequest, MigInstance, Share, Snapshot
 from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
-from libs.core.policy import Policy, PriorityClass, WorkloadShape
-from libs.core.preempt import NotYet, Preemptor, Victims, find_victims
+from libs.core.policy import Policy, WorkloadShape
+from libs.core.preempt import NotYet, Preemptor, QuotaPreemptor, Victims, find_quota_victims, find_victims
 from libs.core.quota import QuotaLedger
 from libs.core.reasons import (
     BLOCKED_BY_QUEUE_HEAD,
@@ -37,6 +38,7 @@ from libs.core.reasons import (
     NO_FEASIBLE_NODE,
     NO_NODE_MATCHES_SELECTOR,
     PREEMPTED_BY_PRIORITY,
+    PREEMPTED_WITHIN_QUOTA,
     PREEMPTING,
     QUOTA_EXCEEDED,
     RESERVED_FOR_GANG,
@@ -47,86 +49,6 @@ from libs.core.search import PlacementSearch
 from libs.core.state import ClusterState, RunningJob, Take
 
 INF = math.inf
-_CPU, _MEM = "<cpu>", "<memory>"  # fair-share history keys next to GPU model names
-
-def derive_workload(jobs: Iterable[JobRequest], limit: int = 32,
-                    demand_weighted: bool = True) -> tuple[WorkloadShape, ...]:
-    """The most common GPU request shapes among `jobs` (by count of GPUs, share, models, MIG profile), weighted by
-    how often they occur; each carries the median CPU/memory of its requests."""
-    groups: dict[tuple, list[tuple[int, int]]] = {}
-    for j in jobs:
-        models = tuple(sorted(j.gpu_models))
-        if j.mig_profile:
-            key = (1, WHOLE, models, j.mig_profile)
-        elif j.gpu_fraction_milli:
-            key = (1, j.gpu_fraction_milli, models, "")
-        elif j.gpus > 0:
-            key = (min(j.gpus_per_node or j.gpus, 8), WHOLE, models, "")
-        else:
-            continue
-        groups.setdefault(key, []).append((j.cpu_milli, j.memory_mib))
-    top = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:limit]
-    out = []
-    for (g, m, models, prof), hosts in top:
-        cpus = sorted(h[0] for h in hosts)
-        mems = sorted(h[1] for h in hosts)
-        weight = len(hosts) * g * m / WHOLE if demand_weighted else float(len(hosts))
-        out.append(WorkloadShape(gpus=g, gpu_milli=m, weight=weight, cpu_milli=cpus[len(cpus) // 2],
-                                 memory_mib=mems[len(mems) // 2], gpu_models=models, mig_profile=prof))
-    return tuple(out)
-
-
-def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:
-    if name:
-        return by_name.get(name)
-    best = None
-    for c in classes:
-        if c.value <= value and (best is None or c.value > best.value):
-            best = c
-    if best is None and classes:
-        best = min(classes, key=lambda c: c.value)
-    return best
-
-
-# Phases of a cycle timed in Plan.stats as "<phase>_us" when the caller injects a clock: normalise and resolve
-# classes (plus fair-share history), order (fair-share queue), quota admission, filter/score/select, diagnosing a
-# blocked job's reason, the preemption search, reservations for backfill, and finishing the plan.
-PHASES = ("normalize", "order", "quota", "place", "reasons", "preemption", "backfill", "finish")
-
-
-class _Laps:
-    """Time spent per phase: `to(phase)` charges the time since the last switch to the phase being left."""
-
-    __slots__ = ("clock", "t", "cur", "acc")
-
-    def __init__(self, clock: Callable[[], float]):
-        self.clock = clock
-        self.t = clock()
-        self.cur = "normalize"
-        self.acc: dict[str, float] = {}
-
-    def to(self, phase: str) -> None:
-        t = self.clock()
-        self.acc[self.cur] = self.acc.get(self.cur, 0.0) + (t - self.t)
-        self.t = t
-        self.cur = phase
-
-
-def decayed_history(history: Iterable, half_life_s: float, now: float) -> dict[tuple[str, str], float]:
-    """Fair-share history as an average amount held over the half-life window (so it adds to what is held now):
-    each usage record's decayed integral divided by the window's length hl / ln 2; GPUs in milli, CPU in
-    milli-cores, memory in MiB, keyed (team, GPU model | <cpu> | <memory>)."""
-    hist: dict[tuple[str, str], float] = {}
-    if half_life_s <= 0:
-        return hist
-    window = half_life_s / math.log(2)
-    for u in history:
-        f = 0.5 ** (max(0.0, now - u.as_of) / half_life_s) / window
-        for key, amount in (((u.team, u.gpu_model), u.gpu_seconds * WHOLE), ((u.team, _CPU), u.cpu_seconds * 1000),
-                            ((u.team, _MEM), u.memory_mib_seconds)):
-            if amount:
-                hist[key] = hist.get(key, 0.0) + amount * f
-    return hist
 
 
 @dataclass(slots=True)
@@ -190,6 +112,7 @@ class Scheduler(PlacementSearch):
         self.held: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
         self.norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
+        self.alt_cache: dict[str, tuple] = {}  # job id -> (request object, its alternatives normalised)
         self.team_alloc: dict[tuple[str, str], int] = {}  # (team, model) -> milli held
         self.usage_tp: dict[tuple[str, str, str], int] = {}  # (team, project, model) -> milli held
         self.team_host: dict[str, tuple[int, int]] = {}  # team -> (CPU milli-cores, memory MiB) held
@@ -371,6 +294,11 @@ class Scheduler(PlacementSearch):
                         shape = normalize(j)
                         if self._kind(j.kind).prefer_shared:
                             shape = replace(shape, prefer_shared=True)
+                        if j.alternatives:
+                            if shape.total != 1 or shape.members != 1:
+                                raise Invalid("alternative shares are for a one-GPU request (gpus=1)")
+                            self.alt_cache.pop(j.job_id, None)
+                            self._alternatives(j)  # raises Invalid for a share that is not one
                         hit = (j, (shape, *r))
                     except Invalid as e:
                         hit = (j, (INVALID_REQUEST, str(e)))
@@ -436,8 +364,21 @@ class Scheduler(PlacementSearch):
                                              f"FIFO: waiting behind {ctx.blocked_by}, which does not fit yet"))
             return
         paths = ctx.ledger.paths(job.team, job.project)
-        allowed = self._admit(ctx, job, shape, preemptible, paths)
+        allowed, refusal = self._admit(ctx, job, shape, preemptible, paths)
         if allowed is None:
+            if job.alternatives and self._try_alternatives(ctx, job, paths, prio, preemptible, min_rt):
+                return
+            if refusal is None:
+                ctx.reasons.append(PendingReason(job.job_id, NO_FEASIBLE_NODE,
+                                                 f"no GPU model in the cluster can serve {shape.describe()}"))
+                return
+            if ctx.eligible_victims:  # its quota refuses it: make room within that quota, or wait
+                if ctx.laps:
+                    ctx.laps.to("preemption")
+                preempting, refusal = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, refusal)
+                if preempting:
+                    return
+            ctx.reasons.append(PendingReason(job.job_id, QUOTA_EXCEEDED, refusal))
             return
         if ctx.laps:
             ctx.laps.to("place")
@@ -445,6 +386,8 @@ class Scheduler(PlacementSearch):
         takes, memo_key = self._try_place(ctx, job, shape, sid, allowed)
         if takes:
             self._commit(ctx, job, shape, takes, paths, prio, preemptible, min_rt)
+            return
+        if job.alternatives and self._try_alternatives(ctx, job, paths, prio, preemptible, min_rt):
             return
         if ctx.laps:
             ctx.laps.to("reasons")
@@ -456,6 +399,12 @@ class Scheduler(PlacementSearch):
             preempting, msg = self._try_preempt(ctx, job, shape, sid, allowed, prio, paths, msg)
             if preempting:
                 return
+        refused = [m for m in self._models_for(shape) if m not in allowed] if ctx.ledger.has_entries else []
+        if refused and ctx.eligible_victims and code != NO_NODE_MATCHES_SELECTOR:
+            # it fits none of the models its quota admits; the others it may get by making room within its quota
+            preempting, _ = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, msg, refused)
+            if preempting:
+                return
         if ctx.laps:
             ctx.laps.to("backfill")
         msg = self._try_reserve(ctx, job, shape, sid, allowed, code, msg)
@@ -464,21 +413,45 @@ class Scheduler(PlacementSearch):
             ctx.blocked_by = job.job_id
 
     def _admit(self, ctx: CycleContext, job: JobRequest, shape: Shape, preemptible: bool,
-               paths: tuple[str, str, str]) -> frozenset | None:
-        """4. The GPU models the job may take within its quota (None: none, its reason recorded)."""
+               paths: tuple[str, str, str]) -> tuple[frozenset | None, str | None]:
+        """4. The GPU models the job may take within its quota; (None, why) when its quota refuses it, (None,
+        None) when no GPU model in the cluster could serve it."""
         models = self._models_for(shape)
         if not models:
-            ctx.reasons.append(PendingReason(job.job_id, NO_FEASIBLE_NODE,
-                                             f"no GPU model in the cluster can serve {shape.describe()}"))
-            return None
-        ledger = ctx.ledger
-        guarantee_only = not preemptible and self.policy.nonpreemptible_within_guarantee and ledger.has_entries
-        allowed, refusal = ledger.admissible(paths, [(m, self._amount(shape, m)) for m in models], job.job_id,
-                                             guarantee_only=guarantee_only)
+            return None, None
+        allowed, refusal = ctx.ledger.admissible(paths, self._amounts(shape, models), job.job_id,
+                                                 guarantee_only=self._guarantee_only(ctx, preemptible))
         if not allowed:
-            ctx.reasons.append(PendingReason(job.job_id, QUOTA_EXCEEDED, refusal or "over quota"))
-            return None
-        return frozenset(allowed)
+            return None, refusal or "over quota"
+        return frozenset(allowed), None
+
+    def _try_alternatives(self, ctx: CycleContext, job: JobRequest, paths: tuple[str, str, str], prio: int,
+                          preemptible: bool, min_rt: float) -> bool:
+        """4-5 for each of the job's alternative shares in order, as if each were the request (True: one was
+        admitted and placed). The request's own reason, preemption and reservation follow when none is."""
+        for alt, alt_shape in self._alternatives(job):
+            allowed, _ = self._admit(ctx, alt, alt_shape, preemptible, paths)
+            if allowed is None:
+                continue
+            takes, _ = self._try_place(ctx, alt, alt_shape, self._sid(alt_shape), allowed)
+            if takes:
+                self._commit(ctx, alt, alt_shape, takes, paths, prio, preemptible, min_rt)
+                return True
+        return False
+
+    def _alternatives(self, job: JobRequest) -> tuple[tuple[JobRequest, Shape], ...]:
+        """The job's alternative shares as requests of their own, normalised (kept per request object)."""
+        hit = self.alt_cache.get(job.job_id)
+        if hit is None or hit[0] is not job:
+            hit = self.alt_cache[job.job_id] = (job, tuple(_alternative(job, a, self._kind(job.kind).prefer_shared)
+                                                         for a in job.alternatives))
+        return hit[1]
+
+    def _guarantee_only(self, ctx: CycleContext, preemptible: bool) -> bool:
+        return not preemptible and self.policy.nonpreemptible_within_guarantee and ctx.ledger.has_entries
+
+    def _amounts(self, shape: Shape, models: Iterable[str]) -> tuple[tuple[str, int], ...]:
+        return tuple((m, self._amount(shape, m)) for m in models)
 
     def _try_place(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int,
                    allowed: frozenset) -> tuple[list[Take] | None, tuple]:
@@ -572,6 +545,45 @@ class Scheduler(PlacementSearch):
         if not isinstance(found, Victims):
             ctx.preempt_fail.add(pkey)
             return False, msg + ("; " + found.reason if isinstance(found, NotYet) else "")
+        self._hold_for(ctx, job, prio, found, "preempted job(s)")
+        return True, msg
+
+    def _try_quota_preempt(self, ctx: CycleContext, job: JobRequest, shape: Shape, prio: int, preemptible: bool,
+                           paths: tuple[str, str, str], msg: str,
+                           models: Iterable[str] | None = None) -> tuple[bool, str]:
+        """4b. A job its quota refuses: victims that make room within that quota (`preempt.find_quota_victims`:
+        lower-priority work of its own team or project, and other teams' borrowed work while its team stays
+        within its guarantee). (True: it waits for them, its reason recorded; the refusal, with why it waits
+        instead when preempting would cost more than waiting)."""
+        ledger = ctx.ledger
+        amounts = self._amounts(shape, self._models_for(shape) if models is None else models)
+        reclaim = any(ledger.within_guarantee(paths, m, a) for m, a in amounts)
+        pkey = ("quota", self._sid(shape), amounts, job.team, job.project, prio, preemptible, reclaim)
+        if pkey in ctx.preempt_fail:
+            return False, msg
+        ctx.n_searches += 1
+        sid = self._sid(shape)
+        pre = QuotaPreemptor(job=job, paths=paths, priority=prio, amounts=amounts,
+                             guarantee_only=self._guarantee_only(ctx, preemptible), reclaim=reclaim,
+                             demand=max((a for _, a in amounts), default=0),
+                             place=lambda allowed: self._place(job, shape, sid, allowed))
+        found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now)
+        if not isinstance(found, Victims):
+            ctx.preempt_fail.add(pkey)
+            return False, msg + ("; " + found.reason if isinstance(found, NotYet) else "")
+        whys = sorted({why for _, why in found.chosen})
+        scope = paths[2] if any(w == PREEMPTED_WITHIN_QUOTA for w in whys) and \
+            ledger.refusing_paths(paths, amounts, job.job_id, guarantee_only=pre.guarantee_only) <= {paths[2]} \
+            else paths[1]
+        self._hold_for(ctx, job, prio, found, f"job(s) preempted to make room within its quota ({', '.join(whys)})",
+                       scope=scope, note=msg)
+        return True, msg
+
+    def _hold_for(self, ctx: CycleContext, job: JobRequest, prio: int, found: Victims, what: str,
+                  scope: str = "", note: str = "") -> None:
+        """The victims into the plan, the preemptor's target nodes held for it into the next cycle, and its
+        reason: waiting for `what` to leave them."""
+        st = self.state
         for vid, why in found.chosen:
             ctx.taken.add(vid)
             v = st.running[vid]
@@ -579,6 +591,9 @@ class Scheduler(PlacementSearch):
             if why == PREEMPTED_BY_PRIORITY:
                 m = f"{job.job_id} (priority {prio}) of team {job.team} needs the capacity; " \
                     f"{vid} has priority {v.priority}"
+            elif why == PREEMPTED_WITHIN_QUOTA:
+                m = f"{job.job_id} (priority {prio}) needs room within {scope}'s quota; {vid} has priority " \
+                    f"{v.priority}"
             else:
                 m = f"team {v.team} borrows capacity that team {job.team} is guaranteed " \
                     f"and {job.job_id} is waiting for"
@@ -590,10 +605,10 @@ class Scheduler(PlacementSearch):
         ctx.held_next[job.job_id] = (list(found.nodes), ctx.now)
         names = ", ".join(sorted(st.nodes[i].name for i in found.nodes))
         ctx.reasons.append(PendingReason(job.job_id, PREEMPTING,
-                                         f"waiting for {len(found.chosen)} preempted job(s) to leave {names}"))
+                                         f"waiting for {len(found.chosen)} {what} to leave {names}"
+                                         + (f"; {note}" if note else "")))
         if ctx.head_of_line:
             ctx.blocked_by = job.job_id
-        return True, msg
 
     def _try_reserve(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
                      code: str, msg: str) -> str:
@@ -697,6 +712,14 @@ class Scheduler(PlacementSearch):
             cpu_milli=shape.cpu,
             memory_mib=shape.mem,
         )
+
+
+def _alternative(job: JobRequest, share: Share, prefer_shared: bool) -> tuple[JobRequest, Shape]:
+    """The request with `share` in place of its own (and of its GPU models), normalised."""
+    alt = replace(job, gpu_fraction_milli=share.gpu_fraction_milli, gpu_memory_mib=share.gpu_memory_mib,
+                  mig_profile=share.mig_profile, gpu_models=share.gpu_models, gpus=1, alternatives=())
+    shape = normalize(alt)
+    return alt, replace(shape, prefer_shared=True) if prefer_shared else shape
 
 
 class NormalizeMemo:

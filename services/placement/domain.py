@@ -29,6 +29,7 @@ from libs.core import (
     PriorityClass,
     QuotaEntry,
     QuotaTree,
+    Share,
     Snapshot,
     codec,
 )
@@ -146,23 +147,32 @@ def offered_models(gpus: Iterable[Row]) -> dict[str, set[str]]:
 
 def dev_share(row: Row, offered: Mapping[str, set[str]], fraction_milli: int,
               memory_mib: int) -> dict[str, Any]:
-    """A dev job that asks for one GPU and names no share gets one where the pool offers it: a fraction on a
-    fractional GPU of an allowed model, else the smallest MIG slice with `memory_mib` on a MIG GPU, else (or when
-    the job says `exclusive`) a whole GPU. Interactive sessions rarely use a whole card; this is where the pool's
-    idle capacity goes back."""
+    """A dev job that asks for one GPU and names no share gets every share the pool offers, in this order: a
+    fraction on a fractional GPU of an allowed model, then the smallest MIG slice with `memory_mib` of each MIG
+    model (by name), then, the last resort, a whole GPU. The first is the request, the others its `alternatives`:
+    the core tries them in order when the one before is not placed now, so a session runs on a MIG slice while
+    every fractional GPU is full, and takes a whole GPU only when no share has room. A job that says `exclusive`
+    (or a pool offering no share) gets a whole GPU. Interactive sessions rarely use a whole card; this is where the
+    pool's idle capacity goes back."""
     if (row["kind"] != "dev" or row["gpus"] != 1 or row["gang_nodes"] or row["exclusive"]
             or row["gpu_fraction_milli"] or row["mig_profile"]):
         return {}
-    allowed = set(row["gpu_models"])
-    fractional = sorted(m for m in offered.get("fractional", ()) if not allowed or m in allowed)
-    if fractional:
-        return {"gpu_fraction_milli": fraction_milli, "gpu_memory_mib": memory_mib}
+    models = tuple(row["gpu_models"])
+    allowed = set(models)
+    shares: list[Share] = []
+    if any(not allowed or m in allowed for m in offered.get("fractional", ())):
+        shares.append(Share(gpu_fraction_milli=fraction_milli, gpu_memory_mib=memory_mib, gpu_models=models))
     for model in sorted(m for m in offered.get("mig", ()) if not allowed or m in allowed):
         fits = sorted((p.memory_mib, p.compute, p.name) for p in migcat.profiles_for(model).values()
                       if p.memory_mib >= memory_mib)
         if fits:
-            return {"mig_profile": fits[0][2], "gpu_models": (model,)}
-    return {}
+            shares.append(Share(mig_profile=fits[0][2], gpu_models=(model,)))
+    if not shares:
+        return {}
+    first = shares[0]
+    return {"gpu_fraction_milli": first.gpu_fraction_milli, "gpu_memory_mib": first.gpu_memory_mib,
+            "mig_profile": first.mig_profile, "gpu_models": first.gpu_models,
+            "alternatives": (*shares[1:], Share(gpu_models=models))}
 
 
 def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]],

@@ -113,6 +113,29 @@ async def test_fractions_mig_slices_and_dev_defaults_share_gpus_without_overfill
         finish_all(api)
 
 
+async def test_a_dev_session_falls_back_to_a_mig_slice_while_every_fractional_gpu_is_full(platform) -> None:  # type: ignore[no-untyped-def]
+    with platform.client() as api:
+        finish_all(api)
+        gpus = gpus_by_model(api)
+        frac_gpu = gpus["L40S"][0]
+        await set_sharing(platform.nats_url, frac_gpu, "fractional")
+        for g in gpus["A100-80GB"]:
+            await set_sharing(platform.nats_url, g, "mig")
+        async with AllocationWatcher(platform.nats_url) as watch:
+            probe = post(api, name="probe", gpu_fraction_milli=100, gpu_memory_mib=1024, gpu_models=["L40S"])
+            await watch.wait_for(AllocationGranted, probe, timeout=30)
+            complete(api, probe)
+            # the only fractional GPU is as good as full: the dev default (200 milli) no longer fits on it
+            full = post(api, name="full", gpu_fraction_milli=900, gpu_memory_mib=40_000, gpu_models=["L40S"])
+            await watch.wait_for(AllocationGranted, full)
+            notebook = post(api, name="notebook", kind="dev")  # no share named
+            [held] = (await watch.wait_for(AllocationGranted, notebook))[2].gpus
+            # the next share in the documented order: the smallest MIG slice with the dev memory (8 GiB)
+            assert held.mig_profile == "1g.10gb" and held.uuid in {g["uuid"] for g in gpus["A100-80GB"]}, held
+            wait_state(api, notebook, "running")
+        finish_all(api)
+
+
 async def test_a_share_that_contradicts_itself_or_names_an_unknown_mig_profile_is_refused(platform) -> None:
     with platform.client() as api:
         for body, words in [

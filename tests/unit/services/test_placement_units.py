@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from libs.core import MigInstance, Placement
+from libs.core import MigInstance, Placement, Share
 from services.placement.domain import (
     RequestBuilder,
     WantedJobs,
@@ -72,13 +72,21 @@ def test_a_dev_job_gets_the_smallest_mig_slice_with_enough_memory_when_no_fracti
                            dev_memory_mib=16384)
     # 1g.10gb has too little memory; 1g.20gb and 2g.20gb have enough, and the one with less compute wins
     assert (req.mig_profile, req.gpu_models, req.gpu_fraction_milli) == ("1g.20gb", ("A100-80GB",), 0)
+    # a whole GPU of the models it allows is the last resort
+    assert req.alternatives == (Share(gpu_models=("A100-80GB", "H100-80GB")),)
+
+
+def test_a_dev_job_falls_back_from_a_fraction_to_each_mig_slice_then_a_whole_gpu() -> None:
+    [req] = build_requests([wanted("d", kind="dev")], {}, OFFERED, dev_fraction_milli=300, dev_memory_mib=9000)
+    assert req.alternatives == (Share(mig_profile="1g.10gb", gpu_models=("A100-80GB",)),
+                                Share(mig_profile="1g.18gb", gpu_models=("H200-141GB",)), Share())
 
 
 def test_a_dev_job_stays_whole_when_it_says_exclusive_or_nothing_shared_is_offered() -> None:
     [excl] = build_requests([wanted("d", kind="dev", exclusive=True)], {}, OFFERED)
     [whole] = build_requests([wanted("d", kind="dev", gpu_models=["H100-80GB"])], {}, OFFERED)
     [batch] = build_requests([wanted("b", kind="batch")], {}, OFFERED)
-    assert all((r.gpu_fraction_milli, r.mig_profile) == (0, "") for r in (excl, whole, batch))
+    assert all((r.gpu_fraction_milli, r.mig_profile, r.alternatives) == (0, "", ()) for r in (excl, whole, batch))
 
 
 def test_allocated_gpus_say_what_share_each_placement_holds() -> None:
