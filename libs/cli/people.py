@@ -412,7 +412,8 @@ def explain_text(ex: Any) -> str:
     pairs: list[tuple[str, Any]] = [("Job", ex.job_id), ("State", ex.state), ("Message", ex.message),
                                     ("Placement", p.state), ("Reason", p.reason), ("Detail", p.message)]
     if p.position is not None:
-        pairs.append(("Position", f"{p.position} (1 = next among pending jobs)"))
+        basis = " (estimated until the next cycle)" if p.position_basis == "estimate" else ""
+        pairs.append(("Position", f"{p.position} (1 = next among pending jobs){basis}"))
     if p.priority_class is not None:
         pairs.append(("Priority", f"{p.priority_class} ({p.priority})" if p.priority is not None
                       else p.priority_class))

@@ -128,7 +128,12 @@ class PlacementExplanation(ApiModel):
     state: str = "unknown"
     reason: str | None = None
     message: str | None = None
-    position: int | None = Field(default=None, description="1 = next among pending jobs")
+    position: int | None = Field(default=None, description="1 = next among pending jobs, in the order the last "
+                                                           "scheduling cycle tried them (priority, fair share, "
+                                                           "submit time)")
+    position_basis: str | None = Field(
+        default=None, description="last_cycle: the position in the last cycle's order; estimate: the job arrived "
+                                  "after it (priority and submit time only, until the next cycle)")
     priority: int | None = None
     priority_class: str | None = None
     replicas_wanted: int | None = None

@@ -29,6 +29,7 @@ from libs.core import (
     QuotaEntry,
     QuotaTree,
     Snapshot,
+    UsageRecord,
     codec,
 )
 from libs.core import mig as migcat
@@ -57,9 +58,11 @@ def split_unit(unit: str) -> tuple[str, int | None]:
     return job_id, (int(replica) if sep else None)
 
 
-def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row]) -> Snapshot:
+def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row],
+                   usage: Iterable[Row] = ()) -> Snapshot:
     """MIG is dynamic here: a GPU in MIG mode has exactly the instances live allocations hold (the agent creates
-    an instance with its grant and destroys it with its release), so every other slot is free to plan."""
+    an instance with its grant and destroys it with its release), so every other slot is free to plan. `usage`:
+    each team's decayed GPU-seconds per model (`team_usage`), fair share's history."""
     running = list(running)
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
@@ -83,7 +86,15 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
                        **_held_share(r))
             for r in running
         ),
+        usage=tuple(UsageRecord(team=u["team"], gpu_model=u["gpu_model"], gpu_seconds=u["gpu_seconds"],
+                                as_of=u["as_of"].timestamp()) for u in usage),
     )
+
+
+def queue_order(pending: Iterable[PendingReason]) -> tuple[str, ...]:
+    """The waiting jobs in the order the cycle tried them (the core lists a plan's pending reasons in that order:
+    priority, then fair share, then submit time), each job once: what `explain` reports as its position."""
+    return tuple(dict.fromkeys(split_unit(r.job_id)[0] for r in pending))
 
 
 def _held_share(r: Row) -> dict[str, Any]:
@@ -245,7 +256,7 @@ class WantedJobs:
 
 
 def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams: Iterable[Row],
-                 min_runtime_s: float) -> Policy:
+                 min_runtime_s: float, fair_share_half_life_s: float) -> Policy:
     """The quota service's classes and quota tree (core defaults until it has told us anything)."""
     priority_classes = tuple(
         PriorityClass(c["name"], c["value"], preemptible=c["preemptible"], min_runtime_s=c["min_runtime_s"])
@@ -258,7 +269,7 @@ def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams
     )
     team_org = tuple(sorted((t["team"], t["org"]) for t in teams))
     return Policy(name=name, priority_classes=priority_classes, quotas=QuotaTree(entries=entries, team_org=team_org),
-                  min_runtime_s=min_runtime_s)
+                  min_runtime_s=min_runtime_s, fair_share_half_life_s=fair_share_half_life_s)
 
 
 def allocated_gpus(p: Placement, models: Mapping[str, str]) -> tuple[list[AllocatedGpu], dict[str, int]]:

@@ -121,6 +121,7 @@ SELECT json_build_object(
              exclusive, isolation, not_before, replica_failures, replica_set, changed_xid
       FROM pending_jobs WHERE NOT satisfied) q),
   'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
+  'usage', (SELECT coalesce(json_agg(u), '[]') FROM (SELECT team, gpu_model, gpu_seconds, as_of FROM team_usage) u),
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
   'quotas', (SELECT coalesce(json_agg(q), '[]') FROM (
       SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
@@ -132,7 +133,8 @@ SELECT json_build_object(
 )::text"""
 _FLOATS = {"quotas": ("guaranteed", "borrowing_limit", "lending_limit", "weight"), "classes": ("min_runtime_s",),
            "running": ("max_runtime_s",), "pending": ("max_runtime_s",)}
-_TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at", "not_before")}
+_TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at", "not_before"),
+          "usage": ("as_of",)}
 
 
 async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, Any]:
@@ -280,12 +282,28 @@ async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[s
         [j for j, _, _ in reasons], [r for _, r, _ in reasons], [m for _, _, m in reasons])
 
 
+async def set_fair_share_half_life(conn: asyncpg.Connection, half_life_s: float) -> None:
+    """The half-life every release decays a team's recorded usage with (placement's setting)."""
+    await conn.execute(
+        """INSERT INTO fair_share_config (id, half_life_s) VALUES (true, $1)
+           ON CONFLICT (id) DO UPDATE SET half_life_s = EXCLUDED.half_life_s""", half_life_s)
+
+
+async def record_queue_order(conn: asyncpg.Connection, job_ids: tuple[str, ...]) -> None:
+    """The order the cycle tried the waiting jobs in (explain's positions)."""
+    await conn.execute(
+        """INSERT INTO queue_order (id, job_ids, decided_at) VALUES (true, $1, now())
+           ON CONFLICT (id) DO UPDATE SET job_ids = EXCLUDED.job_ids, decided_at = EXCLUDED.decided_at""",
+        list(job_ids))
+
+
 async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *,
                   replica: int | None = None, min_replica: int | None = None, allocation_id: str | None = None,
                   finished: bool = False, with_work: bool | None = None,
                   exit: str | None = None) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
     """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation) and their
-    GPUs, in one statement. `finished`: the job is over; the same statement remembers it in `finished_jobs` (a late
+    GPUs, in one statement, adding the GPU-seconds they held to their team's usage (fair share's history, decayed
+    with `fair_share_config`'s half-life). `finished`: the job is over; the same statement remembers it in `finished_jobs` (a late
     or redelivered submission never places it) and stops wanting it. `with_work`: only allocations that run work
     (True) or only those that do not (False); `exit`: how the work ended (JSON), kept with the release.
 
@@ -304,6 +322,15 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
             g AS (
                 UPDATE allocation_gpus SET live = false FROM a WHERE allocation_gpus.allocation_id = a.allocation_id
                 RETURNING allocation_gpus.allocation_id, {_HELD}),
+            u AS (INSERT INTO team_usage AS t (team, gpu_model, gpu_seconds, as_of)
+                  SELECT a.team, g.model,
+                         sum(g.share_milli / 1000.0 * greatest(0, extract(epoch FROM a.released_at - a.granted_at))),
+                         $2
+                  FROM a JOIN g USING (allocation_id) GROUP BY a.team, g.model
+                  ON CONFLICT (team, gpu_model) DO UPDATE SET
+                      gpu_seconds = t.gpu_seconds * power(0.5, greatest(0, extract(epoch FROM EXCLUDED.as_of - t.as_of))
+                          / coalesce((SELECT half_life_s FROM fair_share_config), 604800)) + EXCLUDED.gpu_seconds,
+                      as_of = greatest(t.as_of, EXCLUDED.as_of)),
             f AS (INSERT INTO finished_jobs (job_id) SELECT $1 WHERE $7 ON CONFLICT DO NOTHING),
             d AS (DELETE FROM pending_jobs WHERE $7 AND job_id = $1)
             SELECT a.*, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start
@@ -514,6 +541,7 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
     """What placement knows about a job: waiting (reason, position) and/or holding GPUs (and any preemption)."""
     wanted = await conn.fetchrow(
         """SELECT job_id, replicas, satisfied, priority, priority_class, reason, message,
+                  (SELECT array_position(job_ids, p.job_id) FROM queue_order) AS position,
                   (SELECT count(*) FROM pending_jobs p2 WHERE NOT p2.satisfied AND (p2.priority > p.priority
                       OR (p2.priority = p.priority AND (p2.submitted_at, p2.job_id) < (p.submitted_at, p.job_id))))
                       AS ahead
@@ -529,7 +557,8 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
     if wanted is not None and not wanted["satisfied"]:
         doc.update(state="pending", reason=wanted["reason"] or "Queued",
                    message=wanted["message"] or "waiting for the next scheduling cycle",
-                   position=int(wanted["ahead"]) + 1, priority=wanted["priority"],
+                   position=wanted["position"] or int(wanted["ahead"]) + 1,
+                   position_basis="last_cycle" if wanted["position"] else "estimate", priority=wanted["priority"],
                    priority_class=wanted["priority_class"],
                    preempting_for_it=[r["job_id"] for r in await conn.fetch(
                        """SELECT DISTINCT job_id FROM allocations WHERE released_at IS NULL
