@@ -540,9 +540,25 @@ def pool_table(summary: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_pool(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.fragmentation:
+        frag = gp.fragmentation(cluster=args.cluster)
+        emit(args, frag.raw, lambda: fragmentation_text(frag))
+        return EXIT_OK
     pool = gp.pool(cluster=args.cluster)
     emit(args, pool.raw, lambda: pool_table(pool_rows(pool)))
     return EXIT_OK
+
+
+def fragmentation_text(frag: Any) -> str:
+    rows = table(("CLUSTER", "MODEL", "GPUS", "FREE", "FRAGMENTED", "SHARE"),
+                 [(r.cluster, r.gpu_model, r.gpus, f"{r.free_gpus:g}", f"{r.fragmented_gpus:.2f}",
+                   f"{100 * r.fragmented_share:.0f}%") for r in frag.rows])
+    def shape(w: Any) -> str:
+        size = f"{w.gpu_milli / 1000:g} GPU" if w.gpu_milli < 1000 else f"{w.gpus} GPU{'s' * (w.gpus > 1)}"
+        return f"{size}{' of ' + '/'.join(w.gpu_models) if w.gpu_models else ''} {100 * w.share:.0f}%"
+
+    mix = ", ".join(shape(w) for w in frag.workload) or "none (nothing asked for recently)"
+    return f"{rows}\nrecent workload: {mix}"
 
 
 def top_rows(nodes: Sequence[Node], allocs: Sequence[Allocation], jobs: Sequence[Job]) -> list[dict[str, Any]]:
@@ -1294,6 +1310,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = add("pool", cmd_pool, "GPUs per cluster and model: allocated, used, allocated-but-idle, unhealthy, free")
     p.add_argument("--cluster")
+    p.add_argument("--fragmentation", action="store_true",
+                   help="free GPUs that no recently asked-for job shape could use (FGD's measure)")
 
     p = add("top", cmd_top, "live per-GPU view: utilization, memory, temperature, power, health, holder")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")

@@ -44,6 +44,7 @@ from libs.client.models import (
     Node,
     Orphan,
     Pool,
+    PoolFragmentation,
     PriorityClass,
     QuotaEntry,
     Readiness,
@@ -375,6 +376,11 @@ class GpupoolClient(ReportsApi, WorkApi):
     def pool(self, cluster: str | None = None) -> Pool:
         """GET /v1/pool: per cluster and GPU model total, healthy, in use, allocated, allocated-but-idle, free."""
         return _parse(Pool, self._json("GET", "/v1/pool", params={"cluster": cluster}), "/v1/pool")
+
+    def fragmentation(self, cluster: str | None = None) -> PoolFragmentation:
+        """GET /v1/pool/fragmentation: free GPUs per cluster and model that no recent job shape could use."""
+        return _parse(PoolFragmentation, self._json("GET", "/v1/pool/fragmentation", params={"cluster": cluster}),
+                      "/v1/pool/fragmentation")
 
     # --- teams, quotas, priority classes (changes: platform admins) ---------------------------------------------
     def list_teams(self) -> list[Team]:

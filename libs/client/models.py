@@ -437,6 +437,32 @@ class Pool(ApiModel):
     fresh_within_s: float | None = None
 
 
+class FragmentationRow(ApiModel):
+    cluster: str
+    gpu_model: str
+    gpus: int
+    free_gpus: float
+    fragmented_gpus: float = Field(description="of the free GPUs, what a job drawn from the recent workload could "
+                                               "not use (FGD's measure)")
+    fragmented_share: float
+
+
+class WorkloadShareRow(ApiModel):
+    gpus: int
+    gpu_milli: int
+    gpu_models: list[str] = Field(default_factory=list)
+    share: float
+
+
+class PoolFragmentation(ApiModel):
+    """GET /v1/pool/fragmentation."""
+
+    measured_at: datetime
+    window_s: float
+    rows: list[FragmentationRow] = Field(default_factory=list)
+    workload: list[WorkloadShareRow] = Field(default_factory=list)
+
+
 # --- tokens and audit -----------------------------------------------------------------------------------------------
 class Token(ApiModel):
     token_id: str

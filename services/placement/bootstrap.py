@@ -32,5 +32,6 @@ async def main() -> None:
     runtime.background(handlers.reconcile_forever(), "policy-reconcile")
     runtime.background(lease.run(), "leader-lease")
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")
+    runtime.background(handlers.fragmentation.gauges_forever(), "fragmentation-gauges")
     runtime.on_shutdown(lease.stop)
     await runtime.run_until_signalled()

@@ -30,6 +30,7 @@ from libs.core import (
     QuotaTree,
     Snapshot,
     UsageRecord,
+    WorkloadShape,
     codec,
 )
 from libs.core import mig as migcat
@@ -89,6 +90,16 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
         usage=tuple(UsageRecord(team=u["team"], gpu_model=u["gpu_model"], gpu_seconds=u["gpu_seconds"],
                                 as_of=u["as_of"].timestamp()) for u in usage),
     )
+
+
+def recent_workload(shapes: Iterable[Row], limit: int = 32) -> tuple[WorkloadShape, ...]:
+    """The workload the live fragmentation measure is taken against: the job shapes recently asked for, each
+    weighted by how often it occurred (FGD's pod-spec popularity, as the simulator's fill measures it), the `limit`
+    most frequent. A shape row: GPUs on one node, share of each GPU (milli), allowed models, MIG profile, count."""
+    top = sorted(shapes, key=lambda r: (-r["n"], r["gpus"], r["share_milli"], sorted(r["models"]), r["mig_profile"]))
+    return tuple(WorkloadShape(gpus=min(r["gpus"], 8), gpu_milli=r["share_milli"], weight=float(r["n"]),
+                               gpu_models=tuple(sorted(r["models"])), mig_profile=r["mig_profile"])
+                 for r in top[:limit] if r["gpus"] > 0)
 
 
 def queue_order(pending: Iterable[PendingReason]) -> tuple[str, ...]:

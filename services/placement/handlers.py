@@ -22,6 +22,7 @@ from libs.contracts import subjects
 from libs.contracts.commands import (
     Empty,
     GetDecision,
+    GetPool,
     JobRef,
     ListAllocations,
     ListDecisions,
@@ -92,6 +93,7 @@ from services.placement.domain import (
     split_unit,
     workload_environment,
 )
+from services.placement.fragmentation import Fragmentation
 from services.placement.reporting import report_holdings, report_plan
 from services.placement.rollouts import Rollouts
 
@@ -119,6 +121,7 @@ class PlacementHandlers:
         self._gang_due: Any = None  # when the earliest gang still waiting for its members runs out of time
         self._tracer = tracer("gpupool.placement")
         self.rollouts = Rollouts(self)
+        self.fragmentation = Fragmentation(self)
 
     async def _wake(self) -> None:
         """Wake the scheduling loop once a change is committed (inside a consumer's batch transaction, after the
@@ -755,6 +758,7 @@ def routes(h: PlacementHandlers) -> Routes:
             subjects.QUERY_PLACEMENT_EXPLAIN: (JobRef, h.explain),
             subjects.QUERY_PLACEMENT_LIST_DECISIONS: (ListDecisions, h.list_decisions),
             subjects.QUERY_PLACEMENT_GET_DECISION: (GetDecision, h.get_decision),
+            subjects.QUERY_PLACEMENT_FRAGMENTATION: (GetPool, h.fragmentation.query),
             subjects.CMD_PLACEMENT_RELEASE_ALLOCATION: (ReleaseAllocation, h.release_allocation),
         },
         events={

@@ -95,8 +95,8 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
         data.work.isolation if data.work is not None else None, data.replica_set or data.replicas > 1) is not None
 
 
-_STATE = """
-SELECT json_build_object(
+# The pool as a cycle reads it: nodes, GPUs, live allocations (the snapshot's parts, shared by _STATE and _POOL).
+_POOL_PARTS = """
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
             FROM (SELECT cluster, node, schedulable, labels, address FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
@@ -111,7 +111,10 @@ SELECT json_build_object(
              array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
              array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
       FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
-      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas, p.replica_set) r),
+      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas, p.replica_set) r)"""
+
+_STATE = """
+SELECT json_build_object(""" + _POOL_PARTS + """,
   'pending', (SELECT json_build_object(
         'ids', coalesce(json_agg(q.job_id), '[]'), 'xids', coalesce(json_agg(q.changed_xid::text), '[]'),
         'rows', coalesce(json_agg(q) FILTER (WHERE q.changed_xid >= $1::text::xid8), '[]'))
@@ -137,6 +140,35 @@ _TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_
           "usage": ("as_of",)}
 
 
+# The pool and the shapes recently asked for (the last grants within the window, and every job still waiting),
+# for the live fragmentation measure. A shape: GPUs on one node (a gang member's share), share of each GPU, the
+# job's allowed models (when still known), MIG profile; `n`: how often it occurred.
+_POOL = """
+SELECT json_build_object(""" + _POOL_PARTS + """,
+  'shapes', (SELECT coalesce(json_agg(s), '[]') FROM (
+      SELECT gpus, share_milli, models, mig_profile, count(*) AS n FROM (
+          SELECT count(*) AS gpus, min(g.share_milli) AS share_milli, coalesce(p.gpu_models, '{}') AS models,
+                 coalesce(min(g.mig_profile), '') AS mig_profile
+          FROM (SELECT allocation_id, job_id FROM allocations WHERE granted_at >= $1
+                ORDER BY allocation_id DESC LIMIT $2) a
+          JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
+          GROUP BY a.allocation_id, p.gpu_models
+          UNION ALL
+          SELECT CASE WHEN gang_nodes > 0 THEN gpus_per_node ELSE gpus END,
+                 CASE WHEN gpu_fraction_milli > 0 THEN gpu_fraction_milli ELSE 1000 END, gpu_models, mig_profile
+          FROM pending_jobs WHERE NOT satisfied) x
+      GROUP BY gpus, share_milli, models, mig_profile) s)
+)::text"""
+
+
+async def load_pool(conn: asyncpg.Connection, since: datetime, recent: int) -> dict[str, Any]:
+    """Nodes, GPUs and live allocations as a cycle reads them, with the job shapes asked for since `since` (at
+    most the `recent` newest grants, and every waiting job), in one statement."""
+    state = json.loads(await conn.fetchval(_POOL, since, recent))
+    _convert(state)
+    return state
+
+
 async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, Any]:
     """Everything one scheduling cycle reads, as one statement: one consistent snapshot in one round trip (the
     cycle runs it every time it wakes, so the number of round trips is what it costs). Rows come back as dicts
@@ -158,13 +190,14 @@ async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, 
 
 
 def _convert(state: dict[str, Any]) -> None:
+    """JSON's numbers and strings back to the columns' types, for the parts `state` has."""
     for part, names in _FLOATS.items():
-        for row in state[part]:
+        for row in state.get(part, ()):
             for name in names:
                 if row[name] is not None:
                     row[name] = float(row[name])
     for part, names in _TIMES.items():
-        for row in state[part]:
+        for row in state.get(part, ()):
             for name in names:
                 if row[name] is not None:
                     row[name] = datetime.fromisoformat(row[name])
