@@ -1167,7 +1167,8 @@ def cmd_cordon(args: argparse.Namespace, gp: GpupoolClient) -> int:
 def cmd_sharing(args: argparse.Namespace, gp: GpupoolClient) -> int:
     out = gp.set_gpu_sharing(args.node, args.gpu, args.mode, cluster=args.cluster)
     emit(args, out.raw, lambda: f"GPU {out.index} on {out.cluster}/{out.node}: {out.mode}"
-                                + ("" if out.changed else " (unchanged)"))
+                                + (f", draining to {out.draining_to} (no new work; switches once its work is "
+                                   "released)" if out.draining_to else "" if out.changed else " (unchanged)"))
     return EXIT_OK
 
 

@@ -354,7 +354,8 @@ class GpupoolClient(ReportsApi, WorkApi):
                                        json_body=body, retry=True), f"/v1/nodes/{{node}}/{verb}")
 
     def set_gpu_sharing(self, node: str, index: int, mode: str, cluster: str | None = None) -> GpuChange:
-        """exclusive, fractional or mig; applies to new placements (operators and admins)."""
+        """exclusive, fractional or mig (operators and admins): at once on an empty GPU; a GPU that holds work is
+        drained first (`draining_to`) and switched when the work is released."""
         return _parse(GpuChange, self._json("PUT", f"/v1/nodes/{_seg(node)}/gpus/{int(index)}/sharing",
                                             params={"cluster": cluster}, json_body={"mode": mode}, retry=True),
                       "/v1/nodes/{node}/gpus/{index}/sharing")

@@ -247,6 +247,8 @@ class GpuChange(ApiModel):
     gpu_uuid: str = ""
     before: str = ""
     mode: str | None = Field(default=None, description="the sharing mode (sharing changes)")
+    draining_to: str | None = Field(default=None, description="sharing changes: the mode the GPU becomes once the "
+                                                              "work it holds is released (no new work meanwhile)")
     state: str | None = Field(default=None, description="the health state (health changes)")
     reason: str | None = None
     changed: bool = False

@@ -496,6 +496,16 @@ class SimulatedNvml:
             raise MigError("InUse", f"MIG instance at slot {start} of GPU {index} has running processes")
         gpu.mig = tuple(m for m in gpu.mig or () if m.start != start)
 
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        gpu = self._gpu(index)
+        if enabled and not gpu.spec.mig_profiles:
+            raise MigError("MigUnsupported", f"{gpu.spec.model} has no MIG profiles")
+        if (gpu.mig is not None) == enabled:
+            return
+        if gpu.procs or gpu.mig:
+            raise MigError("InUse", f"GPU {index} has processes or MIG instances")
+        gpu.mig = () if enabled else None
+
     # ---- NvmlBackend -----------------------------------------------------------
 
     def node_info(self) -> NodeInfo:

@@ -65,11 +65,13 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     an instance with its grant and destroys it with its release), so every other slot is free to plan. `usage`:
     each team's decayed GPU-seconds per model (`team_usage`), fair share's history."""
     running = list(running)
+    gpus = list(gpus)
+    closed = closed_gpus(gpus, running)
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
         by_node[(g["cluster"], g["node"])].append(
             Gpu(uuid=g["uuid"], index=g["idx"], model=g["model"], memory_mib=g["memory_mib"],
-                healthy=g["health"] == "healthy", sharing=g["sharing"]))
+                healthy=g["health"] == "healthy" and g["uuid"] not in closed, sharing=g["sharing"]))
     return Snapshot(
         nodes=tuple(
             Node(name=n["node"], cluster=n["cluster"], gpus=tuple(by_node[(n["cluster"], n["node"])]),
@@ -108,6 +110,23 @@ def queue_order(pending: Iterable[PendingReason]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(split_unit(r.job_id)[0] for r in pending))
 
 
+def closed_gpus(gpus: Iterable[Row], running: Iterable[Row]) -> set[str]:
+    """GPUs that take no new work this cycle: one draining for a new sharing mode, and one whose live work does
+    not fit its mode (a mode changed while work was held: MIG slices on a GPU no longer in `mig`, a fraction on an
+    `exclusive` one, a whole GPU held on a `mig` one). Offering such a GPU made the core plan what the store then
+    refused, cycle after cycle."""
+    closed = {g["uuid"] for g in gpus if g.get("draining")}
+    mode = {g["uuid"]: g["sharing"] for g in gpus}
+    for r in running:
+        share = "mig" if any(p is not None for p in r["mig_profiles"]) else (
+            "fraction" if r["share_milli"] < 1000 else "whole")
+        for uuid in r["gpu_uuids"]:
+            m = mode.get(uuid)
+            if (m == "mig") != (share == "mig") or (m == "exclusive" and share == "fraction"):
+                closed.add(uuid)
+    return closed
+
+
 def _held_share(r: Row) -> dict[str, Any]:
     """What a running allocation holds of its GPUs, in the core's terms."""
     mig = tuple((u, MigInstance(p, s)) for u, p, s in zip(r["gpu_uuids"], r["mig_profiles"], r["mig_starts"],
@@ -123,7 +142,7 @@ def offered_models(gpus: Iterable[Row]) -> dict[str, set[str]]:
     """Sharing mode → GPU models that healthy GPUs in that mode have (what a dev job's default can use)."""
     out: dict[str, set[str]] = defaultdict(set)
     for g in gpus:
-        if g["health"] == "healthy":
+        if g["health"] == "healthy" and not g.get("draining"):
             out[g["sharing"]].add(g["model"])
     return out
 

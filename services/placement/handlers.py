@@ -181,11 +181,12 @@ class PlacementHandlers:
                 await store.set_gpu_health(uow.conn, data.gpu_uuid, data.current)
 
     async def on_gpu_sharing_set(self, event: CloudEvent, data: GpuSharingSet) -> None:
-        """New placements follow the new mode; what is held stays where it is (never moved)."""
+        """New placements follow the new mode; what is held stays where it is (never moved). A GPU announced as
+        draining to another mode takes no new work until inventory announces the switch."""
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id) and not await store.set_gpu_sharing(
-                    uow.conn, data.gpu_uuid, data.mode):
+                    uow.conn, data.gpu_uuid, data.mode, data.draining_to is not None):
                 log.warning("sharing_for_unknown_gpu", extra={"gpu_uuid": data.gpu_uuid, "node": data.node})
 
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:

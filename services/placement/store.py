@@ -59,11 +59,12 @@ async def set_node_schedulable(conn: asyncpg.Connection, cluster: str, node: str
         cluster, node, schedulable)
 
 
-async def set_gpu_sharing(conn: asyncpg.Connection, uuid: str, mode: str) -> bool:
-    """An operator's choice; it outlives re-registrations. False when the GPU is not known (yet)."""
+async def set_gpu_sharing(conn: asyncpg.Connection, uuid: str, mode: str, draining: bool) -> bool:
+    """An operator's choice; it outlives re-registrations. `draining`: the GPU is being emptied for another mode
+    and takes no new work. False when the GPU is not known (yet)."""
     return await conn.fetchval(
-        "UPDATE gpus SET sharing = $2, sharing_set_by_operator = true WHERE uuid = $1 RETURNING true",
-        uuid, mode) is not None
+        "UPDATE gpus SET sharing = $2, draining = $3, sharing_set_by_operator = true WHERE uuid = $1 RETURNING true",
+        uuid, mode, draining) is not None
 
 
 async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str) -> None:
@@ -100,7 +101,7 @@ _POOL_PARTS = """
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
             FROM (SELECT cluster, node, schedulable, labels, address FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
-           FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing FROM gpus) g),
+           FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing, draining FROM gpus) g),
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,

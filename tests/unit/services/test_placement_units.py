@@ -201,3 +201,18 @@ def test_the_queue_order_is_the_order_the_core_tried_the_jobs_in_each_job_once()
     # replicas of one service are one job in the order, at its first unit's place
     assert queue_order([PendingReason("s#1", "X", ""), PendingReason("a", "X", ""),
                         PendingReason("s#0", "X", "")]) == ("s", "a")
+
+
+def test_a_draining_gpu_and_one_whose_work_does_not_fit_its_mode_take_no_new_work() -> None:
+    from services.placement.domain import build_snapshot, closed_gpus
+
+    gpus = [{"uuid": f"g{i}", "cluster": "c", "node": "n", "idx": i, "model": "H100-80GB", "memory_mib": 81920,
+             "health": "healthy", "sharing": mode, "draining": i == 3}
+            for i, mode in enumerate(("exclusive", "exclusive", "fractional", "fractional"))]
+    running = [{"gpu_uuids": ["g0"], "share_milli": 142, "mig_profiles": ["1g.10gb"]},  # a slice on exclusive
+               {"gpu_uuids": ["g1"], "share_milli": 1000, "mig_profiles": [None]},  # whole on exclusive: fine
+               {"gpu_uuids": ["g2"], "share_milli": 1000, "mig_profiles": [None]}]  # whole on fractional: fine
+    assert closed_gpus(gpus, running) == {"g0", "g3"}
+    nodes = [{"cluster": "c", "node": "n", "schedulable": True, "labels": {}}]
+    snap = build_snapshot(nodes, gpus, [])
+    assert [g.healthy for g in snap.nodes[0].gpus] == [True, True, True, False]
