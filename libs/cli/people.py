@@ -470,7 +470,8 @@ def explain_text(ex: Any) -> str:
     pairs: list[tuple[str, Any]] = [("Job", ex.job_id), ("State", ex.state), ("Message", ex.message),
                                     ("Placement", p.state), ("Reason", p.reason), ("Detail", p.message)]
     if p.position is not None:
-        pairs.append(("Position", f"{p.position} (1 = next among pending jobs)"))
+        basis = " (estimated until the next cycle)" if p.position_basis == "estimate" else ""
+        pairs.append(("Position", f"{p.position} (1 = next among pending jobs){basis}"))
     if p.priority_class is not None:
         pairs.append(("Priority", f"{p.priority_class} ({p.priority})" if p.priority is not None
                       else p.priority_class))
@@ -597,9 +598,25 @@ def pool_table(summary: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_pool(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.fragmentation:
+        frag = gp.fragmentation(cluster=args.cluster)
+        emit(args, frag.raw, lambda: fragmentation_text(frag))
+        return EXIT_OK
     pool = gp.pool(cluster=args.cluster)
     emit(args, pool.raw, lambda: pool_table(pool_rows(pool)))
     return EXIT_OK
+
+
+def fragmentation_text(frag: Any) -> str:
+    rows = table(("CLUSTER", "MODEL", "GPUS", "FREE", "FRAGMENTED", "SHARE"),
+                 [(r.cluster, r.gpu_model, r.gpus, f"{r.free_gpus:g}", f"{r.fragmented_gpus:.2f}",
+                   f"{100 * r.fragmented_share:.0f}%") for r in frag.rows])
+    def shape(w: Any) -> str:
+        size = f"{w.gpu_milli / 1000:g} GPU" if w.gpu_milli < 1000 else f"{w.gpus} GPU{'s' * (w.gpus > 1)}"
+        return f"{size}{' of ' + '/'.join(w.gpu_models) if w.gpu_models else ''} {100 * w.share:.0f}%"
+
+    mix = ", ".join(shape(w) for w in frag.workload) or "none (nothing asked for recently)"
+    return f"{rows}\nrecent workload: {mix}"
 
 
 def top_rows(nodes: Sequence[Node], allocs: Sequence[Allocation], jobs: Sequence[Job]) -> list[dict[str, Any]]:
@@ -1208,7 +1225,8 @@ def cmd_cordon(args: argparse.Namespace, gp: GpupoolClient) -> int:
 def cmd_sharing(args: argparse.Namespace, gp: GpupoolClient) -> int:
     out = gp.set_gpu_sharing(args.node, args.gpu, args.mode, cluster=args.cluster)
     emit(args, out.raw, lambda: f"GPU {out.index} on {out.cluster}/{out.node}: {out.mode}"
-                                + ("" if out.changed else " (unchanged)"))
+                                + (f", draining to {out.draining_to} (no new work; switches once its work is "
+                                   "released)" if out.draining_to else "" if out.changed else " (unchanged)"))
     return EXIT_OK
 
 
@@ -1351,6 +1369,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = add("pool", cmd_pool, "GPUs per cluster and model: allocated, used, allocated-but-idle, unhealthy, free")
     p.add_argument("--cluster")
+    p.add_argument("--fragmentation", action="store_true",
+                   help="free GPUs that no recently asked-for job shape could use (FGD's measure)")
 
     p = add("top", cmd_top, "live per-GPU view: utilization, memory, temperature, power, health, holder")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")

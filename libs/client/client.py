@@ -44,6 +44,7 @@ from libs.client.models import (
     Node,
     Orphan,
     Pool,
+    PoolFragmentation,
     PriorityClass,
     QuotaEntry,
     Readiness,
@@ -359,7 +360,8 @@ class GpupoolClient(ReportsApi, WorkApi):
                                        json_body=body, retry=True), f"/v1/nodes/{{node}}/{verb}")
 
     def set_gpu_sharing(self, node: str, index: int, mode: str, cluster: str | None = None) -> GpuChange:
-        """exclusive, fractional or mig; applies to new placements (operators and admins)."""
+        """exclusive, fractional or mig (operators and admins): at once on an empty GPU; a GPU that holds work is
+        drained first (`draining_to`) and switched when the work is released."""
         return _parse(GpuChange, self._json("PUT", f"/v1/nodes/{_seg(node)}/gpus/{int(index)}/sharing",
                                             params={"cluster": cluster}, json_body={"mode": mode}, retry=True),
                       "/v1/nodes/{node}/gpus/{index}/sharing")
@@ -381,6 +383,11 @@ class GpupoolClient(ReportsApi, WorkApi):
     def pool(self, cluster: str | None = None) -> Pool:
         """GET /v1/pool: per cluster and GPU model total, healthy, in use, allocated, allocated-but-idle, free."""
         return _parse(Pool, self._json("GET", "/v1/pool", params={"cluster": cluster}), "/v1/pool")
+
+    def fragmentation(self, cluster: str | None = None) -> PoolFragmentation:
+        """GET /v1/pool/fragmentation: free GPUs per cluster and model that no recent job shape could use."""
+        return _parse(PoolFragmentation, self._json("GET", "/v1/pool/fragmentation", params={"cluster": cluster}),
+                      "/v1/pool/fragmentation")
 
     # --- teams, quotas, priority classes (changes: platform admins) ---------------------------------------------
     def list_teams(self) -> list[Team]:

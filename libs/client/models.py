@@ -132,7 +132,12 @@ class PlacementExplanation(ApiModel):
     state: str = "unknown"
     reason: str | None = None
     message: str | None = None
-    position: int | None = Field(default=None, description="1 = next among pending jobs")
+    position: int | None = Field(default=None, description="1 = next among pending jobs, in the order the last "
+                                                           "scheduling cycle tried them (priority, fair share, "
+                                                           "submit time)")
+    position_basis: str | None = Field(
+        default=None, description="last_cycle: the position in the last cycle's order; estimate: the job arrived "
+                                  "after it (priority and submit time only, until the next cycle)")
     priority: int | None = None
     priority_class: str | None = None
     replicas_wanted: int | None = None
@@ -246,6 +251,8 @@ class GpuChange(ApiModel):
     gpu_uuid: str = ""
     before: str = ""
     mode: str | None = Field(default=None, description="the sharing mode (sharing changes)")
+    draining_to: str | None = Field(default=None, description="sharing changes: the mode the GPU becomes once the "
+                                                              "work it holds is released (no new work meanwhile)")
     state: str | None = Field(default=None, description="the health state (health changes)")
     reason: str | None = None
     changed: bool = False
@@ -434,6 +441,32 @@ class Pool(ApiModel):
     all: PoolAll = Field(default_factory=PoolAll)
     in_use_util_pct: float | None = None
     fresh_within_s: float | None = None
+
+
+class FragmentationRow(ApiModel):
+    cluster: str
+    gpu_model: str
+    gpus: int
+    free_gpus: float
+    fragmented_gpus: float = Field(description="of the free GPUs, what a job drawn from the recent workload could "
+                                               "not use (FGD's measure)")
+    fragmented_share: float
+
+
+class WorkloadShareRow(ApiModel):
+    gpus: int
+    gpu_milli: int
+    gpu_models: list[str] = Field(default_factory=list)
+    share: float
+
+
+class PoolFragmentation(ApiModel):
+    """GET /v1/pool/fragmentation."""
+
+    measured_at: datetime
+    window_s: float
+    rows: list[FragmentationRow] = Field(default_factory=list)
+    workload: list[WorkloadShareRow] = Field(default_factory=list)
 
 
 # --- tokens and audit -----------------------------------------------------------------------------------------------

@@ -621,8 +621,10 @@ class ApprovalDecided(EventData):
 
 
 class GpuSharingSet(EventData):
-    """An operator set how one GPU is shared. Placement only places whole GPUs on `exclusive`, fractions on
-    `fractional` and MIG slices on `mig` GPUs; a change applies to new placements (held work is never moved)."""
+    """How one GPU is shared, as an operator set it. Placement only places whole GPUs on `exclusive`, fractions on
+    `fractional` and MIG slices on `mig` GPUs. A change never moves held work: while the GPU still holds work,
+    inventory first announces `draining_to` (the GPU keeps `mode` and takes no new work), and announces the new
+    `mode` once the GPU is empty; the node's agent then turns the GPU's MIG mode on or off to match."""
 
     event_type: ClassVar[str] = "io.gpupool.gpu.sharing_set.v1"
     event_subject: ClassVar[str] = subjects.GPU_SHARING_SET
@@ -633,6 +635,8 @@ class GpuSharingSet(EventData):
     gpu_uuid: str
     gpu_index: int
     mode: Literal["exclusive", "fractional", "mig"]
+    draining_to: Literal["exclusive", "fractional", "mig"] | None = Field(
+        default=None, description="set: the GPU is being emptied for this mode (no new work on it meanwhile)")
     set_by: str = ""
     set_at: datetime
 

@@ -4,6 +4,7 @@ The placement service and the trace simulator run exactly this code, so what the
 what production does. See README.md in this folder for the pipeline and vocabulary.
 """
 
+from libs.core.frag import FragmentationRow, measure_fragmentation
 from libs.core.mig import CATALOGUE as MIG_CATALOGUE
 from libs.core.mig import MigProfile, plan_gpu_layout, valid_layout
 from libs.core.migplan import plan_mig_layouts
@@ -39,6 +40,7 @@ __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
     "EXCLUSIVE",
     "FRACTIONAL",
+    "FragmentationRow",
     "MIG",
     "MIG_CATALOGUE",
     "Allocation",
@@ -65,6 +67,7 @@ __all__ = [
     "UsageRecord",
     "WorkloadShape",
     "derive_workload",
+    "measure_fragmentation",
     "plan_gpu_layout",
     "plan_mig_layouts",
     "schedule",

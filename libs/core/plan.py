@@ -75,6 +75,9 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """`pending` lists the jobs left waiting in the order the cycle tried them (invalid requests first): the
+    queue's real order, priority then fair share then submit time, which `explain` reports as a position."""
+
     placements: tuple[Placement, ...]
     pending: tuple[PendingReason, ...]
     preemptions: tuple[Preemption, ...] = ()

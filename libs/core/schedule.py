@@ -242,8 +242,9 @@ class Scheduler(PlacementSearch):
             best = max(best, (cpu + hist.get((team, _CPU), 0.0)) / st.cpu_capacity)
         if st.mem_capacity:
             best = max(best, (mem + hist.get((team, _MEM), 0.0)) / st.mem_capacity)
-        # quantised so that negligible differences (long-decayed history) leave the order to submit time
-        return round(best / self._weights.get(team, 1.0), 4)
+        # quantised only against float noise (the same share summed in another order): any real use, even a few
+        # GPU-seconds under a week's half-life, orders a team behind one that used nothing
+        return round(best / self._weights.get(team, 1.0), 12)
 
     # ---- the cycle: Kueue's schedule(), one named phase per step ---------------------------------------------
 

@@ -53,6 +53,11 @@ PENDING_UNITS = Gauge("gpupool_pending_units", "Units (jobs, gangs, replicas) le
 ALLOCATIONS = Gauge("gpupool_allocations", "Live allocations by state (running, preempting)", ["state"])
 GPUS_ALLOCATED = Gauge("gpupool_gpus_allocated", "GPUs held by live allocations, shares counted by their share",
                        ["gpu_model"])
+POOL_FREE_GPUS = Gauge("gpupool_pool_free_gpus", "Free GPU capacity (a fraction counts its free share) of "
+                       "schedulable nodes, per cluster and model", ["cluster", "gpu_model"])
+POOL_FRAGMENTED_GPUS = Gauge("gpupool_pool_fragmented_gpus", "Of the free GPU capacity, what a job shape drawn "
+                             "from the recent workload could not use (FGD's measure), per cluster and model",
+                             ["cluster", "gpu_model"])
 QUOTA_USED_GPUS = Gauge("gpupool_quota_used_gpus", "GPUs a team holds (shares counted by their share)",
                         ["team", "gpu_model"])
 QUOTA_GUARANTEED_GPUS = Gauge("gpupool_quota_guaranteed_gpus", "GPUs guaranteed to a team by its quota entries",

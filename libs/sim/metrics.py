@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from libs.core.frag import node_fragmented_milli, shape_weights
 from libs.core.model import MIG, WHOLE
 from libs.core.policy import WorkloadShape
 from libs.sim.applier import Ledger
@@ -32,13 +33,12 @@ def jain(values: Sequence[float]) -> float:
 
 
 class FragMeter:
-    """Expected free GPUs that a request drawn from the workload could not use (FGD's measure), on a ledger."""
+    """Expected free GPUs that a request drawn from the workload could not use (FGD's measure, the core's one
+    definition in `libs.core.frag`), on a ledger."""
 
     def __init__(self, ledger: Ledger, workload: Sequence[WorkloadShape]):
         self.ledger = ledger
-        shapes = [w for w in workload if w.gpus > 0 and not w.mig_profile]
-        total = sum(w.weight for w in shapes) or 1.0
-        self.shapes = [(w.weight / total, w) for w in shapes]
+        self.shapes = shape_weights(workload)
         self.by_node: dict[str, list] = {}
         for g in ledger.gpus.values():
             if g.sharing != MIG and g.healthy:
@@ -50,22 +50,8 @@ class FragMeter:
             node = self.ledger.nodes[name]
             if not node.schedulable:
                 continue
-            frees = [(g, WHOLE - g.used_milli if g.whole_holder is None else 0) for g in gpus]
-            total = sum(f for _, f in frees)
-            if total <= 0:
-                continue
+            frees = [(g.model, g.sharing, WHOLE - g.used_milli if g.whole_holder is None else 0) for g in gpus]
             cpu_free = node.cpu_cap - node.cpu_used if node.cpu_cap else math.inf
             mem_free = node.mem_cap - node.mem_used if node.mem_cap else math.inf
-            for p, w in self.shapes:
-                if w.cpu_milli > cpu_free or w.memory_mib > mem_free:
-                    out += p * total
-                    continue
-                models = set(w.gpu_models) or None
-                if w.gpu_milli < WHOLE:
-                    ok = [f for g, f in frees if f >= w.gpu_milli and g.sharing != "exclusive"
-                          and (models is None or g.model in models)]
-                    out += p * (total - sum(ok) if ok else total)
-                else:
-                    full = [f for g, f in frees if f == WHOLE and (models is None or g.model in models)]
-                    out += p * (total - sum(full) if len(full) >= w.gpus else total)
+            out += node_fragmented_milli(frees, cpu_free, mem_free, self.shapes)
         return out / WHOLE

@@ -33,6 +33,7 @@ from libs.contracts.events import (
     AllocationReleased,
     EventData,
     FractionExceeded,
+    GpuSharingSet,
     MigApplied,
     subject_for,
 )
@@ -131,6 +132,15 @@ def allocation_route(msg: Message) -> tuple[tuple[str, str], AllocationChange] |
     return (data.cluster, data.node), data
 
 
+def sharing_route(msg: Message) -> tuple[tuple[str, str], GpuSharingSet] | None:
+    """(cluster, node) a GPU's sharing-mode change is for, with the event; None for anything else."""
+    try:
+        _event, data = accept(msg.data, msg.subject)  # inventory's, on its own subject
+    except (InvalidEnvelope, json.JSONDecodeError):
+        return None
+    return ((data.cluster, data.node), data) if isinstance(data, GpuSharingSet) else None
+
+
 def fault_route(msg: Message) -> tuple[str, dict[str, Any]] | None:
     """The node a simulated fault names, with the fault; None for a malformed message."""
     try:
@@ -215,6 +225,8 @@ class NodeAgent:
         self.work: WorkRunner | None = None  # the node's executor, when this agent runs jobs' commands
         self.drivers: dict[str, str | None] | None = None  # its offered_drivers(), registered as isolation labels
         self.resync_s = resync_s
+        self._registrations: set[asyncio.Task[None]] = set()  # re-registrations after a MIG mode change
+        self.mig_mode_wanted: dict[str, bool] = {}  # GPU uuid → MIG mode its new sharing mode wants, until applied
 
     def attach_work(self, work: WorkRunner) -> None:
         self.work = work
@@ -232,6 +244,9 @@ class NodeAgent:
             if self.work is not None:
                 await self.work.start()  # re-adopts what a previous agent left running, before any grant
             await self.register(stop)
+            if self.apply_mig:
+                await route(self.nc, subjects.GPU_SHARING_SET, sharing_route, (self.cluster, self.node),
+                            self.apply_sharing)
             if isinstance(self.backend, SimulatedNvml):
                 await route(self.nc, subjects.SIM_FAULT, fault_route, self.node, self.apply_fault)
             sync = asyncio.create_task(self.sync_allocations(stop, subscribed_at))
@@ -288,6 +303,41 @@ class NodeAgent:
                 log.warning("registration_retry", extra={"node": self.node, "error": str(exc)})
             await asyncio.sleep(delay)
             delay = min(5.0, delay * 2)
+
+    async def apply_sharing(self, data: GpuSharingSet) -> None:
+        """Inventory switched a GPU's sharing mode once it held nothing: its MIG mode is to be on for `mig` and off
+        for any other mode (a GPU still being drained, `draining_to`, is left alone). Applied now, or on a later
+        sample while the GPU still has processes or instances (a release's cleanup may not have run yet)."""
+        if data.draining_to is None:
+            self.mig_mode_wanted[data.gpu_uuid] = data.mode == "mig"
+            if not await self._apply_mig_modes():
+                self.converge_pending = True
+
+    async def _apply_mig_modes(self) -> bool:
+        """Turn each GPU's MIG mode to what its sharing mode wants, then register again so inventory and
+        placement see the GPUs as they now are. False while a GPU cannot be switched yet."""
+        changed, done = False, True
+        for gpu in self.backend.node_info().gpus:
+            want = self.mig_mode_wanted.get(gpu.uuid)
+            if want is None:
+                continue
+            if gpu.mig_mode != want:
+                try:
+                    self.backend.set_mig_mode(gpu.index, want)
+                except MigError as exc:
+                    log.warning("mig_mode_not_set", extra={"node": self.node, "gpu": gpu.index, "mig_mode": want,
+                                                           "reason": exc.reason, "error": str(exc)})
+                    done = False
+                    continue
+                log.info("mig_mode_set", extra={"node": self.node, "gpu": gpu.index, "mig_mode": want})
+                changed = True
+            del self.mig_mode_wanted[gpu.uuid]
+        if changed:
+            self._info = None  # the DCGM labels' static facts changed
+            task = asyncio.create_task(self.register(asyncio.Event()))  # not in a subscription's callback
+            self._registrations.add(task)
+            task.add_done_callback(self._registrations.discard)
+        return done
 
     async def sample_once(self) -> None:
         if self.work is not None and isinstance(self.backend, SimulatedNvml):
@@ -431,6 +481,8 @@ class NodeAgent:
                 except Exception as exc:  # NVML trouble must never stop telemetry
                     log.warning("mig_converge_failed", extra={"node": self.node, "error": repr(exc)})
                     pending = True
+            if self.mig_mode_wanted and not await self._apply_mig_modes():
+                pending = True
             if self.work is not None:
                 self.work.launch_ready({a: inst.uuid for a, inst in self.mig_of.items()})
             if isinstance(self.backend, SimulatedNvml):

@@ -441,6 +441,26 @@ class RealNvml:
         except OSError:
             return None  # gone, or not ours to read
 
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """nvmlDeviceSetMigMode on an empty GPU. Where the driver only applies it after a GPU reset (its pending
+        activation status is not success), MigModeNeedsReset: an operator resets the GPU (`nvidia-smi -r -i N`)."""
+        self._require_open()
+        handle = self._handles[index]
+        want = self._const("NVML_DEVICE_MIG_ENABLE", 1) if enabled else self._const("NVML_DEVICE_MIG_DISABLE", 0)
+        try:
+            mode = self._guard("nvmlDeviceGetMigMode", handle)
+            if mode is None:
+                raise MigError("MigUnsupported", f"GPU {index} reports no MIG mode")
+            if mode[0] == want:
+                return
+            status = self._nvml.nvmlDeviceSetMigMode(handle, want)
+        except self._nvml_error as exc:
+            raise MigError(type(exc).__name__.removeprefix("NVMLError_"), str(exc)) from exc
+        self._refresh_mig(index)
+        if status not in (None, self._const("NVML_SUCCESS", 0)):
+            raise MigError("MigModeNeedsReset", f"GPU {index}: MIG mode {'on' if enabled else 'off'} is pending "
+                                                f"until the GPU is reset (activation status {status})")
+
     def _gi_profile(self, handle: Any, name: str) -> Any:
         """The GPU-instance profile info whose name is `name` (e.g. "3g.40gb")."""
         for profile_enum in range(self._const("NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):

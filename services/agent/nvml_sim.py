@@ -515,6 +515,16 @@ class SimulatedNvml:
         linked = [g.index for g in self._gpus if self._nvlink == "all" or g.spec.nvlink]
         return tuple(i for i in linked if i != index) if index in linked else ()
 
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        gpu = self._gpu(index)
+        if enabled and not gpu.spec.mig_profiles:
+            raise MigError("MigUnsupported", f"{gpu.spec.model} has no MIG profiles")
+        if (gpu.mig is not None) == enabled:
+            return
+        if gpu.procs or gpu.mig:
+            raise MigError("InUse", f"GPU {index} has processes or MIG instances")
+        gpu.mig = () if enabled else None
+
     # ---- NvmlBackend -----------------------------------------------------------
 
     def node_info(self) -> NodeInfo:

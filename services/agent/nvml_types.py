@@ -174,6 +174,12 @@ class NvmlBackend(Protocol):
         """Destroy the instance at `start` (its compute instances first); nothing there is not an error."""
         ...
 
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """Turn a GPU's MIG mode on or off (nothing to do when it already is); only on an empty GPU. MigError:
+        `MigUnsupported`, `InUse` (processes or instances), `MigModeNeedsReset` (the driver applies it only after
+        a GPU reset), or NVML's error."""
+        ...
+
     def processes(self) -> list[GpuProcess]: ...
 
     def stop_process(self, pid: int, *, force: bool = False) -> None:

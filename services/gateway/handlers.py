@@ -365,6 +365,25 @@ async def live_allocations(req: Request) -> list[dict]:
             return allocations
 
 
+@router.get("/pool/fragmentation", tags=["pool"],
+            summary="Per cluster and GPU model: free GPU capacity that no recently asked-for job shape could use",
+            responses={200: {"content": {"application/json": {"example": {
+                "measured_at": "2026-12-02T06:00:00+00:00", "window_s": 86400.0,
+                "rows": [{"cluster": "c1", "gpu_model": "H100-80GB", "gpus": 16, "free_gpus": 7.0,
+                          "fragmented_gpus": 3.5, "fragmented_share": 0.5}],
+                "workload": [{"gpus": 8, "gpu_milli": 1000, "gpu_models": [], "share": 0.5},
+                             {"gpus": 1, "gpu_milli": 1000, "gpu_models": [], "share": 0.5}]}}}}})
+async def get_fragmentation(req: Request, caller: Caller,
+                            cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
+    """FGD's measure (Weng et al., ATC'23) on the live pool: of each cluster's and model's free GPU capacity, the
+    part a job drawn from the recent workload could not use (too few wholly free GPUs on one node for its count,
+    no shareable GPU with room for its fraction, no host CPU/memory left), the expectation over the workload's
+    shapes. The workload is the shapes of the grants made within the window and of every waiting job, weighted
+    by how often each occurred; `workload` lists them with their share."""
+    require(caller, Action.POOL_READ)
+    return await call(req, subjects.QUERY_PLACEMENT_FRAGMENTATION, GetPool(cluster=cluster))
+
+
 @router.get("/allocations", summary="Allocations (GPUs held by jobs)", tags=["pool"])
 async def list_allocations(req: Request, caller: Caller, job_id: Annotated[str | None, Query(max_length=64)] = None,
                            active: bool | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,

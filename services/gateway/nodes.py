@@ -109,11 +109,15 @@ async def uncordon(node: NodeName, req: Request, caller: Caller, cluster: Cluste
 @router.put("/nodes/{node}/gpus/{index}/sharing", summary="Set how one GPU is shared: exclusive, fractional or mig")
 async def set_sharing(node: NodeName, index: GpuIndex, body: SharingBody, req: Request, caller: Caller,
                       cluster: Cluster = None) -> dict:
+    """Held work is never moved: a GPU that holds work keeps its mode and takes no new work (`draining_to` in the
+    answer and in the node view) until its last allocation is released, then switches; an empty GPU switches now
+    (`changed`). The node's agent turns the GPU's MIG mode on or off to match. `422 SharingModeUnsupported`: `mig`
+    on a model without MIG profiles."""
     require(caller, Action.NODE_MANAGE)
     result = await call(req, subjects.CMD_INVENTORY_SET_GPU_SHARING, SetGpuSharing(
         cluster=cluster, node=node, index=index, mode=body.mode, by=caller.subject))
     await record(req, caller, "gpu.sharing", f"{_target(result['cluster'], node)}/{index}",
-                 {"mode": result["before"]}, {"mode": result["mode"]})
+                 {"mode": result["before"]}, {"mode": result["mode"], "draining_to": result["draining_to"]})
     return result
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from libs.contracts import subjects
 from libs.contracts.events import GpuRollup, GpuTelemetry
+from libs.core import mig as migcat
 
 READY = "ready"
 LOST = "lost"
@@ -266,7 +267,7 @@ def pool_view(models: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, 
         cluster_entry(n["cluster"])["nodes"].append({
             "node": n["node"], "hostname": n["hostname"], "state": n["state"], "cordoned": n["cordoned"],
             "gpu_states": {k: n[k] for k in GPU_STATES if n[k]},
-            "sharing": {k: n[k] for k in ("exclusive", "fractional", "mig") if n[k]},
+            "sharing": {k: n[k] for k in ("exclusive", "fractional", "mig", "draining") if n[k]},
             "last_seen_at": n["last_seen_at"].isoformat(), "gpus": n["gpus"], "cpu_count": n["cpu_count"],
             "cpu_util_pct": n["cpu_util_pct"], "memory_mib": n["memory_mib"],
             "memory_used_mib": n["memory_used_mib"], "network": node_network(n), "storage": node_storage(n)})
@@ -336,3 +337,29 @@ def registration_subject_error(subject: str, cmd: Any) -> str | None:
     if subject != expected:
         return f"a registration of {cmd.cluster}/{cmd.node} must arrive on {expected}, not {subject}"
     return None
+
+
+# --- sharing-mode changes ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SharingChange:
+    """What an operator's sharing-mode change does to one GPU: `refused` (with a problem code and message),
+    `unchanged`, `apply` (the GPU is empty: the new mode now) or `drain` (it holds work: no new work on it, the new
+    mode once the last allocation is released)."""
+
+    outcome: str  # refused | unchanged | apply | drain
+    code: str = ""
+    message: str = ""
+
+
+def sharing_change(model: str, current: str, target: str | None, mode: str, held: bool) -> SharingChange:
+    """Decide an operator's change of a GPU's sharing mode. `target`: a change already waiting for the GPU to
+    empty (a new request replaces it; asking for the current mode cancels it). MIG needs a model with MIG profiles
+    (the node's agent turns the GPU's MIG mode on once it is empty); any other GPU can be exclusive or fractional
+    (fractions are enforced with CUDA MPS)."""
+    if mode == "mig" and not migcat.profiles_for(model):
+        supported = ", ".join(sorted(migcat.CATALOGUE))
+        return SharingChange("refused", "SharingModeUnsupported",
+                             f"{model} has no MIG profiles: it can be exclusive or fractional (MIG: {supported})")
+    if mode == current:
+        return SharingChange("apply" if target else "unchanged")  # a waiting change is called off
+    return SharingChange("drain" if held else "apply")

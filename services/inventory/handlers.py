@@ -63,6 +63,7 @@ from services.inventory.domain import (
     operator_step,
     pool_view,
     registration_subject_error,
+    sharing_change,
     step,
 )
 
@@ -312,8 +313,14 @@ class InventoryHandlers:
                                  [g.uuid for g in data.gpus], data.granted_at)
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
+        """Forget the allocation; a GPU that waited for it to change its sharing mode switches now."""
         async with self.rt.uow() as uow:
             if await uow.first_time(CONSUMER, event.id):
+                now = utcnow()
+                for g in await store.drained_sharing(uow.conn, data.allocation_id):
+                    await uow.emit(GpuSharingSet(cluster=g["cluster"], node=g["node"], gpu_uuid=g["uuid"],
+                                                 gpu_index=g["idx"], mode=g["sharing"],
+                                                 set_by=g["sharing_set_by"] or "", set_at=now))
                 await store.unhold(uow.conn, data.allocation_id, data.released_at)
 
     # --- operators: cordon / drain / uncordon, sharing, health ----------------------------------------------------
@@ -374,6 +381,8 @@ class InventoryHandlers:
         return Reply.success({"changed": changed, "node": view})
 
     async def set_gpu_sharing(self, cmd: SetGpuSharing) -> Reply:
+        """A GPU that holds work is drained first (`draining_to`: no new work on it), and switched when its last
+        allocation is released (`on_allocation_released`); an empty one is switched now."""
         now = utcnow()
         async with self.rt.uow() as uow:
             found = await self._locked_gpu(uow.conn, cmd)
@@ -381,12 +390,22 @@ class InventoryHandlers:
                 return found
             cluster, node, gpu = found
             before = gpu["sharing"]
-            if before != cmd.mode:
+            change = sharing_change(gpu["model"], before, gpu["sharing_target"], cmd.mode, gpu["held"])
+            if change.outcome == "refused":
+                return Reply.failure(422, change.code, change.message, node=node, index=cmd.index, mode=cmd.mode)
+            event = GpuSharingSet(cluster=cluster, node=node, gpu_uuid=gpu["uuid"], gpu_index=cmd.index,
+                                  mode=cmd.mode, set_by=cmd.by, set_at=now)
+            if change.outcome == "apply":
                 await store.set_sharing(uow.conn, gpu["uuid"], cmd.mode, cmd.by, now)
-                await uow.emit(GpuSharingSet(cluster=cluster, node=node, gpu_uuid=gpu["uuid"], gpu_index=cmd.index,
-                                             mode=cmd.mode, set_by=cmd.by, set_at=now))
+                await uow.emit(event)
+            elif change.outcome == "drain" and gpu["sharing_target"] != cmd.mode:
+                await store.set_sharing_target(uow.conn, gpu["uuid"], cmd.mode, cmd.by, now)
+                await uow.emit(event.model_copy(update={"mode": before, "draining_to": cmd.mode}))
+        draining = change.outcome == "drain"
         return Reply.success({"cluster": cluster, "node": node, "index": cmd.index, "gpu_uuid": gpu["uuid"],
-                              "before": before, "mode": cmd.mode, "changed": before != cmd.mode})
+                              "before": before, "mode": before if draining else cmd.mode,
+                              "draining_to": cmd.mode if draining else None,
+                              "changed": change.outcome == "apply" and before != cmd.mode})
 
     async def set_gpu_health(self, cmd: SetGpuHealth) -> Reply:
         now = utcnow()

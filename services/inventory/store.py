@@ -210,7 +210,7 @@ async def mark_ready(conn: asyncpg.Connection, cluster: str, node: str) -> None:
 
 _GPU_VIEW = """SELECT g.uuid, g.cluster, g.node, g.idx, g.model, g.name, g.memory_mib, g.numa_node, g.nvlink_peers,
                   g.mig_mode, g.health, g.health_reasons, g.state, g.state_since, g.state_reason, g.state_details,
-                  g.sharing, g.sharing_set_by, g.sharing_set_at, t.sampled_at, t.utilization_gpu_pct,
+                  g.sharing, g.sharing_target, g.sharing_set_by, g.sharing_set_at, t.sampled_at, t.utilization_gpu_pct,
                   t.utilization_memory_pct, t.memory_used_mib, t.temperature_c, t.power_w, t.ecc_volatile_sbe,
                   t.ecc_volatile_dbe, t.xid_last, t.process_count,
                   (SELECT min(h.allocation_id) FROM held_gpus h WHERE h.gpu_uuid = g.uuid) AS allocation_id
@@ -231,7 +231,7 @@ def _gpu_view(g: asyncpg.Record) -> dict:
         "memory_mib": g["memory_mib"], "numa_node": g["numa_node"], "nvlink_peers": list(g["nvlink_peers"]),
         "mig_mode": g["mig_mode"], "health": g["health"], "health_reasons": list(g["health_reasons"]),
         "state": g["state"], "state_since": _iso(g["state_since"]), "state_reason": g["state_reason"],
-        "sharing": g["sharing"], "allocation_id": g["allocation_id"],
+        "sharing": g["sharing"], "draining_to": g["sharing_target"], "allocation_id": g["allocation_id"],
         "telemetry": None if g["sampled_at"] is None else {
             "sampled_at": g["sampled_at"].isoformat(), "utilization_gpu_pct": g["utilization_gpu_pct"],
             "utilization_memory_pct": g["utilization_memory_pct"], "memory_used_mib": g["memory_used_mib"],
@@ -307,13 +307,32 @@ async def lock_gpu(conn: asyncpg.Connection, cluster: str, node: str, index: int
     await conn.execute("SELECT 1 FROM nodes WHERE cluster = $1 AND node = $2 FOR UPDATE", cluster, node)
     return await conn.fetchrow(
         """SELECT uuid, idx, state, state_since, state_reason, state_details, last_signal_at, strikes,
-                  last_strike_at, health, sharing
+                  last_strike_at, health, sharing, sharing_target, model,
+                  EXISTS (SELECT 1 FROM held_gpus h WHERE h.gpu_uuid = gpus.uuid) AS held
            FROM gpus WHERE cluster = $1 AND node = $2 AND idx = $3 FOR UPDATE""", cluster, node, index)
 
 
 async def set_sharing(conn: asyncpg.Connection, uuid: str, mode: str, by: str, at: datetime) -> None:
-    await conn.execute("UPDATE gpus SET sharing = $2, sharing_set_by = $3, sharing_set_at = $4 WHERE uuid = $1",
+    """The GPU's mode is now `mode` (any change waiting for it to empty is done or called off)."""
+    await conn.execute("UPDATE gpus SET sharing = $2, sharing_set_by = $3, sharing_set_at = $4, "
+                       "sharing_target = NULL WHERE uuid = $1", uuid, mode, by, at)
+
+
+async def set_sharing_target(conn: asyncpg.Connection, uuid: str, mode: str, by: str, at: datetime) -> None:
+    """The GPU becomes `mode` once the work it holds is released; until then it takes no new work."""
+    await conn.execute("UPDATE gpus SET sharing_target = $2, sharing_set_by = $3, sharing_set_at = $4 WHERE uuid = $1",
                        uuid, mode, by, at)
+
+
+async def drained_sharing(conn: asyncpg.Connection, allocation_id: str) -> list[asyncpg.Record]:
+    """GPUs of a just-released allocation that waited to change their sharing mode and hold nothing now: switched
+    to their target in this statement. Returns (uuid, cluster, node, idx, sharing, sharing_set_by)."""
+    return await conn.fetch(
+        """UPDATE gpus g SET sharing = g.sharing_target, sharing_target = NULL
+           FROM (SELECT unnest(gpu_uuids) AS uuid FROM held_allocations WHERE allocation_id = $1) r
+           WHERE g.uuid = r.uuid AND g.sharing_target IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM held_gpus h WHERE h.gpu_uuid = g.uuid AND h.allocation_id <> $1)
+           RETURNING g.uuid, g.cluster, g.node, g.idx, g.sharing, g.sharing_set_by""", allocation_id)
 
 
 # --- allocations, as placement announced them ------------------------------------------------------------------
@@ -499,7 +518,8 @@ async def pool_nodes(conn: asyncpg.Connection, *, cluster: str | None) -> list[a
                   count(g.uuid) FILTER (WHERE g.state = 'probation') AS probation,
                   count(g.uuid) FILTER (WHERE g.sharing = 'exclusive') AS exclusive,
                   count(g.uuid) FILTER (WHERE g.sharing = 'fractional') AS fractional,
-                  count(g.uuid) FILTER (WHERE g.sharing = 'mig') AS mig
+                  count(g.uuid) FILTER (WHERE g.sharing = 'mig') AS mig,
+                  count(g.uuid) FILTER (WHERE g.sharing_target IS NOT NULL) AS draining
            FROM nodes n LEFT JOIN gpus g USING (cluster, node)
            WHERE $1::text IS NULL OR n.cluster = $1
            GROUP BY n.cluster, n.node ORDER BY n.cluster, n.node""", cluster)

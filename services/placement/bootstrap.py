@@ -6,6 +6,7 @@ from libs.bus.lease import LeaderLease
 from libs.contracts import subjects
 from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
+from services.placement import store
 from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers, routes
 
@@ -14,6 +15,8 @@ async def main() -> None:
     settings = PlacementSettings()
     runtime = ServiceRuntime("placement", settings, migrations_package="services.placement")
     await runtime.start()
+    async with runtime.pool.acquire() as conn:  # every replica has the same settings: any may write it
+        await store.set_fair_share_half_life(conn, settings.fair_share_half_life_s)
     lease = LeaderLease(runtime.js, "placement", runtime.instance, ttl_s=settings.lease_ttl_s,
                         renew_every_s=settings.lease_renew_s, replicas=settings.stream_replicas)
     handlers = PlacementHandlers(runtime, settings, lease)
@@ -29,5 +32,6 @@ async def main() -> None:
     runtime.background(handlers.reconcile_forever(), "policy-reconcile")
     runtime.background(lease.run(), "leader-lease")
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")
+    runtime.background(handlers.fragmentation.gauges_forever(), "fragmentation-gauges")
     runtime.on_shutdown(lease.stop)
     await runtime.run_until_signalled()

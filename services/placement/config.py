@@ -34,6 +34,16 @@ class PlacementSettings(ServiceSettings):
                                                                   "its priority class says otherwise)")
     lease_ttl_s: float = Field(default=3.0, description="Leader lease TTL: a dead leader is replaced within ~this")
     lease_renew_s: float = Field(default=1.0, description="How often the leader renews (at most TTL / 2)")
+    fair_share_half_life_s: float = Field(default=7 * 24 * 3600.0, gt=0, le=365 * 24 * 3600,
+                                          description="Fair share's memory: a team's past GPU-seconds count half "
+                                                      "after this long when its jobs are ordered against others'")
+    fragmentation_window_s: float = Field(default=86_400.0, ge=60, le=30 * 86_400,
+                                          description="The live fragmentation measure's workload: shapes of grants "
+                                                      "made within this (and of every waiting job)")
+    fragmentation_recent_grants: int = Field(default=5000, ge=1, le=100_000,
+                                             description="At most this many of the newest grants in that window")
+    fragmentation_interval_s: float = Field(default=30.0, ge=1, le=3600,
+                                            description="Between updates of the fragmentation gauges (the leader's)")
     dev_fraction_milli: int = Field(default=500, ge=1, le=999,
                                     description="Share of a GPU a dev job gets by default on a fractional GPU")
     dev_gpu_memory_mib: int = Field(default=16384, ge=1,

@@ -31,6 +31,8 @@ from libs.core import (
     QuotaTree,
     Share,
     Snapshot,
+    UsageRecord,
+    WorkloadShape,
     codec,
 )
 from libs.core import mig as migcat
@@ -89,18 +91,22 @@ def node_topology(labels: Mapping[str, str]) -> str:
     return "/".join(v for v in (labels.get(BLOCK_LABEL, ""), labels.get(RACK_LABEL, "")) if v)
 
 
-def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row]) -> Snapshot:
+def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row],
+                   usage: Iterable[Row] = ()) -> Snapshot:
     """MIG is dynamic here: a GPU in MIG mode has exactly the instances live allocations hold (the agent creates
     an instance with its grant and destroys it with its release), so every other slot is free to plan. A GPU
-    whose NUMA node is unknown gets -1 (one group of its own)."""
+    whose NUMA node is unknown gets -1 (one group of its own). `usage`: each team's decayed GPU-seconds per model
+    (`team_usage`), fair share's history."""
     running = list(running)
+    gpus = list(gpus)
+    closed = closed_gpus(gpus, running)
     by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
     for g in gpus:
         numa = g.get("numa_node")
         by_node[(g["cluster"], g["node"])].append(
             Gpu(uuid=g["uuid"], index=g["idx"], model=g["model"], memory_mib=g["memory_mib"],
-                healthy=g["health"] == "healthy", sharing=g["sharing"], nvlink_domain=g.get("nvlink_domain") or "",
-                numa_node=-1 if numa is None else numa))
+                healthy=g["health"] == "healthy" and g["uuid"] not in closed, sharing=g["sharing"],
+                nvlink_domain=g.get("nvlink_domain") or "", numa_node=-1 if numa is None else numa))
     return Snapshot(
         nodes=tuple(
             Node(name=n["node"], cluster=n["cluster"], gpus=tuple(by_node[(n["cluster"], n["node"])]),
@@ -122,7 +128,42 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
                        **_held_share(r))
             for r in running
         ),
+        usage=tuple(UsageRecord(team=u["team"], gpu_model=u["gpu_model"], gpu_seconds=u["gpu_seconds"],
+                                as_of=u["as_of"].timestamp()) for u in usage),
     )
+
+
+def recent_workload(shapes: Iterable[Row], limit: int = 32) -> tuple[WorkloadShape, ...]:
+    """The workload the live fragmentation measure is taken against: the job shapes recently asked for, each
+    weighted by how often it occurred (FGD's pod-spec popularity, as the simulator's fill measures it), the `limit`
+    most frequent. A shape row: GPUs on one node, share of each GPU (milli), allowed models, MIG profile, count."""
+    top = sorted(shapes, key=lambda r: (-r["n"], r["gpus"], r["share_milli"], sorted(r["models"]), r["mig_profile"]))
+    return tuple(WorkloadShape(gpus=min(r["gpus"], 8), gpu_milli=r["share_milli"], weight=float(r["n"]),
+                               gpu_models=tuple(sorted(r["models"])), mig_profile=r["mig_profile"])
+                 for r in top[:limit] if r["gpus"] > 0)
+
+
+def queue_order(pending: Iterable[PendingReason]) -> tuple[str, ...]:
+    """The waiting jobs in the order the cycle tried them (the core lists a plan's pending reasons in that order:
+    priority, then fair share, then submit time), each job once: what `explain` reports as its position."""
+    return tuple(dict.fromkeys(split_unit(r.job_id)[0] for r in pending))
+
+
+def closed_gpus(gpus: Iterable[Row], running: Iterable[Row]) -> set[str]:
+    """GPUs that take no new work this cycle: one draining for a new sharing mode, and one whose live work does
+    not fit its mode (a mode changed while work was held: MIG slices on a GPU no longer in `mig`, a fraction on an
+    `exclusive` one, a whole GPU held on a `mig` one). Offering such a GPU made the core plan what the store then
+    refused, cycle after cycle."""
+    closed = {g["uuid"] for g in gpus if g.get("draining")}
+    mode = {g["uuid"]: g["sharing"] for g in gpus}
+    for r in running:
+        share = "mig" if any(p is not None for p in r["mig_profiles"]) else (
+            "fraction" if r["share_milli"] < 1000 else "whole")
+        for uuid in r["gpu_uuids"]:
+            m = mode.get(uuid)
+            if (m == "mig") != (share == "mig") or (m == "exclusive" and share == "fraction"):
+                closed.add(uuid)
+    return closed
 
 
 def _held_share(r: Row) -> dict[str, Any]:
@@ -140,7 +181,7 @@ def offered_models(gpus: Iterable[Row]) -> dict[str, set[str]]:
     """Sharing mode → GPU models that healthy GPUs in that mode have (what a dev job's default can use)."""
     out: dict[str, set[str]] = defaultdict(set)
     for g in gpus:
-        if g["health"] == "healthy":
+        if g["health"] == "healthy" and not g.get("draining"):
             out[g["sharing"]].add(g["model"])
     return out
 
@@ -308,7 +349,7 @@ class WantedJobs:
 
 
 def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams: Iterable[Row],
-                 min_runtime_s: float) -> Policy:
+                 min_runtime_s: float, fair_share_half_life_s: float) -> Policy:
     """The quota service's classes and quota tree (core defaults until it has told us anything)."""
     priority_classes = tuple(
         PriorityClass(c["name"], c["value"], preemptible=c["preemptible"], min_runtime_s=c["min_runtime_s"])
@@ -321,7 +362,7 @@ def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams
     )
     team_org = tuple(sorted((t["team"], t["org"]) for t in teams))
     return Policy(name=name, priority_classes=priority_classes, quotas=QuotaTree(entries=entries, team_org=team_org),
-                  min_runtime_s=min_runtime_s)
+                  min_runtime_s=min_runtime_s, fair_share_half_life_s=fair_share_half_life_s)
 
 
 def allocated_gpus(p: Placement, models: Mapping[str, str]) -> tuple[list[AllocatedGpu], dict[str, int]]:

@@ -22,6 +22,7 @@ from libs.contracts import subjects
 from libs.contracts.commands import (
     Empty,
     GetDecision,
+    GetPool,
     JobRef,
     ListAllocations,
     ListDecisions,
@@ -87,10 +88,12 @@ from services.placement.domain import (
     offered_models,
     on_work_end,
     pending_reasons,
+    queue_order,
     replica_back_off,
     split_unit,
     workload_environment,
 )
+from services.placement.fragmentation import Fragmentation
 from services.placement.reporting import report_holdings, report_plan
 from services.placement.rollouts import Rollouts
 
@@ -107,6 +110,7 @@ class PlacementHandlers:
         self._kick = asyncio.Event()
         self._last_reasons_digest: str | None = None
         self._reasons_written: dict[str, tuple[str, str]] = {}
+        self._order_written: tuple[str, ...] | None = None  # the queue order last written (None: not known)
         self._recorded = 0
         self._encoder = DecisionEncoder()
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
@@ -117,6 +121,7 @@ class PlacementHandlers:
         self._gang_due: Any = None  # when the earliest gang still waiting for its members runs out of time
         self._tracer = tracer("gpupool.placement")
         self.rollouts = Rollouts(self)
+        self.fragmentation = Fragmentation(self)
 
     async def _wake(self) -> None:
         """Wake the scheduling loop once a change is committed (inside a consumer's batch transaction, after the
@@ -176,11 +181,12 @@ class PlacementHandlers:
                 await store.set_gpu_health(uow.conn, data.gpu_uuid, data.current)
 
     async def on_gpu_sharing_set(self, event: CloudEvent, data: GpuSharingSet) -> None:
-        """New placements follow the new mode; what is held stays where it is (never moved)."""
+        """New placements follow the new mode; what is held stays where it is (never moved). A GPU announced as
+        draining to another mode takes no new work until inventory announces the switch."""
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
             if await uow.first_time(CONSUMER, event.id) and not await store.set_gpu_sharing(
-                    uow.conn, data.gpu_uuid, data.mode):
+                    uow.conn, data.gpu_uuid, data.mode, data.draining_to is not None):
                 log.warning("sharing_for_unknown_gpu", extra={"gpu_uuid": data.gpu_uuid, "node": data.node})
 
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
@@ -416,7 +422,7 @@ class PlacementHandlers:
                 took = 0.0
                 # What this replica remembers writing is stale once another one leads (it may place, requeue and
                 # reset reasons meanwhile): forget it, so the first cycle after taking the lease back writes all.
-                self._reasons_written, self._last_reasons_digest = {}, None
+                self._reasons_written, self._last_reasons_digest, self._order_written = {}, None, None
                 continue  # a follower keeps its read model current and waits for the lease
             started = time.perf_counter()
             try:
@@ -431,6 +437,7 @@ class PlacementHandlers:
                 raise
             except Exception:
                 log.exception("scheduling_cycle_failed")
+                self._order_written = None  # rolled back with the cycle
                 await asyncio.sleep(0.5)
             took = time.perf_counter() - started
 
@@ -473,10 +480,11 @@ class PlacementHandlers:
                     reasons = backoff_reasons(backing_off)
                     await self._write_reasons(uow, reasons)
                     self._reasons_written.update(reasons)
+                await self._write_order(uow, ())
                 return -1
             policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
-                                  self.settings.min_runtime_s)
-            snapshot, now = build_snapshot(nodes, gpus, running), time.time()
+                                  self.settings.min_runtime_s, self.settings.fair_share_half_life_s)
+            snapshot, now = build_snapshot(nodes, gpus, running, state["usage"]), time.time()
             with self._tracer.start_as_current_span("scheduling cycle", attributes={
                     "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
                 plan = schedule(snapshot, requests, policy, now=now, clock=time.perf_counter, memo=self._normalized)
@@ -496,6 +504,7 @@ class PlacementHandlers:
             reasons = {**pending_reasons(plan.pending, requests, snapshot.nodes),  # for `explain`
                        **backoff_reasons(backing_off)}
             await self._write_reasons(uow, reasons)
+            await self._write_order(uow, queue_order(plan.pending))
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
         # committed: remember what is now in the store
@@ -514,6 +523,13 @@ class PlacementHandlers:
         changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
         if changed:
             await store.record_pending_reasons(uow.conn, changed)
+
+    async def _write_order(self, uow, order: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+        """Keep the order this cycle tried the waiting jobs in (explain's position), when it changed. A cycle that
+        fails after this forgets what was written (`scheduling_loop`), so the next one writes it again."""
+        if order != self._order_written:
+            await store.record_queue_order(uow.conn, order)
+            self._order_written = order
 
     async def _record_decision(self, uow, snapshot, requests, policy, now: float, plan, applied: set[str],  # type: ignore[no-untyped-def]
                                policy_revision: int | None) -> str | None:
@@ -746,6 +762,7 @@ def routes(h: PlacementHandlers) -> Routes:
             subjects.QUERY_PLACEMENT_EXPLAIN: (JobRef, h.explain),
             subjects.QUERY_PLACEMENT_LIST_DECISIONS: (ListDecisions, h.list_decisions),
             subjects.QUERY_PLACEMENT_GET_DECISION: (GetDecision, h.get_decision),
+            subjects.QUERY_PLACEMENT_FRAGMENTATION: (GetPool, h.fragmentation.query),
             subjects.CMD_PLACEMENT_RELEASE_ALLOCATION: (ReleaseAllocation, h.release_allocation),
         },
         events={

@@ -65,11 +65,12 @@ async def set_node_schedulable(conn: asyncpg.Connection, cluster: str, node: str
         cluster, node, schedulable)
 
 
-async def set_gpu_sharing(conn: asyncpg.Connection, uuid: str, mode: str) -> bool:
-    """An operator's choice; it outlives re-registrations. False when the GPU is not known (yet)."""
+async def set_gpu_sharing(conn: asyncpg.Connection, uuid: str, mode: str, draining: bool) -> bool:
+    """An operator's choice; it outlives re-registrations. `draining`: the GPU is being emptied for another mode
+    and takes no new work. False when the GPU is not known (yet)."""
     return await conn.fetchval(
-        "UPDATE gpus SET sharing = $2, sharing_set_by_operator = true WHERE uuid = $1 RETURNING true",
-        uuid, mode) is not None
+        "UPDATE gpus SET sharing = $2, draining = $3, sharing_set_by_operator = true WHERE uuid = $1 RETURNING true",
+        uuid, mode, draining) is not None
 
 
 async def set_gpu_health(conn: asyncpg.Connection, uuid: str, health: str) -> None:
@@ -103,13 +104,13 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
         data.preemptible) is not None
 
 
-_STATE = """
-SELECT json_build_object(
+# The pool as a cycle reads it: nodes, GPUs, live allocations (the snapshot's parts, shared by _STATE and _POOL).
+_POOL_PARTS = """
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
             FROM (SELECT cluster, node, schedulable, labels, address, cpu_milli, memory_mib FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
-           FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing, numa_node, nvlink_domain
-                 FROM gpus) g),
+           FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing, draining, numa_node,
+                        nvlink_domain FROM gpus) g),
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
@@ -120,7 +121,10 @@ SELECT json_build_object(
              array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
              array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
       FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
-      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas, p.replica_set) r),
+      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas, p.replica_set) r)"""
+
+_STATE = """
+SELECT json_build_object(""" + _POOL_PARTS + """,
   'pending', (SELECT json_build_object(
         'ids', coalesce(json_agg(q.job_id), '[]'), 'xids', coalesce(json_agg(q.changed_xid::text), '[]'),
         'rows', coalesce(json_agg(q) FILTER (WHERE q.changed_xid >= $1::text::xid8), '[]'))
@@ -131,6 +135,7 @@ SELECT json_build_object(
              preemptible, changed_xid
       FROM pending_jobs WHERE NOT satisfied) q),
   'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
+  'usage', (SELECT coalesce(json_agg(u), '[]') FROM (SELECT team, gpu_model, gpu_seconds, as_of FROM team_usage) u),
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
   'quotas', (SELECT coalesce(json_agg(q), '[]') FROM (
       SELECT path, gpu_model, guaranteed, borrowing_limit, lending_limit, weight FROM policy_quotas
@@ -142,7 +147,37 @@ SELECT json_build_object(
 )::text"""
 _FLOATS = {"quotas": ("guaranteed", "borrowing_limit", "lending_limit", "weight"), "classes": ("min_runtime_s",),
            "running": ("max_runtime_s",), "pending": ("max_runtime_s",)}
-_TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at", "not_before")}
+_TIMES = {"running": ("granted_at", "preempt_deadline"), "pending": ("submitted_at", "not_before"),
+          "usage": ("as_of",)}
+
+
+# The pool and the shapes recently asked for (the last grants within the window, and every job still waiting),
+# for the live fragmentation measure. A shape: GPUs on one node (a gang member's share), share of each GPU, the
+# job's allowed models (when still known), MIG profile; `n`: how often it occurred.
+_POOL = """
+SELECT json_build_object(""" + _POOL_PARTS + """,
+  'shapes', (SELECT coalesce(json_agg(s), '[]') FROM (
+      SELECT gpus, share_milli, models, mig_profile, count(*) AS n FROM (
+          SELECT count(*) AS gpus, min(g.share_milli) AS share_milli, coalesce(p.gpu_models, '{}') AS models,
+                 coalesce(min(g.mig_profile), '') AS mig_profile
+          FROM (SELECT allocation_id, job_id FROM allocations WHERE granted_at >= $1
+                ORDER BY allocation_id DESC LIMIT $2) a
+          JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
+          GROUP BY a.allocation_id, p.gpu_models
+          UNION ALL
+          SELECT CASE WHEN gang_nodes > 0 THEN gpus_per_node ELSE gpus END,
+                 CASE WHEN gpu_fraction_milli > 0 THEN gpu_fraction_milli ELSE 1000 END, gpu_models, mig_profile
+          FROM pending_jobs WHERE NOT satisfied) x
+      GROUP BY gpus, share_milli, models, mig_profile) s)
+)::text"""
+
+
+async def load_pool(conn: asyncpg.Connection, since: datetime, recent: int) -> dict[str, Any]:
+    """Nodes, GPUs and live allocations as a cycle reads them, with the job shapes asked for since `since` (at
+    most the `recent` newest grants, and every waiting job), in one statement."""
+    state = json.loads(await conn.fetchval(_POOL, since, recent))
+    _convert(state)
+    return state
 
 
 async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, Any]:
@@ -166,13 +201,14 @@ async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, 
 
 
 def _convert(state: dict[str, Any]) -> None:
+    """JSON's numbers and strings back to the columns' types, for the parts `state` has."""
     for part, names in _FLOATS.items():
-        for row in state[part]:
+        for row in state.get(part, ()):
             for name in names:
                 if row[name] is not None:
                     row[name] = float(row[name])
     for part, names in _TIMES.items():
-        for row in state[part]:
+        for row in state.get(part, ()):
             for name in names:
                 if row[name] is not None:
                     row[name] = datetime.fromisoformat(row[name])
@@ -294,12 +330,28 @@ async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[s
         [j for j, _, _ in reasons], [r for _, r, _ in reasons], [m for _, _, m in reasons])
 
 
+async def set_fair_share_half_life(conn: asyncpg.Connection, half_life_s: float) -> None:
+    """The half-life every release decays a team's recorded usage with (placement's setting)."""
+    await conn.execute(
+        """INSERT INTO fair_share_config (id, half_life_s) VALUES (true, $1)
+           ON CONFLICT (id) DO UPDATE SET half_life_s = EXCLUDED.half_life_s""", half_life_s)
+
+
+async def record_queue_order(conn: asyncpg.Connection, job_ids: tuple[str, ...]) -> None:
+    """The order the cycle tried the waiting jobs in (explain's positions)."""
+    await conn.execute(
+        """INSERT INTO queue_order (id, job_ids, decided_at) VALUES (true, $1, now())
+           ON CONFLICT (id) DO UPDATE SET job_ids = EXCLUDED.job_ids, decided_at = EXCLUDED.decided_at""",
+        list(job_ids))
+
+
 async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *,
                   replica: int | None = None, min_replica: int | None = None, allocation_id: str | None = None,
                   finished: bool = False, with_work: bool | None = None,
                   exit: str | None = None) -> list[tuple[asyncpg.Record, list[AllocatedGpu]]]:
     """Release the job's live allocations (all, one replica, replicas ≥ min_replica, or one allocation) and their
-    GPUs, in one statement. `finished`: the job is over; the same statement remembers it in `finished_jobs` (a late
+    GPUs, in one statement, adding the GPU-seconds they held to their team's usage (fair share's history, decayed
+    with `fair_share_config`'s half-life). `finished`: the job is over; the same statement remembers it in `finished_jobs` (a late
     or redelivered submission never places it) and stops wanting it. `with_work`: only allocations that run work
     (True) or only those that do not (False); `exit`: how the work ended (JSON), kept with the release.
 
@@ -318,6 +370,15 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
             g AS (
                 UPDATE allocation_gpus SET live = false FROM a WHERE allocation_gpus.allocation_id = a.allocation_id
                 RETURNING allocation_gpus.allocation_id, {_HELD}),
+            u AS (INSERT INTO team_usage AS t (team, gpu_model, gpu_seconds, as_of)
+                  SELECT a.team, g.model,
+                         sum(g.share_milli / 1000.0 * greatest(0, extract(epoch FROM a.released_at - a.granted_at))),
+                         $2
+                  FROM a JOIN g USING (allocation_id) GROUP BY a.team, g.model
+                  ON CONFLICT (team, gpu_model) DO UPDATE SET
+                      gpu_seconds = t.gpu_seconds * power(0.5, greatest(0, extract(epoch FROM EXCLUDED.as_of - t.as_of))
+                          / coalesce((SELECT half_life_s FROM fair_share_config), 604800)) + EXCLUDED.gpu_seconds,
+                      as_of = greatest(t.as_of, EXCLUDED.as_of)),
             f AS (INSERT INTO finished_jobs (job_id) SELECT $1 WHERE $7 ON CONFLICT DO NOTHING),
             d AS (DELETE FROM pending_jobs WHERE $7 AND job_id = $1)
             SELECT a.*, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start
@@ -528,6 +589,7 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
     """What placement knows about a job: waiting (reason, position) and/or holding GPUs (and any preemption)."""
     wanted = await conn.fetchrow(
         """SELECT job_id, replicas, satisfied, priority, priority_class, reason, message,
+                  (SELECT array_position(job_ids, p.job_id) FROM queue_order) AS position,
                   (SELECT count(*) FROM pending_jobs p2 WHERE NOT p2.satisfied AND (p2.priority > p.priority
                       OR (p2.priority = p.priority AND (p2.submitted_at, p2.job_id) < (p.submitted_at, p.job_id))))
                       AS ahead
@@ -543,7 +605,8 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
     if wanted is not None and not wanted["satisfied"]:
         doc.update(state="pending", reason=wanted["reason"] or "Queued",
                    message=wanted["message"] or "waiting for the next scheduling cycle",
-                   position=int(wanted["ahead"]) + 1, priority=wanted["priority"],
+                   position=wanted["position"] or int(wanted["ahead"]) + 1,
+                   position_basis="last_cycle" if wanted["position"] else "estimate", priority=wanted["priority"],
                    priority_class=wanted["priority_class"],
                    preempting_for_it=[r["job_id"] for r in await conn.fetch(
                        """SELECT DISTINCT job_id FROM allocations WHERE released_at IS NULL

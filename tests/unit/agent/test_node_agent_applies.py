@@ -4,6 +4,7 @@ limits by policy, once per process."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from libs.contracts.events import (
     AllocationReleased,
     EventData,
     FractionExceeded,
+    GpuSharingSet,
     MigApplied,
     subject_for,
 )
@@ -283,3 +285,34 @@ def test_every_node_registers_where_its_peers_reach_it() -> None:
             RegisterNode(cluster="c", node="n", hostname="h", cpu_count=1, memory_mib=1, gpus=[], address=bad)
     with pytest.raises(ValidationError):
         AgentSettings(address="not an address")
+
+
+def sharing(backend: SimulatedNvml, mode: str, draining_to: str | None = None) -> GpuSharingSet:
+    g = backend.node_info().gpus[0]
+    return GpuSharingSet(cluster="local", node="n0", gpu_uuid=g.uuid, gpu_index=0, mode=mode,
+                         draining_to=draining_to, set_at=T0)
+
+
+async def test_a_gpu_switched_to_mig_gets_mig_mode_once_its_instances_and_processes_are_gone(clock) -> None:
+    backend = sim(clock, ["H100-80GB"])
+    agent = CapturingAgent(backend)
+    registered: list[bool] = []
+
+    async def register(stop) -> None:  # type: ignore[no-untyped-def]
+        registered.append(backend.node_info().gpus[0].mig_mode)
+
+    agent.register = register  # type: ignore[method-assign]
+    await agent.apply_sharing(sharing(backend, "exclusive", draining_to="mig"))  # still draining: left alone
+    assert backend.mig_layout()[0] is None and not agent.mig_mode_wanted
+    await agent.apply_sharing(sharing(backend, "mig"))
+    await asyncio.sleep(0)  # the re-registration runs outside the subscription's callback
+    assert backend.mig_layout()[0] == () and registered == [True]
+
+    backend.create_mig_instance(0, "1g.10gb", 0)  # a slice's cleanup has not run yet when "exclusive" arrives
+    await agent.apply_sharing(sharing(backend, "exclusive"))
+    assert backend.node_info().gpus[0].mig_mode and agent.converge_pending
+    backend.destroy_mig_instance(0, 0)
+    agent.synced = True
+    await agent.converge()
+    await asyncio.sleep(0)
+    assert backend.mig_layout()[0] is None and not agent.mig_mode_wanted and registered == [True, False]

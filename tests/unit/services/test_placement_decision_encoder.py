@@ -38,7 +38,7 @@ def test_the_encoder_writes_exactly_what_the_codec_writes_across_cycles() -> Non
     enc = DecisionEncoder()
     policy = build_policy("default", [], [{"path": "org/ml", "gpu_model": "H100", "guaranteed": 4.0,
                                            "borrowing_limit": None, "lending_limit": 2.0, "weight": 1.0}],
-                          [{"team": "ml", "org": "org"}], 300.0)
+                          [{"team": "ml", "org": "org"}], 300.0, 7 * 24 * 3600.0)
     runs = [running(0, 0), running(1, 0, replicas=3, replica=1),
             running(2, 1, share_milli=500, gpu_memory_mib=16384, kind="dev"),
             running(3, 2, mig_profiles=["1g.10gb"], mig_starts=[4], share_milli=142, kind="inference")]

@@ -4,12 +4,26 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from libs.core import MigInstance, Placement, Share
+from libs.core import (
+    Allocation,
+    Gpu,
+    JobRequest,
+    MigInstance,
+    Node,
+    PendingReason,
+    Placement,
+    Policy,
+    Share,
+    Snapshot,
+    UsageRecord,
+    schedule,
+)
 from services.placement.domain import (
     RequestBuilder,
     WantedJobs,
     allocated_gpus,
     build_requests,
+    queue_order,
     split_unit,
     unit_id,
 )
@@ -182,3 +196,32 @@ def test_wanted_jobs_refuse_a_row_they_cannot_account_for_and_start_over() -> No
     assert wanted_jobs.rows == {} and wanted_jobs.horizon == "0"
     wanted_jobs.merge(["a"], ["10"], [wanted("a")], "12")
     assert wanted_jobs.merge(["a"], ["11"], [], "13") is None  # "a" changed, but its new row did not come
+
+
+def test_the_queue_order_is_the_order_the_core_tried_the_jobs_in_each_job_once() -> None:
+    node = Node("n1", "c", tuple(Gpu(f"g{i}", i, "H100", 81920) for i in range(2)))
+    full = Snapshot(nodes=(node,), running=(Allocation("blocker", "ops", "n1", ("g0", "g1")),),
+                    usage=(UsageRecord("ml", "H100", 70.0, as_of=1_000.0),))  # ml used 70 GPU-seconds
+    pending = [JobRequest("ml-job", "ml", 2, submitted_at=10.0), JobRequest("cv-job", "cv", 2, submitted_at=20.0),
+               JobRequest("svc", "cv", 1, submitted_at=30.0, replica_group="svc")]
+    plan = schedule(full, pending, Policy(), now=1_000.0)
+    assert not plan.placements
+    assert queue_order(plan.pending) == ("cv-job", "svc", "ml-job")  # 70 GPU-seconds put ml behind cv
+    # replicas of one service are one job in the order, at its first unit's place
+    assert queue_order([PendingReason("s#1", "X", ""), PendingReason("a", "X", ""),
+                        PendingReason("s#0", "X", "")]) == ("s", "a")
+
+
+def test_a_draining_gpu_and_one_whose_work_does_not_fit_its_mode_take_no_new_work() -> None:
+    from services.placement.domain import build_snapshot, closed_gpus
+
+    gpus = [{"uuid": f"g{i}", "cluster": "c", "node": "n", "idx": i, "model": "H100-80GB", "memory_mib": 81920,
+             "health": "healthy", "sharing": mode, "draining": i == 3}
+            for i, mode in enumerate(("exclusive", "exclusive", "fractional", "fractional"))]
+    running = [{"gpu_uuids": ["g0"], "share_milli": 142, "mig_profiles": ["1g.10gb"]},  # a slice on exclusive
+               {"gpu_uuids": ["g1"], "share_milli": 1000, "mig_profiles": [None]},  # whole on exclusive: fine
+               {"gpu_uuids": ["g2"], "share_milli": 1000, "mig_profiles": [None]}]  # whole on fractional: fine
+    assert closed_gpus(gpus, running) == {"g0", "g3"}
+    nodes = [{"cluster": "c", "node": "n", "schedulable": True, "labels": {}}]
+    snap = build_snapshot(nodes, gpus, [])
+    assert [g.healthy for g in snap.nodes[0].gpus] == [True, True, True, False]
