@@ -27,7 +27,7 @@ async def db(placement_db: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
             cluster="c", node="n1", hostname="n1", cpu_count=64, memory_mib=512_000, registered_at=NOW,
             gpus=[GpuSpec(uuid="G-frac", index=0, model="L40S", memory_mib=46_068),
                   GpuSpec(uuid="G-mig", index=1, model="A100-80GB", memory_mib=81_920, mig_mode=True)]))
-        await store.set_gpu_sharing(conn, "G-frac", "fractional")
+        await store.set_gpu_sharing(conn, "G-frac", "fractional", draining=False)
     yield pool
 
 
