@@ -27,13 +27,14 @@ def admit(cmd: AdmitJob, *, team: Mapping[str, Any] | None, priority_class: Mapp
                              priority_class=cmd.priority_class)
     entries = list(quota_entries)
     models = cmd.gpu_models or ["*"]
+    what = ", ".join(models) if cmd.gpu_models else "any model"
     caps = [ceiling(entries, m) for m in models]
     if all(c is not None for c in caps):
         best = max(c for c in caps if c is not None)
         if cmd.gpus > best:
             return Reply.failure(
                 422, "ExceedsTeamCapacity",
-                f"team {cmd.team!r} can never hold {cmd.gpus} GPU(s) of {', '.join(models)}: its quota allows at "
+                f"team {cmd.team!r} can never hold {cmd.gpus} GPU(s) of {what}: its quota allows at "
                 f"most {best:g}", team=cmd.team, requested=cmd.gpus, ceiling=best)
     return Reply.success({"admitted": True, "priority_class": priority_class["name"],
                           "priority": priority_class["value"], "preemptible": priority_class["preemptible"]})
