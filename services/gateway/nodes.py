@@ -44,7 +44,8 @@ class SharingBody(RequestBody):
     model_config = {"extra": "forbid", "json_schema_extra": {"examples": [{"mode": "fractional"}]}}
     mode: Literal["exclusive", "fractional", "mig"] = Field(
         description="exclusive: whole GPUs only; fractional: shares of compute and memory (CUDA MPS); mig: MIG "
-                    "slices. Applies to new placements; held work is never moved")
+                    "slices (models with MIG profiles only). Held work is never moved: a GPU that holds work takes "
+                    "no new work and switches once it is released")
 
 
 class HealthBody(RequestBody):
