@@ -443,6 +443,15 @@ def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet
         day_ago = (datetime.now(UTC) - timedelta(days=1)).isoformat()
         models = api.get("/v1/reports/capacity", params={"bucket_s": 3600, "from": day_ago}).json()
     expect(page.locator("#report-chart .capacity-model")).to_have_count(len(models["models"]))
+    shown = page.locator("td.peak-7d")  # the forecast's numbers, as the API gives them, or a dash without data
+    expect(shown).to_have_count(len(models["models"]))
+    for i, m in enumerate(models["models"]):
+        week = next(n for n in m["forecast"]["next"] if n["days"] == 7)
+        text = shown.nth(i).inner_text()
+        if week["peak_gpus"] is None:
+            assert text.strip() == "—", text
+        else:  # "12.3 (10.1–14.5)", one decimal
+            assert abs(float(text.split()[0].replace(",", "")) - week["peak_gpus"]) <= 0.051, (text, week)
     go(page, "reports/waste")
     expect(page.locator('[data-stat="idle_allocations"]')).to_be_visible()
     go(page, "reports/efficiency")

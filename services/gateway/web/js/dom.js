@@ -51,9 +51,13 @@ export function put(el, ...children) {
 export function table(columns, rows, { empty = "Nothing here.", rowAttrs } = {}) {
   if (!rows.length) return h("p", { class: "empty" }, empty);
   return h("table", { class: "grid" },
-    h("thead", {}, h("tr", {}, columns.map((c) => h("th", { class: c.num ? "num" : c.class }, c.label)))),
+    h("thead", {}, h("tr", {}, columns.map((c) => h("th", { class: cellClass(c) }, c.label)))),
     h("tbody", {}, rows.map((row) => h("tr", rowAttrs ? rowAttrs(row) : {},
-      columns.map((c) => h("td", { class: c.num ? "num" : c.class }, c.value(row)))))));
+      columns.map((c) => h("td", { class: cellClass(c) }, c.value(row)))))));
+}
+
+function cellClass(c) {
+  return [c.num ? "num" : "", c.class || ""].filter(Boolean).join(" ") || undefined;
 }
 
 export function badge(text, kind = text) {

@@ -135,6 +135,13 @@ export function mount(ctx, root, params = []) {
     ];
   }
 
+  // The forecast's peak demand over the next `days` with its 80% band, "—" without enough data.
+  function peakAhead(forecast, days) {
+    const ahead = (forecast.next || []).find((n) => n.days === days);
+    if (!ahead || ahead.peak_gpus === null) return "—";
+    return `${fmt.num(ahead.peak_gpus)} (${fmt.num(ahead.peak_low_gpus)}–${fmt.num(ahead.peak_high_gpus)})`;
+  }
+
   function capacityView(doc) {
     const models = doc.models || [];
     if (!models.length) return h("p", { class: "empty", id: "report-empty" }, "No GPU model has supply or demand in this range.");
@@ -160,6 +167,8 @@ export function mount(ctx, root, params = []) {
         { label: "wait p50 / p90 / p99", num: true, value: (m) => [m.demand.wait_p50_s, m.demand.wait_p90_s, m.demand.wait_p99_s].map((s) => (s === null ? "—" : fmt.duration(s))).join(" / ") },
         { label: "allocated of supply", num: true, value: (m) => fmt.pct(m.allocated_pct_of_supply) },
         { label: "trend", num: true, value: (m) => (m.forecast.slope_gpus_per_day === null ? "—" : `${fmt.num(m.forecast.slope_gpus_per_day, 2)} GPUs/day`) },
+        ...[7, 30].map((days) => ({ label: `${days}-day peak (80%)`, num: true, class: `peak-${days}d`,
+          value: (m) => peakAhead(m.forecast, days) })),
       ], models),
     ];
   }
