@@ -4,6 +4,7 @@ The placement service and the trace simulator run exactly this code, so what the
 what production does. See README.md in this folder for the pipeline and vocabulary.
 """
 
+from libs.core.cycle import job_spec, workload_from_counts
 from libs.core.frag import FragmentationRow, measure_fragmentation
 from libs.core.mig import CATALOGUE as MIG_CATALOGUE
 from libs.core.mig import MigProfile, plan_gpu_layout, valid_layout
@@ -67,10 +68,12 @@ __all__ = [
     "UsageRecord",
     "WorkloadShape",
     "derive_workload",
+    "job_spec",
     "measure_fragmentation",
     "plan_gpu_layout",
     "plan_mig_layouts",
     "schedule",
     "teams_quota",
     "valid_layout",
+    "workload_from_counts",
 ]

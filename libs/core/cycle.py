@@ -4,7 +4,7 @@ history, priority class lookup, and the time spent per phase."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from libs.core.model import WHOLE, JobRequest
 from libs.core.policy import PriorityClass, WorkloadShape
@@ -12,31 +12,52 @@ from libs.core.policy import PriorityClass, WorkloadShape
 _CPU, _MEM = "<cpu>", "<memory>"  # fair-share history keys next to GPU model names
 
 
-def derive_workload(jobs: Iterable[JobRequest], limit: int = 32,
-                    demand_weighted: bool = True) -> tuple[WorkloadShape, ...]:
-    """The most common GPU request shapes among `jobs` (by count of GPUs, share, models, MIG profile), weighted by
-    how often they occur; each carries the median CPU/memory of its requests."""
+def job_spec(job: JobRequest) -> tuple[int, int, tuple[str, ...], str] | None:
+    """What the workload mix groups a job by: (GPUs on one node — a gang member's share —, share of each GPU in
+    milli, allowed GPU models, MIG profile); None for a job without GPUs."""
+    models = tuple(sorted(set(job.gpu_models)))
+    if job.mig_profile:
+        return (1, WHOLE, models, job.mig_profile)
+    if job.gpu_fraction_milli:
+        return (1, job.gpu_fraction_milli, models, "")
+    if job.gpus > 0:
+        return (min(job.gpus_per_node or job.gpus, 8), WHOLE, models, "")
+    return None
+
+
+def workload_from_counts(counts: Mapping[tuple, float], limit: int = 32,
+                         hosts: Mapping[tuple, tuple[int, int]] | None = None) -> tuple[WorkloadShape, ...]:
+    """The workload mix, one rule for the scheduler, the live fragmentation gauge and the simulator. `counts`:
+    `job_spec` -> how often it occurred; `hosts`: spec -> the median (CPU milli-cores, memory MiB) of its jobs.
+    The `limit` most common specs (0: all), each weighted by how often it occurs (FGD's pod popularity), not by
+    its GPU demand: by demand, unpinned work filled a GPU model that much pinned work needed. Every spec up to the
+    limit stays in, however rare: cutting the mix at FGD's 95% coverage dropped the rare big shapes, and whole
+    nodes were no longer kept for them."""
+    hosts = hosts or {}
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    out: list[WorkloadShape] = []
+    for spec, n in top[:limit] if limit else top:
+        gpus, milli, models, prof = spec
+        cpu, mem = hosts.get(spec, (0, 0))
+        out.append(WorkloadShape(gpus=gpus, gpu_milli=milli, weight=float(n), cpu_milli=cpu, memory_mib=mem,
+                                 gpu_models=models, mig_profile=prof))
+    return tuple(out)
+
+
+def derive_workload(jobs: Iterable[JobRequest], limit: int = 32) -> tuple[WorkloadShape, ...]:
+    """The workload mix of `jobs` (`workload_from_counts` over their `job_spec`s), each spec with the median CPU
+    and memory its jobs ask for."""
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for j in jobs:
-        models = tuple(sorted(j.gpu_models))
-        if j.mig_profile:
-            key = (1, WHOLE, models, j.mig_profile)
-        elif j.gpu_fraction_milli:
-            key = (1, j.gpu_fraction_milli, models, "")
-        elif j.gpus > 0:
-            key = (min(j.gpus_per_node or j.gpus, 8), WHOLE, models, "")
-        else:
-            continue
-        groups.setdefault(key, []).append((j.cpu_milli, j.memory_mib))
-    top = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:limit]
-    out = []
-    for (g, m, models, prof), hosts in top:
-        cpus = sorted(h[0] for h in hosts)
-        mems = sorted(h[1] for h in hosts)
-        weight = len(hosts) * g * m / WHOLE if demand_weighted else float(len(hosts))
-        out.append(WorkloadShape(gpus=g, gpu_milli=m, weight=weight, cpu_milli=cpus[len(cpus) // 2],
-                                 memory_mib=mems[len(mems) // 2], gpu_models=models, mig_profile=prof))
-    return tuple(out)
+        spec = job_spec(j)
+        if spec is not None:
+            groups.setdefault(spec, []).append((j.cpu_milli, j.memory_mib))
+    hosts = {}
+    for spec, got in groups.items():
+        cpus = sorted(h[0] for h in got)
+        mems = sorted(h[1] for h in got)
+        hosts[spec] = (cpus[len(cpus) // 2], mems[len(mems) // 2])
+    return workload_from_counts({spec: len(got) for spec, got in groups.items()}, limit, hosts)
 
 
 def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:

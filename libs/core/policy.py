@@ -112,16 +112,15 @@ _PRESETS: dict[str, dict] = {
         order="priority", fit="score", head_of_line=False, preemption=False, backfill=False,
         w_binpack=1.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score",
     ),
-    # gpupool: priority -> fair share -> submit -> id; fragmentation-aware + topology + packing; reservations
-    # with backfill; preemption within teams and to reclaim guarantees.
+    # gpupool: priority -> fair share -> submit -> id; fragmentation scored as FGD's artifact scores it (whole
+    # numbers, int(sigmoid(fall of the expected fragmentation in GPUs) x 100), ties to the lowest node index, which
+    # packs), topology as a tie-break inside one whole point; reservations with backfill; preemption within teams
+    # and to reclaim guarantees.
     "default": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.03, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="score",
+        w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="index",
     ),
-    # as default, but fragmentation scored as FGD's artifact scores it: whole numbers (int(sigmoid(fall of the
-    # expected fragmentation in GPUs) x 100)), near-equal choices tied and the tie going to the lowest node index
-    # (which packs), no packing or topology weights. Experimental: better in the fill experiment (docs/sim.md),
-    # not yet checked on the timed replay or a live platform.
+    # FGD alone, for comparisons: as default without the topology weight.
     "fgd": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
         w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=1.0, frag_ties="index",
@@ -146,7 +145,8 @@ class Policy:
     w_topology: float | None = None
     w_frag: float | None = None
     # "score": the fall in fragmentation is a continuous score and packing breaks near-ties toward the fuller node;
-    # "index": FGD's whole-number score, ties to the lowest node index, the kinds' packing weights unused
+    # "index": FGD's whole-number score, ties to the lowest node index, the kinds' packing weights unused while
+    # fragmentation is scored (w_frag > 0)
     frag_ties: str | None = None
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
     quotas: QuotaTree = field(default_factory=QuotaTree)

@@ -352,7 +352,7 @@ class PlacementSearch:
         mark = self.state.mark()
         used = set(used)
         takes: list[Take] = []
-        pack = 0.0 if self._frag_index else self._kind(job.kind).pack
+        pack = 0.0 if self._frag_index and self._w_frag else self._kind(job.kind).pack
         for _ in range(shape.members):
             got = self._best(shape, sid, shape.per_node, allowed, used, domain, pack)
             if got is None:

@@ -5,9 +5,10 @@ Definition (`fill`): the whole task list is shuffled (seeded), then topped up wi
 until the arrived GPU demand reaches `tune` × capacity (1.3); each task is placed on arrival or fails and is
 dropped; after every arrival the allocated share of GPU capacity is sampled (fractions by their milli share); the
 value at 100% is the mean of the samples whose arrived workload rounds to 100% of capacity (99.5% ≤ arrived <
-100.5%). CPU-only tasks arrive like the others (they take CPU and memory, no GPU demand). The workload FGD's
-fragmentation measure is taken against is the pod-spec popularity: the specs covering `coverage` (95%) of the
-tasks, each weighted by how often it occurs (`workload_by_count`).
+100.5%). CPU-only tasks arrive like the others (they take CPU and memory, no GPU demand). gpupool's fragmentation
+score is taken against the task list's mix by the rule the scheduler and the live gauge use (`workload_of_tasks`,
+`libs.core.derive_workload`: the most common GPU shapes, each weighted by how often it occurs); FGD's artifact takes
+the pod specs (CPU included) covering 95% of the tasks, also by count.
 
 gpupool's policies run the same `libs.core.Scheduler` the placement service runs. `fgd-best-fit` is the artifact's
 BestFit, reimplemented here as a baseline (it is not a gpupool policy): among the nodes where the task fits (CPU,
@@ -21,9 +22,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
 
-from libs.core import Node, WorkloadShape
+from libs.core import Node, WorkloadShape, derive_workload
 from libs.core.model import WHOLE
 from libs.core.plan import Placement, Plan
 from libs.sim.applier import Ledger
@@ -32,24 +32,12 @@ from libs.sim.traces import Task
 
 BASELINES = ("fgd-best-fit",)
 TUNE = 1.3  # the artifact's top-up: random draws until the arrived GPU demand is 130% of capacity
-COVERAGE = 0.95  # the pod specs covering this share of tasks make FGD's workload
 
 
-def workload_by_count(tasks: list[Task], coverage: float = COVERAGE) -> tuple[WorkloadShape, ...]:
-    """FGD's target workload: the most popular pod specs (GPUs, share, GPU models, CPU, memory) that together cover
-    `coverage` of the tasks, each weighted by its count (GPU-less specs take part in the coverage but carry no GPU
-    shape)."""
-    specs = Counter((t.num_gpu, t.gpu_milli, tuple(sorted(t.gpu_spec)), t.cpu_milli, t.memory_mib) for t in tasks)
-    out: list[WorkloadShape] = []
-    covered = 0
-    for (gpus, milli, models, cpu, mem), n in sorted(specs.items(), key=lambda kv: (-kv[1], kv[0])):
-        if covered >= coverage * len(tasks):
-            break
-        covered += n
-        if gpus > 0:
-            out.append(WorkloadShape(gpus=min(gpus, 8), gpu_milli=milli or WHOLE, weight=float(n), cpu_milli=cpu,
-                                     memory_mib=mem, gpu_models=models))
-    return tuple(out)
+def workload_of_tasks(tasks: list[Task]) -> tuple[WorkloadShape, ...]:
+    """The workload gpupool's fragmentation score is taken against, by the rule the scheduler and the live gauge
+    use (`libs.core.derive_workload`): the task list's most common GPU shapes, each weighted by its count."""
+    return derive_workload([t.request(t.name, 0.0, "fill") for t in tasks])
 
 
 def arrivals(tasks: list[Task], capacity: int, rng: random.Random, tune: float = TUNE):
@@ -119,8 +107,7 @@ class BestFitBaseline:
                                else 0, cpu_milli=t.cpu_milli, memory_mib=t.memory_mib),), ())
 
 
-def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, *, tune: float = TUNE,
-         coverage: float = COVERAGE) -> FillResult:
+def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, *, tune: float = TUNE) -> FillResult:
     """One seed of the artifact's experiment (module docstring) with a gpupool policy or `fgd-best-fit`.
     `unallocated_gpu_share` is 1 − the mean allocated share over the samples at 100% arrived."""
     wall0 = time.perf_counter()
@@ -131,7 +118,7 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
         sched = None
     else:
         baseline = None
-        sched = fill_scheduler(nodes, policy_name, workload_by_count(tasks, coverage))
+        sched = fill_scheduler(nodes, policy_name, workload_of_tasks(tasks))
     ledger = Ledger(nodes)
     arrived = 0.0
     at_100: list[float] = []

@@ -34,6 +34,7 @@ from libs.core import (
     UsageRecord,
     WorkloadShape,
     codec,
+    workload_from_counts,
 )
 from libs.core import mig as migcat
 from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
@@ -134,13 +135,17 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
 
 
 def recent_workload(shapes: Iterable[Row], limit: int = 32) -> tuple[WorkloadShape, ...]:
-    """The workload the live fragmentation measure is taken against: the job shapes recently asked for, each
-    weighted by how often it occurred (FGD's pod-spec popularity, as the simulator's fill measures it), the `limit`
-    most frequent. A shape row: GPUs on one node, share of each GPU (milli), allowed models, MIG profile, count."""
-    top = sorted(shapes, key=lambda r: (-r["n"], r["gpus"], r["share_milli"], sorted(r["models"]), r["mig_profile"]))
-    return tuple(WorkloadShape(gpus=min(r["gpus"], 8), gpu_milli=r["share_milli"], weight=float(r["n"]),
-                               gpu_models=tuple(sorted(r["models"])), mig_profile=r["mig_profile"])
-                 for r in top[:limit] if r["gpus"] > 0)
+    """The workload the live fragmentation measure is taken against: the job shapes recently asked for, by the
+    rule the scheduler and the simulator use (`libs.core.workload_from_counts`: the `limit` most frequent, each
+    weighted by how often it occurred). A shape row: GPUs on one node, share of each GPU (milli), allowed models,
+    MIG profile, count; the rows carry no host CPU or memory."""
+    counts: dict[tuple, float] = {}
+    for r in shapes:
+        if r["gpus"] <= 0:
+            continue
+        key = (min(r["gpus"], 8), r["share_milli"], tuple(sorted(r["models"])), r["mig_profile"])
+        counts[key] = counts.get(key, 0) + r["n"]
+    return workload_from_counts(counts, limit)
 
 
 def queue_order(pending: Iterable[PendingReason]) -> tuple[str, ...]:

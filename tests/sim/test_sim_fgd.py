@@ -38,11 +38,11 @@ def test_the_value_is_read_at_the_arrivals_that_round_to_100_percent() -> None:
     assert m["arrived_workload"] == pytest.approx(1.3)
 
 
-def test_the_workload_is_the_popular_pod_specs_weighted_by_count() -> None:
+def test_the_workload_is_the_task_lists_gpu_shapes_weighted_by_count() -> None:
     tasks = [task("a", milli=500)] * 60 + [task("b", gpus=2)] * 30 + [task("c", gpus=0)] * 6 + [task("d", gpus=8)] * 4
-    shapes = fgd.workload_by_count(tasks, coverage=0.95)
-    # a (60), b (30) and the CPU-only spec (6) cover 96%: d is left out; GPU-less specs carry no GPU shape
-    assert [(s.gpus, s.gpu_milli, s.weight) for s in shapes] == [(1, 500, 60.0), (2, 1000, 30.0)]
+    shapes = fgd.workload_of_tasks(tasks)
+    # by count, not by GPU demand (d would weigh 32, b 60); the rare 8-GPU shape stays in; CPU-only tasks carry none
+    assert [(s.gpus, s.gpu_milli, s.weight) for s in shapes] == [(1, 500, 60.0), (2, 1000, 30.0), (8, 1000, 4.0)]
 
 
 def test_fgd_best_fit_takes_the_fullest_node_and_inside_it_the_fullest_gpu_that_fits() -> None:

@@ -250,7 +250,7 @@ def test_a_blocked_big_job_whose_start_is_unknown_gets_a_soft_hold_that_idles_no
     assert placed["small"] == "spare" and placed["more"] in ("node000", "node001")
 
 
-def test_the_fgd_preset_scores_fragmentation_in_whole_numbers_and_gives_ties_to_the_lowest_node() -> None:
+def test_default_scores_fragmentation_in_whole_numbers_and_gives_ties_to_the_lowest_node() -> None:
     from libs.core import WorkloadShape
 
     shapes = (WorkloadShape(gpus=1, gpu_milli=500, weight=1.0), WorkloadShape(gpus=1, gpu_milli=1000, weight=1.0))
@@ -259,12 +259,14 @@ def test_the_fgd_preset_scores_fragmentation_in_whole_numbers_and_gives_ties_to_
     nodes = [node("a", 2, sharing="fractional"), node("b", 2, sharing="fractional")]
     held = [Allocation(job_id="busy", team="t", node="b", gpu_uuids=("b-gpu0",), started_at=0.0)]
     whole = [job("w", 1)]
-    for name, expected in (("default", "b"), ("fgd", "a")):
-        plan = schedule(snapshot(nodes, running=held), whole, Policy(name=name, workload=shapes), now=0.0)
-        assert [p.node for p in plan.placements] == [expected], name  # default packs; fgd: the lowest node
+    continuous = Policy(workload=shapes, frag_ties="score", w_binpack=0.03)  # the earlier default: packing decides
+    for policy, expected in ((Policy(workload=shapes), "a"), (Policy(name="fgd", workload=shapes), "a"),
+                             (continuous, "b")):
+        plan = schedule(snapshot(nodes, running=held), whole, policy, now=0.0)
+        assert [p.node for p in plan.placements] == [expected], policy.name
     # a real difference in fragmentation still decides: a half-used GPU is filled before an empty node is touched
     half = [Allocation(job_id="h", team="t", node="b", gpu_uuids=("b-gpu0",), started_at=0.0,
                        gpu_fraction_milli=500, gpu_memory_mib=1000)]
     plan = schedule(snapshot(nodes, running=half), [job("f", 1, gpu_fraction_milli=500, gpu_memory_mib=1000)],
-                    Policy(name="fgd", workload=shapes), now=0.0)
+                    Policy(workload=shapes), now=0.0)
     assert [(p.node, p.gpu_uuids) for p in plan.placements] == [("b", ("b-gpu0",))]
