@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from libs.core.fit import CPU_KIND, Shape
-from libs.core.model import JobRequest
+from libs.core.fit import CPU_KIND, FRAC_KIND, MIG_KIND, Shape
+from libs.core.model import MIG, WHOLE, JobRequest
 from libs.core.policy import Policy
 from libs.core.quota import QuotaLedger
 from libs.core.reasons import PREEMPTED_BY_PRIORITY, PREEMPTED_WITHIN_QUOTA, RECLAIMED_FOR_GUARANTEE
@@ -77,17 +77,20 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
     st = state
     job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
     budget: dict[str, int] = {}
+    lent: dict[tuple, int] = {}  # (team path, models) -> what the team borrows of them (the ledger is fixed here)
     cands: list[tuple] = []
     for rj in candidates:
         if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
             continue
-        if shape.kind != CPU_KIND and not (set(rj.milli_by_model) & allowed):
+        if shape.kind != CPU_KIND and allowed.isdisjoint(rj.milli_by_model):
             continue
         if rj.team == job.team and rj.priority < prio:
             why = PREEMPTED_BY_PRIORITY
         elif rj.team != job.team and reclaim:
-            vpaths = ledger.paths(rj.team, rj.project)
-            borrowed = sum(ledger.borrowed(vpaths[1], m) for m in rj.milli_by_model)
+            key = (ledger.paths(rj.team, rj.project)[1], tuple(rj.milli_by_model))
+            borrowed = lent.get(key)
+            if borrowed is None:
+                borrowed = lent[key] = sum(ledger.borrowed(key[0], m) for m in rj.milli_by_model)
             if borrowed <= 0:
                 continue
             budget.setdefault(rj.team, borrowed)
@@ -128,7 +131,7 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
         best = None
         for idx in sorted(by_node):
             ns = st.nodes[idx]
-            if ns.hidden or not ns.schedulable:
+            if ns.hidden or not ns.schedulable or not _may_fit(st, idx, by_node[idx], shape, allowed):
                 continue
             sel: list[tuple] = []
             mark = st.mark()
@@ -189,6 +192,43 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
     nodes = tuple(sorted({t.node for t in takes}))
     st.rollback(mark)
     return Victims(tuple((c[2], c[3]) for c in sel), nodes)
+
+
+def _may_fit(st: ClusterState, idx: int, cands: list[tuple], shape: Shape, allowed: frozenset) -> bool:
+    """False only when the one-member job could not fit node `idx` even with every candidate there gone (CPU,
+    memory, and GPUs of an allowed model free enough): the search skips such a node without trying releases. Only
+    a necessary condition (budgets, NVLink, MIG layouts are left to the search), so it never changes an answer."""
+    if shape.kind == MIG_KIND:
+        return True
+    ns = st.nodes[idx]
+    cpu, mem = ns.cpu_free, ns.mem_free
+    extra: dict[int, tuple[int, int]] = {}  # GPU position -> (milli, memory) the candidates hold there
+    for c in cands:
+        for t in st.holds.get(c[2], ()):
+            if t.node != idx:
+                continue
+            cpu += t.cpu
+            mem += t.mem
+            if t.mig is None:
+                for pos in t.positions:
+                    m, g = extra.get(pos, (0, 0))
+                    extra[pos] = (m + t.milli, g + t.gpu_mem)
+    if (ns.cpu_cap and cpu < shape.cpu) or (ns.mem_cap and mem < shape.mem):
+        return False
+    if shape.kind == CPU_KIND:
+        return True
+    frac = shape.kind == FRAC_KIND
+    need = 1 if frac else shape.per_node
+    n = 0
+    for pos, g in enumerate(ns.gpus):
+        if not g.healthy or g.sharing == MIG or g.model not in allowed:
+            continue
+        m, gm = extra.get(pos, (0, 0))
+        if (g.free + m >= shape.milli and g.free_mem + gm >= shape.gmem) if frac else g.free + m >= WHOLE:
+            n += 1
+            if n >= need:
+                return True
+    return False
 
 
 def _within_budget(sel: list[tuple], budget: dict[str, int]) -> bool:
@@ -253,6 +293,8 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
         cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team, rj.started_at, vpaths, rj.milli_by_model))
     if not cands:
         return None
+    if not _admitted_without(ledger, pre, cands):
+        return None  # not even with every candidate gone would its quota admit it: no release can help
     # Kueue's order: other teams' borrowed work, then the lowest priority, then the most recently started
     cands.sort(key=lambda c: (c[3] != RECLAIMED_FOR_GUARANTEE, c[0], -c[6], c[2]))
 
@@ -267,6 +309,7 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
 
     def without(sel: list[tuple]) -> list[Take] | None:
         """Whether (and where) the job fits with `sel` gone, everything restored after."""
+        version = ledger.version
         mark = st.mark()
         for c in sel:
             st.release(c[2])
@@ -275,11 +318,13 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
         for c in sel:
             for model, milli in c[8].items():
                 ledger.add(c[7], model, milli)
+        ledger.restore(version)
         st.rollback(mark)
         return takes
 
     sel: list[tuple] = []
     mark = st.mark()
+    version = ledger.version
     ok = False
     for c in cands[:256]:
         sel.append(c)
@@ -294,6 +339,7 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
     for c in sel:
         for model, milli in c[8].items():
             ledger.add(c[7], model, milli)
+    ledger.restore(version)
     st.rollback(mark)
     if not ok:
         return None
@@ -306,6 +352,20 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
         return NotYet(note)
     takes = without(sel) or []
     return Victims(tuple((c[2], c[3]) for c in sel), tuple(sorted({t.node for t in takes})))
+
+
+def _admitted_without(ledger: QuotaLedger, pre: QuotaPreemptor, cands: list[tuple]) -> bool:
+    """Whether the job's quota would admit it with every candidate's use taken out of the ledger (restored after):
+    necessary for any set of victims to make room, and cheap next to trying them one by one."""
+    version = ledger.version
+    for c in cands:
+        ledger.remove(c[7], c[8])
+    allowed, _ = ledger.admissible(pre.paths, pre.amounts, pre.job.job_id, guarantee_only=pre.guarantee_only)
+    for c in cands:
+        for model, milli in c[8].items():
+            ledger.add(c[7], model, milli)
+    ledger.restore(version)
+    return bool(allowed)
 
 
 def waiting_pays(policy: Policy, pre: Preemptor | QuotaPreemptor, sel: list[tuple], now: float) -> str | None:

@@ -35,6 +35,8 @@ class QuotaLedger:
         for e in tree.entries:
             self.children.setdefault((_parent(e.path), e.gpu_model), []).append(e)
         self.usage: dict[tuple[str, str], int] = {}
+        self.version = 0  # a new value at every change of usage: answers remembered at one version hold while it does
+        self._ticks = 0  # versions handed out (never reused, so a version names one content of `usage`)
         self.has_entries = bool(tree.entries)
         self._paths: dict[tuple[str, str], tuple[str, str, str]] = {}
 
@@ -98,6 +100,8 @@ class QuotaLedger:
     def add(self, paths: tuple[str, ...], model: str, milli: int) -> None:
         if not self.has_entries or milli == 0:
             return
+        self._ticks += 1
+        self.version = self._ticks
         u = self.usage
         for p in paths:
             u[(p, model)] = u.get((p, model), 0) + milli
@@ -121,6 +125,11 @@ class QuotaLedger:
         its entry is a wildcard."""
         e = self.entry(path, model)
         return self.used(path, e.gpu_model if e else model)
+
+    def restore(self, version: int) -> None:
+        """Every change since `version` was undone (a tentative search put usage back as it was): the version it
+        had then names its content again."""
+        self.version = version
 
     def remove(self, paths: tuple[str, ...], milli_by_model: Mapping[str, int]) -> None:
         """Take a job's use out (a tentative preemption); `add` it back to undo."""

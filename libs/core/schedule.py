@@ -74,6 +74,8 @@ class CycleContext:
     held_next: dict[str, tuple[list[int], float]] = field(default_factory=dict)  # reservations for next cycle
     eligible_victims: list[RunningJob] = field(default_factory=list)  # preemptible now (past min runtime)
     fail_memo: dict = field(default_factory=dict)  # (shape, models, reservations it may use) -> its reason
+    admit_memo: dict = field(default_factory=dict)  # (paths, amounts, ...) -> (ledger version, answer)
+    like_memo: dict = field(default_factory=dict)  # a job's `_like` key -> (epoch, reason code, message)
     preempt_fail: set = field(default_factory=set)  # searches that found nothing
     reserve_memo: set = field(default_factory=set)  # shapes whose reservation will not get better this cycle
     reserve_tries: int = 0
@@ -113,6 +115,7 @@ class Scheduler(PlacementSearch):
         self.n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
         self.norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
         self.alt_cache: dict[str, tuple] = {}  # job id -> (request object, its alternatives normalised)
+        self._shape_amounts: dict[Shape, tuple] = {}  # shape -> ((model, milli it would take), ...)
         self.team_alloc: dict[tuple[str, str], int] = {}  # (team, model) -> milli held
         self.usage_tp: dict[tuple[str, str, str], int] = {}  # (team, project, model) -> milli held
         self.team_host: dict[str, tuple[int, int]] = {}  # team -> (CPU milli-cores, memory MiB) held
@@ -356,6 +359,51 @@ class Scheduler(PlacementSearch):
                     heapq.heappush(heap, (s, q[0].submitted_at, q[0].job_id, team))
 
     def _schedule_job(self, ctx: CycleContext, job: JobRequest) -> None:
+        """One job, or, when a job just like it (`_like`) was turned away while nothing has changed since, its
+        answer again: with a deep queue most jobs are the same few asks, and each would only meet the memos the
+        first left (quota, placement, reasons, preemption searches), so the answer is the same, reached sooner."""
+        key = self._like(ctx, job)
+        if key is not None:
+            epoch = self._epoch(ctx)
+            hit = ctx.like_memo.get(key)
+            if hit is not None and hit[0] == epoch:
+                ctx.reasons.append(PendingReason(job.job_id, hit[1], hit[2]))
+                return
+            memos = self._memos(ctx)
+            n = len(ctx.reasons)
+        self._schedule_one(ctx, job)
+        # turned away, nothing moved and nothing new remembered: every lookup it made found what a job just like
+        # it will find (memos only grow, and an entry changes only with the state), so that job meets the same
+        if key is not None and len(ctx.reasons) == n + 1 and self._epoch(ctx) == epoch and self._memos(ctx) == memos:
+            r = ctx.reasons[-1]
+            ctx.like_memo[key] = (epoch, r.reason, r.message)
+
+    def _like(self, ctx: CycleContext, job: JobRequest) -> tuple | None:
+        """What decides a job's answer besides the state: jobs with the same key get the same answer from the same
+        state. None for jobs whose answer depends on more (their id, alternatives, replicas, a hold of their own)."""
+        if job.alternatives or job.replica_group or ctx.head_of_line:
+            return None
+        if ctx.reserved and any(rid == job.job_id for rid, _ in ctx.reserved.values()):
+            return None
+        shape, prio, preemptible, _ = ctx.meta[job.job_id]
+        if self._guarantee_only(ctx, preemptible):
+            return None  # its refusal names it
+        return (shape, job.team, job.project, prio, preemptible, job.kind, job.max_runtime_s)
+
+    @staticmethod
+    def _epoch(ctx: CycleContext) -> tuple:
+        """The state a job's answer reads that changes as the cycle goes (quota use, what is placed, chosen as a
+        victim, held or reserved): equal epochs, equal state. Each part only grows within a cycle."""
+        return (ctx.ledger.version, len(ctx.placements), len(ctx.preemptions), len(ctx.reservations),
+                len(ctx.taken), len(ctx.reserved), len(ctx.nominated), len(ctx.reconfigs), len(ctx.held_next),
+                ctx.draining)
+
+    def _memos(self, ctx: CycleContext) -> tuple:
+        """What the cycle has remembered and searched so far: unchanged while a job only met earlier answers."""
+        return (len(ctx.fail_memo), len(ctx.preempt_fail), len(ctx.reserve_memo), len(ctx.admit_memo),
+                ctx.n_searches, ctx.reserve_tries, self.n_scored, ctx.nodes_by_class is None)
+
+    def _schedule_one(self, ctx: CycleContext, job: JobRequest) -> None:
         """One job through admission, placement and, when it does not fit, its reason, preemption, reservation."""
         if ctx.laps:
             ctx.laps.to("quota")
@@ -417,14 +465,22 @@ class Scheduler(PlacementSearch):
                paths: tuple[str, str, str]) -> tuple[frozenset | None, str | None]:
         """4. The GPU models the job may take within its quota; (None, why) when its quota refuses it, (None,
         None) when no GPU model in the cluster could serve it."""
-        models = self._models_for(shape)
-        if not models:
+        amounts = self._shape_amounts.get(shape)
+        if amounts is None:  # what it would take of each model it may use: fixed for the cluster's models
+            amounts = self._shape_amounts[shape] = self._amounts(shape, self._models_for(shape))
+        if not amounts:
             return None, None
-        allowed, refusal = ctx.ledger.admissible(paths, self._amounts(shape, models), job.job_id,
-                                                 guarantee_only=self._guarantee_only(ctx, preemptible))
-        if not allowed:
-            return None, refusal or "over quota"
-        return frozenset(allowed), None
+        g_only = self._guarantee_only(ctx, preemptible)
+        # the answer depends only on the ledger (and, for a guarantee-only job, its id in the message): with a
+        # deep queue most jobs ask the same as one before them while nothing was admitted in between
+        key = ("admit", paths, amounts, job.job_id if g_only else "")
+        hit = ctx.admit_memo.get(key)
+        if hit is not None and hit[0] == ctx.ledger.version:
+            return hit[1]
+        allowed, refusal = ctx.ledger.admissible(paths, amounts, job.job_id, guarantee_only=g_only)
+        got = (None, refusal or "over quota") if not allowed else (frozenset(allowed), None)
+        ctx.admit_memo[key] = (ctx.ledger.version, got)
+        return got
 
     def _try_alternatives(self, ctx: CycleContext, job: JobRequest, paths: tuple[str, str, str], prio: int,
                           preemptible: bool, min_rt: float) -> bool:
@@ -533,7 +589,12 @@ class Scheduler(PlacementSearch):
         """7. Victims for the blocked job (decided, never acted on): (True: it waits for them, its reason
         recorded; the message, with why it waits instead when preempting would cost more than waiting)."""
         st, ledger = self.state, ctx.ledger
-        reclaim = any(ledger.within_guarantee(paths, m, self._amount(shape, m)) for m in allowed)
+        rkey = ("reclaim", paths[1], sid, allowed)
+        hit = ctx.admit_memo.get(rkey)
+        if hit is None or hit[0] != ledger.version:  # its team within its guarantee: borrowers are candidates
+            hit = ctx.admit_memo[rkey] = (ledger.version, any(ledger.within_guarantee(paths, m, self._amount(shape, m))
+                                                              for m in allowed))
+        reclaim = hit[1]
         pkey = (sid, allowed, job.team, prio, reclaim)
         if pkey in ctx.preempt_fail:
             return False, msg
@@ -558,7 +619,7 @@ class Scheduler(PlacementSearch):
         instead when preempting would cost more than waiting)."""
         ledger = ctx.ledger
         amounts = self._amounts(shape, self._models_for(shape) if models is None else models)
-        reclaim = any(ledger.within_guarantee(paths, m, a) for m, a in amounts)
+        reclaim = self._reclaims(ctx, paths, amounts)
         pkey = ("quota", self._sid(shape), amounts, job.team, job.project, prio, preemptible, reclaim)
         if pkey in ctx.preempt_fail:
             return False, msg
@@ -579,6 +640,17 @@ class Scheduler(PlacementSearch):
         self._hold_for(ctx, job, prio, found, f"job(s) preempted to make room within its quota ({', '.join(whys)})",
                        scope=scope, note=msg)
         return True, msg
+
+    def _reclaims(self, ctx: CycleContext, paths: tuple[str, str, str], amounts: tuple[tuple[str, int], ...]) -> bool:
+        """Whether the job's team stays within its guarantee taking `amounts` of some model: other teams'
+        borrowed work is then fair game (remembered per ledger version, like admission)."""
+        key = ("reclaim", paths[1], amounts)
+        hit = ctx.admit_memo.get(key)
+        if hit is not None and hit[0] == ctx.ledger.version:
+            return hit[1]
+        got = any(ctx.ledger.within_guarantee(paths, m, a) for m, a in amounts)
+        ctx.admit_memo[key] = (ctx.ledger.version, got)
+        return got
 
     def _hold_for(self, ctx: CycleContext, job: JobRequest, prio: int, found: Victims, what: str,
                   scope: str = "", note: str = "") -> None:
