@@ -20,8 +20,9 @@ from libs.core import Node, Policy, Scheduler, Snapshot, WorkloadShape, derive_w
 from libs.core import mig as migcat
 from libs.core.model import WHOLE, JobRequest
 from libs.core.policy import preset_names
+from libs.core.reasons import RECLAIMED_FOR_GUARANTEE
 from libs.sim.applier import Ledger
-from libs.sim.metrics import FragMeter, jain, mean, percentile
+from libs.sim.metrics import FragMeter, ShareWindows, jain, mean, percentile
 from libs.sim.traces import SimJob, Task
 
 POLICIES = ("fifo", "best-fit", "default", "fgd")
@@ -88,21 +89,30 @@ def never_fit(nodes: list[Node], jobs: list[SimJob]) -> set[str]:
     return out
 
 
+def gpus_of(r: JobRequest) -> float:
+    """The GPUs a request asks for (a fraction by its share, a MIG slice as 1/7)."""
+    return r.gpu_fraction_milli / WHOLE if r.gpu_fraction_milli else (1 / 7 if r.mig_profile else r.gpus)
+
+
 def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_interval: float = 30.0,
-           frag_samples: int = 100, policy_overrides: dict | None = None) -> ReplayResult:
-    """`policy_overrides`: Policy fields to change (ablations, e.g. {"preemption_cost": False})."""
-    wall0 = time.perf_counter()
+           frag_samples: int = 100, policy_overrides: dict | None = None,
+           fair_window_s: float = 3600.0) -> ReplayResult:
+    """`policy_overrides`: Policy fields to change (ablations, e.g. {"preemption_cost": False});
+    `fair_window_s`: the windows each team's share is measured over against its entitlement (`ShareWindows`)."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     rejected = never_fit(nodes, jobs)
     submitted = len(jobs)
     jobs = [j for j in jobs if j.job_id not in rejected]
     demand: dict[str, float] = {}  # GPU-seconds each team asks for over the trace: its guaranteed share
     for j in jobs:
-        r = j.request
-        gpus = r.gpu_fraction_milli / WHOLE if r.gpu_fraction_milli else (1 / 7 if r.mig_profile else r.gpus)
-        demand[r.team] = demand.get(r.team, 0.0) + gpus * j.duration
+        demand[j.request.team] = demand.get(j.request.team, 0.0) + gpus_of(j.request) * j.duration
     teams = {t: demand[t] or 1e-9 for t in sorted(demand)}
     capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
     policy = make_policy(policy_name, teams, float(capacity))
+    total_demand = sum(teams.values())
+    # every policy is measured against the same entitlements: the guarantees `default` enforces
+    windows = ShareWindows({t: capacity * w / total_demand for t, w in teams.items()}, fair_window_s,
+                           min((j.submit for j in jobs), default=0.0))
     if policy_overrides:
         policy = dataclasses.replace(policy, **policy_overrides)
     workload = workload_of([j.request for j in jobs])
@@ -125,6 +135,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
     finished: dict[str, float] = {}
     preempted: Counter = Counter()
     preempt_reasons: Counter = Counter()
+    lost_gpu_s: Counter = Counter()  # GPU-seconds of work thrown away by preemption, by reason
     team_gpu_s: Counter = Counter()
     held_milli: dict[str, int] = {}
     series = Series()
@@ -133,11 +144,16 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
     span_start = min((j.submit for j in jobs), default=0.0)
     frag_every = 1
 
-    def stop(job_id: str, now: float) -> None:
+    def stop(job_id: str, now: float) -> float:
+        """The job leaves its GPUs; returns the GPU-seconds it ran."""
         s = started.pop(job_id)
-        team_gpu_s[requests[job_id].team] += held_milli.pop(job_id, 0) / WHOLE * (now - s)
+        team = requests[job_id].team
+        gpus = held_milli.pop(job_id, 0) / WHOLE
+        team_gpu_s[team] += gpus * (now - s)
+        windows.change(now, team, held=-gpus)
         sched.finish(job_id)
         ledger.release(job_id)
+        return gpus * (now - s)
 
     head_of_line = policy.setting("head_of_line")
     stuck = False  # FIFO: the last cycle placed nothing; only a finish can change that
@@ -151,9 +167,11 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
                     continue
                 stop(job_id, t)
                 finished[job_id] = t
+                windows.change(t, requests[job_id].team, wants=-gpus_of(requests[job_id]))
                 freed = True
             else:
                 pending[job_id] = requests[job_id]
+                windows.change(t, requests[job_id].team, wants=gpus_of(requests[job_id]))
         now = horizon
         if head_of_line and stuck and not freed:
             continue  # exact shortcut: new arrivals queue behind a head that still does not fit
@@ -173,9 +191,10 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
                     prof = migcat.profile(p.gpu_model, p.mig.profile)
                     milli = prof.milli if prof else 0
                 held_milli[p.job_id] = held_milli.get(p.job_id, 0) + milli
+                windows.change(now, requests[p.job_id].team, held=milli / WHOLE)
             for v in plan.preemptions:
                 if v.job_id in started:
-                    stop(v.job_id, now)
+                    lost_gpu_s[v.reason] += stop(v.job_id, now)
                     gen[v.job_id] += 1
                     preempted[v.job_id] += 1
                     preempt_reasons[v.reason] += 1
@@ -196,6 +215,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
         if not events and pending:
             break  # nothing left will ever free capacity: the rest cannot run
 
+    windows.advance(max(finished.values(), default=windows.last))
     jct = [finished[j] - by_id[j].submit for j in finished]
     queue = [first_start[j] - by_id[j].submit for j in first_start]
     span_end = max(finished.values(), default=span_start)
@@ -228,15 +248,29 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
         "team_gpu_share": {t: team_gpu_s[t] / total_gpu_s for t in sorted(team_gpu_s)},
         "preemptions": sum(preempted.values()),
         "preemptions_by_reason": dict(sorted(preempt_reasons.items())),
+        **churn(preempt_reasons, lost_gpu_s, preempted),
+        "fair_share_windows": windows.summary(),
         "makespan_s": span_end - span_start,
         "gpus": capacity,
         "nodes": len(nodes),
         "cycles": cycles,
         "cycle_interval_s": cycle_interval,
         "wall_s": round(time.perf_counter() - wall0, 3),
+        "cpu_s": round(time.process_time() - cpu0, 3),  # what wall_s would be on an idle core
     }
     waits = {j: first_start[j] - by_id[j].submit for j in first_start}
     return ReplayResult(metrics, series, jct, dict(team_gpu_s), queue, waits)
+
+
+def churn(reasons: Counter, lost_gpu_s: Counter, preempted: Counter) -> dict:
+    """Reclaim churn: reclaim preemptions, the GPU-hours of work preemption threw away (all, and by reclaim), and
+    how many jobs were preempted more than once."""
+    return {
+        "reclaim_preemptions": reasons.get(RECLAIMED_FOR_GUARANTEE, 0),
+        "work_lost_gpu_h": round(sum(lost_gpu_s.values()) / 3600, 3),
+        "reclaim_work_lost_gpu_h": round(lost_gpu_s.get(RECLAIMED_FOR_GUARANTEE, 0.0) / 3600, 3),
+        "jobs_preempted_twice_or_more": sum(1 for n in preempted.values() if n >= 2),
+    }
 
 
 @dataclass

@@ -55,3 +55,66 @@ class FragMeter:
             mem_free = node.mem_cap - node.mem_used if node.mem_cap else math.inf
             out += node_fragmented_milli(frees, cpu_free, mem_free, self.shapes)
         return out / WHOLE
+
+
+class ShareWindows:
+    """Each team's GPU time against its entitlement, per window of replay time.
+
+    A team's entitlement at an instant is its guarantee (in GPUs) or, when it wants less, its demand: the GPUs of
+    its jobs that have arrived and not finished (waiting or running). Both that and what the team holds are step
+    functions of time, integrated here over windows of `window_s`; `summary()` gives, over every (window, team)
+    where the team was entitled to something, the ratio of what it got to what it was entitled to (capped at 1:
+    using more than one's entitlement, by borrowing, is no fairness gain)."""
+
+    def __init__(self, guarantees: dict[str, float], window_s: float, t0: float):
+        if window_s <= 0:
+            raise ValueError("the fairness window must be positive")
+        self.guarantee = dict(guarantees)  # team -> GPUs
+        self.window_s = window_s
+        self.t0 = t0
+        self.last = t0
+        self.held: dict[str, float] = dict.fromkeys(guarantees, 0.0)  # team -> GPUs held now
+        self.wants: dict[str, float] = dict.fromkeys(guarantees, 0.0)  # team -> GPUs arrived and not finished
+        self.acc: dict[int, dict[str, list[float]]] = {}  # window -> team -> [GPU-s got, GPU-s entitled]
+
+    def change(self, t: float, team: str, held: float = 0.0, wants: float = 0.0) -> None:
+        """At `t`, the team holds `held` more GPUs and wants `wants` more (negative: fewer)."""
+        self.advance(t)
+        self.held[team] = self.held.get(team, 0.0) + held
+        self.wants[team] = self.wants.get(team, 0.0) + wants
+
+    def advance(self, t: float) -> None:
+        while self.last < t:
+            w = int((self.last - self.t0) // self.window_s)
+            end = min(t, self.t0 + (w + 1) * self.window_s)
+            dt = end - self.last
+            if dt <= 0:  # float rounding at a window's edge
+                end, w = t, w + 1
+                dt = end - self.last
+            row = self.acc.setdefault(w, {})
+            for team, wants in self.wants.items():
+                ent = min(self.guarantee.get(team, 0.0), max(0.0, wants))
+                held = self.held.get(team, 0.0)
+                if ent <= 0 and held <= 0:
+                    continue
+                cell = row.setdefault(team, [0.0, 0.0])
+                cell[0] += held * dt
+                cell[1] += ent * dt
+            self.last = end
+
+    def summary(self, low: float = 0.8, min_entitled_gpu_s: float = 60.0) -> dict:
+        """mean and worst ratio over (window, team), the share of them below `low`, and the same per team; a
+        (window, team) counts only where the team was entitled to at least `min_entitled_gpu_s` GPU-seconds."""
+        per_team: dict[str, list[float]] = {}
+        for w in sorted(self.acc):
+            for team, (got, ent) in sorted(self.acc[w].items()):
+                if ent >= min_entitled_gpu_s:
+                    per_team.setdefault(team, []).append(min(1.0, got / ent))
+        every = [r for rs in per_team.values() for r in rs]
+
+        def digest(rs: list[float]) -> dict:
+            return {"windows": len(rs), "mean_ratio": round(mean(rs), 6), "worst_ratio": round(min(rs, default=1.0), 6),
+                    "share_below": round(sum(1 for r in rs if r < low) / len(rs), 6) if rs else 0.0}
+
+        return {"window_s": self.window_s, "below": low, **digest(every),
+                "teams": {t: digest(rs) for t, rs in sorted(per_team.items())}}
