@@ -165,6 +165,7 @@ class Policy:
     preemption_cost: bool = True
     preempt_at_once_priority: int = 1000
     max_preemption_wait_s: float = 1800.0  # the rule never makes a job wait longer than this to preempt
+    reclaim_min_runtime_s: float = 0.0  # borrowed work is reclaimed only after it ran this long (hysteresis)
     workload: tuple[WorkloadShape, ...] = ()  # empty: derived from the pending jobs of the cycle
     max_workload_shapes: int = 32
     kinds: tuple[KindPolicy, ...] = DEFAULT_KINDS  # a kind not listed gets KindPolicy(kind)'s neutral defaults

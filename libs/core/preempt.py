@@ -2,7 +2,8 @@
 
 Candidates: running, preemptible work past its minimum runtime, of priority no higher than the preemptor; from the
 preemptor's own team only when strictly lower priority (`PreemptedByPriority`), from another team only when the
-preemptor's team is within its guarantee and the victim's team borrows (`ReclaimedForGuarantee`). Candidates are
+preemptor's team is within its guarantee and the victim's team borrows (`ReclaimedForGuarantee`; only after the
+victim ran `policy.reclaim_min_runtime_s`: hysteresis against reclaiming the same borrower again and again). Candidates are
 tried cheapest first (GPU-time lost, then priority), released tentatively on the state's journal until the job
 fits, the set is minimised, and everything is rolled back: the plan carries the decision only.
 
@@ -87,6 +88,8 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
         if rj.team == job.team and rj.priority < prio:
             why = PREEMPTED_BY_PRIORITY
         elif rj.team != job.team and reclaim:
+            if now - rj.started_at < policy.reclaim_min_runtime_s:
+                continue
             key = (ledger.paths(rj.team, rj.project)[1], tuple(rj.milli_by_model))
             borrowed = lent.get(key)
             if borrowed is None:
@@ -281,6 +284,8 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
                 continue
             why = PREEMPTED_WITHIN_QUOTA
         elif pre.reclaim:
+            if now - rj.started_at < policy.reclaim_min_runtime_s:
+                continue
             borrowed = sum(ledger.borrowed(vpaths[1], m) for m in rj.milli_by_model)
             if borrowed <= 0:
                 continue
