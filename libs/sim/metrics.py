@@ -109,7 +109,7 @@ class ShareWindows:
         for w in sorted(self.acc):
             for team, (got, ent) in sorted(self.acc[w].items()):
                 if ent >= min_entitled_gpu_s:
-                    per_team.setdefault(team, []).append(min(1.0, got / ent))
+                    per_team.setdefault(team, []).append(max(0.0, min(1.0, got / ent)))  # float dust below 0
         every = [r for rs in per_team.values() for r in rs]
 
         def digest(rs: list[float]) -> dict:
