@@ -70,12 +70,30 @@ class Preemptor:
 
 
 def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
-                 taken: set[str], policy: Policy, now: float) -> Victims | NotYet | None:
+                 taken: set[str], policy: Policy, now: float, memo: dict | None = None) -> Victims | NotYet | None:
     """Decide victims (never act) among `candidates` (running work preemptible now), none of `taken` (victims
     and jobs placed earlier in the cycle): same team and lower priority, or borrowers when the job's team is
     within its guarantee. Never a victim of higher priority than the preemptor. None: no set of victims makes
-    room."""
+    room. `memo` (one cycle's, the same `candidates` and `now` throughout): the candidates of one kind of search,
+    kept while nothing was placed, chosen or borrowed since."""
     st = state
+    job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
+    if memo is not None and job.job_id not in st.running:
+        key = (job.team, prio, reclaim, None if shape.kind == CPU_KIND else allowed, len(taken), ledger.version)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _candidates(st, candidates, pre, ledger, taken, policy, now)
+    else:
+        hit = _candidates(st, candidates, pre, ledger, taken, policy, now)
+    cands, budget, by_node = hit
+    if not cands:
+        return None
+    return _search(st, cands, budget, by_node, pre, policy, now)
+
+
+def _candidates(st: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
+                taken: set[str], policy: Policy, now: float) -> tuple[list[tuple], dict[str, int], dict]:
+    """find_victims' candidates, cheapest first, each team's reclaim budget, and the candidates on each node."""
     job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
     budget: dict[str, int] = {}
     lent: dict[tuple, int] = {}  # (team path, models) -> what the team borrows of them (the ledger is fixed here)
@@ -103,13 +121,18 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
         milli = sum(rj.milli_by_model.values())
         lost = milli * max(0.0, now - rj.started_at)
         cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team, rj.started_at))
-    if not cands:
-        return None
     cands.sort(key=lambda c: (c[1], c[0], c[2]))  # least GPU-time lost first: the youngest, smallest victims
     by_node: dict[int, list[tuple]] = {}
     for c in cands:
         for t in st.holds.get(c[2], []):
             by_node.setdefault(t.node, []).append(c)
+    return cands, budget, by_node
+
+
+def _search(st: ClusterState, cands: list[tuple], budget: dict[str, int], by_node: dict, pre: Preemptor,
+            policy: Policy, now: float) -> Victims | NotYet | None:
+    """find_victims' search over its candidates: the cheapest set that makes room, per node or for a gang."""
+    shape, allowed = pre.shape, pre.allowed
 
     def release_set(sel: list[tuple]) -> int:
         mark = st.mark()

@@ -75,7 +75,9 @@ class CycleContext:
     eligible_victims: list[RunningJob] = field(default_factory=list)  # preemptible now (past min runtime)
     fail_memo: dict = field(default_factory=dict)  # (shape, models, reservations it may use) -> its reason
     admit_memo: dict = field(default_factory=dict)  # (paths, amounts, ...) -> (ledger version, answer)
-    like_memo: dict = field(default_factory=dict)  # a job's `_like` key -> (epoch, reason code, message)
+    like_memo: dict = field(default_factory=dict)  # a job's `_like` id -> (epoch, reason code, message)
+    epoch: tuple = ()  # `_epoch` now: it moves only while a job is answered in full
+    victim_memo: dict = field(default_factory=dict)  # preemption candidates per search kind (preempt.find_victims)
     preempt_fail: set = field(default_factory=set)  # searches that found nothing
     reserve_memo: set = field(default_factory=set)  # shapes whose reservation will not get better this cycle
     reserve_tries: int = 0
@@ -116,6 +118,8 @@ class Scheduler(PlacementSearch):
         self.norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
         self.alt_cache: dict[str, tuple] = {}  # job id -> (request object, its alternatives normalised)
         self._shape_amounts: dict[Shape, tuple] = {}  # shape -> ((model, milli it would take), ...)
+        self._like_keys: dict[tuple, int] = {}  # what decides a job's answer (`_like`) -> a small id
+        self._like_ids: dict[str, tuple] = {}  # job id -> (request object, its `_like` id or None)
         self.team_alloc: dict[tuple[str, str], int] = {}  # (team, model) -> milli held
         self.usage_tp: dict[tuple[str, str, str], int] = {}  # (team, project, model) -> milli held
         self.team_host: dict[str, tuple[int, int]] = {}  # team -> (CPU milli-cores, memory MiB) held
@@ -258,6 +262,7 @@ class Scheduler(PlacementSearch):
         self._normalize(ctx)
         self._restore_reservations(ctx)
         ctx.eligible_victims = self._preemptible_now(now)
+        ctx.epoch = self._epoch(ctx)
         jobs_in_order = self._order(ctx)
         while True:
             if ctx.laps:
@@ -351,20 +356,26 @@ class Scheduler(PlacementSearch):
             while heap:
                 share, _, _, team = heapq.heappop(heap)
                 q = queues[team]
-                job = q.popleft()
-                ctx.placed_last = False
-                yield job
-                if q:
+                while True:
+                    job = q.popleft()
+                    ctx.placed_last = False
+                    yield job
+                    if not q:
+                        break
                     s = self._share(team, ctx.hist) if ctx.placed_last else share
-                    heapq.heappush(heap, (s, q[0].submitted_at, q[0].job_id, team))
+                    nxt = (s, q[0].submitted_at, q[0].job_id, team)
+                    if heap and heap[0] < nxt:  # another team is next; else this one goes on, no heap round trip
+                        heapq.heappush(heap, nxt)
+                        break
+                    share = s
 
     def _schedule_job(self, ctx: CycleContext, job: JobRequest) -> None:
         """One job, or, when a job just like it (`_like`) was turned away while nothing has changed since, its
         answer again: with a deep queue most jobs are the same few asks, and each would only meet the memos the
         first left (quota, placement, reasons, preemption searches), so the answer is the same, reached sooner."""
         key = self._like(ctx, job)
+        epoch = ctx.epoch
         if key is not None:
-            epoch = self._epoch(ctx)
             hit = ctx.like_memo.get(key)
             if hit is not None and hit[0] == epoch:
                 ctx.reasons.append(PendingReason(job.job_id, hit[1], hit[2]))
@@ -372,23 +383,31 @@ class Scheduler(PlacementSearch):
             memos = self._memos(ctx)
             n = len(ctx.reasons)
         self._schedule_one(ctx, job)
+        ctx.epoch = self._epoch(ctx)
         # turned away, nothing moved and nothing new remembered: every lookup it made found what a job just like
         # it will find (memos only grow, and an entry changes only with the state), so that job meets the same
-        if key is not None and len(ctx.reasons) == n + 1 and self._epoch(ctx) == epoch and self._memos(ctx) == memos:
+        if key is not None and len(ctx.reasons) == n + 1 and ctx.epoch == epoch and self._memos(ctx) == memos:
             r = ctx.reasons[-1]
             ctx.like_memo[key] = (epoch, r.reason, r.message)
 
     def _like(self, ctx: CycleContext, job: JobRequest) -> tuple | None:
         """What decides a job's answer besides the state: jobs with the same key get the same answer from the same
         state. None for jobs whose answer depends on more (their id, alternatives, replicas, a hold of their own)."""
-        if job.alternatives or job.replica_group or ctx.head_of_line:
+        if ctx.head_of_line or (ctx.reserved and any(rid == job.job_id for rid, _ in ctx.reserved.values())):
             return None
-        if ctx.reserved and any(rid == job.job_id for rid, _ in ctx.reserved.values()):
-            return None
+        hit = self._like_ids.get(job.job_id)
+        if hit is not None and hit[0] is job:  # kept per request object, as its normalised form is
+            return hit[1]
         shape, prio, preemptible, _ = ctx.meta[job.job_id]
-        if self._guarantee_only(ctx, preemptible):
-            return None  # its refusal names it
-        return (shape, job.team, job.project, prio, preemptible, job.kind, job.max_runtime_s)
+        if job.alternatives or job.replica_group or self._guarantee_only(ctx, preemptible):
+            like = None  # its refusal names it
+        else:
+            key = (shape, job.team, job.project, prio, preemptible, job.kind, job.max_runtime_s)
+            like = self._like_keys.setdefault(key, len(self._like_keys))
+        if len(self._like_ids) > 200_000:
+            self._like_ids.clear()
+        self._like_ids[job.job_id] = (job, like)
+        return like
 
     @staticmethod
     def _epoch(ctx: CycleContext) -> tuple:
@@ -603,7 +622,8 @@ class Scheduler(PlacementSearch):
                         demand=max((self._amount(shape, m) for m in allowed), default=0),
                         fits_node=lambda idx: self._fits_node(idx, shape, sid, allowed),
                         place=lambda: self._place(job, shape, sid, allowed))
-        found = find_victims(st, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now)
+        found = find_victims(st, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
+                             ctx.victim_memo)
         if not isinstance(found, Victims):
             ctx.preempt_fail.add(pkey)
             return False, msg + ("; " + found.reason if isinstance(found, NotYet) else "")
