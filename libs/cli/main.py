@@ -4,7 +4,7 @@
   gpupool down     stop a platform started by `gpupool up`
   gpupool status   where the running platform is and whether every service is ready
   gpupool sim      trace-replay simulator on the scheduling core (`gpupool sim --help`)
-  gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench run`, `bench inventory`, `bench reclaim`, core/simulator)
+  gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench run`, `bench inventory`, `bench reclaim`, `bench replay`, core/simulator)
   gpupool agent    the node agent: real NVML, or `--simulate N` nodes for development and load
   gpupool schemas  write the JSON Schema of every event type to a folder
   gpupool check    verify the platform's invariants from its stores and streams, read-only (`gpupool check --help`)
@@ -167,6 +167,10 @@ def cmd_bench(argv: list[str]) -> int:
         from libs.devstack.bench_run import main as run_main
 
         return run_main(argv[1:])
+    if argv and argv[0] == "replay":
+        from libs.sim.bench_replay import main as replay_main
+
+        return replay_main(argv[1:])
     if argv and argv[0] == "inventory":
         from libs.devstack.bench_inventory import main as inventory_main
 

@@ -1,0 +1,34 @@
+"""`gpupool bench replay`'s section of docs/benchmarks.md: one row per policy with churn, windowed fairness and the
+replay's own time, written between its markers and nothing else touched."""
+
+from __future__ import annotations
+
+from sim_builders import node_list, openb_tasks
+
+from libs.devstack.benchdoc import write_section
+from libs.sim import bench_replay, engine, traces
+
+
+def test_the_section_has_a_row_per_policy_with_churn_fairness_and_cpu_against_best_fit(tmp_path):
+    nodes = traces.read_nodes(node_list(tmp_path / "nodes.csv", shapes=((8, "G2", 96000, 393216, 2),)))
+    jobs = traces.openb_jobs(traces.read_tasks(openb_tasks(tmp_path / "t.csv", n=60)), seed=0)
+    results = bench_replay.rows(nodes, jobs, ablation=True)
+    assert [name for name, _ in results] == ["default", "best-fit", "fifo", "default, no reclaim hysteresis"]
+    text = bench_replay.section(results, "gpupool bench replay --limit 60", 16, 2, len(jobs), 0.1)
+    assert text.startswith(bench_replay.BEGIN) and text.endswith(bench_replay.END)
+    rows = [line for line in text.splitlines() if line.startswith("| default") or line.startswith("| fifo")
+            or line.startswith("| best-fit")]
+    assert len(rows) == 4
+    best_fit = next(r for r in rows if r.startswith("| best-fit"))
+    assert best_fit.rstrip().endswith("| 1.00x |")
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nkept\n")
+    write_section(doc, bench_replay.BEGIN, bench_replay.END, text)
+    write_section(doc, bench_replay.BEGIN, bench_replay.END, text)  # replaced, not appended twice
+    out = doc.read_text()
+    assert out.count(bench_replay.BEGIN) == 1 and "kept" in out
+
+
+def test_the_simulators_default_reclaims_with_hysteresis():
+    assert engine.make_policy("default", ["a", "b"], 8.0).reclaim_min_runtime_s == engine.RECLAIM_MIN_RUNTIME_S > 0
+    assert engine.make_policy("best-fit").reclaim_min_runtime_s == 0.0
