@@ -13,7 +13,7 @@ def test_the_section_has_a_row_per_policy_with_churn_fairness_and_cpu_against_be
     nodes = traces.read_nodes(node_list(tmp_path / "nodes.csv", shapes=((8, "G2", 96000, 393216, 2),)))
     jobs = traces.openb_jobs(traces.read_tasks(openb_tasks(tmp_path / "t.csv", n=60)), seed=0)
     results = bench_replay.rows(nodes, jobs, ablation=True)
-    assert [name for name, _ in results] == ["default", "best-fit", "fifo", "default, no reclaim hysteresis"]
+    assert [name for name, _ in results] == ["default", "best-fit", "fifo", "default, reclaim hysteresis 600 s"]
     text = bench_replay.section(results, "gpupool bench replay --limit 60", 16, 2, len(jobs), 0.1)
     assert text.startswith(bench_replay.BEGIN) and text.endswith(bench_replay.END)
     rows = [line for line in text.splitlines() if line.startswith("| default") or line.startswith("| fifo")
@@ -29,6 +29,7 @@ def test_the_section_has_a_row_per_policy_with_churn_fairness_and_cpu_against_be
     assert out.count(bench_replay.BEGIN) == 1 and "kept" in out
 
 
-def test_the_simulators_default_reclaims_with_hysteresis():
-    assert engine.make_policy("default", ["a", "b"], 8.0).reclaim_min_runtime_s == engine.RECLAIM_MIN_RUNTIME_S > 0
-    assert engine.make_policy("best-fit").reclaim_min_runtime_s == 0.0
+def test_the_hysteresis_row_differs_from_default_only_in_the_reclaim_minimum(tmp_path):
+    assert engine.make_policy("default", ["a", "b"], 8.0).reclaim_min_runtime_s == 0.0
+    assert bench_replay.HYSTERESIS == {"reclaim_min_runtime_s": engine.RECLAIM_MIN_RUNTIME_S} and \
+        engine.RECLAIM_MIN_RUNTIME_S > 0
