@@ -106,15 +106,8 @@ def _candidates(st: ClusterState, candidates: Iterable[RunningJob], pre: Preempt
         if rj.team == job.team and rj.priority < prio:
             why = PREEMPTED_BY_PRIORITY
         elif rj.team != job.team and reclaim:
-            if now - rj.started_at < policy.reclaim_min_runtime_s:
+            if not _reclaimable(rj, ledger, policy.reclaim_min_runtime_s, now, budget, lent):
                 continue
-            key = (ledger.paths(rj.team, rj.project)[1], tuple(rj.milli_by_model))
-            borrowed = lent.get(key)
-            if borrowed is None:
-                borrowed = lent[key] = sum(ledger.borrowed(key[0], m) for m in rj.milli_by_model)
-            if borrowed <= 0:
-                continue
-            budget.setdefault(rj.team, borrowed)
             why = RECLAIMED_FOR_GUARANTEE
         else:
             continue
@@ -127,6 +120,23 @@ def _candidates(st: ClusterState, candidates: Iterable[RunningJob], pre: Preempt
         for t in st.holds.get(c[2], []):
             by_node.setdefault(t.node, []).append(c)
     return cands, budget, by_node
+
+
+def _reclaimable(rj: RunningJob, ledger: QuotaLedger, min_runtime_s: float, now: float, budget: dict[str, int],
+                 lent: dict[tuple, int]) -> bool:
+    """Another team's running job may be reclaimed for a guarantee: it ran at least `min_runtime_s` (the reclaim
+    hysteresis) and its team borrows the models it holds. Records in `budget` how much that team borrows (the most
+    a search may take back from it); `lent` memoises the borrowed sums per (team, models) within one search."""
+    if now - rj.started_at < min_runtime_s:
+        return False
+    key = (ledger.paths(rj.team, rj.project)[1], tuple(rj.milli_by_model))
+    borrowed = lent.get(key)
+    if borrowed is None:
+        borrowed = lent[key] = sum(ledger.borrowed(key[0], m) for m in rj.milli_by_model)
+    if borrowed <= 0:
+        return False
+    budget.setdefault(rj.team, borrowed)
+    return True
 
 
 def _search(st: ClusterState, cands: list[tuple], budget: dict[str, int], by_node: dict, pre: Preemptor,
@@ -295,6 +305,7 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
     project_only = refusing <= {paths[2]}  # only the project is full: other projects' work would not help
     models = {m for m, _ in pre.amounts}
     budget: dict[str, int] = {}
+    lent: dict[tuple, int] = {}
     cands: list[tuple] = []
     for rj in candidates:
         if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
@@ -307,12 +318,8 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
                 continue
             why = PREEMPTED_WITHIN_QUOTA
         elif pre.reclaim:
-            if now - rj.started_at < policy.reclaim_min_runtime_s:
+            if not _reclaimable(rj, ledger, policy.reclaim_min_runtime_s, now, budget, lent):
                 continue
-            borrowed = sum(ledger.borrowed(vpaths[1], m) for m in rj.milli_by_model)
-            if borrowed <= 0:
-                continue
-            budget.setdefault(rj.team, borrowed)
             why = RECLAIMED_FOR_GUARANTEE
         else:
             continue
