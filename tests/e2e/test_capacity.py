@@ -41,9 +41,9 @@ def test_history_export_replays_through_the_simulator_and_answers_the_what_if(pl
                                            "kind": "training"})
             assert r.status_code == 201, r.text
             ids.append(r.json()["job_id"])
-        time.sleep(1.0)  # the first pair runs at least this long
         first = eventually(lambda: (lambda running: running if len(running) == 2 else None)(
             [j for j in ids if api.get(f"/v1/jobs/{j}").json()["state"] == "running"]), "two jobs running", 10)
+        time.sleep(1.0)  # the first pair runs at least this long
         for j in first:
             complete(api, j)
         second = [j for j in ids if j not in first]
