@@ -97,11 +97,18 @@ class AllocationWatcher:
         raise AssertionError(f"no {kind.__name__} for any of {job_ids} within {timeout}s")
 
 
-def submit(api, name: str, team: str, gpus: int, priority_class: str = "normal", kind: str = "training") -> str:  # type: ignore[no-untyped-def]
+def submit(api, name: str, team: str, gpus: int, priority_class: str = "normal", kind: str = "training",  # type: ignore[no-untyped-def]
+           **fields: object) -> str:
+    """Submit a job (any other submission field as a keyword) and return its id; anything but 201 fails."""
     response = api.post("/v1/jobs", json={"name": name, "team": team, "gpus": gpus, "priority_class": priority_class,
-                                          "kind": kind})
+                                          "kind": kind, **fields})
     assert response.status_code == 201, response.text
     return response.json()["job_id"]
+
+
+def node_of(api, job_id: str) -> str:  # type: ignore[no-untyped-def]
+    """The node a job runs on, once it runs."""
+    return wait_state(api, job_id, "running")["node"]
 
 
 def wait_state(api, job_id: str, state: str, timeout: float = 20) -> dict:  # type: ignore[no-untyped-def]

@@ -4,10 +4,8 @@ to the fuller node."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from support import finish_all, wait_state
+from support import finish_all, node_of, submit
 
 pytestmark = pytest.mark.e2e
 FLEET_NODES = 2
@@ -15,24 +13,13 @@ FLEET_NODES = 2
 UP_ARGS = ["--fleet", "H100-80GB*8@zone=east;H100-80GB*8@zone=west", "--env", "placement:MIN_RUNTIME_S=0"]
 
 
-def post(api, name: str, gpus: int = 1, **fields: Any) -> str:  # type: ignore[no-untyped-def]
-    body = {"name": name, "team": "research", "gpus": gpus, "kind": "training", **fields}
-    response = api.post("/v1/jobs", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()["job_id"]
-
-
-def node_of(api, job_id: str) -> str:  # type: ignore[no-untyped-def]
-    return wait_state(api, job_id, "running")["node"]
-
-
 def test_a_tie_in_fragmentation_goes_to_the_lowest_node_not_to_the_fuller_one(platform) -> None:  # type: ignore[no-untyped-def]
     with platform.client() as api:
         finish_all(api)
-        held = post(api, "held", node_selector={"zone": "west"})
+        held = submit(api, "held", "research", 1, node_selector={"zone": "west"})
         assert node_of(api, held) == "sim-node-1"
         # a whole GPU leaves no fragment on either node (every GPU left is whole): the same whole-number score. The
         # earlier default broke such ties toward the fuller node (sim-node-1); FGD's rule takes the lowest index
-        free = post(api, "free")
+        free = submit(api, "free", "research", 1)
         assert node_of(api, free) == "sim-node-0"
         finish_all(api)

@@ -5,10 +5,9 @@ labels nodes register, and a job's own word on preemption over its priority clas
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
-from support import AllocationWatcher, complete, eventually, finish_all, wait_state
+from support import AllocationWatcher, complete, eventually, finish_all, node_of, submit
 
 from libs.contracts.events import AllocationGranted, AllocationPreempting, AllocationReleased
 
@@ -17,17 +16,6 @@ FLEET_NODES = 2
 # sim-node-0 is labelled zone=east, sim-node-1 zone=west (and both tier=gpu): the simulated fleet's labels
 UP_ARGS = ["--fleet", "H100-80GB*8@zone=east;H100-80GB*8@zone=west", "--env", "agent:LABELS=tier=gpu",
            "--env", "placement:PREEMPTION_GRACE_S=1", "--env", "placement:MIN_RUNTIME_S=0"]
-
-
-def post(api, name: str, gpus: int = 1, **fields: Any) -> str:  # type: ignore[no-untyped-def]
-    body = {"name": name, "team": "research", "gpus": gpus, "kind": "training", **fields}
-    response = api.post("/v1/jobs", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()["job_id"]
-
-
-def node_of(api, job_id: str) -> str:  # type: ignore[no-untyped-def]
-    return wait_state(api, job_id, "running")["node"]
 
 
 def explain(api, job_id: str) -> dict:  # type: ignore[no-untyped-def]
@@ -51,10 +39,10 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
         assert len(cores) == 2 and min(cores.values()) > 0
         big = min(cores.values()) * 900  # 90 % of a node's CPUs, in milli-cores
 
-        first = post(api, "cpu-a", cpu_milli=big, memory_mib=4096)
+        first = submit(api, "cpu-a", "research", 1, cpu_milli=big, memory_mib=4096)
         first_node = node_of(api, first)
         # training packs onto the node it already uses: only its CPUs being taken sends this one elsewhere
-        second = post(api, "cpu-b", cpu_milli=big)
+        second = submit(api, "cpu-b", "research", 1, cpu_milli=big)
         second_node = node_of(api, second)
         assert second_node != first_node
         shown = api.get(f"/v1/jobs/{first}").json()
@@ -62,7 +50,7 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
             big, 4096, {}, None)
 
         # 14 GPUs are free, but no node has half its CPUs left: the job waits, and runs once CPU frees
-        third = post(api, "cpu-c", cpu_milli=min(cores.values()) * 500)
+        third = submit(api, "cpu-c", "research", 1, cpu_milli=min(cores.values()) * 500)
         pending = waits_with(api, third, "NoFeasibleNode")
         assert pending["state"] == "pending"
         nodes = pool_nodes(api)
@@ -80,7 +68,7 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
                    "the pool to count the third job's CPU instead of the first's")
 
         # more CPU than any node has: it can never run here, and says so
-        huge = post(api, "cpu-huge", cpu_milli=(max(cores.values()) + 1) * 1000)
+        huge = submit(api, "cpu-huge", "research", 1, cpu_milli=(max(cores.values()) + 1) * 1000)
         assert "even empty" in waits_with(api, huge, "Unschedulable")["message"]
         finish_all(api)
 
@@ -88,13 +76,14 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
 def test_a_node_selector_places_only_on_matching_nodes_and_one_matching_none_says_so(platform) -> None:  # type: ignore[no-untyped-def]
     with platform.client() as api:
         finish_all(api)
-        west = [post(api, f"west-{i}", node_selector={"zone": "west", "tier": "gpu"}) for i in range(3)]
-        east = post(api, "east", node_selector={"zone": "east"})
+        west = [submit(api, f"west-{i}", "research", 1, node_selector={"zone": "west", "tier": "gpu"})
+                for i in range(3)]
+        east = submit(api, "east", "research", 1, node_selector={"zone": "east"})
         assert {node_of(api, j) for j in west} == {"sim-node-1"}
         assert node_of(api, east) == "sim-node-0"
         assert api.get(f"/v1/jobs/{east}").json()["node_selector"] == {"zone": "east"}
 
-        nowhere = post(api, "mars", node_selector={"zone": "mars"})
+        nowhere = submit(api, "mars", "research", 1, node_selector={"zone": "mars"})
         why = waits_with(api, nowhere, "NoNodeMatchesSelector")
         assert "zone=mars" in why["message"]
         finish_all(api)
@@ -105,10 +94,10 @@ async def test_a_jobs_own_preemptible_wins_over_its_priority_class(platform) -> 
         with platform.client() as api:
             finish_all(api)
             # `normal` is preemptible; these jobs said no: production inference waits instead of preempting them
-            kept = [post(api, f"keep-{i}", 8, preemptible=False) for i in range(2)]
+            kept = [submit(api, f"keep-{i}", "research", 8, preemptible=False) for i in range(2)]
             for job_id in kept:
                 await watcher.wait_for(AllocationGranted, job_id)
-            serving = post(api, "serve", 8, priority_class="production-inference", kind="inference")
+            serving = submit(api, "serve", "research", 8, priority_class="production-inference", kind="inference")
             await asyncio.sleep(3.0)
             assert [d for _, _, d in watcher.events if isinstance(d, AllocationPreempting)] == []
             assert explain(api, serving)["state"] == "pending"
@@ -116,10 +105,11 @@ async def test_a_jobs_own_preemptible_wins_over_its_priority_class(platform) -> 
             finish_all(api)
 
             # `high` is not preemptible; these jobs said yes: production inference takes one's GPUs
-            given = [post(api, f"give-{i}", 8, priority_class="high", preemptible=True) for i in range(2)]
+            given = [submit(api, f"give-{i}", "research", 8, priority_class="high", preemptible=True)
+                     for i in range(2)]
             for job_id in given:
                 await watcher.wait_for(AllocationGranted, job_id)
-            serving = post(api, "serve-2", 8, priority_class="production-inference", kind="inference")
+            serving = submit(api, "serve-2", "research", 8, priority_class="production-inference", kind="inference")
             _, _, signal = await watcher.wait_for_any(AllocationPreempting, given)
             assert signal.reason == "PreemptedByPriority" and signal.preemptor_job_id == serving
             await watcher.wait_for(AllocationReleased, signal.job_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support import AllocationWatcher, complete, eventually, finish_all
+from support import AllocationWatcher, complete, eventually, finish_all, submit
 
 from libs.contracts.events import AllocationGranted, AllocationReleased
 
@@ -20,11 +20,8 @@ def gpu(api, node: str, index: int) -> dict:  # type: ignore[no-untyped-def]
     return next(g for g in api.get(f"/v1/nodes/{node}").json()["gpus"] if g["index"] == index)
 
 
-def submit(api, name: str, **shape) -> str:  # type: ignore[no-untyped-def]
-    body = {"name": name, "team": "research", "kind": "training", "gpus": 1, "gpu_models": ["H100-80GB"], **shape}
-    response = api.post("/v1/jobs", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()["job_id"]
+def h100_job(api, name: str, gpus: int = 1, **shape) -> str:  # type: ignore[no-untyped-def]
+    return submit(api, name, "research", gpus, gpu_models=["H100-80GB"], **shape)
 
 
 def held(api, node: str, index: int) -> bool:  # type: ignore[no-untyped-def]
@@ -53,14 +50,14 @@ async def test_modes_change_only_as_the_gpu_allows_and_only_once_it_is_empty(pla
             assert gpu(api, l40s, 0)["sharing"] == "exclusive"
 
             # exclusive -> mig on an H100 that holds work (MIG mode off): drained, not switched
-            holder = submit(api, "holder", gpus=2)
+            holder = h100_job(api, "holder", 2)
             await watcher.wait_for(AllocationGranted, holder)
             held(api, h100, 0)
             draining = set_mode(api, h100, 0, "mig").json()
             assert (draining["mode"], draining["draining_to"], draining["changed"]) == ("exclusive", "mig", False)
             view = gpu(api, h100, 0)
             assert (view["sharing"], view["draining_to"], view["mig_mode"]) == ("exclusive", "mig", False)
-            slice_job = submit(api, "slice", mig_profile="1g.10gb")
+            slice_job = h100_job(api, "slice", mig_profile="1g.10gb")
             time.sleep(2.0)
             assert api.get(f"/v1/jobs/{slice_job}").json()["state"] == "pending"  # no MIG GPU yet
 
@@ -78,7 +75,7 @@ async def test_modes_change_only_as_the_gpu_allows_and_only_once_it_is_empty(pla
             held(api, h100, 0)
             draining = set_mode(api, h100, 0, "exclusive").json()
             assert (draining["mode"], draining["draining_to"]) == ("mig", "exclusive")
-            pair = submit(api, "pair", gpus=2)  # needs both H100s: waits for GPU 0
+            pair = h100_job(api, "pair", 2)  # needs both H100s: waits for GPU 0
             time.sleep(3.0)
             assert api.get(f"/v1/jobs/{pair}").json()["state"] == "pending"
             assert refusals(platform) == before, "placement planned onto a draining GPU"
@@ -96,7 +93,7 @@ async def test_modes_change_only_as_the_gpu_allows_and_only_once_it_is_empty(pla
             eventually(lambda: gpu(api, h100, 1)["allocation_id"] is None, "inventory saw the release", 10)
             now = set_mode(api, h100, 1, "fractional").json()
             assert (now["mode"], now["draining_to"], now["changed"]) == ("fractional", None, True)
-            fraction = submit(api, "fraction", gpu_fraction_milli=500, gpu_memory_mib=4096)
+            fraction = h100_job(api, "fraction", gpu_fraction_milli=500, gpu_memory_mib=4096)
             _, _, granted = await watcher.wait_for(AllocationGranted, fraction)
             assert (granted.gpus[0].index, granted.gpus[0].share_milli) == (1, 500)
             held(api, h100, 1)
