@@ -42,6 +42,20 @@ async def set_sharing(url: str, gpu: dict, mode: str) -> None:
         await nc.close()
 
 
+async def fractional_l40s_mig_a100s(url: str, gpus: dict[str, list[dict]]) -> None:
+    """The first L40S fractional, every A100 in MIG mode (the modes these tests share GPUs by)."""
+    await set_sharing(url, gpus["L40S"][0], "fractional")
+    for g in gpus["A100-80GB"]:
+        await set_sharing(url, g, "mig")
+
+
+async def modes_learned(api, watch: AllocationWatcher) -> None:  # type: ignore[no-untyped-def]
+    """A probe fraction: once it lands, placement has learned the modes."""
+    probe = post(api, name="probe", gpu_fraction_milli=100, gpu_memory_mib=1024, gpu_models=["L40S"])
+    await watch.wait_for(AllocationGranted, probe, timeout=30)
+    complete(api, probe)
+
+
 def post(api, **body) -> str:  # type: ignore[no-untyped-def]
     response = api.post("/v1/jobs", json={"team": "research", "kind": "training", "gpus": 1, **body})
     assert response.status_code == 201, response.text
@@ -62,14 +76,9 @@ async def test_fractions_mig_slices_and_dev_defaults_share_gpus_without_overfill
     with platform.client() as api:
         gpus = gpus_by_model(api)
         frac_gpu, whole_l40s = gpus["L40S"]
-        await set_sharing(platform.nats_url, frac_gpu, "fractional")
-        for g in gpus["A100-80GB"]:
-            await set_sharing(platform.nats_url, g, "mig")
+        await fractional_l40s_mig_a100s(platform.nats_url, gpus)
         async with AllocationWatcher(platform.nats_url) as watch:
-            # a probe fraction: once it lands, placement has learned the modes
-            probe = post(api, name="probe", gpu_fraction_milli=100, gpu_memory_mib=1024, gpu_models=["L40S"])
-            await watch.wait_for(AllocationGranted, probe, timeout=30)
-            complete(api, probe)
+            await modes_learned(api, watch)
 
             a = post(api, name="frac-a", gpu_fraction_milli=500, gpu_memory_mib=20_000)
             b = post(api, name="frac-b", gpu_fraction_milli=300, gpu_memory_mib=16_000)
@@ -117,14 +126,9 @@ async def test_a_dev_session_falls_back_to_a_mig_slice_while_every_fractional_gp
     with platform.client() as api:
         finish_all(api)
         gpus = gpus_by_model(api)
-        frac_gpu = gpus["L40S"][0]
-        await set_sharing(platform.nats_url, frac_gpu, "fractional")
-        for g in gpus["A100-80GB"]:
-            await set_sharing(platform.nats_url, g, "mig")
+        await fractional_l40s_mig_a100s(platform.nats_url, gpus)
         async with AllocationWatcher(platform.nats_url) as watch:
-            probe = post(api, name="probe", gpu_fraction_milli=100, gpu_memory_mib=1024, gpu_models=["L40S"])
-            await watch.wait_for(AllocationGranted, probe, timeout=30)
-            complete(api, probe)
+            await modes_learned(api, watch)
             # the only fractional GPU is as good as full: the dev default (200 milli) no longer fits on it
             full = post(api, name="full", gpu_fraction_milli=900, gpu_memory_mib=40_000, gpu_models=["L40S"])
             await watch.wait_for(AllocationGranted, full)
