@@ -133,7 +133,7 @@ def autoscale(policy: AutoscalePolicy, *, current: int, min_replicas: int, max_r
               last_scaled_at: float | None, now: float) -> ScaleStep:
     """HPA's rule on a reported load: the raw recommendation is ceil(load / target) within the bounds; a scale-up
     goes to the lowest recommendation of the up window, a scale-down to the highest of the down window (so a dip
-    shorter than the window never scales down), never sooner than `cooldown_s` after the last step. `samples`:
+    shorter than the window never scales down), neither ever past the current count the other way, never sooner than `cooldown_s` after the last step. `samples`:
     (value, at) of each reporter's latest report; only those younger than `sample_ttl_s` count, and with none
     fresh nothing changes."""
     keep = max(policy.scale_up_stabilization_s, policy.scale_down_stabilization_s)
@@ -144,10 +144,12 @@ def autoscale(policy: AutoscalePolicy, *, current: int, min_replicas: int, max_r
     load = sum(fresh)
     raw = min(max_replicas, max(min_replicas, math.ceil(load / policy.target - 1e-9)))
     recs.append((now, raw))
+    # the windows only slow a step down, never turn it round: a rising load whose up window still holds an older,
+    # lower recommendation keeps the current count rather than scaling down (and a falling one never scales up)
     if raw > current:
-        desired = min(n for at, n in recs if now - at <= policy.scale_up_stabilization_s)
+        desired = max(current, min(n for at, n in recs if now - at <= policy.scale_up_stabilization_s))
     elif raw < current:
-        desired = max(n for at, n in recs if now - at <= policy.scale_down_stabilization_s)
+        desired = min(current, max(n for at, n in recs if now - at <= policy.scale_down_stabilization_s))
     else:
         desired = current
     desired = min(max_replicas, max(min_replicas, desired))

@@ -117,3 +117,12 @@ def test_only_the_replicas_the_job_has_now_count_for_a_sampled_signal() -> None:
     step = autoscale(gpu, current=2, min_replicas=2, max_replicas=8, samples=[(90.0, 999.0), (80.0, 999.0)],
                      recommendations=(), last_scaled_at=None, now=1000.0)
     assert step.replicas == 4 and step.reason is not None and step.reason.startswith("GPU utilisation"), step
+
+
+def test_the_windows_never_turn_a_step_round() -> None:
+    # CI saw 3 -> 2 on a load that wanted 4: the up window still held a 2 from before the load rose
+    slow = POLICY.model_copy(update={"scale_up_stabilization_s": 2, "scale_down_stabilization_s": 3})
+    rising = run(40, current=3, recs=[(999.0, 2)], policy=slow)
+    assert rising.replicas == 3 and rising.reason is None
+    falling = run(5, current=3, recs=[(999.0, 4)], policy=slow)  # wants 2, the down window holds 4: stay at 3
+    assert falling.replicas == 3 and falling.reason is None
