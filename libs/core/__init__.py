@@ -4,7 +4,15 @@ The placement service and the trace simulator run exactly this code, so what the
 what production does. See README.md in this folder for the pipeline and vocabulary.
 """
 
-from libs.core.cycle import job_spec, workload_from_counts
+from libs.core.cycle import (
+    derive_typical,
+    derive_workload,
+    job_spec,
+    mix_of,
+    request_spec,
+    typical_requests,
+    workload_from_counts,
+)
 from libs.core.frag import FragmentationRow, measure_fragmentation
 from libs.core.mig import CATALOGUE as MIG_CATALOGUE
 from libs.core.mig import MigProfile, plan_gpu_layout, valid_layout
@@ -34,7 +42,7 @@ from libs.core.policy import (
     WorkloadShape,
 )
 from libs.core.quota import teams_quota
-from libs.core.schedule import NormalizeMemo, Scheduler, derive_workload, schedule
+from libs.core.schedule import NormalizeMemo, Scheduler, schedule
 
 __all__ = [
     "DEFAULT_KINDS",
@@ -67,13 +75,17 @@ __all__ = [
     "Snapshot",
     "UsageRecord",
     "WorkloadShape",
+    "derive_typical",
     "derive_workload",
     "job_spec",
+    "mix_of",
+    "request_spec",
     "measure_fragmentation",
     "plan_gpu_layout",
     "plan_mig_layouts",
     "schedule",
     "teams_quota",
     "valid_layout",
+    "typical_requests",
     "workload_from_counts",
 ]

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 
 from libs.core.model import WHOLE, JobRequest
-from libs.core.policy import PriorityClass, WorkloadShape
+from libs.core.policy import Policy, PriorityClass, WorkloadShape
 
 _CPU, _MEM = "<cpu>", "<memory>"  # fair-share history keys next to GPU model names
 
@@ -58,6 +58,53 @@ def derive_workload(jobs: Iterable[JobRequest], limit: int = 32) -> tuple[Worklo
         mems = sorted(h[1] for h in got)
         hosts[spec] = (cpus[len(cpus) // 2], mems[len(mems) // 2])
     return workload_from_counts({spec: len(got) for spec, got in groups.items()}, limit, hosts)
+
+
+TYPICAL_COVERAGE = 0.95  # FGD's popularity threshold: the most common requests until they cover this share of jobs
+
+
+def request_spec(job: JobRequest) -> tuple[int, int, tuple[str, ...], str, int, int]:
+    """FGD's exact request, what the typical mix groups a job by: `job_spec`'s GPU shape with the host CPU
+    milli-cores and memory MiB; a job without GPUs is (0, 0, (), "", CPU, memory)."""
+    shape = job_spec(job) or (0, 0, (), "")
+    return (*shape, job.cpu_milli, job.memory_mib)
+
+
+def typical_requests(counts: Mapping[tuple, float], limit: int = 64,
+                     coverage: float = TYPICAL_COVERAGE) -> tuple[WorkloadShape, ...]:
+    """FGD's typical requests (`Policy.typical_mix`): `counts` maps a `request_spec` to how often it occurred. The
+    most common requests until they cover `coverage` of all jobs (at most `limit`; 0: no limit), each weighted by
+    its probability — its count over all jobs. The rarer requests' probability is not handed to the common ones
+    (the weights sum to about `coverage`; the rest counts for nothing), and requests without GPUs stay in: FGD
+    counts every free GPU of a node as lost to them. Rare big shapes fall out of this mix."""
+    total = float(sum(counts.values()))
+    out: list[WorkloadShape] = []
+    covered = 0.0
+    for spec, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if (limit and len(out) >= limit) or covered >= coverage * total - 1e-9:
+            break
+        gpus, milli, models, prof, cpu, mem = spec
+        out.append(WorkloadShape(gpus=gpus, gpu_milli=milli, weight=n / total, cpu_milli=cpu, memory_mib=mem,
+                                 gpu_models=models, mig_profile=prof))
+        covered += n
+    return tuple(out)
+
+
+def derive_typical(jobs: Iterable[JobRequest], limit: int = 64) -> tuple[WorkloadShape, ...]:
+    """The typical-request mix of `jobs`: `typical_requests` over their `request_spec`s."""
+    counts: dict[tuple, int] = {}
+    for j in jobs:
+        spec = request_spec(j)
+        counts[spec] = counts.get(spec, 0) + 1
+    return typical_requests(counts, limit)
+
+
+def mix_of(jobs: Iterable[JobRequest], policy: Policy) -> tuple[WorkloadShape, ...]:
+    """The workload mix `policy` scores fragmentation against, derived from `jobs` by its rule: FGD's typical
+    requests (`typical_mix`) or the most common GPU shapes (`derive_workload`)."""
+    if policy.setting("typical_mix"):
+        return derive_typical(jobs, 2 * policy.max_workload_shapes)
+    return derive_workload(jobs, policy.max_workload_shapes)
 
 
 def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:

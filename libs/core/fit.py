@@ -314,9 +314,10 @@ class GpuShape:
     bit: int  # index into the state's host shapes
 
 
-def fragmentation(cls: NodeClass, dyn: tuple, mask: int, shapes: tuple[GpuShape, ...]) -> float:
+def fragmentation(cls: NodeClass, dyn: tuple, mask: int, shapes: tuple[GpuShape, ...],
+                  gpuless_share: float = 0.0) -> float:
     """Expected milli-GPUs on the node that a request drawn from `shapes` could not use (MIG GPUs excluded: the MIG
-    scorer handles them)."""
+    scorer handles them); a GPU-less request (`gpuless_share` of them) uses none of its free GPUs."""
     frees = []
     total = 0
     for st, d in zip(cls.gpus, dyn, strict=True):
@@ -328,7 +329,7 @@ def fragmentation(cls: NodeClass, dyn: tuple, mask: int, shapes: tuple[GpuShape,
         total += free
     if total <= 0:
         return 0.0
-    out = 0.0
+    out = gpuless_share * total
     for s in shapes:
         if not (mask >> s.bit) & 1:
             out += s.weight * total

@@ -35,8 +35,21 @@ class FragmentationRow:
         return self.fragmented_gpus / self.free_gpus if self.free_gpus > 0 else 0.0
 
 
+def mix_probabilities(workload: Iterable[WorkloadShape]) -> tuple[list[tuple[float, WorkloadShape]], float]:
+    """What the scheduler's fragmentation score weighs: the GPU shapes (MIG left out: the MIG scorer handles
+    them) each with its probability, and the probability of a GPU-less request. Weights that sum to more than 1
+    are counts and are normalised; otherwise they are probabilities already (`workload_from_counts`), and what
+    they leave out is work outside the typical requests, which counts for nothing."""
+    work = [w for w in workload if not w.mig_profile]
+    total = sum(w.weight for w in work)
+    scale = total if total > 1.0 + 1e-9 else 1.0
+    gpuless = sum(w.weight for w in work if w.gpus <= 0) / scale
+    return [(w.weight / scale, w) for w in work if w.gpus > 0], gpuless
+
+
 def shape_weights(workload: Iterable[WorkloadShape]) -> list[tuple[float, WorkloadShape]]:
-    """The GPU shapes of the workload (MIG and GPU-less shapes left out), each with its probability."""
+    """The GPU shapes of the workload (MIG and GPU-less shapes left out), each with its probability among them:
+    the gauge and the simulator's meter ask what a GPU request could not use."""
     shapes = [w for w in workload if w.gpus > 0 and not w.mig_profile]
     total = sum(w.weight for w in shapes) or 1.0
     return [(w.weight / total, w) for w in shapes]

@@ -105,12 +105,12 @@ _PRESETS: dict[str, dict] = {
     # FIFO by submit time, first fit, head-of-line blocking (no backfill), no preemption, no fair share.
     "fifo": dict(
         order="fifo", fit="first", head_of_line=True, preemption=False, backfill=False,
-        w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score",
+        w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score", typical_mix=False,
     ),
     # Priority then submit time; the node (and GPU) left with the least free capacity; no preemption.
     "best-fit": dict(
         order="priority", fit="score", head_of_line=False, preemption=False, backfill=False,
-        w_binpack=1.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score",
+        w_binpack=1.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score", typical_mix=False,
     ),
     # gpupool: priority -> fair share -> submit -> id; fragmentation scored as FGD's artifact scores it (whole
     # numbers, int(sigmoid(fall of the expected fragmentation in GPUs) x 100), ties to the lowest node index, which
@@ -118,16 +118,17 @@ _PRESETS: dict[str, dict] = {
     # and to reclaim guarantees.
     "default": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="index",
+        w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="index", typical_mix=False,
     ),
-    # FGD alone, for comparisons: as default without the topology weight.
+    # FGD as published: as default without the topology weight, and fragmentation measured against FGD's typical
+    # requests (exact requests covering 95% of the jobs, CPU-only ones included) instead of every GPU shape.
     "fgd": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=1.0, frag_ties="index",
+        w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=1.0, frag_ties="index", typical_mix=True,
     ),
     "spread": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.0, w_spread=1.0, w_topology=0.3, w_frag=0.0, frag_ties="score",
+        w_binpack=0.0, w_spread=1.0, w_topology=0.3, w_frag=0.0, frag_ties="score", typical_mix=False,
     ),
 }
 
@@ -148,6 +149,11 @@ class Policy:
     # "index": FGD's whole-number score, ties to the lowest node index, the kinds' packing weights unused while
     # fragmentation is scored (w_frag > 0)
     frag_ties: str | None = None
+    # The mix fragmentation is measured against. False: the most common GPU shapes, each by how often it occurs
+    # (`derive_workload`; rare big shapes keep their weight). True: FGD's typical requests (`derive_typical`): the
+    # exact requests covering 95% of the jobs with CPU-only ones, each by its share of all jobs — FGD's published
+    # fill, but rare big shapes drop out and whole nodes are no longer kept for them.
+    typical_mix: bool | None = None
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
     quotas: QuotaTree = field(default_factory=QuotaTree)
     strict_quota: bool = False  # True: a team without quota entries may not borrow at all

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from libs.core.backfill import plan_reservation
-from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, derive_workload
+from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, mix_of
 from libs.core.fit import FRAC_KIND, WHOLE_KIND, GpuShape, Invalid, Shape, normalize
+from libs.core.frag import mix_probabilities
 from libs.core.model import Allocation, JobRequest, MigInstance, Share, Snapshot
 from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
 from libs.core.policy import Policy, WorkloadShape
@@ -102,16 +103,16 @@ class Scheduler(PlacementSearch):
         self.classes_by_name = {c.name: c for c in policy.priority_classes}
         workload = workload or policy.workload
         self.workload = workload
-        host = tuple(dict.fromkeys((w.cpu_milli, w.memory_mib) for w in workload)) if policy.setting("w_frag") else ()
+        shapes, gpuless = mix_probabilities(workload)
+        host = tuple(dict.fromkeys((w.cpu_milli, w.memory_mib) for _, w in shapes)) if policy.setting(
+            "w_frag") else ()
         self.host_bit = {hm: i for i, hm in enumerate(host)}
-        total = sum(w.weight for w in workload if w.gpus > 0 and not w.mig_profile) or 1.0
         gpu_shapes = tuple(
-            GpuShape(w.weight / total, w.gpus, w.gpu_milli, frozenset(w.gpu_models) or None,
+            GpuShape(p, w.gpus, w.gpu_milli, frozenset(w.gpu_models) or None,
                      self.host_bit.get((w.cpu_milli, w.memory_mib), 0))
-            for w in workload
-            if w.gpus > 0 and not w.mig_profile
+            for p, w in shapes
         )
-        super().__init__(ClusterState(snapshot, host), policy, gpu_shapes)
+        super().__init__(ClusterState(snapshot, host), policy, gpu_shapes, gpuless if gpu_shapes else 0.0)
         self.history = snapshot.usage
         self.held: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
@@ -839,7 +840,7 @@ def schedule(snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, 
     laps = _Laps(clock) if clock is not None else None
     pending = list(pending)
     workload = policy.workload or (
-        derive_workload(pending, policy.max_workload_shapes) if policy.setting("w_frag") else ()
+        mix_of(pending, policy) if policy.setting("w_frag") else ()
     )
     sched = Scheduler(snapshot, policy, workload, clock)
     if memo is not None:

@@ -37,10 +37,12 @@ from libs.core.state import ClusterState, Take
 class PlacementSearch:
     """The search over a cluster state, with the memos that make it fast across jobs and cycles."""
 
-    def __init__(self, state: ClusterState, policy: Policy, gpu_shapes: tuple[GpuShape, ...]) -> None:
+    def __init__(self, state: ClusterState, policy: Policy, gpu_shapes: tuple[GpuShape, ...],
+                 gpuless_share: float = 0.0) -> None:
         self.state = state
         self.policy = policy
         self.gpu_shapes = gpu_shapes  # the workload FGD's fragmentation is measured against
+        self.gpuless_share = gpuless_share  # its GPU-less part: every free GPU is lost to it
         self._frag_memo: dict = {}
         self._choose_memo: dict = {}
         self._class_memo: dict = {}
@@ -130,7 +132,7 @@ class PlacementSearch:
         if v is None:
             if len(self._frag_memo) > 400_000:
                 self._frag_memo.clear()
-            v = fragmentation(self.state.classes[cid], dyn, mask, self.gpu_shapes)
+            v = fragmentation(self.state.classes[cid], dyn, mask, self.gpu_shapes, self.gpuless_share)
             self._frag_memo[key] = v
         return v
 

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from libs.core import Node, Policy, Scheduler, Snapshot, WorkloadShape, derive_workload, teams_quota
+from libs.core import Node, Policy, Scheduler, Snapshot, WorkloadShape, derive_workload, mix_of, teams_quota
 from libs.core import mig as migcat
 from libs.core.model import WHOLE, JobRequest
 from libs.core.policy import preset_names
@@ -118,10 +118,10 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
                            min((j.submit for j in jobs), default=0.0))
     if policy_overrides:
         policy = dataclasses.replace(policy, **policy_overrides)
-    workload = workload_of([j.request for j in jobs])
-    sched = Scheduler(Snapshot(tuple(nodes)), policy, workload)
+    reqs = [j.request for j in jobs]
+    sched = Scheduler(Snapshot(tuple(nodes)), policy, mix_of(reqs, policy))
     ledger = Ledger(nodes)
-    meter = FragMeter(ledger, workload)
+    meter = FragMeter(ledger, workload_of(reqs))  # one measure for every policy: the trace's GPU shapes
     by_id = {j.job_id: j for j in jobs}
     requests = {j.job_id: j.request for j in jobs}
 
@@ -290,11 +290,12 @@ def fill_capacity(nodes: list[Node], tasks: list[Task]) -> int:
     return capacity
 
 
-def fill_scheduler(nodes: list[Node], policy_name: str, workload: tuple[WorkloadShape, ...]) -> Scheduler:
+def fill_scheduler(nodes: list[Node], policy_name: str, requests: list[JobRequest]) -> Scheduler:
     """The core as a fill experiment runs it: tasks never leave, so no preemption or reservations, and every
-    node group is scored (max_candidates=0): the experiment measures placement quality, not speed."""
+    node group is scored (max_candidates=0): the experiment measures placement quality, not speed. The mix
+    fragmentation is scored against is the task list's, by the policy's rule (`libs.core.mix_of`)."""
     policy = make_policy(policy_name, preemption=False, backfill=False, max_candidates=0)
-    return Scheduler(Snapshot(tuple(nodes)), policy, workload)
+    return Scheduler(Snapshot(tuple(nodes)), policy, mix_of(requests, policy))
 
 
 def fill_metrics(policy_name: str, seed: int, nodes: list[Node], capacity: int, *, tasks_arrived: int, failed: int,
@@ -327,7 +328,7 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
     wall0 = time.perf_counter()
     rng = random.Random(seed)
     capacity = fill_capacity(nodes, tasks)
-    sched = fill_scheduler(nodes, policy_name, workload_of([t.request(t.name, 0.0, "fill") for t in tasks]))
+    sched = fill_scheduler(nodes, policy_name, [t.request(t.name, 0.0, "fill") for t in tasks])
     ledger = Ledger(nodes)
     arrived = 0.0
     allocated = 0.0

@@ -6,9 +6,10 @@ until the arrived GPU demand reaches `tune` × capacity (1.3); each task is plac
 dropped; after every arrival the allocated share of GPU capacity is sampled (fractions by their milli share); the
 value at 100% is the mean of the samples whose arrived workload rounds to 100% of capacity (99.5% ≤ arrived <
 100.5%). CPU-only tasks arrive like the others (they take CPU and memory, no GPU demand). gpupool's fragmentation
-score is taken against the task list's mix by the rule the scheduler and the live gauge use (`workload_of_tasks`,
-`libs.core.derive_workload`: the most common GPU shapes, each weighted by how often it occurs); FGD's artifact takes
-the pod specs (CPU included) covering 95% of the tasks, also by count.
+score is taken against the task list's mix by the policy's rule, as the scheduler takes it against the pending
+jobs (`libs.core.mix_of`): for `default` the most common GPU shapes, each weighted by how often it occurs; for
+`fgd` the artifact's typical pods (exact requests, CPU-only ones included, covering 95% of the tasks, each by its
+share of all tasks).
 
 gpupool's policies run the same `libs.core.Scheduler` the placement service runs. `fgd-best-fit` is the artifact's
 BestFit, reimplemented here as a baseline (it is not a gpupool policy): among the nodes where the task fits (CPU,
@@ -23,7 +24,7 @@ from __future__ import annotations
 import random
 import time
 
-from libs.core import Node, WorkloadShape, derive_workload
+from libs.core import Node
 from libs.core.model import WHOLE
 from libs.core.plan import Placement, Plan
 from libs.sim.applier import Ledger
@@ -32,12 +33,6 @@ from libs.sim.traces import Task
 
 BASELINES = ("fgd-best-fit",)
 TUNE = 1.3  # the artifact's top-up: random draws until the arrived GPU demand is 130% of capacity
-
-
-def workload_of_tasks(tasks: list[Task]) -> tuple[WorkloadShape, ...]:
-    """The workload gpupool's fragmentation score is taken against, by the rule the scheduler and the live gauge
-    use (`libs.core.derive_workload`): the task list's most common GPU shapes, each weighted by its count."""
-    return derive_workload([t.request(t.name, 0.0, "fill") for t in tasks])
 
 
 def arrivals(tasks: list[Task], capacity: int, rng: random.Random, tune: float = TUNE):
@@ -118,7 +113,7 @@ def fill(nodes: list[Node], tasks: list[Task], policy_name: str, seed: int = 0, 
         sched = None
     else:
         baseline = None
-        sched = fill_scheduler(nodes, policy_name, workload_of_tasks(tasks))
+        sched = fill_scheduler(nodes, policy_name, [t.request(t.name, 0.0, "fill") for t in tasks])
     ledger = Ledger(nodes)
     arrived = 0.0
     at_100: list[float] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from libs.core import Gpu, Node
-from libs.sim import fgd, traces
+from libs.sim import engine, fgd, traces
 from libs.sim.traces import Task
 
 DATA = Path(__file__).parent / "data"
@@ -38,11 +38,17 @@ def test_the_value_is_read_at_the_arrivals_that_round_to_100_percent() -> None:
     assert m["arrived_workload"] == pytest.approx(1.3)
 
 
-def test_the_workload_is_the_task_lists_gpu_shapes_weighted_by_count() -> None:
+def test_the_fill_scores_against_the_task_lists_mix_by_the_policys_rule() -> None:
     tasks = [task("a", milli=500)] * 60 + [task("b", gpus=2)] * 30 + [task("c", gpus=0)] * 6 + [task("d", gpus=8)] * 4
-    shapes = fgd.workload_of_tasks(tasks)
-    # by count, not by GPU demand (d would weigh 32, b 60); the rare 8-GPU shape stays in; CPU-only tasks carry none
-    assert [(s.gpus, s.gpu_milli, s.weight) for s in shapes] == [(1, 500, 60.0), (2, 1000, 30.0), (8, 1000, 4.0)]
+    nodes = [Node("n", "c", tuple(Gpu(f"g{i}", i, "G2", 16384) for i in range(8)), cpu_milli=64000,
+                  memory_mib=262144)]
+    reqs = [t.request(t.name, 0.0, "fill") for t in tasks]
+    by_count = engine.fill_scheduler(nodes, "default", reqs).workload
+    # default: GPU shapes by count, not by GPU demand (d would weigh 32, b 60); the rare 8-GPU one stays in
+    assert [(s.gpus, s.gpu_milli, s.weight) for s in by_count] == [(1, 500, 60.0), (2, 1000, 30.0), (8, 1000, 4.0)]
+    typical = engine.fill_scheduler(nodes, "fgd", reqs).workload
+    # fgd: FGD's typical pods, CPU-only ones included, until 95% of the tasks are covered (here 96%)
+    assert [(s.gpus, s.gpu_milli, s.weight) for s in typical] == [(1, 500, 0.6), (2, 1000, 0.3), (0, 0, 0.06)]
 
 
 def test_fgd_best_fit_takes_the_fullest_node_and_inside_it_the_fullest_gpu_that_fits() -> None:
