@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 FILL_SEEDS = tuple(range(42, 52))  # the FGD artifact's seeds (our draws differ: the same count, not the same tasks)
-FILL_POLICIES = ("default", "fgd-best-fit", "best-fit")
+FILL_POLICIES = ("default", "fgd", "fgd-best-fit", "best-fit")
 FGD_REFERENCE = simcli.REPO.parent / "shared" / "reference" / "fgd-atc23" / "default_trace_unallocated_at_100.csv"
 
 
@@ -280,7 +280,8 @@ def fill_section(per_policy: dict[str, dict[int, float]], gpus: int, n_nodes: in
         "| --- | --- | --- | --- | --- |",
     ]
     for p, by_seed in per_policy.items():
-        lines.append(row("default (gpupool)" if p == "default" else p, by_seed))
+        label = {"default": "default (gpupool)", "fgd": "fgd (gpupool, FGD's typical-request mix)"}.get(p, p)
+        lines.append(row(label, by_seed))
     lines += ["", f"Reproduce: `{command}` (one command; `metrics.json` has every seed).", ""]
     if reference:
         lines += [
