@@ -46,7 +46,7 @@ from services.gateway.domain import (
     Role,
     mint_token,
 )
-from services.gateway.pool import NODE_FACTS_EXAMPLE, NODE_TOTALS_EXAMPLE, combine_pool
+from services.gateway.pool import NODE_FACTS_EXAMPLE, NODE_TOTALS_EXAMPLE, combine_pool, with_host_reserved
 
 
 class ApiError(Exception):
@@ -322,16 +322,20 @@ async def cancel_job(job_id: Annotated[str, Path(max_length=64)], req: Request, 
 @router.get("/nodes", summary="Nodes with their GPUs, health and latest telemetry", tags=["pool"],
             description="Each node carries its host facts: CPUs and memory (with the latest use), `network` (the "
                         "registered NICs, their summed link speed in Gbit/s, the latest rx/tx in Mbit/s) and "
-                        "`storage` (the registered volumes, total and used GiB). Nodes registered by older agents "
-                        "show empty lists and null numbers.",
+                        "`storage` (the registered volumes, total and used GiB), and the host CPU "
+                        "(`cpu_allocated_milli`) and memory (`memory_allocated_mib`) live allocations reserve there "
+                        "(jobs' `cpu_milli` / `memory_mib`). Nodes registered by older agents show empty lists and "
+                        "null numbers.",
             responses={200: {"content": {"application/json": {"example": {"items": [
-                {"cluster": "c1", "node": "node-a", "state": "ready", **NODE_FACTS_EXAMPLE, "gpus": []}],
+                {"cluster": "c1", "node": "node-a", "state": "ready", **NODE_FACTS_EXAMPLE,
+                 "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288, "gpus": []}],
                 "next": None}}}}})
 async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                      cursor: Annotated[str | None, Query(max_length=300)] = None) -> dict:
     require(caller, Action.POOL_READ)
-    return await call(req, subjects.QUERY_INVENTORY_LIST_NODES, ListNodes(cluster=cluster, limit=limit, after=cursor))
+    page = await call(req, subjects.QUERY_INVENTORY_LIST_NODES, ListNodes(cluster=cluster, limit=limit, after=cursor))
+    return {**page, "items": with_host_reserved(page["items"], await live_allocations(req))}
 
 
 @router.get("/pool", summary="Per cluster and GPU model: total, allocated, in use, allocated-but-idle, free, "

@@ -64,6 +64,17 @@ def host_reserved(allocations: Iterable[Mapping[str, Any]], cluster: str, node: 
             "memory_allocated_mib": sum(a.get("memory_mib") or 0 for a in mine)}
 
 
+def with_host_reserved(nodes: Iterable[Mapping[str, Any]], allocations: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Each node of `nodes` (cluster, node, ...) with the host CPU and memory the live allocations reserve on it."""
+    reserved: dict[tuple[str, str], list[int]] = {}
+    for a in allocations:
+        if a.get("released_at") is None:
+            got = reserved.setdefault((a["cluster"], a.get("node") or ""), [0, 0])
+            got[0] += a.get("cpu_milli") or 0
+            got[1] += a.get("memory_mib") or 0
+    return [_with_host(n, tuple(reserved.get((n["cluster"], n["node"]), (0, 0)))) for n in nodes]  # type: ignore[arg-type]
+
+
 def _with_host(node: Mapping[str, Any], reserved: tuple[int, int]) -> dict[str, Any]:
     return {**node, "cpu_allocated_milli": reserved[0], "memory_allocated_mib": reserved[1]}
 

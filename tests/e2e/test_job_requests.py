@@ -58,6 +58,9 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
         assert nodes[second_node]["cpu_allocated_milli"] == big
         one = api.get(f"/v1/nodes/{first_node}").json()
         assert (one["cpu_allocated_milli"], one["memory_allocated_mib"]) == (big, 4096) and one["gpus"]
+        listed = {n["node"]: n for n in api.get("/v1/nodes").json()["items"]}  # the node list says the same
+        assert (listed[first_node]["cpu_allocated_milli"], listed[first_node]["memory_allocated_mib"]) == (big, 4096)
+        assert listed[second_node]["cpu_allocated_milli"] == big
         totals = api.get("/v1/pool").json()["all"]["node_totals"]
         assert totals["cpu_allocated_milli"] == 2 * big and totals["memory_allocated_mib"] == 4096
         assert totals["cpu_count"] == sum(cores.values())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.pool import combine_pool, host_reserved
+from services.gateway.pool import combine_pool, host_reserved, with_host_reserved
 
 
 def model(name: str, total: int, *, in_use: list[str] = (), unhealthy: list[str] = (), lost: int = 0) -> dict:
@@ -110,3 +110,7 @@ def test_host_cpu_and_memory_reserved_by_live_allocations_are_shown_per_node_and
     assert pool["all"]["node_totals"]["cpu_allocated_milli"] == 5500
     assert host_reserved(allocations, "east", "a") == {"cpu_allocated_milli": 5500, "memory_allocated_mib": 1024}
     assert host_reserved(allocations, "east", "b") == {"cpu_allocated_milli": 0, "memory_allocated_mib": 0}
+    listed = with_host_reserved([{"cluster": "east", "node": "a", "gpus": []}, {"cluster": "west", "node": "a"}],
+                                allocations)  # the node list: same name in another cluster reserves nothing here
+    assert [(n["cpu_allocated_milli"], n["memory_allocated_mib"]) for n in listed] == [(5500, 1024), (0, 0)]
+    assert listed[0]["gpus"] == []
