@@ -3,12 +3,13 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from services.agent.nvml_real import (
-    RealNvml,
+from services.agent.gpu_names import (
+    THROTTLE_REASON_BITS,
     canonical_model,
     normalize_pci_bus_id,
     throttle_reason_names,
 )
+from services.agent.nvml_real import RealNvml
 from services.agent.nvml_types import MigInstance, NvmlBackend
 
 HGX_BUS = ["00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0"]
@@ -288,5 +289,5 @@ def test_hardcoded_nvml_bit_values_match_the_bindings():
         "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
         "hw_power_brake_slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
     }
-    bits = {name: bit for bit, name in real.THROTTLE_REASON_BITS}
+    bits = {name: bit for bit, name in THROTTLE_REASON_BITS}
     assert {name: bits[name] for name in expected} == expected
