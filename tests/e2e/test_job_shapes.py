@@ -7,6 +7,7 @@ import asyncio
 
 import httpx
 import pytest
+from dashboard_fleet import start_second_cluster, stop
 from support import AllocationWatcher, complete, eventually_async, finish_all, wait_state
 
 from libs.contracts.events import AllocationGranted, AllocationReleased
@@ -92,7 +93,7 @@ async def test_an_inference_service_scaled_from_2_to_4_gets_2_more_allocations_a
             finish_all(api)
 
 
-async def test_a_job_bigger_than_the_pool_is_unschedulable_with_its_reason_and_blocks_nobody(platform) -> None:  # type: ignore[no-untyped-def]
+async def test_a_job_bigger_than_the_pool_is_unschedulable_blocks_nobody_and_runs_once_the_pool_grows(platform) -> None:  # type: ignore[no-untyped-def]
     with platform.client() as api:
         finish_all(api)
         huge = post_job(api, name="huge", kind="training", gpus=12)  # on one node: the nodes have 8
@@ -106,7 +107,18 @@ async def test_a_job_bigger_than_the_pool_is_unschedulable_with_its_reason_and_b
         await eventually_async(lambda: api.get(f"/v1/jobs/{fits}").json()["state"] == "running", "placed", timeout=10)
         for job_id in (huge, wide):
             assert api.get(f"/v1/jobs/{job_id}").json()["state"] == "pending"
-            assert api.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+        complete(api, fits)
+
+        # the pool grows: a fourth 8-GPU node joins the cluster, and the 4-node gang runs on it and the others
+        late = start_second_cluster(platform, cluster="local", fleet="H100-80GB*8", prefix="late-node")
+        try:
+            await eventually_async(lambda: api.get(f"/v1/jobs/{wide}").json()["state"] == "running",
+                                   "the gang to run once a fourth node joined", timeout=90)
+            assert reason(api, huge) == "Unschedulable"  # still no node with 12 GPUs
+        finally:
+            for job_id in (huge, wide):
+                api.post(f"/v1/jobs/{job_id}/cancel")
+            stop(late)
         finish_all(api)
 
 
