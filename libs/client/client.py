@@ -438,10 +438,10 @@ class GpupoolClient(ReportsApi, WorkApi):
 
     # --- approvals ---------------------------------------------------------------------------------------------
     def list_approvals(self, team: str | None = None, state: str | None = None,
-                       limit: int | None = None) -> list[Approval]:
-        """Approval requests, newest first; `state` is pending, approved or denied. The gateway answers at most
-        1000 in one list (it has no cursor here)."""
-        return self._list(Approval, "/v1/approvals", {"team": team, "state": state}, limit)
+                       limit: int | None = None, kind: str | None = None) -> list[Approval]:
+        """Approval requests, newest first; `state` is pending, approved or denied; `kind` job or loan (quota
+        loans carry no job). The gateway answers at most 1000 in one list (it has no cursor here)."""
+        return self._list(Approval, "/v1/approvals", {"team": team, "state": state, "kind": kind}, limit)
 
     def approval_rules(self) -> list[ApprovalRule]:
         """The admission rules (gpus_over, runtime_over_s, priority_class) that send a submission to approval."""

@@ -360,9 +360,13 @@ class PriorityClass(ApiModel):
 
 # --- approvals ------------------------------------------------------------------------------------------------------
 class Approval(ApiModel):
+    """A job held for a person's approval (`kind` "job"), or a request for a quota loan (`kind` "loan": no job;
+    `loan_path`, `loan_gpu_model`, `gpus` and `loan_until` say what would be lent until when)."""
+
     approval_id: str
-    job_id: str = ""
-    job_name: str = ""
+    kind: str = "job"
+    job_id: str | None = None
+    job_name: str | None = None
     team: str = ""
     project: str = ""
     gpus: int = 0
@@ -374,6 +378,9 @@ class Approval(ApiModel):
     decided_by: str | None = None
     created_at: datetime | None = None
     decided_at: datetime | None = None
+    loan_path: str | None = None
+    loan_gpu_model: str | None = None
+    loan_until: datetime | None = None
 
 
 class ApprovalRule(ApiModel):

@@ -13,6 +13,7 @@ import nats
 import pytest
 from support import AllocationWatcher, finish_all
 
+from libs.client import GpupoolClient
 from libs.contracts.envelope import parse_envelope
 from libs.contracts.events import AllocationGranted, QuotaSet, decode_data
 
@@ -77,6 +78,11 @@ async def test_a_quota_loan_is_approved_by_an_admin_lets_waiting_work_run_and_en
                     assert lead.post(f"/v1/approvals/{request['approval_id']}/approve").status_code == 403
                 pending = api.get("/v1/approvals", params={"kind": "loan", "state": "pending"}).json()["items"]
                 assert [p["approval_id"] for p in pending] == [request["approval_id"]]
+                with GpupoolClient(platform.gateway, platform.run["admin_token"]) as gp:  # a loan has no job
+                    assert [a.approval_id for a in gp.list_approvals(state="pending", kind="job")] == []
+                    [listed] = [a for a in gp.list_approvals(state="pending") if a.approval_id == request["approval_id"]]
+                    assert (listed.kind, listed.job_id, listed.loan_path, listed.gpus) == (
+                        "loan", None, "default/research", 1) and listed.loan_until is not None
                 await asyncio.sleep(1.0)
                 assert watch.of(AllocationGranted, second) == []
 
