@@ -20,7 +20,9 @@ from prometheus_client import Gauge
 log = logging.getLogger(__name__)
 
 LEASE_BUCKET = "gpupool_leases"
-LEADER = Gauge("gpupool_leader", "1 while this replica holds its service's leader lease", ["service", "instance"])
+# `replica`, not `instance`: Prometheus sets its own `instance` label (the scrape target) on every series, and a
+# series' own `instance` would clash with it (renamed to `exported_instance`, or overwriting the target's)
+LEADER = Gauge("gpupool_leader", "1 while this replica holds its service's leader lease", ["service", "replica"])
 
 
 class LeaderLease:

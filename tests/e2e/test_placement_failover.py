@@ -27,7 +27,7 @@ def is_leader(platform, replica: str) -> bool:  # type: ignore[no-untyped-def]
         text = httpx.get(f"{url}/metrics", timeout=2).text
     except httpx.HTTPError:
         return False
-    match = re.search(rf'gpupool_leader\{{instance="{replica}",service="placement"\}} (\S+)', text)
+    match = re.search(rf'gpupool_leader\{{replica="{replica}",service="placement"\}} (\S+)', text)
     return bool(match) and float(match.group(1)) == 1.0
 
 

@@ -140,7 +140,7 @@ def test_an_undefined_metric_is_caught(defined: set[str]) -> None:
     ("sum(x and on (gpu) y < $idle_pct) or vector(0)", {"x", "y"}),
     ("sum(count_over_time((g{h=~\"$hostname\"} < 5)[$__range:1m])) / 60", {"g"}),
     ("label_values(up{platform=\"gpupool\"}, job)", {"up"}),
-    ('max by (instance) (gpupool_leader{service="placement"}) offset 5m', {"gpupool_leader"}),
+    ('max by (replica) (gpupool_leader{service="placement"}) offset 5m', {"gpupool_leader"}),
 ])
 def test_metric_names_are_extracted_from_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
@@ -179,3 +179,19 @@ def test_grafana_provisions_the_dashboard_folder_with_the_datasource_uid() -> No
     assert any(s["type"] == "prometheus" and s["uid"] == "prometheus" for s in sources)
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in compose["services"]["grafana"]["volumes"]
+
+
+def test_no_gpupool_metric_carries_a_label_prometheus_sets_on_every_series() -> None:
+    # `instance` and `job` are the scrape target's: a series of our own with them clashes (exported_instance)
+    import importlib
+
+    from prometheus_client import REGISTRY
+
+    for module in ("libs.observability.metrics", "libs.bus.lease", "services.agent.dcgm_metrics",
+                   "services.agent.sample_buffer", "services.agent.handlers", "services.inventory.handlers",
+                   "services.reclamation.handlers"):
+        importlib.import_module(module)
+    ours = {name: getattr(c, "_labelnames", ()) for c, names in REGISTRY._collector_to_names.items()
+            for name in names if name.startswith("gpupool_")}
+    assert "gpupool_leader" in ours and ours["gpupool_leader"] == ("service", "replica")
+    assert {name: labels for name, labels in ours.items() if {"instance", "job"} & set(labels)} == {}
