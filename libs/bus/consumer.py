@@ -48,6 +48,8 @@ from libs.observability.metrics import (
 )
 from libs.observability.tracing import handling_span, tracer
 
+# why a message goes to the dead-letter stream, besides a handler's own `DeadLetter(reason)`
+DEAD_LETTER_REASONS = ("InvalidMessage", "HandlerFailed", "MaxDeliveriesExceeded")
 log = logging.getLogger(__name__)
 
 Handler = Callable[[CloudEvent, EventData], Awaitable[None]]
@@ -123,6 +125,12 @@ class EventConsumer:
         # metric children looked up once: a labels() lookup costs more than the increment it precedes
         self._handled = BUS_MESSAGES.labels(consumer=spec.durable, outcome="handled")
         self._handle_seconds = BUS_HANDLE_SECONDS.labels(consumer=spec.durable)
+        # the outcomes a healthy consumer never has exist at 0, so a dashboard shows 0 rather than "No data"
+        for outcome in ("retried", "busy", "dead_lettered"):
+            BUS_MESSAGES.labels(consumer=spec.durable, outcome=outcome)
+        BUS_REDELIVERIES.labels(consumer=spec.durable)
+        for reason in DEAD_LETTER_REASONS:
+            BUS_DEAD_LETTERS.labels(consumer=spec.durable, reason=reason)
 
     async def start(self) -> None:
         config = ConsumerConfig(

@@ -32,6 +32,7 @@ RpcHandler = Callable[[Any], Awaitable[Reply | Any]]
 
 
 MAX_IN_FLIGHT = 64
+RPC_OUTCOMES = ("ok", "refused", "invalid", "error")
 
 
 async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C], Awaitable[Any]],
@@ -48,7 +49,9 @@ async def serve(nc: NATS, subject: str, command: type[C], handler: Callable[[C],
     name = f"serve {subject}"
     slots = asyncio.Semaphore(max_in_flight)
     in_flight: set[asyncio.Task[None]] = set()
-    counted: dict[str, Any] = {}  # outcome -> metric child, looked up once instead of per request
+    # outcome -> metric child, looked up once instead of per request; every outcome exists from the start at 0,
+    # so a dashboard of refusals and errors shows 0 on a healthy system rather than "No data"
+    counted: dict[str, Any] = {o: RPC_REQUESTS.labels(subject=subject, outcome=o) for o in RPC_OUTCOMES}
 
     async def on_message(msg: Msg) -> None:
         await slots.acquire()  # back-pressure: at the limit, the subscription stops reading until one finishes

@@ -67,6 +67,8 @@ def judge(tracker: Row, policy: Row | None, now: datetime) -> Verdict:
 # --- abnormal reclaims: the GPUs are gone or must not be used, whatever the workload is doing ------------------------
 ABNORMAL = frozenset({"NodeLost", "GpuQuarantined", "Drained"})
 RESTART_LIMIT = "RestartLimitReached"
+# every reason reclamation takes an allocation back for (judge's verdicts and the abnormal causes)
+RECLAIM_REASONS = ("MaxRuntimeExceeded", "IdleReclaimed", "NodeLost", "GpuQuarantined", "Drained", RESTART_LIMIT)
 
 
 def abnormal_reason(cause: str, attempt: int, max_restarts: int) -> str:

@@ -33,9 +33,17 @@ from libs.runtime.routes import Routes
 from libs.runtime.service import ServiceRuntime
 from services.reclamation import store
 from services.reclamation.config import ReclamationSettings
-from services.reclamation.domain import abnormal_reason, allocation_utilization, is_busy, judge
+from services.reclamation.domain import (
+    RECLAIM_REASONS,
+    abnormal_reason,
+    allocation_utilization,
+    is_busy,
+    judge,
+)
 
 RECLAIMS = Counter("gpupool_reclaims_total", "Allocations reclamation decided to take back, by reason", ["reason"])
+for _reason in RECLAIM_REASONS:  # at 0 from the start: a dashboard shows 0 reclaims, not "No data"
+    RECLAIMS.labels(reason=_reason)
 log = logging.getLogger(__name__)
 CONSUMER = "reclamation"
 

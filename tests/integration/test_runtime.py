@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from nats.js import JetStreamContext
+from prometheus_client import REGISTRY
 from waiting import eventually
 
 from libs.bus.rpc import request
@@ -114,6 +115,10 @@ async def test_mounted_routes_serve_commands_and_consume_events_through_the_outb
         await rt.mount(routes)
         reply = await request(rt.nc, "gpupool.cmd.queue.greet", Greet(who="j-42"), timeout=3)
         assert reply == Reply.success({"hello": "j-42"})
+        served = {o: REGISTRY.get_sample_value("gpupool_rpc_requests_total",
+                                               {"subject": "gpupool.cmd.queue.greet", "outcome": o})
+                  for o in ("ok", "refused", "invalid", "error")}
+        assert served == {"ok": 1.0, "refused": 0.0, "invalid": 0.0, "error": 0.0}  # 0, not absent
         # outbox → relay (woken by the commit) → stream → the service's own durable consumer
         await eventually(lambda: len(consumed) == 1, what="event consumed")
         assert consumed[0].data["job_id"] == "j-42" and consumed[0].source == f"/gpupool/{NAME}"
