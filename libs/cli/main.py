@@ -10,7 +10,7 @@
   gpupool check    verify the platform's invariants from its stores and streams, read-only (`gpupool check --help`)
   gpupool chaos    fault-injection rounds under load against its own `gpupool up` (`gpupool chaos --help`)
 
-People-facing commands on the gateway's API (libs/cli/people.py, work.py): submit, run, logs, jobs, describe,
+People-facing commands on the gateway's API (libs/cli/, one module per group): submit, run, logs, jobs, describe,
 explain, scale, cancel, complete, nodes, pool, top, teams, quota, priority-classes, approvals, reclaim-policies, usage,
 token, audit, whoami, decisions, completion. `gpupool <command> --help` for each.
 """
