@@ -19,18 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from libs.cli.people import (
-    EXIT_OK,
-    UsageError,
-    _fmt,
-    _range_line,
-    _report_out,
-    _report_range,
-    fmt_duration,
-    fmt_time,
-    parse_duration,
-    report_table,
-)
+from libs.cli.common import EXIT_OK, Adder, UsageError, parse_duration, report_range, run_api
+from libs.cli.render import fixed, fmt_duration, fmt_time, range_line, report_out, report_table
 from libs.client import GpupoolClient
 
 WHAT_IF = re.compile(r"^p90-wait=(?P<value>\S+)$")
@@ -94,7 +84,7 @@ def export_history(gp: GpupoolClient, start: datetime | None, end: datetime | No
 
 
 def cmd_history_export(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    start, end = _report_range(args)
+    start, end = report_range(args)
     summary = export_history(gp, start, end, args.team, Path(args.out))
 
     def render() -> str:
@@ -175,16 +165,16 @@ def capacity_text(report: Any) -> str:
     for m in report.models:
         d, f = m.demand, m.forecast
         when = fmt_time(f.exceeds_supply_at) if f.exceeds_supply_at else ""
-        rows.append([m.gpu_model, m.supply_gpus, _fmt(d.peak_demand_gpus, 1), _fmt(d.peak_allocated_gpus, 1),
-                     _fmt(d.queued_gpu_hours, 2), _fmt(d.pending_gpus, 1), _wait(d.wait_p50_s),
+        rows.append([m.gpu_model, m.supply_gpus, fixed(d.peak_demand_gpus, 1), fixed(d.peak_allocated_gpus, 1),
+                     fixed(d.queued_gpu_hours, 2), fixed(d.pending_gpus, 1), _wait(d.wait_p50_s),
                      _wait(d.wait_p90_s), _wait(d.wait_p99_s), f"{f.status} {when}".strip()])
         week, month = f.horizon(7), f.horizon(30)
         if f.slope_gpus_per_day is not None and week and month and week.peak_gpus is not None:
-            numbers.append([m.gpu_model, f.fit, f.points, _fmt(f.slope_gpus_per_day, 3), _fmt(f.level_gpus, 1),
-                            _fmt(week.peak_gpus, 1), f"{week.peak_low_gpus:.1f}-{week.peak_high_gpus:.1f}",
-                            _fmt(month.peak_gpus, 1), f"{month.peak_low_gpus:.1f}-{month.peak_high_gpus:.1f}"])
+            numbers.append([m.gpu_model, f.fit, f.points, fixed(f.slope_gpus_per_day, 3), fixed(f.level_gpus, 1),
+                            fixed(week.peak_gpus, 1), f"{week.peak_low_gpus:.1f}-{week.peak_high_gpus:.1f}",
+                            fixed(month.peak_gpus, 1), f"{month.peak_low_gpus:.1f}-{month.peak_high_gpus:.1f}"])
         else:
-            numbers.append([m.gpu_model, f.fit, f.points, _fmt(f.slope_gpus_per_day, 3), "-", "-", "-", "-", "-"])
+            numbers.append([m.gpu_model, f.fit, f.points, fixed(f.slope_gpus_per_day, 3), "-", "-", "-", "-", "-"])
     if not rows:
         return "No GPUs and no demand."
     body = report_table(["MODEL", "SUPPLY", "PEAK-DEMAND", "PEAK-ALLOC", "QUEUED-H", "PENDING", "WAIT-P50",
@@ -193,11 +183,11 @@ def capacity_text(report: Any) -> str:
                              "80%-30D"], numbers)
     scope = f" · demand of team {report.team}" if report.team else ""
     return (body + "\n\nforecast of peak demand (GPUs), from one point per bucket:\n" + forecast
-            + f"\n\n{_range_line(report)} · trend per {fmt_duration(report.bucket_s)}{scope}")
+            + f"\n\n{range_line(report)} · trend per {fmt_duration(report.bucket_s)}{scope}")
 
 
 def cmd_report_capacity(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    start, end = _report_range(args)
+    start, end = report_range(args)
     target = parse_what_if(args.what_if) if args.what_if else None
     if args.history and target is None:
         raise UsageError("--history goes with --what-if p90-wait=SECONDS")
@@ -221,18 +211,17 @@ def cmd_report_capacity(args: argparse.Namespace, gp: GpupoolClient) -> int:
         return capacity_text(report) + ("\n\n" + what_if_text(result) if result else "")
 
     raw = {**report.raw, "what_if": result} if result is not None else report.raw
-    _report_out(args, raw, lambda: gp.report_capacity_csv(start, end, **kw), render)
+    report_out(args, raw, lambda: gp.report_capacity_csv(start, end, **kw), render)
     return EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction, rsub: argparse._SubParsersAction,
-             add: Callable[..., argparse.ArgumentParser], window: Callable[[argparse.ArgumentParser, str], None],
-             common: argparse.ArgumentParser, run_api: Callable[..., Any]) -> None:
+def register(sub: argparse._SubParsersAction, rsub: argparse._SubParsersAction, add: Adder,
+             window: Callable[[argparse.ArgumentParser, str], None]) -> None:
     """`gpupool report capacity` (under `rsub`) and `gpupool history export` (under `sub`)."""
     from libs.sim.engine import POLICIES
 
-    p = add(rsub, "capacity", cmd_report_capacity,
-            "per GPU model: demand against supply, trend, a numeric forecast, and a what-if on the history")
+    p = add("capacity", cmd_report_capacity,
+            "per GPU model: demand against supply, trend, a numeric forecast, and a what-if on the history", rsub)
     window(p, "30 days")
     p.add_argument("--bucket", metavar="DURATION", help="trend bucket, e.g. 1h or 1d (default 1d); the forecast "
                                                        "fits one point per bucket")
@@ -252,7 +241,7 @@ def register(sub: argparse._SubParsersAction, rsub: argparse._SubParsersAction,
     history = sub.add_parser("history", help="the platform's recorded jobs, e.g. as a trace the simulator replays",
                              description="the platform's recorded jobs")
     hsub = history.add_subparsers(dest="history_command", required=True, metavar="{export}")
-    p = hsub.add_parser("export", parents=[common],
+    p = hsub.add_parser("export", parents=[add.common],
                         help="write the jobs that entered the queue in a range as a generic trace CSV",
                         description="write the jobs that entered the queue in a range as a generic trace CSV "
                                     "(`gpupool sim replay --format generic` reads it; see docs/sim.md)")

@@ -9,6 +9,7 @@ import gzip
 from collections.abc import Callable
 from typing import Any
 
+from libs.cli.render import emit, fmt_time, key_values, raws, table
 from libs.client import GpupoolClient
 
 EXIT_OK, EXIT_DIFFERENT = 0, 1
@@ -40,8 +41,6 @@ def replay(decision: Any) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    from libs.cli.people import emit, fmt_time, raws, table
-
     items = gp.list_decisions(limit=args.limit)
 
     def render() -> str:
@@ -55,8 +54,6 @@ def cmd_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
 
 
 def cmd_show(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    from libs.cli.people import emit, key_values, table
-
     d = gp.get_decision(args.cycle_id)
 
     def render() -> str:
@@ -76,8 +73,6 @@ def cmd_show(args: argparse.Namespace, gp: GpupoolClient) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    from libs.cli.people import emit
-
     result = replay(gp.get_decision(args.cycle_id))
 
     def render() -> str:

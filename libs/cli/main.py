@@ -10,7 +10,7 @@
   gpupool check    verify the platform's invariants from its stores and streams, read-only (`gpupool check --help`)
   gpupool chaos    fault-injection rounds under load against its own `gpupool up` (`gpupool chaos --help`)
 
-People-facing commands on the gateway's API (libs/cli/people.py, work.py): submit, run, logs, jobs, describe,
+People-facing commands on the gateway's API (libs/cli/, one module per group): submit, run, logs, jobs, describe,
 explain, scale, cancel, complete, nodes, pool, top, teams, quota, priority-classes, approvals, reclaim-policies, usage,
 token, audit, whoami, decisions, completion. `gpupool <command> --help` for each.
 """
@@ -246,10 +246,27 @@ def build_parser() -> argparse.ArgumentParser:
     schemas.add_argument("--out", type=Path, default=Path("docs/schemas"))
     schemas.set_defaults(func=cmd_schemas)
 
-    from libs.cli import people
-
-    people.register(sub)
+    register_people_commands(sub, parser)
     return parser
+
+
+def register_people_commands(sub: argparse._SubParsersAction, parser: argparse.ArgumentParser) -> None:
+    """The people-facing commands on the gateway's API, group by group, in the order `--help` lists them."""
+    from libs.cli import completion, decisions, jobs, pool, quota, reports, services, tokens, work
+    from libs.cli.common import Adder, common_parser
+
+    add = Adder(sub, common_parser())
+    for register in (work.register,  # submit, run, logs
+                     services.register,  # endpoints, load, update
+                     jobs.register,  # jobs, describe, explain, scale, cancel, complete
+                     pool.register,  # nodes, pool, top
+                     quota.register,  # teams, quota, priority-classes, approvals, reclaim-policies
+                     reports.register,  # usage, report (and history), cost-rates
+                     tokens.register,  # token, audit, whoami
+                     pool.register_node_commands,  # node, cordon, drain, uncordon, sharing, gpu-health, orphans
+                     decisions.register):  # decisions list|show|replay
+        register(sub, add)
+    completion.register(sub, parser)
 
 
 def main(argv: list[str] | None = None) -> int:

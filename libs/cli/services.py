@@ -16,7 +16,8 @@ import argparse
 import shlex
 from collections.abc import Callable
 
-from libs.cli.people import EXIT_OK, UsageError, emit, table
+from libs.cli.common import EXIT_OK, UsageError
+from libs.cli.render import emit, table
 from libs.cli.work import parse_env
 from libs.client import GpupoolClient
 
@@ -67,7 +68,7 @@ def cmd_update(args: argparse.Namespace, gp: GpupoolClient) -> int:
     return EXIT_OK
 
 
-def register(add: Callable[..., argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction, add: Callable[..., argparse.ArgumentParser]) -> None:
     p = add("endpoints", cmd_endpoints, "where a service's live replicas serve, and which are ready")
     p.add_argument("job_id", metavar="JOB_ID")
     p = add("load", cmd_load, "report a service's load (requests in flight, queue length) to its autoscaler")

@@ -25,8 +25,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from libs.cli import people
-from libs.cli.people import EXIT_OK, UsageError, emit, fmt_duration, job_shape, parse_duration, parse_mib
+from libs.cli.common import EXIT_OK, JOB_KINDS, PRIORITY_CLASSES, UsageError, parse_duration
+from libs.cli.jobs import job_shape
+from libs.cli.render import emit, fmt_duration
+from libs.cli.spec import load_spec_file, merge_spec, parse_mib
 from libs.client import GpupoolClient, GpupoolError
 from libs.client.models import Job
 
@@ -50,7 +52,7 @@ LIMIT_KEYS = ("cpu_milli", "memory_mib", "pids")
 
 # --- the work part of a job spec: YAML file + flags -----------------------------------------------------------------
 def split_spec(file_doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """A job file's shape and queue fields (for people.merge_spec) apart from its work fields."""
+    """A job file's shape and queue fields (for spec.merge_spec) apart from its work fields."""
     if file_doc is None:
         return None, {}
     shape = {k: v for k, v in file_doc.items() if str(k) not in WORK_KEYS}
@@ -180,7 +182,7 @@ def job_request(args: argparse.Namespace, *, run: bool = False,
                 team_of_token: Callable[[], str | None] = lambda: None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(shape and queue fields, work fields) of a submission from the -f file and the flags. For `run`, a name
     from the command, the token's team, one GPU and a command are the defaults and the requirement."""
-    file_doc = people.load_spec_file(args.file) if args.file else None
+    file_doc = load_spec_file(args.file) if args.file else None
     file_shape, file_work = split_spec(file_doc)
     work = merge_work(file_work, work_flags(args))
     flags = shape_flags(args)
@@ -201,7 +203,7 @@ def job_request(args: argparse.Namespace, *, run: bool = False,
     elif any(k != "command" for k in work) and "command" not in work:
         raise UsageError(f"{', '.join(sorted(k for k in work))} need a command: add -- CMD ARGS... "
                          "(or command: in the -f file)")
-    return people.merge_spec(file_shape, flags), work
+    return merge_spec(file_shape, flags), work
 
 
 def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
@@ -429,8 +431,8 @@ def add_shape_flags(p: argparse.ArgumentParser, *, run: bool = False) -> None:
                                             "left out: gang nodes × GPUs per node)" + ("; default 1" if run else ""))
     p.add_argument("--model", dest="models", action="append", metavar="MODEL",
                    help="acceptable GPU model (repeatable; none means any), e.g. H100-80GB")
-    p.add_argument("--kind", choices=people.JOB_KINDS, help="default batch")
-    p.add_argument("--priority-class", help="e.g. " + ", ".join(people.PRIORITY_CLASSES) + " (default normal)")
+    p.add_argument("--kind", choices=JOB_KINDS, help="default batch")
+    p.add_argument("--priority-class", help="e.g. " + ", ".join(PRIORITY_CLASSES) + " (default normal)")
     p.add_argument("--idempotency-key", help="make resubmission safe across runs (default: a fresh key)")
     p.add_argument("--gang-nodes", type=int, metavar="N", help="a gang over N nodes, placed all or nothing")
     p.add_argument("--gpus-per-node", type=int, metavar="N", help="with --gang-nodes: GPUs on each node")

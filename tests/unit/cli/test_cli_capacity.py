@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from libs.cli.capacity import parse_what_if, trace_rows, what_if, what_if_text
-from libs.cli.people import UsageError
+from libs.cli.common import UsageError
 from libs.core.model import Gpu, Node
 from libs.sim.traces import read_history, write_history
 

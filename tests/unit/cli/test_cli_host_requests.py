@@ -9,7 +9,7 @@ import httpx
 import pytest
 from cli_fakes import FakeGateway, job
 
-from libs.cli import people
+from libs.cli import common
 from libs.cli.main import main
 from libs.client import GpupoolClient
 
@@ -17,7 +17,7 @@ from libs.client import GpupoolClient
 @pytest.fixture()
 def gw(monkeypatch) -> FakeGateway:
     fake = FakeGateway()
-    monkeypatch.setattr(people, "make_client", lambda args: GpupoolClient(
+    monkeypatch.setattr(common, "make_client", lambda args: GpupoolClient(
         args.url or "http://gw.test", args.token or "tok", transport=fake.transport, sleep=lambda _s: None))
     return fake
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from cli_fakes import FakeGateway, gpu, node
 
-from libs.cli import people
+from libs.cli import common, pool
 from libs.cli.main import main
 from libs.client import GpupoolClient, NodeNetwork, NodeStorage
 
@@ -14,7 +14,7 @@ from libs.client import GpupoolClient, NodeNetwork, NodeStorage
 @pytest.fixture()
 def gw(monkeypatch) -> FakeGateway:
     fake = FakeGateway()
-    monkeypatch.setattr(people, "make_client", lambda args: GpupoolClient(
+    monkeypatch.setattr(common, "make_client", lambda args: GpupoolClient(
         args.url or "http://gw.test", args.token or "tok", transport=fake.transport, sleep=lambda _s: None))
     return fake
 
@@ -42,7 +42,7 @@ def big_node(name: str = "n0") -> dict:
 def test_network_groups_nics_by_kind_and_speed_fastest_first(nics, shown) -> None:  # type: ignore[no-untyped-def]
     net = NodeNetwork.model_validate({"interfaces": [{"name": f"n{i}", "kind": k, "speed_mbps": s}
                                                      for i, (k, s) in enumerate(nics)]})
-    assert people.fmt_network(net) == shown
+    assert pool.fmt_network(net) == shown
 
 
 @pytest.mark.parametrize(("storage", "shown"), [
@@ -52,7 +52,7 @@ def test_network_groups_nics_by_kind_and_speed_fastest_first(nics, shown) -> Non
     ({"volumes": [{"mount": "/", "total_gib": 40.0}], "total_gib": 40.0, "used_gib": None}, "-/0.039 TiB"),
 ])
 def test_storage_is_used_over_total_in_tib(storage, shown) -> None:  # type: ignore[no-untyped-def]
-    assert people.fmt_storage(NodeStorage.model_validate(storage)) == shown
+    assert pool.fmt_storage(NodeStorage.model_validate(storage)) == shown
 
 
 def test_nodes_table_has_network_and_storage_columns_and_older_nodes_show_dashes(gw, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -22,15 +22,17 @@ from cli_fakes import (
     reclaim_policy,
 )
 
-from libs.cli import people
+from libs.cli import common, completion, pool, render
 from libs.cli.main import build_parser, main
+from libs.cli.quota import parse_until
+from libs.cli.spec import load_spec_file, merge_spec
 from libs.client import GpupoolClient
 from libs.client.models import Allocation, Job, Node, Pool
 
 
 # --- table formatter --------------------------------------------------------------------------------------------------
 def test_table_aligns_columns_and_right_aligns_numbers():
-    out = people.table(["NAME", "GPUS", "STATE"], [["a", 2, "running"], ["longer-name", 16, None]])
+    out = render.table(["NAME", "GPUS", "STATE"], [["a", 2, "running"], ["longer-name", 16, None]])
     assert out.splitlines() == [
         "NAME         GPUS  STATE",
         "a               2  running",
@@ -39,7 +41,7 @@ def test_table_aligns_columns_and_right_aligns_numbers():
 
 
 def test_table_cells_never_carry_control_characters_or_trailing_blanks():
-    out = people.table(["A", "B"], [["x\x1b[2Jy", ""], [["m1", "m2"], True]])
+    out = render.table(["A", "B"], [["x\x1b[2Jy", ""], [["m1", "m2"], True]])
     assert "\x1b" not in out and out.splitlines()[1] == "x [2Jy  -"
     assert out.splitlines()[2] == "m1,m2   yes"
     assert all(line == line.rstrip() for line in out.splitlines())
@@ -47,34 +49,34 @@ def test_table_cells_never_carry_control_characters_or_trailing_blanks():
 
 def test_table_formats_times_in_utc_and_rejects_ragged_rows():
     t = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
-    assert people.table(["AT"], [[t]]).splitlines()[1] == "2025-01-01 12:00:00"
+    assert render.table(["AT"], [[t]]).splitlines()[1] == "2025-01-01 12:00:00"
     with pytest.raises(ValueError):
-        people.table(["A", "B"], [["only one"]])
+        render.table(["A", "B"], [["only one"]])
 
 
 def test_table_with_no_rows_is_just_the_header():
-    assert people.table(["A", "BB"], []) == "A  BB"
+    assert render.table(["A", "BB"], []) == "A  BB"
 
 
 def test_age():
     now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
-    assert people.fmt_age(datetime(2025, 1, 1, 11, 59, 30, tzinfo=UTC), now) == "30s"
-    assert people.fmt_age(datetime(2025, 1, 1, 9, 0, 0, tzinfo=UTC), now) == "3h"
-    assert people.fmt_age(None, now) == "-"
+    assert render.fmt_age(datetime(2025, 1, 1, 11, 59, 30, tzinfo=UTC), now) == "30s"
+    assert render.fmt_age(datetime(2025, 1, 1, 9, 0, 0, tzinfo=UTC), now) == "3h"
+    assert render.fmt_age(None, now) == "-"
 
 
 # --- YAML + flags -------------------------------------------------------------------------------------------------------
 def test_flags_override_file_fields():
     doc = {"name": "ft", "team": "research", "gpus": 4, "gpu_models": ["H100-80GB"], "priority-class": "high"}
-    spec = people.merge_spec(doc, {"name": None, "team": "inference", "gpus": 8, "gpu_models": None, "kind": None})
+    spec = merge_spec(doc, {"name": None, "team": "inference", "gpus": 8, "gpu_models": None, "kind": None})
     assert spec == {"name": "ft", "team": "inference", "gpus": 8, "gpu_models": ["H100-80GB"],
                     "priority_class": "high"}
 
 
 def test_model_flag_replaces_the_file_models_and_a_string_is_split():
-    spec = people.merge_spec({"name": "a", "team": "t", "gpus": "2", "model": "L4, T4"}, {})
+    spec = merge_spec({"name": "a", "team": "t", "gpus": "2", "model": "L4, T4"}, {})
     assert spec["gpu_models"] == ["L4", "T4"] and spec["gpus"] == 2
-    spec = people.merge_spec({"name": "a", "team": "t", "gpus": 1, "models": ["L4"]}, {"gpu_models": ["H100-80GB"]})
+    spec = merge_spec({"name": "a", "team": "t", "gpus": 1, "models": ["L4"]}, {"gpu_models": ["H100-80GB"]})
     assert spec["gpu_models"] == ["H100-80GB"]
 
 
@@ -86,31 +88,31 @@ def test_model_flag_replaces_the_file_models_and_a_string_is_split():
     ({"team": "t"}, "missing --name, --gpus"),
 ])
 def test_bad_specs_are_usage_errors(doc, message):
-    with pytest.raises(people.UsageError, match=message):
-        people.merge_spec(doc, {})
+    with pytest.raises(common.UsageError, match=message):
+        merge_spec(doc, {})
 
 
 def test_spec_file_must_be_a_yaml_mapping(tmp_path):
     good = tmp_path / "job.yaml"
     good.write_text("name: a\nteam: t\ngpus: 1\n")
-    assert people.load_spec_file(str(good)) == {"name": "a", "team": "t", "gpus": 1}
+    assert load_spec_file(str(good)) == {"name": "a", "team": "t", "gpus": 1}
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
-    with pytest.raises(people.UsageError, match="mapping"):
-        people.load_spec_file(str(tmp_path / "list.yaml"))
+    with pytest.raises(common.UsageError, match="mapping"):
+        load_spec_file(str(tmp_path / "list.yaml"))
     (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
-    with pytest.raises(people.UsageError, match="not valid YAML"):
-        people.load_spec_file(str(tmp_path / "bad.yaml"))
-    with pytest.raises(people.UsageError, match="cannot read"):
-        people.load_spec_file(str(tmp_path / "missing.yaml"))
+    with pytest.raises(common.UsageError, match="not valid YAML"):
+        load_spec_file(str(tmp_path / "bad.yaml"))
+    with pytest.raises(common.UsageError, match="cannot read"):
+        load_spec_file(str(tmp_path / "missing.yaml"))
 
 
 # --- pool and top ---------------------------------------------------------------------------------------------------
 def test_pool_rows_come_from_the_gateway_view_in_the_same_columns():
-    rows = people.pool_rows(Pool.from_api(pool_doc()))
+    rows = pool.pool_rows(Pool.from_api(pool_doc()))
     assert [(r["cluster"], r["model"]) for r in rows] == [("edge", "L4"), ("sim", "A100-80GB"), ("sim", "H100-80GB")]
     assert rows[2] == {"cluster": "sim", "model": "H100-80GB", "total": 8, "allocated": 4, "used": 3,
                        "allocated_idle": 1, "unhealthy": 1, "free": 3}
-    lines = people.pool_table(rows).splitlines()
+    lines = pool.pool_table(rows).splitlines()
     assert lines[0].split() == ["CLUSTER", "MODEL", "TOTAL", "ALLOCATED", "USED", "ALLOC-IDLE", "UNHEALTHY", "FREE"]
     assert lines[-1].split() == ["all", "-", "18", "5", "4", "1", "1", "12"]
 
@@ -118,9 +120,9 @@ def test_pool_rows_come_from_the_gateway_view_in_the_same_columns():
 def test_top_frame_shows_each_gpu_with_its_holder():
     nodes = [Node.from_api(node("n0", [gpu(1, util=97.0), gpu(0, util=None)]))]
     allocs = [Allocation.from_api(allocation("a1", "j1", ["GPU-H100-80GB-1"]))]
-    rows = people.top_rows(nodes, allocs, [Job.from_api(job("j1", name="train"))])
+    rows = pool.top_rows(nodes, allocs, [Job.from_api(job("j1", name="train"))])
     assert [r["index"] for r in rows] == [0, 1]
-    frame = people.top_frame(rows, "http://gw", now=datetime(2025, 1, 1, 12, 0, tzinfo=UTC))
+    frame = pool.top_frame(rows, "http://gw", now=datetime(2025, 1, 1, 12, 0, tzinfo=UTC))
     lines = frame.splitlines()
     assert lines[0].startswith("gpupool top · http://gw · 12:00:00 UTC · 2 GPUs · 1 allocated · 1 used")
     assert lines[2].split()[:3] == ["NODE", "GPU", "MODEL"]
@@ -133,7 +135,7 @@ def test_top_frame_shows_each_gpu_with_its_holder():
 @pytest.fixture()
 def gw(monkeypatch) -> FakeGateway:
     fake = FakeGateway()
-    monkeypatch.setattr(people, "make_client", lambda args: GpupoolClient(
+    monkeypatch.setattr(common, "make_client", lambda args: GpupoolClient(
         args.url or "http://gw.test", args.token or "tok", transport=fake.transport, sleep=lambda _s: None))
     return fake
 
@@ -192,7 +194,7 @@ def test_unreachable_gateway_exit_3(monkeypatch, capsys):
     def down(req):
         raise httpx.ConnectError("refused", request=req)
 
-    monkeypatch.setattr(people, "make_client", lambda args: GpupoolClient(
+    monkeypatch.setattr(common, "make_client", lambda args: GpupoolClient(
         "http://gw.test", "tok", transport=httpx.MockTransport(down), sleep=lambda _s: None))
     assert main(["nodes"]) == 3
     assert capsys.readouterr().err == "error: Unreachable: cannot reach gateway at http://gw.test (ConnectError)\n"
@@ -236,15 +238,15 @@ def test_top_once_prints_one_frame_without_clearing(gw, capsys):
     gw.on("GET", "/v1/jobs", {"items": [], "next": None})
     assert main(["top", "--once"]) == 0
     out = capsys.readouterr().out
-    assert people.CLEAR not in out and "sim/n0" in out and "1 used" in out
+    assert pool.CLEAR not in out and "sim/n0" in out and "1 used" in out
 
 
 # --- completion -----------------------------------------------------------------------------------------------------------
 def test_completion_spec_comes_from_the_parser():
-    spec = people.completion_spec(build_parser())
+    spec = completion.completion_spec(build_parser())
     assert {"up", "submit", "jobs", "token", "completion"} <= set(spec[""]["words"])
     assert spec["token"]["words"] == ["create", "list", "revoke"]
-    assert spec["jobs"]["choices"]["--state"] == list(people.JOB_STATES)
+    assert spec["jobs"]["choices"]["--state"] == list(common.JOB_STATES)
     assert "--file" in spec["submit"]["files"] and "--data-dir" in spec["up"]["files"]
     assert "--once" in spec["top"]["options"] and "--once" not in spec["top"]["takes_value"]
 
@@ -315,26 +317,26 @@ def test_existing_commands_are_still_registered():
 @pytest.mark.parametrize("text, seconds", [("3600", 3600), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400),
                                            ("1h30m", 5400), (120, 120), ("1.5h", 5400)])
 def test_parse_duration(text, seconds):
-    assert people.parse_duration(text) == seconds
+    assert common.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "soon", "5x", "1h 30m", "m"])
 def test_bad_durations_are_usage_errors(text):
-    with pytest.raises(people.UsageError, match="not a duration"):
-        people.parse_duration(text)
+    with pytest.raises(common.UsageError, match="not a duration"):
+        common.parse_duration(text)
 
 
 def test_fmt_duration():
-    assert [people.fmt_duration(s) for s in (0, 59, 90, 3600, 5400, 86400 + 60, None)] == [
+    assert [render.fmt_duration(s) for s in (0, 59, 90, 3600, 5400, 86400 + 60, None)] == [
         "0s", "59s", "1m30s", "1h", "1h30m", "1d1m", None]
 
 
 def test_gang_gpus_default_to_the_product_and_yaml_takes_the_new_keys():
-    spec = people.merge_spec({"name": "pt", "team": "t", "gang-nodes": 2, "gpus_per_node": "8",
+    spec = merge_spec({"name": "pt", "team": "t", "gang-nodes": 2, "gpus_per_node": "8",
                               "max_runtime": "2h"}, {})
     assert spec == {"name": "pt", "team": "t", "gang_nodes": 2, "gpus_per_node": 8, "gpus": 16,
                     "max_runtime_s": 7200.0}
-    spec = people.merge_spec({"name": "chat", "team": "t", "gpus": 1, "replicas": 2}, {"replicas": 3})
+    spec = merge_spec({"name": "chat", "team": "t", "gpus": 1, "replicas": 2}, {"replicas": 3})
     assert spec["replicas"] == 3
 
 
@@ -348,8 +350,8 @@ def test_gang_gpus_default_to_the_product_and_yaml_takes_the_new_keys():
     ({"name": "a", "team": "t", "gpus": 1, "max_runtime_s": 0}, "max runtime must be positive"),
 ])
 def test_bad_shapes_are_usage_errors(doc, message):
-    with pytest.raises(people.UsageError, match=message):
-        people.merge_spec(doc, {})
+    with pytest.raises(common.UsageError, match=message):
+        merge_spec(doc, {})
 
 
 def test_submit_shape_flags_reach_the_gateway(gw, capsys):
@@ -575,13 +577,13 @@ def test_reclaim_policies_list_and_set_merge(gw, capsys):
 
 
 def test_completion_picks_up_the_new_commands():
-    spec = people.completion_spec(build_parser())
+    spec = completion.completion_spec(build_parser())
     assert {"explain", "scale", "quota", "priority-classes", "approvals", "reclaim-policies"} <= set(spec[""]["words"])
     assert spec["teams"]["words"] == ["list", "create"]
     assert spec["quota"]["words"] == ["list", "set", "delete", "loan", "loans"]
     assert spec["approvals"]["words"] == ["list", "approve", "deny", "rule"]
-    assert spec["approvals rule"]["words"] == list(people.APPROVAL_RULES)
-    assert spec["reclaim-policies set"]["words"] == list(people.JOB_KINDS)
+    assert spec["approvals rule"]["words"] == list(common.APPROVAL_RULES)
+    assert spec["reclaim-policies set"]["words"] == list(common.JOB_KINDS)
     assert "--replicas" in spec["scale"]["takes_value"]
     assert {"--gang-nodes", "--gpus-per-node", "--replicas", "--max-runtime"} <= set(spec["submit"]["takes_value"])
     assert {"--preemptible", "--no-preemptible"} <= set(spec["priority-classes set"]["options"])
@@ -592,8 +594,8 @@ def test_loan_end_dates_are_dates_or_durations():
     from datetime import UTC, datetime
 
     now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-    assert people.parse_until("7d", now) == datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
-    assert people.parse_until("2026-12-24", now) == datetime(2026, 12, 24, tzinfo=UTC)
-    assert people.parse_until("2026-12-24T18:00Z", now) == datetime(2026, 12, 24, 18, 0, tzinfo=UTC)
-    with pytest.raises(people.UsageError, match="--until"):
-        people.parse_until("next week", now)
+    assert parse_until("7d", now) == datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    assert parse_until("2026-12-24", now) == datetime(2026, 12, 24, tzinfo=UTC)
+    assert parse_until("2026-12-24T18:00Z", now) == datetime(2026, 12, 24, 18, 0, tzinfo=UTC)
+    with pytest.raises(common.UsageError, match="--until"):
+        parse_until("next week", now)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from cli_fakes import FakeGateway, job, problem
 
-from libs.cli import people, work
+from libs.cli import common, completion, work
 from libs.cli.main import build_parser, main
 from libs.client import GpupoolClient, GpupoolError
 from libs.client.models import Job
@@ -23,7 +23,7 @@ WORK_DOC = {"command": ["sh", "-c", "echo hi"], "env": {}, "limits": {}, "restar
 @pytest.fixture()
 def gw(monkeypatch) -> FakeGateway:
     fake = FakeGateway()
-    monkeypatch.setattr(people, "make_client", lambda args: GpupoolClient(
+    monkeypatch.setattr(common, "make_client", lambda args: GpupoolClient(
         args.url or "http://gw.test", args.token or "tok", transport=fake.transport, sleep=lambda _s: None))
     monkeypatch.setattr(work, "POLL_S", 0.0)
     return fake
@@ -310,7 +310,7 @@ def test_logs_problems_are_one_line_and_exit_1(gw, capsys):
 
 # --- completion -----------------------------------------------------------------------------------------------------
 def test_completion_knows_run_logs_and_the_work_flags(capsys):
-    spec = people.completion_spec(build_parser())
+    spec = completion.completion_spec(build_parser())
     assert {"submit", "run", "logs"} <= set(spec[""]["words"])
     assert {"--env", "--restart", "--isolation", "--memory-mib"} <= set(spec["run"]["takes_value"])
     assert {"--env", "--workdir", "--stop-signal"} <= set(spec["submit"]["takes_value"])
