@@ -17,7 +17,7 @@ from libs.cli.common import (
     UsageError,
     parse_duration,
 )
-from libs.cli.render import cell, emit, fmt_age, fmt_duration, num, raws, short, table
+from libs.cli.render import cell, emit, fmt_age, fmt_duration, fmt_time, num, raws, short, table
 from libs.client import GpupoolClient
 from libs.client.models import QuotaEntry
 
@@ -181,7 +181,7 @@ def _is_number(text: str) -> bool:
 def cmd_approvals_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
     if args.limit is not None and args.limit <= 0:
         raise UsageError("--limit must be positive")
-    items = gp.list_approvals(team=args.team, state=args.state, limit=args.limit)
+    items = gp.list_approvals(team=args.team, state=args.state, limit=args.limit, kind=args.kind)
 
     def render() -> str:
         rules = gp.approval_rules()
@@ -190,17 +190,27 @@ def cmd_approvals_list(args: argparse.Namespace, gp: GpupoolClient) -> int:
             return f"No approval requests.\n\n{foot}"
         body = table(["APPROVAL ID", "JOB ID", "NAME", "TEAM", "GPUS", "PRIORITY", "REASONS", "REQUESTED BY",
                       "STATE", "DECIDED BY", "AGE"],
-                     [[a.approval_id, a.job_id, a.job_name, a.team, a.gpus, a.priority_class, "; ".join(a.reasons),
-                       a.requested_by, a.state, a.decided_by, fmt_age(a.created_at)] for a in items])
+                     [[a.approval_id, a.job_id or a.kind, a.job_name if a.kind != "loan" else _loan_text(a), a.team,
+                       a.gpus, a.priority_class, "; ".join(a.reasons), a.requested_by, a.state, a.decided_by,
+                       fmt_age(a.created_at)] for a in items])
         return f"{body}\n\n{foot}"
 
     emit(args, raws(items), render)
     return EXIT_OK
 
 
+def _loan_text(a) -> str:  # type: ignore[no-untyped-def]
+    """A quota loan's request in a few words: what it lends, of which model, until when."""
+    return f"loan to {a.loan_path} ({a.loan_gpu_model or 'any model'}) until {fmt_time(a.loan_until)} UTC"
+
+
 def cmd_approvals_decide(args: argparse.Namespace, gp: GpupoolClient) -> int:
     approve = args.approvals_command == "approve"
     a = gp.approve(args.approval_id, args.comment) if approve else gp.deny(args.approval_id, args.comment)
+    if a.kind == "loan":
+        outcome = "the guarantee is lent" if approve else "nothing is lent"
+        emit(args, a.raw, lambda: f"approval {a.approval_id} {a.state}: {a.gpus} GPU(s) {_loan_text(a)}: {outcome}")
+        return EXIT_OK
     outcome = "joins the queue" if approve else "fails with ApprovalDenied"
     emit(args, a.raw, lambda: f"approval {a.approval_id} {a.state}: job {a.job_id} ({a.team}/{a.job_name}) {outcome}")
     return EXIT_OK
@@ -323,6 +333,7 @@ def register_policies(sub: argparse._SubParsersAction, add: Adder) -> None:
     p = add("list", cmd_approvals_list, "approval requests (newest first) and the rules in force", approvals)
     p.add_argument("--team")
     p.add_argument("--state", choices=APPROVAL_STATES)
+    p.add_argument("--kind", choices=("job", "loan"), help="only jobs held for approval, or only quota loans")
     p.add_argument("--limit", type=int, help="show at most this many")
     for verb, text in (("approve", "approve a request: its job joins the queue"),
                        ("deny", "deny a request: its job fails with ApprovalDenied")):

@@ -521,6 +521,22 @@ def test_approvals_list_shows_requests_and_rules(gw, capsys):
         main(["approvals", "list", "--state", "maybe"])
 
 
+def test_a_quota_loan_request_is_listed_and_decided_as_a_loan(gw, capsys):
+    loan = approval("ap9", kind="loan", job_id=None, job_name=None, gpus=2, priority_class="",
+                    reasons=["deadline"], loan_path="default/research", loan_gpu_model=None,
+                    loan_until="2026-12-03T12:00:00+00:00")
+    gw.on("GET", "/v1/approvals", {"items": [approval(), loan], "next": None, "rules": []})
+    assert main(["approvals", "list", "--kind", "loan"]) == 0
+    assert gw.calls[0].url.params["kind"] == "loan"
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2].startswith("ap9 ") and rows[2].split()[1] == "loan"
+    assert "loan to default/research (any model) until 2026-12-03 12:00:00 UTC" in rows[2]
+    gw.on("POST", "/v1/approvals/ap9/approve", {**loan, "state": "approved"})
+    assert main(["approvals", "approve", "ap9"]) == 0
+    assert capsys.readouterr().out == ("approval ap9 approved: 2 GPU(s) loan to default/research (any model) until "
+                                       "2026-12-03 12:00:00 UTC: the guarantee is lent\n")
+
+
 def test_approve_and_deny_with_comment(gw, capsys):
     gw.on("POST", "/v1/approvals/ap1/approve", lambda req: approval(state="approved", **json.loads(req.content)))
     gw.on("POST", "/v1/approvals/ap2/deny", lambda req: approval("ap2", state="denied", **json.loads(req.content)))
