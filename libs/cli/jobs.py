@@ -38,7 +38,8 @@ def _share(job: Job) -> str | None:
     if job.mig_profile:
         return f"MIG {job.mig_profile}"
     if job.gpu_fraction_milli:
-        return f"{job.gpu_fraction_milli / 1000:g} GPU + {fmt_gib(job.gpu_memory_mib)}"
+        memory = f" + {job.gpu_memory_mib / 1024:g} GiB" if job.gpu_memory_mib else ""
+        return f"{job.gpu_fraction_milli / 1000:g} GPU{memory}"
     return None
 
 

@@ -226,6 +226,9 @@ def cmd_submit(args: argparse.Namespace, gp: GpupoolClient) -> int:
             lines.append(f"  its output: gpupool logs -f {job.job_id}")
         return "\n".join(lines)
 
+    if args.quiet:  # J=$(gpupool submit -q ...)
+        print(job.job_id)
+        return EXIT_OK
     emit(args, job.raw, render)
     return EXIT_OK
 
@@ -482,6 +485,8 @@ def register(sub: argparse._SubParsersAction, add: Callable[..., argparse.Argume
                                   "node's agent runs it")
     add_shape_flags(p)
     add_work_flags(p)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the job id (for scripts: J=$(gpupool submit -q ...))")
 
     p = add("run", cmd_run, "run a command on pool GPUs and wait: submit, stream its output, exit with its status "
                             "(Ctrl-C cancels the job)")

@@ -158,6 +158,8 @@ def test_submit_from_file_with_flag_override(gw, capsys, tmp_path):
     assert sent == {"name": "ft", "team": "research", "gpus": 4, "gpu_models": ["H100-80GB"], "kind": "training",
                     "priority_class": "high"}
     assert capsys.readouterr().out.startswith("submitted job j7")
+    assert main(["submit", "-q", "-f", str(tmp_path / "job.yaml")]) == 0
+    assert capsys.readouterr().out == "j7\n"  # only the id: J=$(gpupool submit -q ...) works
 
 
 def test_describe_shows_history_and_allocations(gw, capsys):
@@ -394,6 +396,12 @@ def test_describe_shows_shape_attempts_and_max_runtime(gw, capsys):
     assert main(["describe", "j1"]) == 0
     out = capsys.readouterr().out
     assert "Shape:       2 replicas × 2 GPU(s)" in out and "Attempts:    1" in out and "Max runtime: 1h" in out
+    gw.on("GET", "/v1/jobs/j2", job("j2", gpus=1, gpu_fraction_milli=250, gpu_memory_mib=10240))
+    assert main(["describe", "j2"]) == 0
+    assert "Shape:       0.25 GPU + 10 GiB" in capsys.readouterr().out  # not "+ 10.0" without a unit
+    gw.on("GET", "/v1/jobs/j3", job("j3", gpus=1, gpu_fraction_milli=500))  # no memory asked for
+    assert main(["describe", "j3"]) == 0
+    assert "Shape:       0.5 GPU\n" in capsys.readouterr().out
 
 
 def test_explain_pending_and_preempted(gw, capsys):
