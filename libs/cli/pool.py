@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
+import shutil
+import sys
+import termios
 import time
-from collections.abc import Sequence
+import tty
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from libs.cli.common import EXIT_OK, Adder, UsageError
-from libs.cli.render import emit, fmt_age, fmt_gib, key_values, num, raws, table
+from libs.cli.render import cell, emit, fmt_age, fmt_gib, key_values, num, raws, table
 from libs.client import GpupoolClient, GpupoolError
 from libs.client.models import Allocation, Job, Node, NodeNetwork, NodeStorage, Pool
 
@@ -136,61 +142,134 @@ def top_rows(nodes: Sequence[Node], allocs: Sequence[Allocation], jobs: Sequence
                 "util_pct": t.utilization_gpu_pct if t else None,
                 "memory_used_mib": t.memory_used_mib if t else None, "memory_total_mib": g.memory_mib,
                 "temperature_c": t.temperature_c if t else None, "power_w": t.power_w if t else None,
-                "health": g.health, "job_id": a.job_id if a else None, "team": a.team if a else None,
+                # the health state the API gives (healthy, suspect, quarantined, probation), as `gpupool node` shows
+                "health": g.state, "job_id": a.job_id if a else None, "team": a.team if a else None,
                 "job_name": job.name if job else None,
             })
     return rows
 
 
-def top_frame(rows: Sequence[dict[str, Any]], where: str, now: datetime | None = None) -> str:
+TOP_SORTS = ("node", "util", "mem", "temp", "power", "health", "team")
+TOP_FILTERS = ("all", "allocated", "idle", "unhealthy")
+
+
+@dataclass(frozen=True)
+class TopView:
+    """What the live view shows: sorted by `sort` (reversed: highest first), only the `only` rows, and only rows
+    that contain `match` (in node, model, health, team, job id or name; case-insensitive)."""
+
+    sort: str = "node"
+    reverse: bool = False
+    only: str = "all"
+    match: str = ""
+
+
+def top_key(view: TopView, key: str) -> TopView | None:
+    """A key pressed in the live view: s next sort, r reverse, a/i/u only allocated / allocated-idle / unhealthy
+    (again: all), c clear; None: quit (q)."""
+    if key == "q":
+        return None
+    if key == "s":
+        return replace(view, sort=TOP_SORTS[(TOP_SORTS.index(view.sort) + 1) % len(TOP_SORTS)])
+    if key == "r":
+        return replace(view, reverse=not view.reverse)
+    only = {"a": "allocated", "i": "idle", "u": "unhealthy"}.get(key)
+    if only:
+        return replace(view, only="all" if view.only == only else only)
+    if key == "c":
+        return TopView(sort=view.sort, reverse=view.reverse)
+    return view
+
+
+def _idle(r: dict[str, Any]) -> bool:
+    return bool(r["job_id"]) and (r["util_pct"] or 0) <= USED_UTIL_PCT
+
+
+def top_select(rows: Sequence[dict[str, Any]], view: TopView) -> list[dict[str, Any]]:
+    keep = {"all": lambda r: True, "allocated": lambda r: bool(r["job_id"]), "idle": _idle,
+            "unhealthy": lambda r: r["health"] != "healthy"}[view.only]
+    needle = view.match.lower()
+    out = [r for r in rows if keep(r) and (not needle or needle in " ".join(
+        str(r[k] or "") for k in ("cluster", "node", "model", "health", "team", "job_id", "job_name")).lower())]
+    by = {"node": lambda r: (r["cluster"], r["node"], r["index"]),
+          "util": lambda r: (r["util_pct"] if r["util_pct"] is not None else -1.0),
+          "mem": lambda r: (r["memory_used_mib"] if r["memory_used_mib"] is not None else -1.0),
+          "temp": lambda r: (r["temperature_c"] if r["temperature_c"] is not None else -1.0),
+          "power": lambda r: (r["power_w"] if r["power_w"] is not None else -1.0),
+          "health": lambda r: (r["health"] != "healthy", r["health"]),
+          "team": lambda r: (r["team"] or "~", r["job_name"] or "")}[view.sort]
+    return sorted(out, key=lambda r: (by(r), r["cluster"], r["node"], r["index"]), reverse=view.reverse)
+
+
+def top_frame(rows: Sequence[dict[str, Any]], where: str, now: datetime | None = None,
+              view: TopView = TopView(), width: int = 80) -> str:
+    """One frame of `gpupool top`, every line cut to `width` columns (no wrapping)."""
     now = now or datetime.now(UTC)
     alloc = sum(1 for r in rows if r["job_id"])
     used = sum(1 for r in rows if (r["util_pct"] or 0) > USED_UTIL_PCT)
-    idle = sum(1 for r in rows if r["job_id"] and (r["util_pct"] or 0) <= USED_UTIL_PCT)
-    head = (f"gpupool top · {where} · {now.strftime('%H:%M:%S')} UTC · {len(rows)} GPUs · {alloc} allocated · "
-            f"{used} used (>{USED_UTIL_PCT:g}% util) · {idle} allocated-idle")
-    if not rows:
-        return head + "\n\nNo GPUs."
+    idle = sum(1 for r in rows if _idle(r))
+    head = [f"gpupool top · {where} · {now.strftime('%H:%M:%S')} UTC",
+            f"{len(rows)} GPUs · {alloc} allocated · {used} used (>{USED_UTIL_PCT:g}% util) · {idle} allocated-idle",
+            f"sort {view.sort}{' (reversed)' if view.reverse else ''} · showing {view.only} · MEM in GiB, TEMP in C"
+            + (f" matching {view.match!r}" if view.match else "")]
+    shown = top_select(rows, view)
+    if not shown:
+        return "\n".join(line[:width] for line in head + ["", "No GPUs."])
+    one_cluster = len({r["cluster"] for r in rows}) == 1
 
     def mem(r: dict[str, Any]) -> str:
-        return f"{fmt_gib(r['memory_used_mib'])}/{fmt_gib(r['memory_total_mib'])}"
+        total = r["memory_total_mib"]
+        used_gib = "-" if r["memory_used_mib"] is None else f"{r['memory_used_mib'] / 1024:.0f}"
+        return f"{used_gib}/{'-' if total is None else f'{total / 1024:.0f}'}"
 
-    def util(r: dict[str, Any]) -> Any:
-        return None if r["util_pct"] is None else round(float(r["util_pct"]))
+    def rounded(value: Any) -> Any:
+        return None if value is None else round(float(value))
 
     def holder(r: dict[str, Any]) -> Any:
         if not r["job_id"]:
             return None
-        return f"{r['job_id']} ({r['team']}/{r['job_name']})" if r["job_name"] else f"{r['job_id']} ({r['team']})"
+        return f"{r['job_id'][:8]} {r['team']}/{r['job_name']}" if r["job_name"] else f"{r['job_id'][:8]} {r['team']}"
 
-    body = table(["NODE", "GPU", "MODEL", "UTIL %", "MEM GiB", "TEMP C", "POWER W", "HEALTH", "ALLOCATED TO"],
-                 [[f"{r['cluster']}/{r['node']}", r["index"], r["model"], util(r), mem(r),
-                   None if r["temperature_c"] is None else round(float(r["temperature_c"])),
-                   None if r["power_w"] is None else round(float(r["power_w"])), r["health"], holder(r)]
-                  for r in rows])
-    return f"{head}\n\n{body}"
+    power = width >= 100  # the power column only where there is room for it
+    cells = [[r["node"] if one_cluster else f"{r['cluster']}/{r['node']}", r["index"], r["model"],
+              rounded(r["util_pct"]), mem(r), rounded(r["temperature_c"])]
+             + ([rounded(r["power_w"])] if power else []) + [r["health"], holder(r)] for r in shown]
+    headers = ["NODE", "GPU", "MODEL", "UTIL%", "MEM", "TEMP"] + (["W"] if power else []) + ["HEALTH", "JOB"]
+    _fit_names(headers, cells, width)
+    body = table(headers, cells)
+    return "\n".join(line[:width] for line in head + [""] + body.splitlines())
 
 
-def cmd_top(args: argparse.Namespace, gp: GpupoolClient) -> int:
-    if args.interval <= 0:
-        raise UsageError("--interval must be a positive number of seconds")
+def _fit_names(headers: list[str], cells: list[list[Any]], width: int) -> None:
+    """Shorten the NODE (first) and JOB (last) cells, the long ones, so that a row fits `width` columns: the
+    others are short by nature. The job keeps its short id; a node keeps its end (its number)."""
+    fixed = sum(max(len(cell(h)), *(len(cell(r[i])) for r in cells)) for i, h in enumerate(headers)
+                if 0 < i < len(headers) - 1) + 2 * (len(headers) - 1)
+    room = max(width - fixed, 20)
+    node_w = max(len(headers[0]), *(len(cell(r[0])) for r in cells))
+    job_w = max(len(headers[-1]), *(len(cell(r[-1])) for r in cells))
+    if node_w + job_w <= room:
+        return
+    node_w = min(node_w, max(room - job_w, 24 if room >= 40 else room // 2))
+    job_w = max(room - node_w, 8)
+    for r in cells:
+        node, job = cell(r[0]), cell(r[-1])
+        r[0] = node if len(node) <= node_w else "…" + node[-(node_w - 1):]
+        r[-1] = r[-1] if len(job) <= job_w else job[:job_w - 1] + "…"
 
-    def sample() -> list[dict[str, Any]]:
-        return top_rows(gp.list_nodes(cluster=args.cluster), gp.list_allocations(active=True),
-                        gp.list_jobs(state="running"))
 
-    rows: list[dict[str, Any]] = sample()  # a first failure (bad token, unreachable) ends the command
+def _read_key(timeout: float) -> str | None:
+    """A key pressed within `timeout` seconds (the terminal in cbreak mode), else None."""
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    return sys.stdin.read(1) if ready else None
+
+
+def _top_json(args: argparse.Namespace, view: TopView, rows: list[dict[str, Any]],
+              sample: Callable[[], list[dict[str, Any]]]) -> int:
     error: GpupoolError | None = None
     try:
         while True:
-            if args.output == "json":
-                print(json.dumps({"error": str(error)} if error else rows, default=str), flush=True)
-            elif error:  # keep watching through a restart of the gateway; say so on screen
-                print(f"{CLEAR}gpupool top · {gp.base_url} · error: {error} · retrying every {args.interval:g}s",
-                      flush=True)
-            else:
-                frame = top_frame(rows, gp.base_url)
-                print(frame if args.once else f"{CLEAR}{frame}\n\n(Ctrl-C to quit)", flush=True)
+            print(json.dumps({"error": str(error)} if error else top_select(rows, view), default=str), flush=True)
             if args.once:
                 return EXIT_OK
             time.sleep(args.interval)
@@ -198,8 +277,54 @@ def cmd_top(args: argparse.Namespace, gp: GpupoolClient) -> int:
                 rows, error = sample(), None
             except GpupoolError as exc:
                 error = exc
-    except KeyboardInterrupt:  # the way out of the live view
+    except KeyboardInterrupt:
         return EXIT_OK
+
+
+def cmd_top(args: argparse.Namespace, gp: GpupoolClient) -> int:
+    if args.interval <= 0:
+        raise UsageError("--interval must be a positive number of seconds")
+    view: TopView | None = TopView(sort=args.sort, reverse=args.reverse, only=args.only, match=args.filter or "")
+
+    def sample() -> list[dict[str, Any]]:
+        return top_rows(gp.list_nodes(cluster=args.cluster), gp.list_allocations(active=True),
+                        gp.list_jobs(state="running"))
+
+    rows: list[dict[str, Any]] = sample()  # a first failure (bad token, unreachable) ends the command
+    if args.output == "json":  # one JSON document per refresh (JSON lines), or one with --once
+        return _top_json(args, view, rows, sample)
+    if args.once:
+        print(top_frame(rows, gp.base_url, view=view, width=args.width or 10_000), flush=True)
+        return EXIT_OK
+    keys = sys.stdin.isatty()
+    saved = termios.tcgetattr(sys.stdin) if keys else None
+    error: GpupoolError | None = None
+    try:
+        if keys:
+            tty.setcbreak(sys.stdin)
+        while view is not None:
+            width = args.width or shutil.get_terminal_size((80, 24)).columns
+            if error:  # keep watching through a restart of the gateway; say so on screen
+                print(f"{CLEAR}gpupool top · {gp.base_url} · error: {error} · retrying every {args.interval:g}s",
+                      flush=True)
+            else:
+                keys_help = "keys: s sort · r reverse · a/i/u allocated/idle/unhealthy · c clear · q quit"
+                print(f"{CLEAR}{top_frame(rows, gp.base_url, view=view, width=width)}\n\n"
+                      f"{(keys_help if keys else '(Ctrl-C to quit)')[:width]}", flush=True)
+            key = _read_key(args.interval) if keys else (time.sleep(args.interval) or None)
+            if key is not None:
+                view = top_key(view, key)
+                continue  # redraw at once with the same sample
+            try:
+                rows, error = sample(), None
+            except GpupoolError as exc:
+                error = exc
+    except KeyboardInterrupt:  # the way out of the live view
+        pass
+    finally:
+        if saved is not None:
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction, add: Adder) -> None:
@@ -212,10 +337,17 @@ def register(sub: argparse._SubParsersAction, add: Adder) -> None:
     p.add_argument("--fragmentation", action="store_true",
                    help="free GPUs that no recently asked-for job shape could use (FGD's measure)")
 
-    p = add("top", cmd_top, "live per-GPU view: utilization, memory, temperature, power, health, holder")
+    p = add("top", cmd_top, "live per-GPU view: utilization, memory, temperature, power, health, holder; keys "
+                            "s r a i u c q sort and filter it")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--cluster")
+    p.add_argument("--sort", choices=TOP_SORTS, default="node", help="first sort (key s cycles; default node)")
+    p.add_argument("--reverse", action="store_true", help="highest first (key r)")
+    p.add_argument("--only", choices=TOP_FILTERS, default="all",
+                   help="only allocated, allocated-idle or unhealthy GPUs (keys a, i, u)")
+    p.add_argument("--filter", metavar="TEXT", help="only GPUs whose node, model, health, team or job contains TEXT")
+    p.add_argument("--width", type=int, help="cut lines at this many columns (default: the terminal's; --once: none)")
 
 
 # --- nodes: cordon, drain, sharing, GPU health, orphans (operators) ---------------------------------------------------

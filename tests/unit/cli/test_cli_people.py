@@ -124,11 +124,51 @@ def test_top_frame_shows_each_gpu_with_its_holder():
     assert [r["index"] for r in rows] == [0, 1]
     frame = pool.top_frame(rows, "http://gw", now=datetime(2025, 1, 1, 12, 0, tzinfo=UTC))
     lines = frame.splitlines()
-    assert lines[0].startswith("gpupool top · http://gw · 12:00:00 UTC · 2 GPUs · 1 allocated · 1 used")
-    assert lines[2].split()[:3] == ["NODE", "GPU", "MODEL"]
-    assert lines[3].split() == ["sim/n0", "0", "H100-80GB", "-", "-/80.0", "-", "-", "healthy", "-"]
-    assert lines[4].split() == ["sim/n0", "1", "H100-80GB", "97", "2.0/80.0", "40", "120", "healthy", "j1",
-                                "(research/train)"]
+    assert lines[0] == "gpupool top · http://gw · 12:00:00 UTC"
+    assert lines[1].startswith("2 GPUs · 1 allocated · 1 used") and lines[2].startswith("sort node · showing all")
+    assert lines[4].split() == ["NODE", "GPU", "MODEL", "UTIL%", "MEM", "TEMP", "HEALTH", "JOB"]
+    assert lines[5].split() == ["n0", "0", "H100-80GB", "-", "-/80", "-", "healthy", "-"]
+    assert lines[6].split() == ["n0", "1", "H100-80GB", "97", "2/80", "40", "healthy", "j1", "research/train"]
+    wide = pool.top_frame(rows, "http://gw", width=120).splitlines()  # room for the power column
+    assert wide[4].split()[-3:] == ["W", "HEALTH", "JOB"] and wide[6].split()[6] == "120"
+
+
+def test_top_fits_80_columns_and_shows_the_apis_health_state():
+    long_id = "01a235df-8536-7755-a122-cb67a133cc72"
+    nodes = [Node.from_api(node(f"node-{i:02d}", [{**gpu(g, util=50.0 + g), "state": "probation"
+                                                  if g == 3 else "healthy", "health": "degraded"}
+                                                 for g in range(8)], cluster="eu-west"))
+             for i in range(2)] + [Node.from_api(node("other", [gpu(0, util=1.0, model="L4")], cluster="local"))]
+    allocs = [Allocation.from_api(allocation("a1", long_id, [f"GPU-H100-80GB-{g}" for g in range(8)]))]
+    rows = pool.top_rows(nodes, allocs, [Job.from_api(job(long_id, name="llama-finetune-with-a-long-name"))])
+    frame = pool.top_frame(rows, "https://gpupool.example.internal:8443")
+    assert max(len(line) for line in frame.splitlines()) <= 80
+    assert "probation" in frame and "degraded" not in frame  # the health state the API shows, not telemetry's
+    assert long_id[:8] in frame and long_id not in frame  # a short job id
+    assert "eu-west/node-00 " in frame  # several clusters: the node says which
+    assert f"{long_id[:8]} research" in pool.top_frame(rows, "gw", width=100)  # the team where there is room
+
+
+def test_top_sorts_and_filters_with_keys():
+    nodes = [Node.from_api(node("n0", [gpu(0, util=10.0), gpu(1, util=90.0), {**gpu(2, util=0.0),
+                                                                               "state": "quarantined"}]))]
+    allocs = [Allocation.from_api(allocation("a1", "j1", ["GPU-H100-80GB-0"]))]
+    rows = pool.top_rows(nodes, allocs, [Job.from_api(job("j1", name="train"))])
+    view = pool.TopView()
+    assert [r["index"] for r in pool.top_select(rows, view)] == [0, 1, 2]
+    view = pool.top_key(view, "s")  # node -> util
+    assert view.sort == "util" and [r["index"] for r in pool.top_select(rows, view)] == [2, 0, 1]
+    view = pool.top_key(view, "r")
+    assert [r["index"] for r in pool.top_select(rows, view)] == [1, 0, 2]
+    view = pool.top_key(view, "u")
+    assert [r["index"] for r in pool.top_select(rows, view)] == [2]
+    assert pool.top_key(view, "u").only == "all"  # the same key again: everything
+    view = pool.top_key(pool.top_key(view, "a"), "x")  # an unknown key changes nothing
+    assert [r["index"] for r in pool.top_select(rows, view)] == [0]
+    assert pool.top_select(rows, pool.TopView(match="TRAIN")) == [rows[0]]
+    assert pool.top_key(view, "c") == pool.TopView(sort="util", reverse=True)
+    assert pool.top_key(view, "q") is None
+    assert "sort util (reversed) · showing allocated" in pool.top_frame(rows, "gw", view=view)
 
 
 # --- commands end to end through main(), against the fake gateway ------------------------------------------------------
@@ -240,7 +280,11 @@ def test_top_once_prints_one_frame_without_clearing(gw, capsys):
     gw.on("GET", "/v1/jobs", {"items": [], "next": None})
     assert main(["top", "--once"]) == 0
     out = capsys.readouterr().out
-    assert pool.CLEAR not in out and "sim/n0" in out and "1 used" in out
+    assert pool.CLEAR not in out and "n0" in out and "1 used" in out
+    assert main(["top", "--once", "--only", "unhealthy"]) == 0
+    assert "No GPUs." in capsys.readouterr().out
+    assert main(["top", "--once", "-o", "json", "--sort", "util"]) == 0
+    assert [r["index"] for r in json.loads(capsys.readouterr().out)] == [0]
 
 
 # --- completion -----------------------------------------------------------------------------------------------------------
