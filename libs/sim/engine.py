@@ -102,167 +102,203 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
            fair_window_s: float = 3600.0) -> ReplayResult:
     """`policy_overrides`: Policy fields to change (ablations, e.g. {"preemption_cost": False});
     `fair_window_s`: the windows each team's share is measured over against its entitlement (`ShareWindows`)."""
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    rejected = never_fit(nodes, jobs)
-    submitted = len(jobs)
-    jobs = [j for j in jobs if j.job_id not in rejected]
-    demand: dict[str, float] = {}  # GPU-seconds each team asks for over the trace: its guaranteed share
-    for j in jobs:
-        demand[j.request.team] = demand.get(j.request.team, 0.0) + gpus_of(j.request) * j.duration
-    teams = {t: demand[t] or 1e-9 for t in sorted(demand)}
-    capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
-    policy = make_policy(policy_name, teams, float(capacity))
-    total_demand = sum(teams.values())
-    # every policy is measured against the same entitlements: the guarantees `default` enforces
-    windows = ShareWindows({t: capacity * w / total_demand for t, w in teams.items()}, fair_window_s,
-                           min((j.submit for j in jobs), default=0.0))
-    if policy_overrides:
-        policy = dataclasses.replace(policy, **policy_overrides)
-    reqs = [j.request for j in jobs]
-    sched = Scheduler(Snapshot(tuple(nodes)), policy, mix_of(reqs, policy))
-    ledger = Ledger(nodes)
-    meter = FragMeter(ledger, workload_of(reqs))  # one measure for every policy: the trace's GPU shapes
-    by_id = {j.job_id: j for j in jobs}
-    requests = {j.job_id: j.request for j in jobs}
+    run = _ReplayRun(nodes, jobs, policy_name, cycle_interval, frag_samples, policy_overrides, fair_window_s)
+    run.run()
+    return run.result()
 
-    events: list[tuple[float, int, int, str, int]] = []  # (time, kind 0=finish 1=arrival, seq, job, gen)
-    seq = 0
-    for j in sorted(jobs, key=lambda j: (j.submit, j.job_id)):
-        events.append((j.submit, 1, seq, j.job_id, 0))
-        seq += 1
-    heapq.heapify(events)
-    gen: Counter = Counter()
-    pending: dict[str, JobRequest] = {}
-    started: dict[str, float] = {}
-    first_start: dict[str, float] = {}
-    finished: dict[str, float] = {}
-    preempted: Counter = Counter()
-    preempt_reasons: Counter = Counter()
-    lost_gpu_s: Counter = Counter()  # GPU-seconds of work thrown away by preemption, by reason
-    team_gpu_s: Counter = Counter()
-    held_milli: dict[str, int] = {}
-    series = Series()
-    cycles = 0
-    last_cycle = -float("inf")
-    span_start = min((j.submit for j in jobs), default=0.0)
-    frag_every = 1
 
-    def stop(job_id: str, now: float) -> float:
+class _ReplayRun:
+    """One replay in phases: set up (the jobs that can ever fit, guarantees split by demand, the scheduler), then
+    per step `_intake` (finishes and arrivals up to the next cycle), `_cycle` (plans applied: placements start,
+    victims requeue; rerun at once after a preemption) and `_sample`, and at the end `result`."""
+
+    def __init__(self, nodes: list[Node], jobs: list[SimJob], policy_name: str, cycle_interval: float,
+                 frag_samples: int, policy_overrides: dict | None, fair_window_s: float) -> None:
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.nodes, self.policy_name = nodes, policy_name
+        self.cycle_interval, self.frag_samples = cycle_interval, frag_samples
+        self.rejected = never_fit(nodes, jobs)
+        self.submitted = len(jobs)
+        jobs = [j for j in jobs if j.job_id not in self.rejected]
+        self.jobs = jobs
+        demand: dict[str, float] = {}  # GPU-seconds each team asks for over the trace: its guaranteed share
+        for j in jobs:
+            demand[j.request.team] = demand.get(j.request.team, 0.0) + gpus_of(j.request) * j.duration
+        teams = {t: demand[t] or 1e-9 for t in sorted(demand)}
+        self.capacity = sum(1 for n in nodes for g in n.gpus if g.healthy)
+        policy = make_policy(policy_name, teams, float(self.capacity))
+        total_demand = sum(teams.values())
+        # every policy is measured against the same entitlements: the guarantees `default` enforces
+        self.windows = ShareWindows({t: self.capacity * w / total_demand for t, w in teams.items()}, fair_window_s,
+                                    min((j.submit for j in jobs), default=0.0))
+        if policy_overrides:
+            policy = dataclasses.replace(policy, **policy_overrides)
+        self.policy = policy
+        reqs = [j.request for j in jobs]
+        self.sched = Scheduler(Snapshot(tuple(nodes)), policy, mix_of(reqs, policy))
+        self.ledger = Ledger(nodes)
+        self.meter = FragMeter(self.ledger, workload_of(reqs))  # one measure for every policy: the trace's shapes
+        self.by_id = {j.job_id: j for j in jobs}
+        self.requests = {j.job_id: j.request for j in jobs}
+        self.events: list[tuple[float, int, int, str, int]] = []  # (time, kind 0=finish 1=arrival, seq, job, gen)
+        self.seq = 0
+        for j in sorted(jobs, key=lambda j: (j.submit, j.job_id)):
+            self.events.append((j.submit, 1, self.seq, j.job_id, 0))
+            self.seq += 1
+        heapq.heapify(self.events)
+        self.gen: Counter = Counter()
+        self.pending: dict[str, JobRequest] = {}
+        self.started: dict[str, float] = {}
+        self.first_start: dict[str, float] = {}
+        self.finished: dict[str, float] = {}
+        self.preempted: Counter = Counter()
+        self.preempt_reasons: Counter = Counter()
+        self.lost_gpu_s: Counter = Counter()  # GPU-seconds of work thrown away by preemption, by reason
+        self.team_gpu_s: Counter = Counter()
+        self.held_milli: dict[str, int] = {}
+        self.series = Series()
+        self.cycles = 0
+        self.span_start = min((j.submit for j in jobs), default=0.0)
+        self.frag_every = 1
+
+    def _stop(self, job_id: str, now: float) -> float:
         """The job leaves its GPUs; returns the GPU-seconds it ran."""
-        s = started.pop(job_id)
-        team = requests[job_id].team
-        gpus = held_milli.pop(job_id, 0) / WHOLE
-        team_gpu_s[team] += gpus * (now - s)
-        windows.change(now, team, held=-gpus)
-        sched.finish(job_id)
-        ledger.release(job_id)
+        s = self.started.pop(job_id)
+        team = self.requests[job_id].team
+        gpus = self.held_milli.pop(job_id, 0) / WHOLE
+        self.team_gpu_s[team] += gpus * (now - s)
+        self.windows.change(now, team, held=-gpus)
+        self.sched.finish(job_id)
+        self.ledger.release(job_id)
         return gpus * (now - s)
 
-    head_of_line = policy.setting("head_of_line")
-    stuck = False  # FIFO: the last cycle placed nothing; only a finish can change that
-    while events:
-        horizon = max(events[0][0], last_cycle + cycle_interval)
+    def run(self) -> None:
+        head_of_line = self.policy.setting("head_of_line")
+        last_cycle = -float("inf")
+        stuck = False  # FIFO: the last cycle placed nothing; only a finish can change that
+        while self.events:
+            now = max(self.events[0][0], last_cycle + self.cycle_interval)
+            freed = self._intake(now)
+            if head_of_line and stuck and not freed:
+                continue  # exact shortcut: new arrivals queue behind a head that still does not fit
+            placed = self._cycle(now)
+            stuck = bool(self.pending) and not placed
+            last_cycle = now
+            self._sample(now)
+            if not self.events and self.pending:
+                break  # nothing left will ever free capacity: the rest cannot run
+
+    def _intake(self, horizon: float) -> bool:
+        """Finishes and arrivals up to `horizon`; True when something finished (capacity freed)."""
         freed = False
+        events, requests = self.events, self.requests
         while events and events[0][0] <= horizon:
             t, kind, _, job_id, g = heapq.heappop(events)
             if kind == 0:
-                if gen[job_id] != g or job_id not in started:
+                if self.gen[job_id] != g or job_id not in self.started:
                     continue
-                stop(job_id, t)
-                finished[job_id] = t
-                windows.change(t, requests[job_id].team, wants=-gpus_of(requests[job_id]))
+                self._stop(job_id, t)
+                self.finished[job_id] = t
+                self.windows.change(t, requests[job_id].team, wants=-gpus_of(requests[job_id]))
                 freed = True
             else:
-                pending[job_id] = requests[job_id]
-                windows.change(t, requests[job_id].team, wants=gpus_of(requests[job_id]))
-        now = horizon
-        if head_of_line and stuck and not freed:
-            continue  # exact shortcut: new arrivals queue behind a head that still does not fit
+                self.pending[job_id] = requests[job_id]
+                self.windows.change(t, requests[job_id].team, wants=gpus_of(requests[job_id]))
+        return freed
+
+    def _cycle(self, now: float) -> bool:
+        """A scheduling cycle, rerun at once (up to 4 times) while it preempts; True when the last one placed."""
+        requests = self.requests
         for _ in range(4):
-            plan = sched.cycle(list(pending.values()), now)
-            cycles += 1
-            ledger.apply(plan, requests)
+            plan = self.sched.cycle(list(self.pending.values()), now)
+            self.cycles += 1
+            self.ledger.apply(plan, requests)
             for p in plan.placements:
-                if p.job_id in pending:
-                    del pending[p.job_id]
-                    started[p.job_id] = now
-                    first_start.setdefault(p.job_id, now)
-                    heapq.heappush(events, (now + by_id[p.job_id].duration, 0, seq, p.job_id, gen[p.job_id]))
-                    seq += 1
+                if p.job_id in self.pending:
+                    del self.pending[p.job_id]
+                    self.started[p.job_id] = now
+                    self.first_start.setdefault(p.job_id, now)
+                    heapq.heappush(self.events, (now + self.by_id[p.job_id].duration, 0, self.seq, p.job_id,
+                                                 self.gen[p.job_id]))
+                    self.seq += 1
                 milli = p.gpu_fraction_milli or WHOLE * len(p.gpu_uuids)
                 if p.mig is not None:
                     prof = migcat.profile(p.gpu_model, p.mig.profile)
                     milli = prof.milli if prof else 0
-                held_milli[p.job_id] = held_milli.get(p.job_id, 0) + milli
-                windows.change(now, requests[p.job_id].team, held=milli / WHOLE)
+                self.held_milli[p.job_id] = self.held_milli.get(p.job_id, 0) + milli
+                self.windows.change(now, requests[p.job_id].team, held=milli / WHOLE)
             for v in plan.preemptions:
-                if v.job_id in started:
-                    lost_gpu_s[v.reason] += stop(v.job_id, now)
-                    gen[v.job_id] += 1
-                    preempted[v.job_id] += 1
-                    preempt_reasons[v.reason] += 1
-                    series.preempt_t.append(now)
-                    pending[v.job_id] = requests[v.job_id]
+                if v.job_id in self.started:
+                    self.lost_gpu_s[v.reason] += self._stop(v.job_id, now)
+                    self.gen[v.job_id] += 1
+                    self.preempted[v.job_id] += 1
+                    self.preempt_reasons[v.reason] += 1
+                    self.series.preempt_t.append(now)
+                    self.pending[v.job_id] = requests[v.job_id]
             if not plan.preemptions:
                 break
-        stuck = bool(pending) and not plan.placements
-        last_cycle = now
-        series.t.append(now)
-        series.alloc.append(ledger.allocated_milli() / max(1, ledger.capacity_milli()))
-        if cycles % frag_every == 0:
-            series.frag_t.append(now)
-            series.frag.append(meter.fragmented_gpus())
-            if len(series.frag) > frag_samples:
-                frag_every *= 2
-                series.frag_t, series.frag = series.frag_t[::2], series.frag[::2]
-        if not events and pending:
-            break  # nothing left will ever free capacity: the rest cannot run
+        return bool(plan.placements)
 
-    windows.advance(max(finished.values(), default=windows.last))
-    jct = [finished[j] - by_id[j].submit for j in finished]
-    queue = [first_start[j] - by_id[j].submit for j in first_start]
-    span_end = max(finished.values(), default=span_start)
-    # time-weighted allocation rate over the replay
-    rate = 0.0
-    for i in range(len(series.t) - 1):
-        rate += series.alloc[i] * (series.t[i + 1] - series.t[i])
-    span = (series.t[-1] - series.t[0]) if len(series.t) > 1 else 0.0
-    per_team_service: dict[str, list[float]] = {}
-    for j in finished:
-        d = by_id[j].duration
-        per_team_service.setdefault(requests[j].team, []).append(d / max(d, finished[j] - by_id[j].submit))
-    total_gpu_s = sum(team_gpu_s.values()) or 1.0
-    metrics = {
-        "policy": policy_name,
-        "jobs": len(jobs),
-        "rejected_never_fit": len(rejected),
-        "submitted": submitted,
-        "finished": len(finished),
-        "unfinished": len(jobs) - len(finished),
-        "jct_mean_s": mean(jct),
-        "jct_p50_s": percentile(jct, 50),
-        "jct_p99_s": percentile(jct, 99),
-        "queue_mean_s": mean(queue),
-        "queue_p50_s": percentile(queue, 50),
-        "queue_p99_s": percentile(queue, 99),
-        "gpu_allocation_rate": rate / span if span > 0 else (series.alloc[-1] if series.alloc else 0.0),
-        "fragmented_gpus_mean": mean(series.frag),
-        "jain_fairness": jain([mean(v) for v in per_team_service.values()]),
-        "team_gpu_share": {t: team_gpu_s[t] / total_gpu_s for t in sorted(team_gpu_s)},
-        "preemptions": sum(preempted.values()),
-        "preemptions_by_reason": dict(sorted(preempt_reasons.items())),
-        **churn(preempt_reasons, lost_gpu_s, preempted),
-        "fair_share_windows": windows.summary(),
-        "makespan_s": span_end - span_start,
-        "gpus": capacity,
-        "nodes": len(nodes),
-        "cycles": cycles,
-        "cycle_interval_s": cycle_interval,
-        "wall_s": round(time.perf_counter() - wall0, 3),
-        "cpu_s": round(time.process_time() - cpu0, 3),  # what wall_s would be on an idle core
-    }
-    waits = {j: first_start[j] - by_id[j].submit for j in first_start}
-    return ReplayResult(metrics, series, jct, dict(team_gpu_s), queue, waits)
+    def _sample(self, now: float) -> None:
+        """The allocation rate at every cycle; the fragmentation at most `frag_samples` times (thinned as it goes)."""
+        series = self.series
+        series.t.append(now)
+        series.alloc.append(self.ledger.allocated_milli() / max(1, self.ledger.capacity_milli()))
+        if self.cycles % self.frag_every == 0:
+            series.frag_t.append(now)
+            series.frag.append(self.meter.fragmented_gpus())
+            if len(series.frag) > self.frag_samples:
+                self.frag_every *= 2
+                series.frag_t, series.frag = series.frag_t[::2], series.frag[::2]
+
+    def result(self) -> ReplayResult:
+        finished, by_id, requests, series = self.finished, self.by_id, self.requests, self.series
+        self.windows.advance(max(finished.values(), default=self.windows.last))
+        jct = [finished[j] - by_id[j].submit for j in finished]
+        queue = [self.first_start[j] - by_id[j].submit for j in self.first_start]
+        span_end = max(finished.values(), default=self.span_start)
+        # time-weighted allocation rate over the replay
+        rate = 0.0
+        for i in range(len(series.t) - 1):
+            rate += series.alloc[i] * (series.t[i + 1] - series.t[i])
+        span = (series.t[-1] - series.t[0]) if len(series.t) > 1 else 0.0
+        per_team_service: dict[str, list[float]] = {}
+        for j in finished:
+            d = by_id[j].duration
+            per_team_service.setdefault(requests[j].team, []).append(d / max(d, finished[j] - by_id[j].submit))
+        team_gpu_s = self.team_gpu_s
+        total_gpu_s = sum(team_gpu_s.values()) or 1.0
+        metrics = {
+            "policy": self.policy_name,
+            "jobs": len(self.jobs),
+            "rejected_never_fit": len(self.rejected),
+            "submitted": self.submitted,
+            "finished": len(finished),
+            "unfinished": len(self.jobs) - len(finished),
+            "jct_mean_s": mean(jct),
+            "jct_p50_s": percentile(jct, 50),
+            "jct_p99_s": percentile(jct, 99),
+            "queue_mean_s": mean(queue),
+            "queue_p50_s": percentile(queue, 50),
+            "queue_p99_s": percentile(queue, 99),
+            "gpu_allocation_rate": rate / span if span > 0 else (series.alloc[-1] if series.alloc else 0.0),
+            "fragmented_gpus_mean": mean(series.frag),
+            "jain_fairness": jain([mean(v) for v in per_team_service.values()]),
+            "team_gpu_share": {t: team_gpu_s[t] / total_gpu_s for t in sorted(team_gpu_s)},
+            "preemptions": sum(self.preempted.values()),
+            "preemptions_by_reason": dict(sorted(self.preempt_reasons.items())),
+            **churn(self.preempt_reasons, self.lost_gpu_s, self.preempted),
+            "fair_share_windows": self.windows.summary(),
+            "makespan_s": span_end - self.span_start,
+            "gpus": self.capacity,
+            "nodes": len(self.nodes),
+            "cycles": self.cycles,
+            "cycle_interval_s": self.cycle_interval,
+            "wall_s": round(time.perf_counter() - self.wall0, 3),
+            "cpu_s": round(time.process_time() - self.cpu0, 3),  # what wall_s would be on an idle core
+        }
+        waits = {j: self.first_start[j] - by_id[j].submit for j in self.first_start}
+        return ReplayResult(metrics, series, jct, dict(team_gpu_s), queue, waits)
 
 
 def churn(reasons: Counter, lost_gpu_s: Counter, preempted: Counter) -> dict:
