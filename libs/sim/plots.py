@@ -43,52 +43,60 @@ def fill_curve(results: dict[str, FillResult], out: Path) -> Path:
 
 
 def replay_plots(results: dict[str, ReplayResult], out: Path) -> list[Path]:
+    """One figure per file: allocation rate, fragmentation, JCT CDF, JCT and queueing, preemptions, team share."""
     plt = _plt()
+    figures = (("allocation_rate.png", _allocation_rate), ("fragmentation.png", _fragmentation),
+               ("jct_cdf.png", _jct_cdf), ("jct_queue.png", _jct_queue), ("preemptions.png", _preemptions),
+               ("team_share.png", _team_share))
     paths = []
+    for name, draw in figures:
+        fig = draw(plt, results)
+        paths.append(out / name)
+        fig.tight_layout()
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
 
+
+def _over_time(plt, title: str, xlabel: str, ylabel: str):  # type: ignore[no-untyped-def]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _allocation_rate(plt, results: dict[str, ReplayResult]):  # type: ignore[no-untyped-def]
+    fig, ax = _over_time(plt, "GPU allocation rate", "time (days)", "GPUs allocated (%)")
     for name, r in results.items():
         ax.step([t / 86400 for t in r.series.t], [a * 100 for a in r.series.alloc], where="post", label=name,
                 linewidth=0.8)
-    ax.set_xlabel("time (days)")
-    ax.set_ylabel("GPUs allocated (%)")
-    ax.set_title("GPU allocation rate")
-    ax.grid(alpha=0.3)
     ax.legend()
-    paths.append(out / "allocation_rate.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+
+def _fragmentation(plt, results: dict[str, ReplayResult]):  # type: ignore[no-untyped-def]
+    fig, ax = _over_time(plt, "Fragmentation (expected, against the trace's request mix)",
+                         "time (days; sampled at scheduling cycles)", "unallocated but unusable GPUs")
     for name, r in results.items():
         ax.step([t / 86400 for t in r.series.frag_t], r.series.frag, where="post", label=name, linewidth=0.8)
-    ax.set_xlabel("time (days; sampled at scheduling cycles)")
-    ax.set_ylabel("unallocated but unusable GPUs")
-    ax.set_title("Fragmentation (expected, against the trace's request mix)")
-    ax.grid(alpha=0.3)
     ax.legend()
-    paths.append(out / "fragmentation.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+
+def _jct_cdf(plt, results: dict[str, ReplayResult]):  # type: ignore[no-untyped-def]
+    fig, ax = _over_time(plt, "JCT distribution", "job completion time (s)", "CDF")
     for name, r in results.items():
         xs = sorted(r.jct)
         if xs:
             ax.plot([max(x, 1.0) for x in xs], [(i + 1) / len(xs) for i in range(len(xs))], label=name)
     ax.set_xscale("log")
-    ax.set_xlabel("job completion time (s)")
-    ax.set_ylabel("CDF")
-    ax.set_title("JCT distribution")
-    ax.grid(alpha=0.3)
     ax.legend()
-    paths.append(out / "jct_cdf.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def _jct_queue(plt, results: dict[str, ReplayResult]):  # type: ignore[no-untyped-def]
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
     names = list(results)
     width = 0.8 / max(1, len(names))
@@ -106,29 +114,24 @@ def replay_plots(results: dict[str, ReplayResult], out: Path) -> list[Path]:
         ax.set_title(what.capitalize())
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend()
-    paths.append(out / "jct_queue.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+
+def _preemptions(plt, results: dict[str, ReplayResult]):  # type: ignore[no-untyped-def]
+    fig, ax = _over_time(plt, "Preemptions (a preempted job restarts)", "time (days)", "preemptions so far")
     for name, r in results.items():
         ts = [t / 86400 for t in r.series.preempt_t]
         start = r.series.t[0] / 86400 if r.series.t else 0.0
         end = r.series.t[-1] / 86400 if r.series.t else 0.0
         ax.step([start] + ts + [end], [0] + list(range(1, len(ts) + 1)) + [len(ts)], where="post",
                 label=f"{name} ({len(ts)}: {_reasons(r.metrics)})")
-    ax.set_xlabel("time (days)")
-    ax.set_ylabel("preemptions so far")
-    ax.set_title("Preemptions (a preempted job restarts)")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    paths.append(out / "preemptions.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def _team_share(plt, results: dict[str, ReplayResult]):  # type: ignore[no-untyped-def]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    names = list(results)
     teams = sorted({t for r in results.values() for t in r.metrics["team_gpu_share"]})
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
@@ -139,11 +142,7 @@ def replay_plots(results: dict[str, ReplayResult], out: Path) -> list[Path]:
     ax.set_ylabel("share of GPU-time (%)")
     ax.set_title("Per-team share")
     ax.legend()
-    paths.append(out / "team_share.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
+    return fig
 
 
 def _short(v: float) -> str:
