@@ -9,7 +9,7 @@ Every event route says how a redelivered event is kept from applying twice, and 
   holds (libs.store.unit_of_work.apply_once). The handler itself never looks at the inbox.
 - `idempotent(handler, why)`: no inbox; applying the event again changes nothing by design (latest-wins or
   revision-guarded upserts, keys that make a replay a no-op), and `why` says which.
-A bare handler is still dispatched as it is (it checks the inbox itself) until every service declares its routes.
+A bare handler is refused, so no route can forget to say.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class Routes:
     commands: dict[str, tuple[type[Command], Callable[[Any], Awaitable[Any]]]] = field(default_factory=dict)
     # for a command on a wildcard subject: the check that its subject's tokens name what the command names
     subject_checks: dict[str, Callable[[str, Any], str | None]] = field(default_factory=dict)
-    events: dict[type[EventData], EventRoute | EventHandler] = field(default_factory=dict)
-    telemetry: EventRoute | EventHandler | None = None
+    events: dict[type[EventData], EventRoute] = field(default_factory=dict)
+    telemetry: EventRoute | None = None
     # optional: a whole fetched batch of telemetry in one call (idempotent, high-volume consumers); `telemetry`
     # still handles one message at a time when a batch fails, so poison is isolated
     telemetry_batch: BatchHandler | None = None
@@ -65,11 +65,14 @@ class Routes:
     inbox: str = ""
 
     def __post_init__(self) -> None:
-        routes = [r for r in (*self.events.values(), self.telemetry) if isinstance(r, EventRoute)]
+        routes = [*self.events.values(), *([self.telemetry] if self.telemetry is not None else [])]
+        for route in routes:
+            if not isinstance(route, EventRoute):
+                raise TypeError(f"event route {route!r} does not say how it applies an event once: "
+                                "wrap it in once(...) or idempotent(..., why)")
         if any(r.applied_once for r in routes) and not self.inbox:
             raise ValueError("routes applied once need the inbox's consumer name (Routes(inbox=...))")
-        if self.telemetry_batch is not None and isinstance(self.telemetry, EventRoute) and \
-                self.telemetry.applied_once:
+        if self.telemetry_batch is not None and (self.telemetry is None or self.telemetry.applied_once):
             raise ValueError("a telemetry batch handler applies no inbox: its per-message route must be idempotent")
 
     def event_subjects(self) -> tuple[str, ...]:
@@ -81,10 +84,8 @@ class Routes:
             raise Poison("UnsupportedEventType", f"no handler for {event.type}")
         await self._apply(route, event, data)
 
-    async def _apply(self, route: EventRoute | EventHandler, event: CloudEvent, data: EventData) -> None:
-        if not isinstance(route, EventRoute):
-            await route(event, data)
-        elif route.applied_once:
+    async def _apply(self, route: EventRoute, event: CloudEvent, data: EventData) -> None:
+        if route.applied_once:
             await apply_once(self.inbox, event.id, lambda: route.handler(event, data))
         else:
             await route.handler(event, data)

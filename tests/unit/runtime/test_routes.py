@@ -1,6 +1,6 @@
-"""Routing tables (libs/runtime/routes.py): a route declared applied once skips an event the inbox already holds (the
-inbox itself is an in-memory stand-in here; tests/integration/test_store.py runs the same against PostgreSQL and
-NATS), one declared idempotent by design records nothing."""
+"""Routing tables (libs/runtime/routes.py): every event route says whether the inbox applies it once or it is
+idempotent by design, and a route declared applied once skips an event the inbox already holds (the inbox itself is
+an in-memory stand-in here; tests/integration/test_store.py runs the same against PostgreSQL and NATS)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,70 @@ from typing import Any
 import pytest
 
 from libs.contracts.envelope import CloudEvent
-from libs.contracts.events import JobSubmitted
+from libs.contracts.events import (
+    JobSubmitted,
+    PriorityClassSet,
+    QuotaSet,
+    TeamCreated,
+    TelemetrySampled,
+    WorkLoadSampled,
+)
 from libs.runtime.routes import EventRoute, Routes, idempotent, once
 from libs.store.unit_of_work import UnitOfWork
+from services.accounting.handlers import routes as accounting_routes
+from services.inventory.handlers import routes as inventory_routes
+from services.placement.handlers import routes as placement_routes
+from services.queue.handlers import routes as queue_routes
+from services.quota.handlers import routes as quota_routes
+from services.reclamation.handlers import routes as reclamation_routes
+
+SERVICE_ROUTES: dict[str, Callable[[Any], Routes]] = {
+    "accounting": accounting_routes, "inventory": inventory_routes, "placement": placement_routes,
+    "queue": queue_routes, "quota": quota_routes, "reclamation": reclamation_routes,
+}
+# The routes that skip the inbox on purpose. Growing this list is a decision: say why in the route.
+IDEMPOTENT_BY_DESIGN = {
+    "placement": {TeamCreated, QuotaSet, PriorityClassSet},  # revision-guarded policy rows
+    "queue": {WorkLoadSampled},  # the latest sample per replica
+    "inventory": {TelemetrySampled},
+    "reclamation": {TelemetrySampled},
+}
+
+
+class _Handlers:
+    """Stands in for a service's handlers object: every attribute path is a distinct handler (by name)."""
+
+    def __init__(self, path: str = "h") -> None:
+        self.path = path
+
+    def __getattr__(self, name: str) -> _Handlers:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Handlers(f"{self.path}.{name}")
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_ROUTES))
+def test_every_event_route_of_every_service_declares_how_it_applies_an_event_once(service: str) -> None:
+    table = SERVICE_ROUTES[service](_Handlers())
+    routes: dict[type, Any] = dict(table.events)
+    if table.telemetry is not None:
+        routes[TelemetrySampled] = table.telemetry
+    assert routes, f"{service} consumes no events"
+    assert all(isinstance(r, EventRoute) for r in routes.values())
+    assert {t for t, r in routes.items() if not r.applied_once} == IDEMPOTENT_BY_DESIGN.get(service, set())
+    assert all(r.why for r in routes.values() if not r.applied_once)
+    assert table.inbox == service  # the inbox key each service has always used: rows already there still count
 
 
 async def _noop(event: CloudEvent, data: Any) -> None:
     return None
+
+
+def test_a_route_that_does_not_say_how_it_applies_an_event_once_is_refused() -> None:
+    with pytest.raises(TypeError, match="once\\(...\\) or idempotent"):
+        Routes(inbox="svc", events={JobSubmitted: _noop})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="once\\(...\\) or idempotent"):
+        Routes(inbox="svc", telemetry=_noop)  # type: ignore[arg-type]
 
 
 def test_an_idempotent_route_says_why_and_applied_once_routes_name_their_inbox() -> None:
