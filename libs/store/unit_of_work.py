@@ -6,6 +6,14 @@ work started in that task on the same pool then runs as a savepoint of the batch
 message rolls back only its own effects and the batch pays one commit (one WAL flush) instead of one per message.
 Whatever must wait for durability (waking the outbox relay, work that reads what was committed or calls other
 services) runs after the batch's real commit.
+
+Inbox: a consumer applies an event at most once by running its handler under `apply_once(consumer, event id, ...)`
+(libs.runtime.routes does, for every route declared applied once). The first unit of work the handler opens in that
+task then records (consumer, event id) in the inbox as its first statement, in its own transaction (or savepoint),
+so the inbox row commits or rolls back with the handler's state change and outbox rows. If the inbox already holds
+the event, that unit of work rolls back at once and raises `AlreadyApplied` instead of running the handler's body;
+`apply_once` takes it as done (the consumer acks). A handler that returns before opening a unit of work (nothing to
+apply) records nothing, as it changes nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 
 import asyncpg
@@ -29,6 +38,52 @@ AfterCommit = Callable[[], Awaitable[object]]
 
 _batch: contextvars.ContextVar[BatchTransaction | None] = contextvars.ContextVar("gpupool_batch_tx", default=None)
 _SAVEPOINT = "gpupool_uow"
+
+
+class AlreadyApplied(Exception):
+    """Raised on entering the unit of work that was to record an event the inbox already holds: the handler's
+    body does not run, and `apply_once` reports the event as applied (the consumer acks it)."""
+
+    def __init__(self, consumer: str, event_id: str) -> None:
+        super().__init__(f"{consumer} already applied event {event_id}")
+        self.consumer = consumer
+        self.event_id = event_id
+
+
+@dataclass(slots=True)
+class _InboxClaim:
+    """The event a handler is applying under `apply_once`, waiting for its first unit of work to record it."""
+    consumer: str
+    event_id: str
+    task: asyncio.Task[object] | None
+    recorded: bool = False
+
+
+_claim: contextvars.ContextVar[_InboxClaim | None] = contextvars.ContextVar("gpupool_inbox_claim", default=None)
+
+
+async def apply_once(consumer: str, event_id: str, handle: Callable[[], Awaitable[object]]) -> bool:
+    """Run `handle` so that the first unit of work it opens (in this task) records (consumer, event_id) in the
+    inbox before anything else, in the same transaction as the handler's effects. False: the inbox already held
+    the event, so the handler stopped at that unit of work and nothing was applied again."""
+    claim = _InboxClaim(consumer, event_id, asyncio.current_task())
+    token = _claim.set(claim)
+    try:
+        await handle()
+    except AlreadyApplied as exc:
+        if (exc.consumer, exc.event_id) != (consumer, event_id):
+            raise
+        return False
+    finally:
+        _claim.reset(token)
+    return True
+
+
+def _pending_claim() -> _InboxClaim | None:
+    claim = _claim.get()
+    if claim is None or claim.recorded or claim.task is not asyncio.current_task():
+        return None  # none, recorded already, or a task the handler spawned (it inherits the context variable)
+    return claim
 
 
 async def begin(pool: asyncpg.Pool) -> tuple[asyncpg.Connection, Transaction]:
@@ -133,6 +188,7 @@ class UnitOfWork:
         self._unwritten: list[tuple[str, str, bytes, str | None]] = []  # outbox rows not yet inserted
         self._after_commit: list[AfterCommit] = []
         self._batch: BatchTransaction | None = None
+        self._claim: _InboxClaim | None = None  # the event this unit of work recorded in the inbox (apply_once)
         self.conn: asyncpg.Connection
 
     async def __aenter__(self) -> UnitOfWork:
@@ -140,12 +196,33 @@ class UnitOfWork:
         if self._batch is not None:
             self.conn = self._batch.conn
             await self._batch.savepoint()  # a SAVEPOINT of the batch's transaction
-            return self
-        self.conn, self._tx = await begin(self._pool)
+        else:
+            self.conn, self._tx = await begin(self._pool)
+        claim = _pending_claim()
+        if claim is not None:
+            await self._record(claim)
         return self
+
+    async def _record(self, claim: _InboxClaim) -> None:
+        """The inbox row of the event being applied, first in this transaction; roll back and raise
+        AlreadyApplied when the inbox already holds it (the handler's body then does not run)."""
+        try:
+            first = await self.first_time(claim.consumer, claim.event_id)
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        if not first:
+            skipped = AlreadyApplied(claim.consumer, claim.event_id)
+            await self.__aexit__(AlreadyApplied, skipped, None)
+            raise skipped
+        claim.recorded = True
+        self._claim = claim
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        if exc_type is not None and self._claim is not None:
+            self._claim.recorded = False  # its inbox row rolls back too: a later unit of work of the handler records it
+            self._claim = None
         if exc_type is None and self._unwritten:
             try:
                 await self._write_outbox()
@@ -207,7 +284,8 @@ class UnitOfWork:
             [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
 
     async def first_time(self, consumer: str, event_id: str) -> bool:
-        """Record (consumer, event id) in the inbox. False means this event was already applied: skip it."""
+        """Record (consumer, event id) in the inbox. False means this event was already applied: skip it.
+        Event handlers do not call this: their routes declare them applied once (see `apply_once`)."""
         inserted = await self.conn.fetchval(
             "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1",
             consumer, event_id)

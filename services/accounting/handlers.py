@@ -38,7 +38,7 @@ from libs.contracts.reports import (
     UsageReportQuery,
     WasteReportQuery,
 )
-from libs.runtime.routes import Routes
+from libs.runtime.routes import Routes, once
 from libs.runtime.service import ServiceRuntime
 from services.accounting import store
 from services.accounting.config import AccountingSettings
@@ -101,22 +101,17 @@ class AccountingHandlers:
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
         """A job entered the queue (first submission, approval, or requeue): a wait starts now."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             await store.upsert_job(uow.conn, data, data.submitted_by or "unknown")
             await store.open_wait(uow.conn, job_id=data.job_id, entered_at=event.time, team=data.team,
                                   demand_milli=demand_milli(data), gpu_model=requested_model(data))
 
     async def on_job_cancelled(self, event: CloudEvent, data: JobCancelled) -> None:
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                await store.close_wait(uow.conn, data.job_id, data.cancelled_at, "cancelled")
+            await store.close_wait(uow.conn, data.job_id, data.cancelled_at, "cancelled")
 
     # --- allocations: the ledger ------------------------------------------------------------------------------------
     async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             user = await store.job_user(uow.conn, data.job_id)
             await _lock_allocation(uow.conn, data)
             await store.insert_intervals(uow.conn, data, user=user, kind=data.kind, granted_at=data.granted_at,
@@ -129,8 +124,6 @@ class AccountingHandlers:
         milli_us = gpu_milli_us(data)
         model = dominant_model(data)
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             await _lock_allocation(uow.conn, data)
             user, kind, job_kind = await store.release_context(uow.conn, data.job_id, data.allocation_id)
             if kind is None:  # granted before accounting listened: the release alone says enough
@@ -186,8 +179,6 @@ class AccountingHandlers:
     # --- supply and orphans ------------------------------------------------------------------------------------------
     async def _supply_change(self, event: CloudEvent, at: datetime, change: Any) -> None:
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             await change(uow.conn)
             await store.note_supply(uow.conn, at)
 
@@ -208,11 +199,10 @@ class AccountingHandlers:
 
     async def on_orphan_detected(self, event: CloudEvent, data: OrphanDetected) -> None:
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                await store.note_orphan(uow.conn, gpu_uuid=data.gpu_uuid, orphan=data.orphan,
-                                        allocation_id=data.allocation_id, job_id=data.job_id, team=data.team,
-                                        cluster=data.cluster, node=data.node, pids=data.pids, since=data.since,
-                                        detected_at=data.detected_at)
+            await store.note_orphan(uow.conn, gpu_uuid=data.gpu_uuid, orphan=data.orphan,
+                                    allocation_id=data.allocation_id, job_id=data.job_id, team=data.team,
+                                    cluster=data.cluster, node=data.node, pids=data.pids, since=data.since,
+                                    detected_at=data.detected_at)
 
     # --- cost rates ------------------------------------------------------------------------------------------------
     async def set_cost_rate(self, cmd: SetCostRate) -> Reply:
@@ -452,6 +442,7 @@ def _supply_at(history: list[Any], model: str, at: datetime, *, total: bool) -> 
 
 def routes(h: AccountingHandlers) -> Routes:
     return Routes(
+        inbox=CONSUMER,
         commands={
             subjects.QUERY_ACCOUNTING_LIST_USAGE: (ListUsage, h.list_usage),
             subjects.QUERY_ACCOUNTING_REPORT_USAGE: (UsageReportQuery, h.report_usage),
@@ -463,15 +454,15 @@ def routes(h: AccountingHandlers) -> Routes:
             subjects.CMD_ACCOUNTING_SET_COST_RATE: (SetCostRate, h.set_cost_rate),
         },
         events={
-            JobSubmitted: h.on_job_submitted,
-            JobCancelled: h.on_job_cancelled,
-            AllocationGranted: h.on_allocation_granted,
-            AllocationReleased: h.on_allocation_released,
-            NodeRegistered: h.on_node_registered,
-            NodeLost: h.on_node_lost,
-            NodeRecovered: h.on_node_recovered,
-            GpuHealthChanged: h.on_gpu_health_changed,
-            OrphanDetected: h.on_orphan_detected,
+            JobSubmitted: once(h.on_job_submitted),
+            JobCancelled: once(h.on_job_cancelled),
+            AllocationGranted: once(h.on_allocation_granted),
+            AllocationReleased: once(h.on_allocation_released),
+            NodeRegistered: once(h.on_node_registered),
+            NodeLost: once(h.on_node_lost),
+            NodeRecovered: once(h.on_node_recovered),
+            GpuHealthChanged: once(h.on_gpu_health_changed),
+            OrphanDetected: once(h.on_orphan_detected),
         },
         # every event handler is one unit of work and nothing else: safe to apply a fetched batch in one
         # transaction (README: "Batched event handling"; the rollup consumer stays one message per transaction)

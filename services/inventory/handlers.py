@@ -42,7 +42,7 @@ from libs.contracts.events import (
     TelemetrySampled,
 )
 from libs.runtime.loops import every
-from libs.runtime.routes import Routes
+from libs.runtime.routes import Routes, idempotent, once
 from libs.runtime.service import ServiceRuntime
 from services.inventory import store
 from services.inventory.config import InventorySettings
@@ -308,20 +308,18 @@ class InventoryHandlers:
     # --- allocations, as placement announces them (for orphans and the node view) ---------------------------------
     async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                await store.hold(uow.conn, data.allocation_id, data.job_id, data.team, data.cluster, data.node,
-                                 [g.uuid for g in data.gpus], data.granted_at)
+            await store.hold(uow.conn, data.allocation_id, data.job_id, data.team, data.cluster, data.node,
+                             [g.uuid for g in data.gpus], data.granted_at)
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
         """Forget the allocation; a GPU that waited for it to change its sharing mode switches now."""
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                now = utcnow()
-                for g in await store.drained_sharing(uow.conn, data.allocation_id):
-                    await uow.emit(GpuSharingSet(cluster=g["cluster"], node=g["node"], gpu_uuid=g["uuid"],
-                                                 gpu_index=g["idx"], mode=g["sharing"],
-                                                 set_by=g["sharing_set_by"] or "", set_at=now))
-                await store.unhold(uow.conn, data.allocation_id, data.released_at)
+            now = utcnow()
+            for g in await store.drained_sharing(uow.conn, data.allocation_id):
+                await uow.emit(GpuSharingSet(cluster=g["cluster"], node=g["node"], gpu_uuid=g["uuid"],
+                                             gpu_index=g["idx"], mode=g["sharing"],
+                                             set_by=g["sharing_set_by"] or "", set_at=now))
+            await store.unhold(uow.conn, data.allocation_id, data.released_at)
 
     # --- operators: cordon / drain / uncordon, sharing, health ----------------------------------------------------
     async def _resolve(self, conn, ref: NodeRef) -> tuple[str, str] | Reply:  # type: ignore[no-untyped-def]
@@ -471,6 +469,7 @@ class InventoryHandlers:
 
 def routes(h: InventoryHandlers) -> Routes:
     return Routes(
+        inbox=CONSUMER,
         commands={
             f"{subjects.CMD_INVENTORY_REGISTER_NODE}.*.*": (RegisterNode, h.register_node),
             subjects.CMD_INVENTORY_CORDON_NODE: (CordonNode, h.cordon_node),
@@ -483,9 +482,10 @@ def routes(h: InventoryHandlers) -> Routes:
         },
         subject_checks={f"{subjects.CMD_INVENTORY_REGISTER_NODE}.*.*": registration_subject_error},
         events={
-            AllocationGranted: h.on_allocation_granted,
-            AllocationReleased: h.on_allocation_released,
+            AllocationGranted: once(h.on_allocation_granted),
+            AllocationReleased: once(h.on_allocation_released),
         },
-        telemetry=h.on_telemetry,
+        telemetry=idempotent(h.on_telemetry, "only a sample newer than a GPU's stored latest one changes it, and node "
+                                             "state is compared with the stored state"),
         telemetry_batch=h.on_telemetry_batch,
     )

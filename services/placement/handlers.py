@@ -68,7 +68,7 @@ from libs.observability.metrics import (
 )
 from libs.observability.tracing import extract_context, tracer
 from libs.runtime.loops import every
-from libs.runtime.routes import Routes
+from libs.runtime.routes import Routes, idempotent, once
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
@@ -99,6 +99,8 @@ from services.placement.rollouts import Rollouts
 
 log = logging.getLogger(__name__)
 CONSUMER = "placement"
+# the policy read model needs no inbox: its rows carry the quota service's revisions and the newer one wins
+POLICY_WHY = "revision-guarded upsert: a replayed or older policy event never replaces a newer row"
 PRUNE_EVERY = 50  # decisions beyond the retention are deleted every this many records (a busy queue records often)
 
 
@@ -144,56 +146,49 @@ class PlacementHandlers:
     async def on_node_registered(self, event: CloudEvent, data: NodeRegistered) -> None:
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if await uow.first_time(CONSUMER, event.id):
-                await store.upsert_node(uow.conn, data)
+            await store.upsert_node(uow.conn, data)
 
     async def on_node_lost(self, event: CloudEvent, data: NodeLost) -> None:
         """Stop placing on a node that stopped reporting. Its allocations stay as they are: releasing them is
         reclamation's decision, not a side effect of a missed heartbeat."""
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                await store.set_node_schedulable(uow.conn, data.cluster, data.node, False)
+            await store.set_node_schedulable(uow.conn, data.cluster, data.node, False)
 
     async def on_node_recovered(self, event: CloudEvent, data: NodeRecovered) -> None:
         """Back, and schedulable again unless an operator cordoned it meanwhile (inventory says which)."""
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if await uow.first_time(CONSUMER, event.id):
-                await store.set_node_schedulable(uow.conn, data.cluster, data.node, not data.cordoned)
+            await store.set_node_schedulable(uow.conn, data.cluster, data.node, not data.cordoned)
 
     async def on_node_cordoned(self, event: CloudEvent, data: NodeCordoned) -> None:
         """No new work on a cordoned (or draining) node; taking its allocations back is reclamation's part."""
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                await store.set_node_schedulable(uow.conn, data.cluster, data.node, False)
+            await store.set_node_schedulable(uow.conn, data.cluster, data.node, False)
 
     async def on_node_uncordoned(self, event: CloudEvent, data: NodeUncordoned) -> None:
         """Schedulable again only if the node is also reporting (an uncordoned lost node waits to recover)."""
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if await uow.first_time(CONSUMER, event.id):
-                await store.set_node_schedulable(uow.conn, data.cluster, data.node, data.node_state == "ready")
+            await store.set_node_schedulable(uow.conn, data.cluster, data.node, data.node_state == "ready")
 
     async def on_gpu_health_changed(self, event: CloudEvent, data: GpuHealthChanged) -> None:
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if await uow.first_time(CONSUMER, event.id):
-                await store.set_gpu_health(uow.conn, data.gpu_uuid, data.current)
+            await store.set_gpu_health(uow.conn, data.gpu_uuid, data.current)
 
     async def on_gpu_sharing_set(self, event: CloudEvent, data: GpuSharingSet) -> None:
         """New placements follow the new mode; what is held stays where it is (never moved). A GPU announced as
         draining to another mode takes no new work until inventory announces the switch."""
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if await uow.first_time(CONSUMER, event.id) and not await store.set_gpu_sharing(
+            if not await store.set_gpu_sharing(
                     uow.conn, data.gpu_uuid, data.mode, data.draining_to is not None):
                 log.warning("sharing_for_unknown_gpu", extra={"gpu_uuid": data.gpu_uuid, "node": data.node})
 
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if await uow.first_time(CONSUMER, event.id):
-                await store.add_pending(uow.conn, data, event.traceparent)
+            await store.add_pending(uow.conn, data, event.traceparent)
 
     async def on_job_completed(self, event: CloudEvent, data: JobCompleted) -> None:
         await self._job_finished(event, data.job_id, "JobCompleted", data.completed_at)
@@ -204,16 +199,12 @@ class PlacementHandlers:
     async def _job_finished(self, event: CloudEvent, job_id: str, reason: str, at) -> None:
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             await self._release(uow, job_id, reason, at, finished=True)  # and never want it again
 
     async def on_job_scaled(self, event: CloudEvent, data: JobScaled) -> None:
         """More replicas: the missing ones become pending units. Fewer: the highest-numbered ones go."""
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             wanted = await store.set_replicas(uow.conn, data.job_id, data.replicas, data.replica_set)
             if wanted is None:
                 return
@@ -265,8 +256,6 @@ class PlacementHandlers:
         release carries the exit; a failed gang member stops the others (domain.on_work_end)."""
         async with self.rt.uow() as uow:
             uow.after_commit(self._wake)
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             alloc = await store.work_allocation(uow.conn, data.allocation_id)
             if alloc is None or alloc["released_at"] is not None:
                 return  # unknown, or released already (its node was lost, or a report timed out)
@@ -290,8 +279,6 @@ class PlacementHandlers:
         """A gang member's grant is applied on its node. Once every member is, each gets `allocation.gang_ready`
         (in this transaction) and its agent starts the work: the gang's members start together."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             members = await store.gang_members(uow.conn, data.allocation_id)
             mine = next((m for m in members if m["allocation_id"] == data.allocation_id), None)
             if mine is None or not mine["gang_wait"] or mine["attempt"] != data.attempt:
@@ -313,8 +300,6 @@ class PlacementHandlers:
         """A replica's agent says where it serves and whether it is ready: kept with its allocation (for
         `GET /v1/jobs/{id}/endpoints`). Only the agent of the allocation's node is believed."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             ready = isinstance(data, EndpointReady)
             if not await store.set_endpoint(uow.conn, data.allocation_id, data.cluster, data.node, url=data.url,
                                             ports=data.ports, ready=ready, at=data.at,
@@ -757,6 +742,7 @@ class _Unit:
 
 def routes(h: PlacementHandlers) -> Routes:
     return Routes(
+        inbox=CONSUMER,
         commands={
             subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS: (ListAllocations, h.list_allocations),
             subjects.QUERY_PLACEMENT_EXPLAIN: (JobRef, h.explain),
@@ -766,24 +752,24 @@ def routes(h: PlacementHandlers) -> Routes:
             subjects.CMD_PLACEMENT_RELEASE_ALLOCATION: (ReleaseAllocation, h.release_allocation),
         },
         events={
-            NodeRegistered: h.on_node_registered,
-            NodeLost: h.on_node_lost,
-            NodeRecovered: h.on_node_recovered,
-            NodeCordoned: h.on_node_cordoned,
-            NodeUncordoned: h.on_node_uncordoned,
-            GpuHealthChanged: h.on_gpu_health_changed,
-            GpuSharingSet: h.on_gpu_sharing_set,
-            JobSubmitted: h.on_job_submitted,
-            JobCompleted: h.on_job_completed,
-            JobCancelled: h.on_job_cancelled,
-            JobScaled: h.on_job_scaled,
-            WorkExited: h.on_work_exited,
-            WorkReady: h.on_work_ready,
-            EndpointReady: h.on_endpoint,
-            JobWorkUpdated: h.rollouts.on_job_work_updated,
-            EndpointUnready: h.on_endpoint,
-            TeamCreated: h.on_team_created,
-            QuotaSet: h.on_quota_set,
-            PriorityClassSet: h.on_priority_class_set,
+            NodeRegistered: once(h.on_node_registered),
+            NodeLost: once(h.on_node_lost),
+            NodeRecovered: once(h.on_node_recovered),
+            NodeCordoned: once(h.on_node_cordoned),
+            NodeUncordoned: once(h.on_node_uncordoned),
+            GpuHealthChanged: once(h.on_gpu_health_changed),
+            GpuSharingSet: once(h.on_gpu_sharing_set),
+            JobSubmitted: once(h.on_job_submitted),
+            JobCompleted: once(h.on_job_completed),
+            JobCancelled: once(h.on_job_cancelled),
+            JobScaled: once(h.on_job_scaled),
+            WorkExited: once(h.on_work_exited),
+            WorkReady: once(h.on_work_ready),
+            EndpointReady: once(h.on_endpoint),
+            JobWorkUpdated: once(h.rollouts.on_job_work_updated),
+            EndpointUnready: once(h.on_endpoint),
+            TeamCreated: idempotent(h.on_team_created, POLICY_WHY),
+            QuotaSet: idempotent(h.on_quota_set, POLICY_WHY),
+            PriorityClassSet: idempotent(h.on_priority_class_set, POLICY_WHY),
         },
     )

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from services.placement.handlers import PlacementHandlers
 
 log = logging.getLogger(__name__)
-CONSUMER = "placement"
 REASON = "RollingUpdate"
 
 
@@ -29,8 +28,6 @@ class Rollouts:
     async def on_job_work_updated(self, event: CloudEvent, data: JobWorkUpdated) -> None:
         async with self.h.rt.uow() as uow:
             uow.after_commit(self.h._wake)
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             rolling = await store.start_rollout(uow.conn, data.job_id, data.work.model_dump_json())
             await store.refresh_satisfied(uow.conn, data.job_id)
         if rolling:

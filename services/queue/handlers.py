@@ -38,7 +38,7 @@ from libs.contracts.events import (
     WorkStarted,
 )
 from libs.observability.metrics import JOB_TRANSITIONS, QUEUE_JOBS, QUEUE_WAIT_SECONDS
-from libs.runtime.routes import Routes
+from libs.runtime.routes import Routes, idempotent, once
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
 from services.queue.autoscaler import Autoscaler
@@ -303,8 +303,6 @@ class QueueHandlers:
     # --- events ----------------------------------------------------------------------------------------------
     async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is None or row["state"] != "pending":
                 # cancelled meanwhile: placement releases the allocation when it sees the cancellation
@@ -325,8 +323,6 @@ class QueueHandlers:
     async def on_work_started(self, event: CloudEvent, data: WorkStarted) -> None:
         """The agent started the work (the first gang member's start is the job's)."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is None or row["state"] != "launching" or data.attempt != row["attempts"]:
                 return
@@ -338,8 +334,6 @@ class QueueHandlers:
     async def on_approval_decided(self, event: CloudEvent, data: ApprovalDecided) -> None:
         """Approved: the job joins the queue now (placement learns of it only at this point). Denied: it fails."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is None or row["state"] != "awaiting_approval":
                 return
@@ -356,8 +350,6 @@ class QueueHandlers:
     async def on_allocation_preempting(self, event: CloudEvent, data: AllocationPreempting) -> None:
         """The checkpoint signal: the job keeps running until the deadline, visibly marked as preempting."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is not None and replica_set_of(row) and row["state"] == "running":
                 await store.record_history(uow.conn, data.job_id, "running", "running",
@@ -377,8 +369,6 @@ class QueueHandlers:
         if data.reason in NOT_REQUEUED:
             return  # nothing to do, so nothing to remember either (most releases: every finished job's)
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is not None and data.exit is not None and data.reason in WORK_RELEASES:
                 await self._work_ended(uow, row, data)
@@ -457,6 +447,7 @@ class QueueHandlers:
 
 def routes(h: QueueHandlers) -> Routes:
     return Routes(
+        inbox=CONSUMER,
         commands={
             subjects.CMD_QUEUE_SUBMIT_JOB: (SubmitJob, h.submit_job),
             subjects.CMD_QUEUE_COMPLETE_JOB: (JobRef, h.complete_job),
@@ -468,12 +459,13 @@ def routes(h: QueueHandlers) -> Routes:
             subjects.QUERY_QUEUE_LIST_JOBS: (ListJobs, h.list_jobs),
         },
         events={
-            AllocationGranted: h.on_allocation_granted,
-            AllocationPreempting: h.on_allocation_preempting,
-            ApprovalDecided: h.on_approval_decided,
-            AllocationReleased: h.on_allocation_released,
-            WorkStarted: h.on_work_started,
-            WorkLoadSampled: h.autoscaler.on_work_load,
+            AllocationGranted: once(h.on_allocation_granted),
+            AllocationPreempting: once(h.on_allocation_preempting),
+            ApprovalDecided: once(h.on_approval_decided),
+            AllocationReleased: once(h.on_allocation_released),
+            WorkStarted: once(h.on_work_started),
+            WorkLoadSampled: idempotent(h.autoscaler.on_work_load, "the latest sample per replica is kept: a replayed "
+                                        "or late sample never replaces a newer one"),
         },
         # every event handler is one unit of work and nothing else (no pool reads, RPCs or publishes): safe to
         # apply a fetched batch in one transaction (README: "Batched event handling")

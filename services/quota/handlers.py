@@ -35,7 +35,7 @@ from libs.contracts.events import (
     QuotaSet,
     TeamCreated,
 )
-from libs.runtime.routes import Routes
+from libs.runtime.routes import Routes, once
 from libs.runtime.service import ServiceRuntime
 from services.quota import store
 from services.quota.domain import admit, approval_reasons, quota_path_error, rule_value_error
@@ -228,8 +228,6 @@ class QuotaHandlers:
         """A job cancelled while awaiting approval needs no decision any more: withdraw its request (approving it
         later would otherwise look like it did something)."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             row = await store.withdraw_approval(uow.conn, data.job_id, f"job cancelled: {data.reason}")
             if row is not None:
                 await uow.emit(ApprovalWithdrawn(approval_id=row["approval_id"], job_id=row["job_id"],
@@ -248,6 +246,7 @@ class QuotaHandlers:
 
 def routes(h: QuotaHandlers) -> Routes:
     return Routes(
+        inbox=CONSUMER,
         commands={
             subjects.CMD_QUOTA_ADMIT: (AdmitJob, h.admit),
             subjects.CMD_QUOTA_CREATE_TEAM: (CreateTeam, h.create_team),
@@ -261,6 +260,6 @@ def routes(h: QuotaHandlers) -> Routes:
             subjects.CMD_QUOTA_REQUEST_LOAN: (RequestQuotaLoan, h.request_loan),
             subjects.QUERY_QUOTA_LOANS: (ListQuotaLoans, h.loans),
         },
-        events={JobCancelled: h.on_job_cancelled},
+        events={JobCancelled: once(h.on_job_cancelled)},
         batched=True,  # its one event handler is a single unit of work (README: "Batched event handling")
     )

@@ -29,7 +29,7 @@ from libs.contracts.events import (
     TelemetrySampled,
 )
 from libs.runtime.loops import every
-from libs.runtime.routes import Routes
+from libs.runtime.routes import Routes, idempotent, once
 from libs.runtime.service import ServiceRuntime
 from services.reclamation import store
 from services.reclamation.config import ReclamationSettings
@@ -57,13 +57,11 @@ class ReclamationHandlers:
     # --- following allocations and their telemetry ----------------------------------------------------------------
     async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                await store.track(uow.conn, data)
+            await store.track(uow.conn, data)
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
         async with self.rt.uow() as uow:
-            if await uow.first_time(CONSUMER, event.id):
-                await store.untrack(uow.conn, data.allocation_id)
+            await store.untrack(uow.conn, data.allocation_id)
 
     async def on_telemetry(self, event: CloudEvent, data: TelemetrySampled) -> None:
         """Idempotent without an inbox: observing the same sample twice leaves the same state. Writes only
@@ -84,8 +82,6 @@ class ReclamationHandlers:
         """A node that went silent holds GPUs nobody can use: take its allocations back (the queue requeues
         restartable jobs, which placement then runs elsewhere)."""
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
                 await self._abnormal(uow, tracker, "NodeLost", f"node {data.node} stopped reporting at "
                                                                f"{data.last_seen_at.isoformat()}")
@@ -97,8 +93,6 @@ class ReclamationHandlers:
         if not quarantined:
             return
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             for tracker in await store.trackers_holding(uow.conn, data.gpu_uuid):
                 await self._abnormal(uow, tracker, "GpuQuarantined",
                                      f"GPU {data.gpu_index} on {data.node} was quarantined ({data.reason or 'failed'}"
@@ -110,8 +104,6 @@ class ReclamationHandlers:
         if not data.drain:
             return
         async with self.rt.uow() as uow:
-            if not await uow.first_time(CONSUMER, event.id):
-                return
             for tracker in await store.trackers_on_node(uow.conn, data.cluster, data.node):
                 await self._abnormal(uow, tracker, "Drained", f"node {data.node} is being drained"
                                                               f"{' (' + data.reason + ')' if data.reason else ''}")
@@ -217,19 +209,20 @@ class ReclamationHandlers:
 
 def routes(h: ReclamationHandlers) -> Routes:
     return Routes(
+        inbox=CONSUMER,
         commands={
             subjects.QUERY_RECLAMATION_LIST_TRACKED: (Empty, h.list_tracked),
             subjects.QUERY_RECLAMATION_POLICIES: (Empty, h.list_policies),
             subjects.CMD_RECLAMATION_SET_POLICY: (SetReclaimPolicy, h.set_policy),
         },
         events={
-            AllocationGranted: h.on_allocation_granted,
-            AllocationReleased: h.on_allocation_released,
-            NodeLost: h.on_node_lost,
-            GpuHealthChanged: h.on_gpu_health_changed,
-            NodeCordoned: h.on_node_cordoned,
+            AllocationGranted: once(h.on_allocation_granted),
+            AllocationReleased: once(h.on_allocation_released),
+            NodeLost: once(h.on_node_lost),
+            GpuHealthChanged: once(h.on_gpu_health_changed),
+            NodeCordoned: once(h.on_node_cordoned),
         },
-        telemetry=h.on_telemetry,
+        telemetry=idempotent(h.on_telemetry, "observing the same sample twice leaves the same utilisation state"),
         # event and telemetry handlers are single units of work; the release RPC waits for the commit
         # (README: "Batched event handling")
         batched=True,

@@ -24,13 +24,14 @@ from libs.contracts.commands import Command, Empty, Reply
 from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import JobStarted, JobSubmitted
 from libs.contracts.subjects import EVENTS_STREAM
-from libs.runtime.routes import Routes
+from libs.runtime.routes import Routes, idempotent
 from libs.runtime.service import ServiceRuntime
 from libs.runtime.settings import ServiceSettings
 
 # a stand-in for the queue service: what it emits and consumes are the queue's events, which only /gpupool/queue
 # may send (libs/contracts/origins.py)
 NAME = "queue"
+RECORDS_ONLY = "a test handler: it only records what it saw"
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("keep_test_logging_and_tracing")]
 
@@ -109,7 +110,8 @@ async def test_mounted_routes_serve_commands_and_consume_events_through_the_outb
     async def on_submitted(event: CloudEvent, data: JobSubmitted) -> None:
         consumed.append(event)
 
-    routes = Routes(commands={"gpupool.cmd.queue.greet": (Greet, greet)}, events={JobSubmitted: on_submitted})
+    routes = Routes(commands={"gpupool.cmd.queue.greet": (Greet, greet)},
+                    events={JobSubmitted: idempotent(on_submitted, RECORDS_ONLY)})
     await rt.start()
     try:
         await rt.mount(routes)
@@ -140,7 +142,7 @@ async def test_event_without_a_route_is_dead_lettered_as_unsupported(
     try:
         # consume more than the routes handle: a JobStarted reaching this consumer has no handler
         await rt.consume(NAME, (subjects.JOB_SUBMITTED, subjects.JOB_STARTED),
-                         Routes(events={JobSubmitted: on_submitted}).dispatch, ack_wait_s=2.0)
+                         Routes(events={JobSubmitted: idempotent(on_submitted, RECORDS_ONLY)}).dispatch, ack_wait_s=2.0)
         started = JobStarted(job_id="j", allocation_id="a", cluster="c", node="n", started_at=datetime.now(UTC))
         async with rt.uow() as uow:
             await uow.emit(started)
@@ -168,7 +170,7 @@ async def test_sigterm_finishes_the_message_in_hand_flushes_its_outbox_and_close
                                       started_at=datetime.now(UTC)))
 
     await rt.start()
-    await rt.mount(Routes(events={JobSubmitted: on_submitted}))
+    await rt.mount(Routes(events={JobSubmitted: idempotent(on_submitted, RECORDS_ONLY)}))
     async with rt.uow() as uow:
         await uow.emit(job("j-1"))
     await asyncio.wait_for(entered.wait(), 5)

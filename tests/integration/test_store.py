@@ -26,10 +26,11 @@ from libs.contracts.envelope import CloudEvent
 from libs.contracts.events import EventData, JobSubmitted
 from libs.contracts.subjects import EVENTS_STREAM
 from libs.observability.tracing import setup_tracing
+from libs.runtime.routes import Routes, once
 from libs.store.database import create_pool
 from libs.store.migrations import Migration, MigrationError, load_migrations, migrate, store_migrations
 from libs.store.outbox_relay import OutboxRelay
-from libs.store.unit_of_work import UnitOfWork
+from libs.store.unit_of_work import BatchTransaction, UnitOfWork
 
 pytestmark = pytest.mark.integration
 
@@ -389,3 +390,65 @@ async def test_redelivery_to_a_new_process_after_one_died_before_ack_is_applied_
         await successor.stop()
     assert deliveries == [event.id, event.id]
     assert await db.fetchval("SELECT count(*) FROM effects") == 1
+
+
+# --- routes declared applied once: the dispatch does the inbox check, the handler does not ---------------------
+def _applied_once_routes(db: asyncpg.Pool, durable: str, after_commit: Callable[[int], Awaitable[None]],
+                         deliveries: list[str]) -> Routes:
+    """A handler as services write them now: its effect in a unit of work, no inbox check of its own."""
+    async def handler(event: CloudEvent, data: EventData) -> None:
+        deliveries.append(event.id)
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
+            await uow.conn.execute("INSERT INTO effects (event_id) VALUES ($1)", event.id)
+        await after_commit(len(deliveries))
+
+    return Routes(inbox=durable, events={JobSubmitted: once(handler)})
+
+
+async def test_an_applied_once_route_skips_the_redelivery_after_a_crash_before_ack(
+        db: asyncpg.Pool, js: JetStreamContext) -> None:
+    """The handler commits its effect (and, with it, the inbox row the dispatch added), then fails before the ack:
+    the redelivery stops at the handler's unit of work and is acked without a second effect."""
+    deliveries: list[str] = []
+
+    async def crash_first_time(n: int) -> None:
+        if n == 1:
+            raise RuntimeError("process died between commit and ack")
+
+    routes = _applied_once_routes(db, "routed", crash_first_time, deliveries)
+    consumer = EventConsumer(js, _spec("routed"), routes.dispatch)
+    await consumer.start()
+    try:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
+            event = await uow.emit(job("j-1"))
+        await OutboxRelay(db, functools.partial(publish_raw, js), "test").publish_pending()
+        await eventually(lambda: len(deliveries) >= 2 and _acked(js, "routed"), what="redelivered and acked")
+    finally:
+        await consumer.stop()
+    assert deliveries == [event.id, event.id]
+    assert await db.fetchval("SELECT count(*) FROM effects WHERE event_id = $1", event.id) == 1
+    assert [tuple(r) for r in await db.fetch("SELECT consumer, event_id FROM inbox")] == [("routed", event.id)]
+
+
+async def test_an_applied_once_route_in_a_batch_transaction_applies_a_duplicate_in_the_same_batch_once(
+        db: asyncpg.Pool, js: JetStreamContext) -> None:
+    """The same event stored twice (a republish after the stream's duplicate window) lands in one fetched batch:
+    the second's savepoint finds the first's uncommitted inbox row, rolls back alone, and both are acked."""
+    deliveries: list[str] = []
+
+    async def fine(n: int) -> None:
+        return None
+
+    routes = _applied_once_routes(db, "routed-batch", fine, deliveries)
+    consumer = EventConsumer(js, _spec("routed-batch"), routes.dispatch, transaction=lambda: BatchTransaction(db))
+    one, other = job("j-1").to_cloudevent("/gpupool/queue"), job("j-2").to_cloudevent("/gpupool/queue")
+    for n, event in enumerate((one, one, other)):
+        await publish_raw(js, subjects.JOB_SUBMITTED, event.to_json(), {"Nats-Msg-Id": f"copy-{n}"})
+    await consumer.start()
+    try:
+        await eventually(lambda: len(deliveries) >= 3 and _acked(js, "routed-batch"), what="batch applied, acked")
+    finally:
+        await consumer.stop()
+    assert deliveries == [one.id, one.id, other.id]
+    assert sorted(r["event_id"] for r in await db.fetch("SELECT event_id FROM effects")) == sorted([one.id, other.id])
+    assert await db.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'routed-batch'") == 2
