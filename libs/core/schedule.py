@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from libs.core.backfill import plan_reservation
 from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, mix_of
 from libs.core.explain import pending as _pending
+from libs.core.explain import render
 from libs.core.fit import FRAC_KIND, WHOLE_KIND, GpuShape, Invalid, Shape, normalize
 from libs.core.frag import mix_probabilities
 from libs.core.model import Allocation, JobRequest, MigInstance, Share, Snapshot
@@ -88,6 +89,7 @@ class CycleContext:
     fail_memo: dict = field(default_factory=dict)  # (shape, models, reservations it may use) -> its reason
     admit_memo: dict = field(default_factory=dict)  # (paths, amounts, ...) -> (ledger version, answer)
     like_memo: dict = field(default_factory=dict)  # a job's `_like` id -> (epoch, its pending reason)
+    rendered: dict = field(default_factory=dict)  # a blocked job's facts -> its message
     epoch: tuple = ()  # `_epoch` now: it moves only while a job is answered in full
     victim_memo: dict = field(default_factory=dict)  # preemption candidates per search kind (preempt.find_victims)
     preempt_fail: set = field(default_factory=set)  # searches that found nothing
@@ -490,7 +492,10 @@ class Scheduler(PlacementSearch):
         if ctx.laps:
             ctx.laps.to("backfill")
         facts = self._try_reserve(ctx, job, shape, sid, allowed, code, facts)
-        ctx.reasons.append(_pending(job.job_id, code, facts))
+        msg = ctx.rendered.get(facts)  # facts without a quota say nothing of the job: same facts, same words
+        if msg is None:
+            msg = ctx.rendered[facts] = render(job.job_id, facts)
+        ctx.reasons.append(PendingReason(job.job_id, code, msg, facts))
         if ctx.head_of_line and code != UNSCHEDULABLE:  # one that can never fit blocks nobody behind it
             ctx.blocked_by = job.job_id
 

@@ -58,6 +58,7 @@ class PlacementSearch:
             for g in ns.gpus:
                 self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
         self._empty: dict[int, tuple] = {}  # node class -> its free state when nothing runs there
+        self._class_nodes: dict[int, list[int]] | None = None  # node class -> [schedulable nodes, others]
         self._cache_settings()
 
     def _empty_dyn(self, cid: int) -> tuple:
@@ -93,34 +94,37 @@ class PlacementSearch:
 
     def _census(self, shape: Shape, sid: int, allowed: frozenset) -> dict:
         """Every node, and why it does not take the shape now: filtered out (could never serve it) or short of a
-        resource (see `plan.ReasonFacts`); per node class and per free state once."""
+        resource (see `plan.ReasonFacts`). Per node class, then per free state (a group) once; only the nodes of a
+        group whose GPUs would serve it are looked at one by one (their CPU and memory)."""
         st = self.state
+        if self._class_nodes is None:  # node class -> [schedulable nodes, others]: fixed for the state's life
+            self._class_nodes = {}
+            for ns in st.nodes:
+                self._class_nodes.setdefault(ns.cls, [0, 0])[0 if ns.schedulable else 1] += 1
         filtered: dict[str, int] = {}
         short: dict[str, int] = {}
-        static: dict[int, str] = {}
-        room: dict[tuple, bool] = {}
         per = shape.per_node if shape.members else 1
         dim = "gpu_share" if shape.kind == FRAC_KIND else "mig_slice" if shape.kind == MIG_KIND else "gpus"
-        for ns in st.nodes:
-            if not ns.schedulable:
-                filtered["cordoned"] = filtered.get("cordoned", 0) + 1
-                continue
-            why = static.get(ns.cls)
-            if why is None:
-                why = static[ns.cls] = self._filtered_by(ns.cls, shape, allowed)
+        for cid, (n_sched, n_other) in self._class_nodes.items():
+            if n_other:
+                filtered["cordoned"] = filtered.get("cordoned", 0) + n_other
+            why = self._filtered_by(cid, shape, allowed) if n_sched else ""
             if why:
-                filtered[why] = filtered.get(why, 0) + 1
+                filtered[why] = filtered.get(why, 0) + n_sched
                 continue
-            if ns.hidden or ns.key is None:
-                lack = "reserved"
-            else:
-                fits = room.get((ns.cls, ns.key))
-                if fits is None:
-                    fits = room[(ns.cls, ns.key)] = shape.kind == CPU_KIND or bool(
-                        self._choices(ns.cls, ns.key[0], shape, sid, per, allowed, "first"))
-                lack = dim if not fits else "cpu" if ns.cpu_cap and ns.cpu_free < shape.cpu else \
-                    "memory" if ns.mem_cap and ns.mem_free < shape.mem else "able"
-            short[lack] = short.get(lack, 0) + 1
+            seen = 0
+            for key, bucket in st.groups.get(cid, {}).items():
+                seen += len(bucket)
+                if shape.kind != CPU_KIND and not self._choices(cid, key[0], shape, sid, per, allowed, "first"):
+                    short[dim] = short.get(dim, 0) + len(bucket)
+                    continue
+                for idx in bucket:
+                    ns = st.nodes[idx]
+                    lack = "cpu" if ns.cpu_cap and ns.cpu_free < shape.cpu else \
+                        "memory" if ns.mem_cap and ns.mem_free < shape.mem else "able"
+                    short[lack] = short.get(lack, 0) + 1
+            if n_sched > seen:  # the rest are hidden: held for another job
+                short["reserved"] = short.get("reserved", 0) + n_sched - seen
         exhausted = max((d for d in DIMENSIONS if short.get(d)), key=lambda d: short[d], default="")
         return {"nodes_evaluated": len(st.nodes), "filtered": tuple(sorted(filtered.items())),
                 "short": tuple(sorted(short.items())), "exhausted": exhausted}

@@ -138,3 +138,9 @@ def test_rendering_never_prints_a_wildcard_as_a_model():
     facts = ReasonFacts(cause="quota", quota=QuotaFacts("org/t", "*", "lending", used_milli=2000, asked_milli=2000,
                                                         limit_milli=3000, guaranteed_milli=2000))
     assert render("j", facts) == "org/t would borrow 2 GPU(s) of any model but only 1 can be lent now"
+
+
+def test_a_request_naming_the_wildcard_model_is_said_as_any_model():
+    why = schedule(snapshot(cluster(1, 8)), [job("x", 2, gpu_models=("*",))], Policy(), now=0.0).reason_of("x")
+    assert why.message == "no GPU model in the cluster can serve 2 whole GPU(s) of any model on one node"
+    assert "*" not in why.message and why.facts.cause == "no_model"
