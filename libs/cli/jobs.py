@@ -137,7 +137,61 @@ def explain_text(ex: Any) -> str:
         pairs.append(("Preempted for", p.preemptor_job_id))
     if p.deadline:
         pairs.append(("GPUs back at", p.deadline))
+    pairs += facts_pairs(p.facts or {})
     return key_values(pairs)
+
+
+def _counts(d: dict[str, Any]) -> str:
+    return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in d.items())
+
+
+def facts_pairs(f: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A pending reason's facts (explain's `placement.facts`), one line per kind of fact."""
+    out: list[tuple[str, Any]] = []
+    if f.get("nodes_evaluated"):
+        line = f"{f['nodes_evaluated']} evaluated"
+        if f.get("filtered"):
+            line += f"; filtered out: {_counts(f['filtered'])}"
+        if f.get("short"):
+            line += f"; no room: {_counts(f['short'])}"
+        if f.get("exhausted"):
+            line += f"; exhausted: {f['exhausted'].replace('_', ' ')}"
+        out.append(("Nodes", line))
+    q = f.get("quota")
+    if q:
+        model = "any model" if q.get("gpu_model") in ("*", "", None) else q["gpu_model"]
+        out.append(("Quota", f"{q.get('path', '')} ({model}, {q.get('rule', '').replace('_', ' ')}): used "
+                             f"{q.get('used_gpus', 0):g} + asked {q.get('asked_gpus', 0):g}, limit "
+                             f"{q.get('limit_gpus', 0):g} (guaranteed {q.get('guaranteed_gpus', 0):g})"))
+    if f.get("domain_kind"):
+        where = f"{f['domain_kind']} {f['domain']}" if f.get("domain") else f"no {f['domain_kind']} yet"
+        out.append(("Waits for", f"{where}: {f.get('domain_nodes', 0)} node(s) able, "
+                                 f"{f.get('nodes_needed', 0)} needed"))
+    if f.get("labels"):
+        out.append(("Missing labels", ", ".join(f"{k}={v}" for k, v in f["labels"].items())))
+    if f.get("holders"):
+        out.append(("Reserved for", ", ".join(f["holders"])))
+    if f.get("victims_considered") or f.get("victims"):
+        line = f"{f.get('victims_considered', 0)} candidate(s) considered"
+        if f.get("victims"):
+            line += "; waiting for " + ", ".join(f"{v['job_id']} ({v['reason']})" for v in f["victims"])
+            if f.get("victim_nodes"):
+                line += f" on {', '.join(f['victim_nodes'])}"
+        out.append(("Victims", line))
+    w = f.get("wait")
+    if w:
+        out.append(("Not preempting", f"{', '.join(w.get('would_preempt', []))} would lose "
+                                      f"{w.get('lost_gpu_hours', 0):.3g} GPU-hours; waiting has cost "
+                                      f"{w.get('waited_gpu_hours', 0):.3g} (at most {w.get('max_wait_s', 0):g} s)"))
+    if f.get("reservation_nodes"):
+        nodes = ", ".join(f["reservation_nodes"])
+        if f.get("soft_hold"):
+            out.append(("Held nodes", f"{nodes} (soft hold: start unknown)"))
+        else:
+            rel = f.get("reservation_in_s")
+            out.append(("Held nodes", f"{nodes} from {f.get('reservation_start')}"
+                                      + (f" (in {rel:.0f} s)" if rel is not None and rel > 0 else "")))
+    return out
 
 
 def cmd_explain(args: argparse.Namespace, gp: GpupoolClient) -> int:

@@ -146,6 +146,8 @@ class PlacementExplanation(ApiModel):
     preempting_for_it: list[str] = Field(default_factory=list, description="jobs being preempted to make room")
     preemptor_job_id: str | None = Field(default=None, description="the job this one is being preempted for")
     deadline: datetime | None = Field(default=None, description="when a preempted job's GPUs are taken back")
+    facts: dict[str, Any] = Field(default_factory=dict, description="a pending job's reason as data: node census, "
+                                                                    "quota numbers, victims, rack, reservation")
 
 
 class Explanation(ApiModel):

@@ -54,7 +54,7 @@ class Shape:
         return self.total * WHOLE
 
     def describe(self) -> str:
-        models = "|".join(self.models) or "any model"
+        models = "|".join(m for m in self.models if m != "*") or "any model"  # "*" is never printed as a model
         if self.kind == MIG_KIND:
             return f"one MIG {self.profile} instance ({models})"
         if self.kind == FRAC_KIND:

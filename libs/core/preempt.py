@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from libs.core.fit import CPU_KIND, FRAC_KIND, MIG_KIND, Shape
 from libs.core.model import MIG, WHOLE, JobRequest
+from libs.core.plan import WaitFacts
 from libs.core.policy import Policy
 from libs.core.quota import QuotaLedger
 from libs.core.reasons import PREEMPTED_BY_PRIORITY, PREEMPTED_WITHIN_QUOTA, RECLAIMED_FOR_GUARANTEE
@@ -43,14 +44,23 @@ class Victims:
 
     chosen: tuple[tuple[str, str], ...]
     nodes: tuple[int, ...]
+    considered: int = 0  # candidates the search weighed
 
 
 @dataclass(frozen=True, slots=True)
 class NotYet:
     """Victims exist, but preempting them now would throw away more work than waiting has cost (the ski-rental
-    rule): `reason` says so, for the job's pending reason."""
+    rule): `wait` says so, for the job's pending reason."""
 
-    reason: str
+    wait: WaitFacts
+    considered: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NoVictims:
+    """No set of victims makes room (`considered`: the candidates weighed)."""
+
+    considered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +80,11 @@ class Preemptor:
 
 
 def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
-                 taken: set[str], policy: Policy, now: float, memo: dict | None = None) -> Victims | NotYet | None:
+                 taken: set[str], policy: Policy, now: float, memo: dict | None = None) -> Victims | NotYet | NoVictims:
     """Decide victims (never act) among `candidates` (running work preemptible now), none of `taken` (victims
     and jobs placed earlier in the cycle): same team and lower priority, or borrowers when the job's team is
-    within its guarantee. Never a victim of higher priority than the preemptor. None: no set of victims makes
-    room. `memo` (one cycle's, the same `candidates` and `now` throughout): the candidates of one kind of search,
+    within its guarantee. Never a victim of higher priority than the preemptor. NoVictims: no set of victims
+    makes room. `memo` (one cycle's, the same `candidates` and `now` throughout): the candidates of one kind of search,
     kept while nothing was placed, chosen or borrowed since."""
     st = state
     job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
@@ -87,8 +97,12 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
         hit = _candidates(st, candidates, pre, ledger, taken, policy, now)
     cands, budget, by_node = hit
     if not cands:
-        return None
-    return _search(st, cands, budget, by_node, pre, policy, now)
+        return NoVictims(0)
+    got = _search(st, cands, budget, by_node, pre, policy, now)
+    n = len(cands)
+    if got is None:
+        return NoVictims(n)
+    return NotYet(got.wait, n) if isinstance(got, NotYet) else Victims(got.chosen, got.nodes, n)
 
 
 def _candidates(st: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
@@ -192,9 +206,9 @@ def _search(st: ClusterState, cands: list[tuple], budget: dict[str, int], by_nod
                 best = (key, sel, idx)
         if best is None:
             return None
-        note = waiting_pays(policy, pre, best[1], now)
-        if note is not None:
-            return NotYet(note)
+        wait = waiting_pays(policy, pre, best[1], now)
+        if wait is not None:
+            return NotYet(wait)
         return Victims(tuple((c[2], c[3]) for c in best[1]), (best[2],))
 
     # gangs: release cheapest victims until the whole gang fits, then drop the ones not needed
@@ -220,9 +234,9 @@ def _search(st: ClusterState, cands: list[tuple], budget: dict[str, int], by_nod
     if not ok:
         return None
     sel = minimise(sel, gang_fits)
-    note = waiting_pays(policy, pre, sel, now)
-    if note is not None:
-        return NotYet(note)
+    wait = waiting_pays(policy, pre, sel, now)
+    if wait is not None:
+        return NotYet(wait)
     mark = release_set(sel)
     takes = pre.place() or []
     nodes = tuple(sorted({t.node for t in takes}))
@@ -297,9 +311,9 @@ class QuotaPreemptor:
 
 
 def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: QuotaPreemptor,
-                       ledger: QuotaLedger, taken: set[str], policy: Policy, now: float) -> Victims | NotYet | None:
+                       ledger: QuotaLedger, taken: set[str], policy: Policy, now: float) -> Victims | NotYet | NoVictims:
     """Victims that make room within the quota that refuses `pre.job` (module docstring), decided, never acted
-    on: once they are gone the job is admitted and fits. None: no such set."""
+    on: once they are gone the job is admitted and fits. NoVictims: no such set."""
     st, job, paths, prio = state, pre.job, pre.paths, pre.priority
     refusing = ledger.refusing_paths(paths, pre.amounts, job.job_id, guarantee_only=pre.guarantee_only)
     project_only = refusing <= {paths[2]}  # only the project is full: other projects' work would not help
@@ -326,10 +340,11 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
         milli = sum(rj.milli_by_model.values())
         lost = milli * max(0.0, now - rj.started_at)
         cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team, rj.started_at, vpaths, rj.milli_by_model))
+    n = len(cands)
     if not cands:
-        return None
+        return NoVictims(0)
     if not _admitted_without(ledger, pre, cands):
-        return None  # not even with every candidate gone would its quota admit it: no release can help
+        return NoVictims(n)  # not even with every candidate gone would its quota admit it: no release can help
     # Kueue's order: other teams' borrowed work, then the lowest priority, then the most recently started
     cands.sort(key=lambda c: (c[3] != RECLAIMED_FOR_GUARANTEE, c[0], -c[6], c[2]))
 
@@ -377,16 +392,16 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
     ledger.restore(version)
     st.rollback(mark)
     if not ok:
-        return None
+        return NoVictims(n)
     for c in reversed(sel[:-1]):  # minimise: add back each victim but the last, the latest chosen first
         trial = [x for x in sel if x is not c]
         if without(trial) is not None:
             sel = trial
-    note = waiting_pays(policy, pre, sel, now)
-    if note is not None:
-        return NotYet(note)
+    wait = waiting_pays(policy, pre, sel, now)
+    if wait is not None:
+        return NotYet(wait, n)
     takes = without(sel) or []
-    return Victims(tuple((c[2], c[3]) for c in sel), tuple(sorted({t.node for t in takes})))
+    return Victims(tuple((c[2], c[3]) for c in sel), tuple(sorted({t.node for t in takes})), n)
 
 
 def _admitted_without(ledger: QuotaLedger, pre: QuotaPreemptor, cands: list[tuple]) -> bool:
@@ -403,7 +418,7 @@ def _admitted_without(ledger: QuotaLedger, pre: QuotaPreemptor, cands: list[tupl
     return bool(allowed)
 
 
-def waiting_pays(policy: Policy, pre: Preemptor | QuotaPreemptor, sel: list[tuple], now: float) -> str | None:
+def waiting_pays(policy: Policy, pre: Preemptor | QuotaPreemptor, sel: list[tuple], now: float) -> WaitFacts | None:
     """The ski-rental rule (module docstring): None when preempting `sel` now is worth it, else why it waits."""
     job = pre.job
     if pre.priority >= policy.preempt_at_once_priority or not policy.preemption_cost:
@@ -418,8 +433,5 @@ def waiting_pays(policy: Policy, pre: Preemptor | QuotaPreemptor, sel: list[tupl
     demand = pre.demand
     if demand * waited_s >= sunk:
         return None
-    names = [str(c[2]) for c in sel]
-    which = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return (f"it would preempt {which}, but that would throw away {sunk / 1000 / 3600:.3g} GPU-hours of work; "
-            f"waiting has cost {demand * waited_s / 1000 / 3600:.3g} so far, so it waits (at most "
-            f"{policy.max_preemption_wait_s:g} s)")
+    return WaitFacts(tuple(str(c[2]) for c in sel), sunk / 1000, demand * waited_s / 1000,
+                     policy.max_preemption_wait_s)

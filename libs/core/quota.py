@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from libs.core.model import WHOLE
+from libs.core.explain import quota_text
+from libs.core.plan import QuotaFacts
 from libs.core.policy import QuotaEntry, QuotaTree
 
 INF = math.inf
@@ -55,26 +56,38 @@ class QuotaLedger:
         """Quota admission of one job over the GPU models it may use (`amounts`: model -> milli it would take):
         the models it may take now, and the first refusal's message. `guarantee_only`: non-preemptible work may
         not borrow (what is borrowed must stay reclaimable), so it must fit its team's guarantee."""
+        allowed, first = self.admission(paths, amounts, guarantee_only=guarantee_only)
+        return allowed, quota_text(job_id, first) if first is not None else None
+
+    def admission(self, paths: tuple[str, str, str], amounts: Iterable[tuple[str, int]], *,
+                  guarantee_only: bool) -> tuple[list[str], QuotaFacts | None]:
+        """`admissible` with the first refusal as facts (`explain.quota_text` says them)."""
         allowed: list[str] = []
-        first: str | None = None
+        first: QuotaFacts | None = None
         for model, amount in amounts:
-            got = self.refusal(paths, model, amount, job_id, guarantee_only=guarantee_only)
+            got = self.refusal_facts(paths, model, amount, guarantee_only=guarantee_only)
             if got is None:
                 allowed.append(model)
             elif first is None:
-                first = got[1]
+                first = got
         return allowed, first
 
     def refusal(self, paths: tuple[str, str, str], model: str, amount: int, job_id: str, *,
                 guarantee_only: bool) -> tuple[str, str] | None:
         """None when `amount` of `model` is admissible, else (the path of the level that refuses, why)."""
-        got = self.check_at(paths, model, amount)
+        got = self.refusal_facts(paths, model, amount, guarantee_only=guarantee_only)
+        return None if got is None else (got.path, quota_text(job_id, got))
+
+    def refusal_facts(self, paths: tuple[str, str, str], model: str, amount: int, *,
+                      guarantee_only: bool) -> QuotaFacts | None:
+        """None when `amount` of `model` is admissible, else the refusal of the level that refuses."""
+        got = self.check_facts(paths, model, amount)
         if got is None and guarantee_only and amount and not self.within_guarantee(paths, model, amount):
             e = self.entry(paths[1], model)
-            got = (paths[1], f"{job_id} is not preemptible, so it may use only {paths[1]}'s guarantee "
-                             f"({_gpus(self.guaranteed(paths[1], model), e.gpu_model if e else model)}, "
-                             f"{self.team_used(paths[1], model) / WHOLE:g} in use); submit it with preemptible: true to "
-                             f"borrow")
+            g = self.guaranteed(paths[1], model)
+            got = QuotaFacts(paths[1], e.gpu_model if e else model, "guarantee_only",
+                             used_milli=self.team_used(paths[1], model), asked_milli=amount, limit_milli=g,
+                             guaranteed_milli=g)
         return got
 
     def refusing_paths(self, paths: tuple[str, str, str], amounts: Iterable[tuple[str, int]], job_id: str, *,
@@ -82,9 +95,9 @@ class QuotaLedger:
         """The levels of the job's path that refuse it, over the models it may use."""
         out: set[str] = set()
         for model, amount in amounts:
-            got = self.refusal(paths, model, amount, job_id, guarantee_only=guarantee_only)
+            got = self.refusal_facts(paths, model, amount, guarantee_only=guarantee_only)
             if got is not None:
-                out.add(got[0])
+                out.add(got.path)
         return out
 
     def paths(self, team: str, project: str) -> tuple[str, str, str]:
@@ -151,6 +164,11 @@ class QuotaLedger:
     def check_at(self, paths: tuple[str, ...], model: str, milli: int) -> tuple[str, str] | None:
         """None when admissible, else (the path of the first level that refuses, why). Counts are of what the
         level's entry covers: the model's GPUs, or every model's for a wildcard entry ("GPUs of any model")."""
+        got = self.check_facts(paths, model, milli)
+        return None if got is None else (got.path, quota_text("", got))
+
+    def check_facts(self, paths: tuple[str, ...], model: str, milli: int) -> QuotaFacts | None:
+        """`check_at`'s refusal as facts."""
         if not self.has_entries:
             return None
         any_entry = False
@@ -163,20 +181,16 @@ class QuotaLedger:
             used = self.used(path, km)
             g = int(e.guaranteed * 1000)
             if e.borrowing_limit is not None and used + milli > g + int(e.borrowing_limit * 1000):
-                return path, (
-                    f"{path} would use {_gpus(used + milli, km)} ({_gpus(used, km, unit=False)} in use), over its "
-                    f"guarantee {e.guaranteed:g} + borrowing limit {e.borrowing_limit:g}"
-                )
+                return QuotaFacts(path, km, "borrowing_limit", used_milli=used, asked_milli=milli,
+                                  limit_milli=g + int(e.borrowing_limit * 1000), guaranteed_milli=g)
             if used + milli > g:
                 avail = self._borrowable(path, km, e, used + milli)
                 need = used + milli - g
                 if need > avail:
-                    return path, (
-                        f"{path} would borrow {_gpus(need, km)} but only {max(avail, 0) / 1000:g} "
-                        f"can be lent now"
-                    )
+                    return QuotaFacts(path, km, "lending", used_milli=used, asked_milli=milli,
+                                      limit_milli=g + max(int(avail), 0), guaranteed_milli=g)
         if self.strict and not any_entry:
-            return paths[1], f"{paths[1]} has no quota for {model}"
+            return QuotaFacts(paths[1], model, "no_quota", asked_milli=milli)
         return None
 
     def _borrowable(self, path: str, km: str, me: QuotaEntry, my_use: int) -> float:
@@ -204,14 +218,6 @@ class QuotaLedger:
             lend += unused
             borrowed_by_others += max(0, u - g)
         return lend + max(0.0, unassigned) - borrowed_by_others
-
-
-def _gpus(milli: float, model: str, unit: bool = True) -> str:
-    """`milli` GPUs as a message says them: "2 H100-80GB GPU(s)", or "2 GPU(s) of any model" for a wildcard."""
-    n = f"{milli / WHOLE:g}"
-    if not unit:
-        return n
-    return f"{n} GPU(s) of any model" if model == "*" else f"{n} {model} GPU(s)"
 
 
 def teams_quota(guarantees: dict[str, float], gpu_model: str = "*", org: str = "default",

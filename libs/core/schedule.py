@@ -26,10 +26,21 @@ from dataclasses import dataclass, field, replace
 
 from libs.core.backfill import plan_reservation
 from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, mix_of
+from libs.core.explain import pending as _pending
+from libs.core.explain import render
 from libs.core.fit import FRAC_KIND, WHOLE_KIND, GpuShape, Invalid, Shape, normalize
 from libs.core.frag import mix_probabilities
 from libs.core.model import Allocation, JobRequest, MigInstance, Share, Snapshot
-from libs.core.plan import MigReconfig, PendingReason, Placement, Plan, Preemption, Reservation
+from libs.core.plan import (
+    MigReconfig,
+    PendingReason,
+    Placement,
+    Plan,
+    Preemption,
+    QuotaFacts,
+    ReasonFacts,
+    Reservation,
+)
 from libs.core.policy import Policy, WorkloadShape
 from libs.core.preempt import NotYet, Preemptor, QuotaPreemptor, Victims, find_quota_victims, find_victims
 from libs.core.quota import QuotaLedger
@@ -50,6 +61,7 @@ from libs.core.search import PlacementSearch
 from libs.core.state import ClusterState, RunningJob, Take
 
 INF = math.inf
+_OVER_QUOTA = QuotaFacts("", "", "over_quota")  # refused without a refusal to name (never expected)
 
 
 @dataclass(slots=True)
@@ -76,7 +88,8 @@ class CycleContext:
     eligible_victims: list[RunningJob] = field(default_factory=list)  # preemptible now (past min runtime)
     fail_memo: dict = field(default_factory=dict)  # (shape, models, reservations it may use) -> its reason
     admit_memo: dict = field(default_factory=dict)  # (paths, amounts, ...) -> (ledger version, answer)
-    like_memo: dict = field(default_factory=dict)  # a job's `_like` id -> (epoch, reason code, message)
+    like_memo: dict = field(default_factory=dict)  # a job's `_like` id -> (epoch, its pending reason)
+    rendered: dict = field(default_factory=dict)  # a blocked job's facts -> its message
     epoch: tuple = ()  # `_epoch` now: it moves only while a job is answered in full
     victim_memo: dict = field(default_factory=dict)  # preemption candidates per search kind (preempt.find_victims)
     preempt_fail: set = field(default_factory=set)  # searches that found nothing
@@ -315,7 +328,7 @@ class Scheduler(PlacementSearch):
                 cache[j.job_id] = hit
             m = hit[1]
             if m[0] == INVALID_REQUEST:
-                ctx.reasons.append(PendingReason(j.job_id, INVALID_REQUEST, m[1]))
+                ctx.reasons.append(_pending(j.job_id, INVALID_REQUEST, ReasonFacts(cause="invalid", detail=m[1])))
                 continue
             ctx.meta[j.job_id] = m
             ctx.valid.append(j)
@@ -379,7 +392,8 @@ class Scheduler(PlacementSearch):
         if key is not None:
             hit = ctx.like_memo.get(key)
             if hit is not None and hit[0] == epoch:
-                ctx.reasons.append(PendingReason(job.job_id, hit[1], hit[2]))
+                r = hit[1]
+                ctx.reasons.append(PendingReason(job.job_id, r.reason, r.message, r.facts))
                 return
             memos = self._memos(ctx)
             n = len(ctx.reasons)
@@ -389,7 +403,7 @@ class Scheduler(PlacementSearch):
         # it will find (memos only grow, and an entry changes only with the state), so that job meets the same
         if key is not None and len(ctx.reasons) == n + 1 and ctx.epoch == epoch and self._memos(ctx) == memos:
             r = ctx.reasons[-1]
-            ctx.like_memo[key] = (epoch, r.reason, r.message)
+            ctx.like_memo[key] = (epoch, r)
 
     def _like(self, ctx: CycleContext, job: JobRequest) -> tuple | None:
         """What decides a job's answer besides the state: jobs with the same key get the same answer from the same
@@ -429,8 +443,8 @@ class Scheduler(PlacementSearch):
             ctx.laps.to("quota")
         shape, prio, preemptible, min_rt = ctx.meta[job.job_id]
         if ctx.blocked_by is not None:
-            ctx.reasons.append(PendingReason(job.job_id, BLOCKED_BY_QUEUE_HEAD,
-                                             f"FIFO: waiting behind {ctx.blocked_by}, which does not fit yet"))
+            ctx.reasons.append(_pending(job.job_id, BLOCKED_BY_QUEUE_HEAD,
+                                        ReasonFacts(cause="fifo", blocked_by=ctx.blocked_by)))
             return
         paths = ctx.ledger.paths(job.team, job.project)
         allowed, refusal = self._admit(ctx, job, shape, preemptible, paths)
@@ -438,16 +452,17 @@ class Scheduler(PlacementSearch):
             if job.alternatives and self._try_alternatives(ctx, job, paths, prio, preemptible, min_rt):
                 return
             if refusal is None:
-                ctx.reasons.append(PendingReason(job.job_id, NO_FEASIBLE_NODE,
-                                                 f"no GPU model in the cluster can serve {shape.describe()}"))
+                ctx.reasons.append(_pending(job.job_id, NO_FEASIBLE_NODE,
+                                            ReasonFacts(cause="no_model", ask=shape.describe())))
                 return
+            facts = ReasonFacts(cause="quota", ask=shape.describe(), quota=refusal)
             if ctx.eligible_victims:  # its quota refuses it: make room within that quota, or wait
                 if ctx.laps:
                     ctx.laps.to("preemption")
-                preempting, refusal = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, refusal)
+                preempting, facts = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, facts)
                 if preempting:
                     return
-            ctx.reasons.append(PendingReason(job.job_id, QUOTA_EXCEEDED, refusal))
+            ctx.reasons.append(_pending(job.job_id, QUOTA_EXCEEDED, facts))
             return
         if ctx.laps:
             ctx.laps.to("place")
@@ -460,29 +475,32 @@ class Scheduler(PlacementSearch):
             return
         if ctx.laps:
             ctx.laps.to("reasons")
-        code, msg = self._diagnose(ctx, job, shape, sid, allowed, memo_key)
+        code, facts = self._diagnose(ctx, job, shape, sid, allowed, memo_key)
         # preempting frees room, never a label: a job no node matches has no victims to look for
         if ctx.eligible_victims and code not in (RESERVED_FOR_GANG, NO_NODE_MATCHES_SELECTOR, UNSCHEDULABLE):
             if ctx.laps:
                 ctx.laps.to("preemption")
-            preempting, msg = self._try_preempt(ctx, job, shape, sid, allowed, prio, paths, msg)
+            preempting, facts = self._try_preempt(ctx, job, shape, sid, allowed, prio, paths, facts)
             if preempting:
                 return
         refused = [m for m in self._models_for(shape) if m not in allowed] if ctx.ledger.has_entries else []
         if refused and ctx.eligible_victims and code != NO_NODE_MATCHES_SELECTOR:
             # it fits none of the models its quota admits; the others it may get by making room within its quota
-            preempting, _ = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, msg, refused)
+            preempting, _ = self._try_quota_preempt(ctx, job, shape, prio, preemptible, paths, facts, refused)
             if preempting:
                 return
         if ctx.laps:
             ctx.laps.to("backfill")
-        msg = self._try_reserve(ctx, job, shape, sid, allowed, code, msg)
-        ctx.reasons.append(PendingReason(job.job_id, code, msg))
+        facts = self._try_reserve(ctx, job, shape, sid, allowed, code, facts)
+        msg = ctx.rendered.get(facts)  # facts without a quota say nothing of the job: same facts, same words
+        if msg is None:
+            msg = ctx.rendered[facts] = render(job.job_id, facts)
+        ctx.reasons.append(PendingReason(job.job_id, code, msg, facts))
         if ctx.head_of_line and code != UNSCHEDULABLE:  # one that can never fit blocks nobody behind it
             ctx.blocked_by = job.job_id
 
     def _admit(self, ctx: CycleContext, job: JobRequest, shape: Shape, preemptible: bool,
-               paths: tuple[str, str, str]) -> tuple[frozenset | None, str | None]:
+               paths: tuple[str, str, str]) -> tuple[frozenset | None, QuotaFacts | None]:
         """4. The GPU models the job may take within its quota; (None, why) when its quota refuses it, (None,
         None) when no GPU model in the cluster could serve it."""
         amounts = self._shape_amounts.get(shape)
@@ -497,8 +515,8 @@ class Scheduler(PlacementSearch):
         hit = ctx.admit_memo.get(key)
         if hit is not None and hit[0] == ctx.ledger.version:
             return hit[1]
-        allowed, refusal = ctx.ledger.admissible(paths, amounts, job.job_id, guarantee_only=g_only)
-        got = (None, refusal or "over quota") if not allowed else (frozenset(allowed), None)
+        allowed, refusal = ctx.ledger.admission(paths, amounts, guarantee_only=g_only)
+        got = (None, refusal or _OVER_QUOTA) if not allowed else (frozenset(allowed), None)
         ctx.admit_memo[key] = (ctx.ledger.version, got)
         return got
 
@@ -590,7 +608,7 @@ class Scheduler(PlacementSearch):
         ctx.placed_last = True
 
     def _diagnose(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
-                  memo_key: tuple) -> tuple[str, str]:
+                  memo_key: tuple) -> tuple[str, ReasonFacts]:
         """6. Why it does not fit (the same for every job of the same shape, models and usable holds)."""
         got = ctx.fail_memo.get(memo_key)
         if got is None:
@@ -600,14 +618,15 @@ class Scheduler(PlacementSearch):
                     ctx.nodes_by_class = dict(Counter(ns.cls for ns in self.state.nodes if ns.schedulable))
                 never = self._why_never(shape, sid, allowed, ctx.nodes_by_class)
                 if never is not None:
-                    got = (UNSCHEDULABLE, never + "; it waits until the pool grows")
+                    got = (UNSCHEDULABLE, replace(got[1], **never))
             ctx.fail_memo[memo_key] = got
         return got
 
     def _try_preempt(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
-                     prio: int, paths: tuple[str, str, str], msg: str) -> tuple[bool, str]:
+                     prio: int, paths: tuple[str, str, str], facts: ReasonFacts) -> tuple[bool, ReasonFacts]:
         """7. Victims for the blocked job (decided, never acted on): (True: it waits for them, its reason
-        recorded; the message, with why it waits instead when preempting would cost more than waiting)."""
+        recorded; the facts, with the candidates weighed and why it waits instead when preempting would cost more
+        than waiting)."""
         st, ledger = self.state, ctx.ledger
         rkey = ("reclaim", paths[1], sid, allowed)
         hit = ctx.admit_memo.get(rkey)
@@ -617,7 +636,7 @@ class Scheduler(PlacementSearch):
         reclaim = hit[1]
         pkey = (sid, allowed, job.team, prio, reclaim)
         if pkey in ctx.preempt_fail:
-            return False, msg
+            return False, facts
         ctx.n_searches += 1
         pre = Preemptor(job=job, shape=shape, allowed=allowed, priority=prio, reclaim=reclaim,
                         demand=max((self._amount(shape, m) for m in allowed), default=0),
@@ -625,15 +644,16 @@ class Scheduler(PlacementSearch):
                         place=lambda: self._place(job, shape, sid, allowed))
         found = find_victims(st, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
                              ctx.victim_memo)
+        facts = replace(facts, victims_considered=found.considered)
         if not isinstance(found, Victims):
             ctx.preempt_fail.add(pkey)
-            return False, msg + ("; " + found.reason if isinstance(found, NotYet) else "")
-        self._hold_for(ctx, job, prio, found, "preempted job(s)")
-        return True, msg
+            return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
+        self._hold_for(ctx, job, prio, found, facts)
+        return True, facts
 
     def _try_quota_preempt(self, ctx: CycleContext, job: JobRequest, shape: Shape, prio: int, preemptible: bool,
-                           paths: tuple[str, str, str], msg: str,
-                           models: Iterable[str] | None = None) -> tuple[bool, str]:
+                           paths: tuple[str, str, str], facts: ReasonFacts,
+                           models: Iterable[str] | None = None) -> tuple[bool, ReasonFacts]:
         """4b. A job its quota refuses: victims that make room within that quota (`preempt.find_quota_victims`:
         lower-priority work of its own team or project, and other teams' borrowed work while its team stays
         within its guarantee). (True: it waits for them, its reason recorded; the refusal, with why it waits
@@ -643,7 +663,7 @@ class Scheduler(PlacementSearch):
         reclaim = self._reclaims(ctx, paths, amounts)
         pkey = ("quota", self._sid(shape), amounts, job.team, job.project, prio, preemptible, reclaim)
         if pkey in ctx.preempt_fail:
-            return False, msg
+            return False, facts
         ctx.n_searches += 1
         sid = self._sid(shape)
         pre = QuotaPreemptor(job=job, paths=paths, priority=prio, amounts=amounts,
@@ -651,16 +671,16 @@ class Scheduler(PlacementSearch):
                              demand=max((a for _, a in amounts), default=0),
                              place=lambda allowed: self._place(job, shape, sid, allowed))
         found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now)
+        facts = replace(facts, victims_considered=found.considered)
         if not isinstance(found, Victims):
             ctx.preempt_fail.add(pkey)
-            return False, msg + ("; " + found.reason if isinstance(found, NotYet) else "")
+            return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
         whys = sorted({why for _, why in found.chosen})
         scope = paths[2] if any(w == PREEMPTED_WITHIN_QUOTA for w in whys) and \
             ledger.refusing_paths(paths, amounts, job.job_id, guarantee_only=pre.guarantee_only) <= {paths[2]} \
             else paths[1]
-        self._hold_for(ctx, job, prio, found, f"job(s) preempted to make room within its quota ({', '.join(whys)})",
-                       scope=scope, note=msg)
-        return True, msg
+        self._hold_for(ctx, job, prio, found, replace(facts, within_quota=True), scope=scope)
+        return True, facts
 
     def _reclaims(self, ctx: CycleContext, paths: tuple[str, str, str], amounts: tuple[tuple[str, int], ...]) -> bool:
         """Whether the job's team stays within its guarantee taking `amounts` of some model: other teams'
@@ -673,10 +693,10 @@ class Scheduler(PlacementSearch):
         ctx.admit_memo[key] = (ctx.ledger.version, got)
         return got
 
-    def _hold_for(self, ctx: CycleContext, job: JobRequest, prio: int, found: Victims, what: str,
-                  scope: str = "", note: str = "") -> None:
+    def _hold_for(self, ctx: CycleContext, job: JobRequest, prio: int, found: Victims, facts: ReasonFacts,
+                  scope: str = "") -> None:
         """The victims into the plan, the preemptor's target nodes held for it into the next cycle, and its
-        reason: waiting for `what` to leave them."""
+        reason: waiting for them to leave (`facts.within_quota`: made room within its quota, which refused)."""
         st = self.state
         for vid, why in found.chosen:
             ctx.taken.add(vid)
@@ -697,23 +717,22 @@ class Scheduler(PlacementSearch):
             st.set_hidden(idx, True)
         # held for the preemptor into the next cycle, when the victims are gone
         ctx.held_next[job.job_id] = (list(found.nodes), ctx.now)
-        names = ", ".join(sorted(st.nodes[i].name for i in found.nodes))
-        ctx.reasons.append(PendingReason(job.job_id, PREEMPTING,
-                                         f"waiting for {len(found.chosen)} {what} to leave {names}"
-                                         + (f"; {note}" if note else "")))
+        names = tuple(sorted(st.nodes[i].name for i in found.nodes))
+        ctx.reasons.append(_pending(job.job_id, PREEMPTING,
+                                    replace(facts, victims=found.chosen, victim_nodes=names)))
         if ctx.head_of_line:
             ctx.blocked_by = job.job_id
 
     def _try_reserve(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
-                     code: str, msg: str) -> str:
+                     code: str, facts: ReasonFacts) -> ReasonFacts:
         """8. Backfill: nodes held for a blocked big job from when they are expected to be free (a soft hold when
-        that is unknown, only for a job that has waited `drain_after_s`). Returns the reason's message."""
+        that is unknown, only for a job that has waited `drain_after_s`). Returns the reason's facts."""
         p, st, now = self.policy, self.state, ctx.now
         if not (p.setting("backfill") and shape.kind == WHOLE_KIND and shape.total >= 2
                 and self._kind(job.kind).reserve and code in (NO_FEASIBLE_NODE, WAITING_FOR_GANG)
                 and len(ctx.reservations) < p.max_reservations
                 and ctx.reserve_tries < 4 * p.max_reservations and (sid, allowed) not in ctx.reserve_memo):
-            return msg
+            return facts
         ctx.reserve_tries += 1
         starving = not (now - job.submitted_at < p.drain_after_s or ctx.draining)
         if not self.n_finite and not starving:
@@ -725,7 +744,7 @@ class Scheduler(PlacementSearch):
         if res is not None and res[1] == INF and not starving:
             res = None  # nobody knows when the nodes free up: drain them only for one starving job
         if res is None:
-            return msg
+            return facts
         idxs, start_by = res
         if start_by == INF:
             ctx.draining = True
@@ -735,10 +754,8 @@ class Scheduler(PlacementSearch):
         ctx.held_next[job.job_id] = (list(idxs), start_by)
         ctx.reservations.append(Reservation(job.job_id, tuple(st.nodes[i].name for i in idxs), start_by,
                                             soft=start_by == INF))
-        if start_by == INF:
-            return msg + (f"; other work is steered away from {len(idxs)} node(s) until running work there ends "
-                          f"(a soft hold: that end is unknown, so it idles nothing)")
-        return msg + f"; reserved {len(idxs)} node(s) to start by t={start_by:g}"
+        return replace(facts, reservation_nodes=tuple(st.nodes[i].name for i in idxs), reservation_start=start_by,
+                       reservation_in_s=None if start_by == INF else start_by - now)
 
     def _finish(self, ctx: CycleContext) -> Plan:
         """9. The plan; held nodes visible again, this cycle's reservations kept for the next."""

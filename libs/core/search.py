@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from libs.core import mig as migcat
+from libs.core.explain import DIMENSIONS
 from libs.core.fit import (
     CPU_KIND,
     FRAC_KIND,
@@ -29,6 +30,7 @@ from libs.core.fit import (
     used_share,
 )
 from libs.core.model import EXCLUSIVE, WHOLE, JobRequest
+from libs.core.plan import ReasonFacts
 from libs.core.policy import KindPolicy, Policy
 from libs.core.reasons import NO_FEASIBLE_NODE, NO_NODE_MATCHES_SELECTOR, RESERVED_FOR_GANG, WAITING_FOR_GANG
 from libs.core.state import ClusterState, Take
@@ -56,6 +58,7 @@ class PlacementSearch:
             for g in ns.gpus:
                 self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
         self._empty: dict[int, tuple] = {}  # node class -> its free state when nothing runs there
+        self._class_nodes: dict[int, list[int]] | None = None  # node class -> [schedulable nodes, others]
         self._cache_settings()
 
     def _empty_dyn(self, cid: int) -> tuple:
@@ -66,27 +69,80 @@ class PlacementSearch:
                 for st in self.state.classes[cid].gpus)
         return got
 
-    def _why_never(self, shape: Shape, sid: int, allowed: frozenset, nodes_by_class: dict[int, int]) -> str | None:
+    def _why_never(self, shape: Shape, sid: int, allowed: frozenset,
+                   nodes_by_class: dict[int, int]) -> dict | None:
         """Why the shape could not fit this pool even with every schedulable node empty (`nodes_by_class`: how
-        many schedulable nodes each node class has); None when it could."""
+        many schedulable nodes each node class has), as the facts of an `Unschedulable` reason; None when it
+        could."""
         classes = [cid for cid in self._classes_for(shape, allowed) if nodes_by_class.get(cid)]
         if shape.kind == CPU_KIND:
-            return None if classes else f"no node of this pool has {shape.cpu} mCPU / {shape.mem} MiB"
+            return None if classes else {"cause": "never_host"}
         if shape.members >= 1:
             able = sum(nodes_by_class[cid] for cid in classes
                        if self._choices(cid, self._empty_dyn(cid), shape, sid, shape.per_node, allowed, "first"))
             if able >= shape.members:
                 return None
             if shape.members == 1:
-                return f"no node of this pool could hold {shape.describe()}, even empty"
-            return (f"{shape.describe()}: only {able} node(s) of this pool could take a member, even empty "
-                    f"(need {shape.members})")
+                return {"cause": "never_node"}
+            return {"cause": "never_members", "nodes_able": able, "nodes_needed": shape.members}
         whole = sum(nodes_by_class[cid] * sum(1 for st in self.state.classes[cid].gpus
                                               if st[5] and st[2] != MIG and gpu_eligible(st, shape, allowed))
                     for cid in classes)
         if whole >= shape.total:
             return None
-        return f"{shape.describe()}: this pool has {whole} GPU(s) that could serve it, even empty"
+        return {"cause": "never_gpus", "gpus_able": whole}
+
+    def _census(self, shape: Shape, sid: int, allowed: frozenset) -> dict:
+        """Every node, and why it does not take the shape now: filtered out (could never serve it) or short of a
+        resource (see `plan.ReasonFacts`). Per node class, then per free state (a group) once; only the nodes of a
+        group whose GPUs would serve it are looked at one by one (their CPU and memory)."""
+        st = self.state
+        if self._class_nodes is None:  # node class -> [schedulable nodes, others]: fixed for the state's life
+            self._class_nodes = {}
+            for ns in st.nodes:
+                self._class_nodes.setdefault(ns.cls, [0, 0])[0 if ns.schedulable else 1] += 1
+        filtered: dict[str, int] = {}
+        short: dict[str, int] = {}
+        per = shape.per_node if shape.members else 1
+        dim = "gpu_share" if shape.kind == FRAC_KIND else "mig_slice" if shape.kind == MIG_KIND else "gpus"
+        for cid, (n_sched, n_other) in self._class_nodes.items():
+            if n_other:
+                filtered["cordoned"] = filtered.get("cordoned", 0) + n_other
+            why = self._filtered_by(cid, shape, allowed) if n_sched else ""
+            if why:
+                filtered[why] = filtered.get(why, 0) + n_sched
+                continue
+            seen = 0
+            for key, bucket in st.groups.get(cid, {}).items():
+                seen += len(bucket)
+                if shape.kind != CPU_KIND and not self._choices(cid, key[0], shape, sid, per, allowed, "first"):
+                    short[dim] = short.get(dim, 0) + len(bucket)
+                    continue
+                for idx in bucket:
+                    ns = st.nodes[idx]
+                    lack = "cpu" if ns.cpu_cap and ns.cpu_free < shape.cpu else \
+                        "memory" if ns.mem_cap and ns.mem_free < shape.mem else "able"
+                    short[lack] = short.get(lack, 0) + 1
+            if n_sched > seen:  # the rest are hidden: held for another job
+                short["reserved"] = short.get("reserved", 0) + n_sched - seen
+        exhausted = max((d for d in DIMENSIONS if short.get(d)), key=lambda d: short[d], default="")
+        return {"nodes_evaluated": len(st.nodes), "filtered": tuple(sorted(filtered.items())),
+                "short": tuple(sorted(short.items())), "exhausted": exhausted}
+
+    def _filtered_by(self, cid: int, shape: Shape, allowed: frozenset) -> str:
+        """Why no node of class `cid` could ever serve the shape ("" when one could)."""
+        c = self.state.classes[cid]
+        if not shape.selector <= c.labels:
+            return "node_selector"
+        if shape.kind != CPU_KIND and not any(gpu_eligible(g, shape, allowed) for g in c.gpus):
+            models = [g for g in c.gpus if g[0] in allowed and g[1] >= shape.min_mem]
+            if not models:
+                return "gpu_model"
+            healthy = [g for g in models if g[5]]
+            return "sharing" if healthy else "health"
+        if (c.cpu_cap and c.cpu_cap < shape.cpu) or (c.mem_cap and c.mem_cap < shape.mem):
+            return "host_size"
+        return ""
 
     def _kind(self, name: str) -> KindPolicy:
         k = self._kinds.get(name)
@@ -431,23 +487,25 @@ class PlacementSearch:
             out[g.model] = out.get(g.model, 0) + milli
         return out
 
-    def _domain_wait(self, shape: Shape, sid: int, allowed: frozenset, need: int) -> str:
+    def _domain_wait(self, shape: Shape, sid: int, allowed: frozenset) -> dict:
         """For a waiting gang that prefers one topology domain, the domain closest to holding it (the most nodes
-        able to take a member now, then by name): '; waiting for 2 node(s) in one rack: rack r1 has 1'."""
+        able to take a member now, then by name): rack r1 with 1 node ('' when no rack has one)."""
         if not (shape.prefer_topology and shape.members > 1 and self.state.topologies):
-            return ""
+            return {}
         able = self.able_by_domain(shape, sid, allowed, set())
         if not able:
-            return f"; waiting for {need} node(s) in one rack: no rack has a node that can take a member now"
+            return {"domain_kind": "rack"}
         n, d = min((-len(v), d) for d, v in able.items())
-        return f"; waiting for {need} node(s) in one rack: rack {d} has {-n}"
+        return {"domain_kind": "rack", "domain": d, "domain_nodes": -n}
 
-    def _why(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset, reserved: dict) -> tuple[str, str]:
+    def _why(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
+             reserved: dict) -> tuple[str, ReasonFacts]:
+        """Why the job does not fit now: its reason code and facts."""
         st = self.state
+        ask = {"ask": shape.describe(), "cpu_milli": shape.cpu, "memory_mib": shape.mem}
         if shape.selector and not any(ns.schedulable and shape.selector <= ns.labels for ns in st.nodes):
-            wanted = ", ".join(f"{k}={v}" for k, v in sorted(shape.selector))
-            return (NO_NODE_MATCHES_SELECTOR,
-                    f"no schedulable node has the label(s) its node_selector asks for: {wanted}")
+            return NO_NODE_MATCHES_SELECTOR, ReasonFacts(cause="selector", labels=tuple(sorted(shape.selector)),
+                                                         **ask, **self._census(shape, sid, allowed))
         if reserved:
             opened = list(reserved)
             for i in opened:
@@ -458,10 +516,8 @@ class PlacementSearch:
             for i in opened:
                 st.set_hidden(i, True)
             if fits:
-                holders = sorted({reserved[i][0] for i in opened})
-                return (RESERVED_FOR_GANG,
-                        f"capacity that fits is reserved for {', '.join(holders)}; set max_runtime_s short enough "
-                        f"to backfill")
+                holders = tuple(sorted({reserved[i][0] for i in opened}))
+                return RESERVED_FOR_GANG, ReasonFacts(cause="reserved", holders=holders, **ask)
         if shape.is_gang:
             n_ok = 0
             for cid in self._classes_for(shape, allowed):
@@ -470,11 +526,10 @@ class PlacementSearch:
                                      "first"):
                         n_ok += len(bucket)
             need = shape.members or shape.total
-            return (WAITING_FOR_GANG,
-                    f"{shape.describe()}: all or nothing, and only {n_ok} node(s) can take a member now "
-                    f"(need {need})" + self._domain_wait(shape, sid, allowed, need))
-        return (NO_FEASIBLE_NODE, f"no schedulable node has room for {shape.describe()}"
-                + (f" with {shape.cpu} mCPU / {shape.mem} MiB" if shape.cpu or shape.mem else ""))
+            return WAITING_FOR_GANG, ReasonFacts(cause="gang", nodes_able=n_ok, nodes_needed=need, **ask,
+                                                 **self._domain_wait(shape, sid, allowed),
+                                                 **self._census(shape, sid, allowed))
+        return NO_FEASIBLE_NODE, ReasonFacts(cause="no_room", **ask, **self._census(shape, sid, allowed))
 
 
 def _nearness(topology: str, domain: str) -> float:

@@ -259,10 +259,24 @@ async def get_job(job_id: Annotated[str, Path(max_length=64)], req: Request, cal
     return job
 
 
-@router.get("/jobs/{job_id}/explain", summary="Why a job is pending, running or being preempted", tags=["jobs"])
+@router.get("/jobs/{job_id}/explain", summary="Why a job is pending, running or being preempted", tags=["jobs"],
+            description="The job's state from the queue and placement's view of it (`placement`): the reason code "
+                        "and message of the last cycle, its position among pending jobs, and any preemption in "
+                        "progress for it or against it. A pending job's `placement.facts` says the same as its "
+                        "message, as data (`libs.contracts.reasons.PendingFacts`; fields at their defaults are "
+                        "left out): `cause` (which sentence); the node census — `nodes_evaluated`, `filtered` "
+                        "(nodes by filter that could never serve it: cordoned, node_selector, gpu_model, health, "
+                        "sharing, host_size), `short` (the others by what they lack now: gpus, gpu_share, "
+                        "mig_slice, cpu, memory, reserved, able) and `exhausted` (the resource most lack); "
+                        "`quota` (the refusing entry: path, gpu_model, rule, used_gpus, asked_gpus, limit_gpus, "
+                        "guaranteed_gpus); `victims_considered`, `victims` and `victim_nodes` (preemption), "
+                        "`wait` (it waits instead of preempting: would_preempt, lost_gpu_hours, "
+                        "waited_gpu_hours, max_wait_s); `domain_kind`, `domain`, `domain_nodes` (the rack a gang "
+                        "waits for); `reservation_nodes`, `reservation_start` (UTC), `reservation_in_s`, "
+                        "`soft_hold` (nodes held for it); `labels`, `holders`, `blocked_by`. Lists hold at most "
+                        "32 names, with their full count beside them (`victim_count`, `reservation_node_count`).")
 async def explain_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
-    """The job's state from the queue and placement's view of it: the reason code and message of the last cycle,
-    its position among pending jobs, and any preemption in progress for it or against it."""
+    """The job's state from the queue and placement's view of it, with the facts of its pending reason."""
     require(caller, Action.JOB_READ)
     job = await job_team(req, job_id)
     require(caller, Action.JOB_READ, job["team"])

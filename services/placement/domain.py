@@ -8,12 +8,13 @@ import ipaddress
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
 from libs.contracts.events import AllocatedGpu, DecidedPlacement, GpuSpec
 from libs.contracts.fleet import BLOCK_LABEL, RACK_LABEL
+from libs.contracts.reasons import MAX_LISTED, PendingFacts, PreemptionWait, QuotaRefusal, Victim
 from libs.contracts.work import ISOLATION_LABEL_PREFIX
 from libs.core import (
     DEFAULT_PRIORITY_CLASSES,
@@ -37,6 +38,7 @@ from libs.core import (
     workload_from_counts,
 )
 from libs.core import mig as migcat
+from libs.core.plan import ReasonFacts
 from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
 
 Row = Mapping[str, Any]
@@ -271,6 +273,38 @@ def pending_reasons(pending: Iterable[PendingReason], requests: Iterable[JobRequ
                        f"it can run")
         out[split_unit(r.job_id)[0]] = (reason, message)
     return out
+
+
+def pending_facts(pending: Iterable[PendingReason]) -> dict[str, str]:
+    """Each wanted job's reason facts as `explain` returns them (`PendingFacts` JSON), one per job like its reason."""
+    return {split_unit(r.job_id)[0]: facts_json(r.facts) for r in pending}
+
+
+def facts_json(f: ReasonFacts) -> str:
+    """The core's facts as the contract says them (validated; lists cut at MAX_LISTED, their counts beside them;
+    milli-GPUs as GPUs; the reservation's start as a UTC time)."""
+    q, w = f.quota, f.wait
+    start = f.reservation_start
+    doc = PendingFacts(
+        cause=f.cause, ask=f.ask[:500], cpu_milli=f.cpu_milli, memory_mib=f.memory_mib,
+        nodes_evaluated=f.nodes_evaluated, filtered=dict(f.filtered), short=dict(f.short), exhausted=f.exhausted,
+        nodes_able=f.nodes_able, nodes_needed=f.nodes_needed, gpus_able=f.gpus_able, domain_kind=f.domain_kind,
+        domain=f.domain, domain_nodes=f.domain_nodes, labels=dict(f.labels[:64]),
+        holders=list(f.holders[:MAX_LISTED]), blocked_by=split_unit(f.blocked_by)[0] if f.blocked_by else "",
+        quota=QuotaRefusal(path=q.path, gpu_model=q.gpu_model, rule=q.rule, used_gpus=max(q.used_milli, 0) / 1000,
+                           asked_gpus=q.asked_milli / 1000, limit_gpus=max(q.limit_milli, 0) / 1000,
+                           guaranteed_gpus=q.guaranteed_milli / 1000) if q is not None else None,
+        victims_considered=f.victims_considered,
+        victims=[Victim(job_id=split_unit(v)[0], reason=why) for v, why in f.victims[:MAX_LISTED]],
+        victim_count=len(f.victims), victim_nodes=list(f.victim_nodes[:MAX_LISTED]), within_quota=f.within_quota,
+        wait=PreemptionWait(would_preempt=[split_unit(v)[0] for v in w.would_preempt[:MAX_LISTED]],
+                            lost_gpu_hours=w.lost_gpu_s / 3600, waited_gpu_hours=w.waited_gpu_s / 3600,
+                            max_wait_s=w.max_wait_s) if w is not None else None,
+        reservation_nodes=list(f.reservation_nodes[:MAX_LISTED]), reservation_node_count=len(f.reservation_nodes),
+        reservation_start=datetime.fromtimestamp(start, UTC) if start is not None and start != float("inf")
+        else None,
+        reservation_in_s=f.reservation_in_s, soft_hold=start == float("inf"), detail=f.detail[:2000])
+    return doc.model_dump_json(exclude_defaults=True)
 
 
 def _units(r: Row, offered: Mapping[str, set[str]], dev_fraction_milli: int, dev_memory_mib: int) -> list[JobRequest]:

@@ -87,6 +87,7 @@ from services.placement.domain import (
     gang_start_due,
     offered_models,
     on_work_end,
+    pending_facts,
     pending_reasons,
     queue_order,
     replica_back_off,
@@ -111,7 +112,7 @@ class PlacementHandlers:
         self.lease = lease
         self._kick = asyncio.Event()
         self._last_reasons_digest: str | None = None
-        self._reasons_written: dict[str, tuple[str, str]] = {}
+        self._reasons_written: dict[str, tuple[str, str, str | None]] = {}
         self._order_written: tuple[str, ...] | None = None  # the queue order last written (None: not known)
         self._recorded = 0
         self._encoder = DecisionEncoder()
@@ -462,9 +463,7 @@ class PlacementHandlers:
             if not requests:
                 PENDING_UNITS.clear()
                 if backing_off:  # nothing else to place: still say why these wait
-                    reasons = backoff_reasons(backing_off)
-                    await self._write_reasons(uow, reasons)
-                    self._reasons_written.update(reasons)
+                    self._reasons_written.update(await self._write_reasons(uow, backoff_reasons(backing_off)))
                 await self._write_order(uow, ())
                 return -1
             policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
@@ -486,9 +485,9 @@ class PlacementHandlers:
                                               ) if units else []
             applied = {u.unit for u in written}
             report_plan(plan)
-            reasons = {**pending_reasons(plan.pending, requests, snapshot.nodes),  # for `explain`
-                       **backoff_reasons(backing_off)}
-            await self._write_reasons(uow, reasons)
+            reasons = await self._write_reasons(uow, {  # for `explain`
+                **pending_reasons(plan.pending, requests, snapshot.nodes), **backoff_reasons(backing_off)},
+                pending_facts(plan.pending))
             await self._write_order(uow, queue_order(plan.pending))
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
@@ -503,11 +502,15 @@ class PlacementHandlers:
                                           "nodes": sorted({a[6] for a in u.allocations})})
         return len(applied)
 
-    async def _write_reasons(self, uow, reasons: dict[str, tuple[str, str]]) -> None:  # type: ignore[no-untyped-def]
-        """Write only the pending reasons that changed: a backlog keeps the same reasons cycle after cycle."""
-        changed = [(j, r, m) for j, (r, m) in reasons.items() if self._reasons_written.get(j) != (r, m)]
+    async def _write_reasons(self, uow, reasons: dict[str, tuple[str, str]],  # type: ignore[no-untyped-def]
+                             facts: dict[str, str] | None = None) -> dict[str, tuple[str, str, str | None]]:
+        """Write only the pending reasons (and their facts, JSON) that changed: a backlog keeps the same reasons
+        cycle after cycle. Returns every reason with its facts, as now written."""
+        now = {j: (r, m, (facts or {}).get(j)) for j, (r, m) in reasons.items()}
+        changed = [(j, *v) for j, v in now.items() if self._reasons_written.get(j) != v]
         if changed:
             await store.record_pending_reasons(uow.conn, changed)
+        return now
 
     async def _write_order(self, uow, order: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
         """Keep the order this cycle tried the waiting jobs in (explain's position), when it changed. A cycle that

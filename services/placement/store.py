@@ -91,7 +91,7 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
                   $19::text, $20::int, $21::text, $22::bool, $23::int, $24::int, $25::jsonb, $26::bool
            WHERE NOT EXISTS (SELECT 1 FROM finished_jobs WHERE job_id = $1)
              AND NOT EXISTS (SELECT 1 FROM allocations WHERE job_id = $1 AND released_at IS NULL)
-           ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL,
+           ON CONFLICT (job_id) DO UPDATE SET satisfied = false, reason = NULL, message = NULL, facts = NULL,
                                               work = EXCLUDED.work, attempt = EXCLUDED.attempt,
                                               isolation = EXCLUDED.isolation
            RETURNING true""",
@@ -322,12 +322,14 @@ async def insert_allocation(conn: asyncpg.Connection, allocation_id: str, job: a
           mig_slots.get(g.uuid)) for g in gpus])
 
 
-async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple[str, str, str]]) -> None:
-    """(job_id, reason, message) for each job whose reason changed, in one statement."""
+async def record_pending_reasons(conn: asyncpg.Connection, reasons: list[tuple]) -> None:
+    """(job_id, reason, message[, facts JSON or None]) for each job whose reason changed, in one statement."""
     await conn.execute(
-        """UPDATE pending_jobs p SET reason = r.reason, message = r.message
-           FROM unnest($1::text[], $2::text[], $3::text[]) AS r(job_id, reason, message) WHERE p.job_id = r.job_id""",
-        [j for j, _, _ in reasons], [r for _, r, _ in reasons], [m for _, _, m in reasons])
+        """UPDATE pending_jobs p SET reason = r.reason, message = r.message, facts = r.facts::jsonb
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS r(job_id, reason, message, facts)
+           WHERE p.job_id = r.job_id""",
+        [x[0] for x in reasons], [x[1] for x in reasons], [x[2] for x in reasons],
+        [x[3] if len(x) > 3 else None for x in reasons])
 
 
 async def set_fair_share_half_life(conn: asyncpg.Connection, half_life_s: float) -> None:
@@ -588,7 +590,7 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
 async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
     """What placement knows about a job: waiting (reason, position) and/or holding GPUs (and any preemption)."""
     wanted = await conn.fetchrow(
-        """SELECT job_id, replicas, satisfied, priority, priority_class, reason, message,
+        """SELECT job_id, replicas, satisfied, priority, priority_class, reason, message, facts::text AS facts,
                   (SELECT array_position(job_ids, p.job_id) FROM queue_order) AS position,
                   (SELECT count(*) FROM pending_jobs p2 WHERE NOT p2.satisfied AND (p2.priority > p.priority
                       OR (p2.priority = p.priority AND (p2.submitted_at, p2.job_id) < (p.submitted_at, p.job_id))))
@@ -606,6 +608,7 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
         doc.update(state="pending", reason=wanted["reason"] or "Queued",
                    message=wanted["message"] or "waiting for the next scheduling cycle",
                    position=wanted["position"] or int(wanted["ahead"]) + 1,
+                   facts=json.loads(wanted["facts"]) if wanted["facts"] else {},
                    position_basis="last_cycle" if wanted["position"] else "estimate", priority=wanted["priority"],
                    priority_class=wanted["priority_class"],
                    preempting_for_it=[r["job_id"] for r in await conn.fetch(

@@ -1,6 +1,7 @@
 """What a job asks of its nodes besides GPUs, end to end: host CPU and memory counted against what each node has
 (a job goes where CPU is free, and waits while CPU, not GPUs, is exhausted), a node selector matched against the
-labels nodes register, and a job's own word on preemption over its priority class's."""
+labels nodes register, and a job's own word on preemption over its priority class's; explain says why one waits as
+facts too (the nodes short of CPU, too small, or without the labels)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
         third = submit(api, "cpu-c", "research", 1, cpu_milli=min(cores.values()) * 500)
         pending = waits_with(api, third, "NoFeasibleNode")
         assert pending["state"] == "pending"
+        # explain's facts say it as data: both nodes evaluated, both short of CPU, CPU the exhausted dimension
+        facts = pending["facts"]
+        assert (facts["nodes_evaluated"], facts["short"], facts["exhausted"]) == (2, {"cpu": 2}, "cpu"), facts
         nodes = pool_nodes(api)
         assert nodes[first_node]["cpu_allocated_milli"] == big and nodes[first_node]["memory_allocated_mib"] == 4096
         assert nodes[second_node]["cpu_allocated_milli"] == big
@@ -72,7 +76,9 @@ def test_cpu_requests_are_counted_against_each_nodes_cpus(platform) -> None:  # 
 
         # more CPU than any node has: it can never run here, and says so
         huge = submit(api, "cpu-huge", "research", 1, cpu_milli=(max(cores.values()) + 1) * 1000)
-        assert "even empty" in waits_with(api, huge, "Unschedulable")["message"]
+        never = waits_with(api, huge, "Unschedulable")
+        assert "even empty" in never["message"]
+        assert (never["facts"]["cause"], never["facts"]["filtered"]) == ("never_node", {"host_size": 2}), never
         finish_all(api)
 
 
@@ -89,6 +95,7 @@ def test_a_node_selector_places_only_on_matching_nodes_and_one_matching_none_say
         nowhere = submit(api, "mars", "research", 1, node_selector={"zone": "mars"})
         why = waits_with(api, nowhere, "NoNodeMatchesSelector")
         assert "zone=mars" in why["message"]
+        assert why["facts"]["labels"]["zone"] == "mars" and why["facts"]["filtered"] == {"node_selector": 2}, why
         finish_all(api)
 
 

@@ -1,6 +1,7 @@
 """Preemption that makes room within a quota, on a real `gpupool up`: a team at its quota preempts its own
 lower-priority work for a higher-priority job (Kueue's withinClusterQueue), a team within its guarantee gets it back
-from a borrower even when an org-level quota entry is full, and quota refusals count the GPU model refused."""
+from a borrower even when an org-level quota entry is full, and quota refusals count the GPU model refused, in the
+message and as explain's facts."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ async def test_a_high_job_at_its_teams_quota_preempts_its_own_teams_normal_work(
                 assert signal.reason == "PreemptedWithinQuota" and signal.preemptor_job_id == urgent
                 waiting = explained(api, urgent, "Preempting")
                 assert "PreemptedWithinQuota" in waiting["message"] and normal in waiting["preempting_for_it"]
+                # the same, as data: the victim, why, and the quota that refused it
+                facts = waiting["facts"]
+                assert facts["victims"] == [{"job_id": normal, "reason": "PreemptedWithinQuota"}], facts
+                assert facts["within_quota"] is True and facts["victims_considered"] >= 1, facts
+                assert facts["quota"]["path"] == "default/research", facts
                 victim = api.get(f"/v1/jobs/{normal}/explain").json()["placement"]
                 assert (victim["reason"], victim["preemptor_job_id"]) == ("PreemptedWithinQuota", urgent)
                 _, _, released = await watcher.wait_for(AllocationReleased, normal)
@@ -60,6 +66,9 @@ async def test_a_high_job_at_its_teams_quota_preempts_its_own_teams_normal_work(
                 assert wait_state(api, normal, "pending")["attempts"] == 1
                 refused = explained(api, normal, "QuotaExceeded")
                 assert "16 GPU(s) of any model" in refused["message"] and "*" not in refused["message"], refused
+                assert refused["facts"]["quota"] == {
+                    "path": "default/research", "gpu_model": "*", "rule": "borrowing_limit", "used_gpus": 8,
+                    "asked_gpus": 8, "limit_gpus": 8, "guaranteed_gpus": 8}, refused
             finally:
                 finish_all(api)
                 drop_quota(api, "default/research")
@@ -103,6 +112,11 @@ def test_a_quota_refusal_counts_only_the_model_it_refuses(platform) -> None:  # 
             assert l40s.status_code == 201, l40s.text
             refused = explained(api, l40s.json()["job_id"], "QuotaExceeded")
             assert "(0 L40S GPU(s), 0 in use)" in refused["message"], refused
+            # explain's facts carry the refusal's numbers: no parsing of the message
+            facts = refused["facts"]
+            assert facts["cause"] == "quota" and "L40S" in facts["ask"], facts
+            assert facts["quota"] == {"path": "default/research", "gpu_model": "L40S", "rule": "guarantee_only",
+                                      "used_gpus": 0, "asked_gpus": 1, "limit_gpus": 0, "guaranteed_gpus": 0}, facts
         finally:
             finish_all(api)
             drop_quota(api, "default/research", "H100-80GB")

@@ -448,6 +448,26 @@ def test_describe_shows_shape_attempts_and_max_runtime(gw, capsys):
     assert "Shape:       0.5 GPU\n" in capsys.readouterr().out
 
 
+def test_explain_prints_the_facts_of_a_pending_reason(gw, capsys):
+    facts = {"cause": "no_room", "nodes_evaluated": 12, "filtered": {"cordoned": 2, "gpu_model": 4},
+             "short": {"gpus": 6}, "exhausted": "gpus",
+             "quota": {"path": "default/a", "gpu_model": "*", "rule": "borrowing_limit", "used_gpus": 1,
+                       "asked_gpus": 3, "limit_gpus": 3, "guaranteed_gpus": 2},
+             "domain_kind": "rack", "domain": "r1", "domain_nodes": 1, "nodes_needed": 3,
+             "victims_considered": 2, "reservation_nodes": ["n1", "n2"], "reservation_start": "2026-12-01T07:36:40Z",
+             "reservation_in_s": 600}
+    gw.on("GET", "/v1/jobs/j1/explain", {"job_id": "j1", "state": "pending", "placement": {
+        "state": "pending", "reason": "NoFeasibleNode", "message": "no schedulable node has room", "facts": facts}})
+    assert main(["explain", "j1"]) == 0
+    out = capsys.readouterr().out
+    assert "12 evaluated; filtered out: 2 cordoned, 4 gpu model; no room: 6 gpus; exhausted: gpus" in out
+    assert "default/a (any model, borrowing limit): used 1 + asked 3, limit 3 (guaranteed 2)" in out
+    assert "rack r1: 1 node(s) able, 3 needed" in out and "2 candidate(s) considered" in out
+    assert "n1, n2 from 2026-12-01T07:36:40Z (in 600 s)" in out
+    assert main(["explain", "j1", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["placement"]["facts"] == facts
+
+
 def test_explain_pending_and_preempted(gw, capsys):
     gw.on("GET", "/v1/jobs/j1/explain", {"job_id": "j1", "state": "pending", "message": "waiting for placement",
                                          "placement": {"state": "pending", "reason": "NoCapacity",

@@ -117,6 +117,32 @@ export function mount(ctx, root, params = []) {
     return h("span", {}, badge(p.reason || p.state || "unknown", "reason"), " ", h("span", { class: "small" }, p.message || ex.message || ""));
   }
 
+  // A pending reason's facts (explain's placement.facts), as the message's numbers, one line per kind.
+  function factsList(f) {
+    const words = (d) => Object.entries(d || {}).map(([k, n]) => `${n} ${k.replace(/_/g, " ")}`).join(", ");
+    const lines = [];
+    if (f.nodes_evaluated) {
+      lines.push(`Nodes: ${f.nodes_evaluated} evaluated` + (f.filtered ? `; filtered out: ${words(f.filtered)}` : "")
+        + (f.short ? `; no room: ${words(f.short)}` : "") + (f.exhausted ? `; exhausted: ${f.exhausted.replace(/_/g, " ")}` : ""));
+    }
+    if (f.quota) {
+      const q = f.quota;
+      lines.push(`Quota: ${q.path} (${q.gpu_model === "*" ? "any model" : q.gpu_model}, ${q.rule.replace(/_/g, " ")}): `
+        + `used ${q.used_gpus} + asked ${q.asked_gpus}, limit ${q.limit_gpus}`);
+    }
+    if (f.domain_kind) lines.push(`Waits for: ${f.domain ? `${f.domain_kind} ${f.domain}` : `no ${f.domain_kind} yet`}, `
+      + `${f.domain_nodes || 0} node(s) able of ${f.nodes_needed || 0}`);
+    if (f.victims_considered || f.victims) {
+      lines.push(`Victims: ${f.victims_considered || 0} considered`
+        + (f.victims ? `; waiting for ${f.victims.map((v) => `${v.job_id} (${v.reason})`).join(", ")}` : ""));
+    }
+    if (f.wait) lines.push(`Not preempting: ${f.wait.would_preempt.join(", ")} would lose ${fmt.num(f.wait.lost_gpu_hours, 3)} GPU-hours`);
+    if (f.reservation_nodes) {
+      lines.push(`Held nodes: ${f.reservation_nodes.join(", ")}` + (f.soft_hold ? " (soft hold)" : ` from ${fmt.time(f.reservation_start)}`));
+    }
+    return lines.length ? h("ul", { class: "explain-facts small" }, lines.map((l) => h("li", {}, l))) : null;
+  }
+
   function renderRunning() {
     const all = shown([...(st.byState.running || []), ...(st.byState.preempting || [])]);
     const rows = st.showAll ? all : all.slice(0, 15);
@@ -327,6 +353,7 @@ export function mount(ctx, root, params = []) {
         h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "—")])),
         explain ? h("p", { class: "explain" }, h("strong", {}, "Explain: "), badge(p.reason || p.state || "unknown", "reason"), " ", p.message || explain.message || "",
           p.position !== undefined ? ` (position ${p.position})` : "") : null,
+        explain ? factsList(p.facts || {}) : null,
         h("div", { class: "two" },
           h("div", {}, h("h3", {}, "History"), h("ol", { class: "timeline", id: "job-history" }, (job.history || []).map((e) => h("li", {},
             h("time", {}, fmt.time(e.at)), " ", e.from ? `${e.from.replace(/_/g, " ")} → ` : "", h("strong", {}, e.to.replace(/_/g, " ")),
