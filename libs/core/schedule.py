@@ -22,13 +22,14 @@ import heapq
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from libs.core.backfill import plan_reservation
+from libs.core.blocked import BlockedPhases
+from libs.core.context import CycleContext
 from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, mix_of
 from libs.core.explain import pending as _pending
 from libs.core.explain import render
-from libs.core.fit import FRAC_KIND, WHOLE_KIND, GpuShape, Invalid, Shape, normalize
+from libs.core.fit import FRAC_KIND, GpuShape, Invalid, Shape, normalize
 from libs.core.frag import mix_probabilities
 from libs.core.model import Allocation, JobRequest, MigInstance, Share, Snapshot
 from libs.core.plan import (
@@ -36,22 +37,16 @@ from libs.core.plan import (
     PendingReason,
     Placement,
     Plan,
-    Preemption,
     QuotaFacts,
     ReasonFacts,
-    Reservation,
 )
 from libs.core.policy import Policy, WorkloadShape
-from libs.core.preempt import NotYet, Preemptor, QuotaPreemptor, Victims, find_quota_victims, find_victims
 from libs.core.quota import QuotaLedger
 from libs.core.reasons import (
     BLOCKED_BY_QUEUE_HEAD,
     INVALID_REQUEST,
     NO_FEASIBLE_NODE,
     NO_NODE_MATCHES_SELECTOR,
-    PREEMPTED_BY_PRIORITY,
-    PREEMPTED_WITHIN_QUOTA,
-    PREEMPTING,
     QUOTA_EXCEEDED,
     RESERVED_FOR_GANG,
     UNSCHEDULABLE,
@@ -64,46 +59,7 @@ INF = math.inf
 _OVER_QUOTA = QuotaFacts("", "", "over_quota")  # refused without a refusal to name (never expected)
 
 
-@dataclass(slots=True)
-class CycleContext:
-    """Everything one cycle decides and remembers while it runs; made by `Scheduler.cycle`, gone after it."""
-
-    now: float
-    jobs: dict[str, JobRequest]  # the pending requests, first of each id
-    hist: dict[tuple[str, str], float]  # decayed fair-share history (decayed_history)
-    ledger: QuotaLedger
-    laps: _Laps | None
-    n_groups: int
-    meta: dict[str, tuple] = field(default_factory=dict)  # job -> (shape, priority, preemptible, min runtime)
-    valid: list[JobRequest] = field(default_factory=list)
-    placements: list[Placement] = field(default_factory=list)
-    reasons: list[PendingReason] = field(default_factory=list)
-    preemptions: list[Preemption] = field(default_factory=list)
-    reservations: list[Reservation] = field(default_factory=list)
-    reconfigs: dict[tuple[str, str], tuple[list, list]] = field(default_factory=dict)
-    reserved: dict[int, tuple[str, float]] = field(default_factory=dict)  # node -> (holder, start by)
-    nominated: set[int] = field(default_factory=set)  # nodes a preemptor waits on
-    taken: set[str] = field(default_factory=set)  # chosen victims and jobs placed now: not preemptible again
-    held_next: dict[str, tuple[list[int], float]] = field(default_factory=dict)  # reservations for next cycle
-    eligible_victims: list[RunningJob] = field(default_factory=list)  # preemptible now (past min runtime)
-    fail_memo: dict = field(default_factory=dict)  # (shape, models, reservations it may use) -> its reason
-    admit_memo: dict = field(default_factory=dict)  # (paths, amounts, ...) -> (ledger version, answer)
-    like_memo: dict = field(default_factory=dict)  # a job's `_like` id -> (epoch, its pending reason)
-    rendered: dict = field(default_factory=dict)  # a blocked job's facts -> its message
-    epoch: tuple = ()  # `_epoch` now: it moves only while a job is answered in full
-    victim_memo: dict = field(default_factory=dict)  # preemption candidates per search kind (preempt.find_victims)
-    preempt_fail: set = field(default_factory=set)  # searches that found nothing
-    reserve_memo: set = field(default_factory=set)  # shapes whose reservation will not get better this cycle
-    reserve_tries: int = 0
-    draining: bool = False  # a soft hold is being drained for one starving job
-    n_searches: int = 0
-    blocked_by: str | None = None  # FIFO head of line: the job everything after waits behind
-    placed_last: bool = False  # the last job the fair-share order yielded was placed (its team's share moved)
-    head_of_line: bool = False  # FIFO: a job that does not fit blocks every job after it
-    nodes_by_class: dict[int, int] | None = None  # schedulable nodes per node class (for Unschedulable), on demand
-
-
-class Scheduler(PlacementSearch):
+class Scheduler(BlockedPhases, PlacementSearch):
     """Scheduling state that outlives one cycle. `schedule()` is the one-shot form.
 
     `clock` (optional, e.g. `time.perf_counter`): when given, each cycle reports the time spent per phase in
@@ -621,141 +577,6 @@ class Scheduler(PlacementSearch):
                     got = (UNSCHEDULABLE, replace(got[1], **never))
             ctx.fail_memo[memo_key] = got
         return got
-
-    def _try_preempt(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
-                     prio: int, paths: tuple[str, str, str], facts: ReasonFacts) -> tuple[bool, ReasonFacts]:
-        """7. Victims for the blocked job (decided, never acted on): (True: it waits for them, its reason
-        recorded; the facts, with the candidates weighed and why it waits instead when preempting would cost more
-        than waiting)."""
-        st, ledger = self.state, ctx.ledger
-        rkey = ("reclaim", paths[1], sid, allowed)
-        hit = ctx.admit_memo.get(rkey)
-        if hit is None or hit[0] != ledger.version:  # its team within its guarantee: borrowers are candidates
-            hit = ctx.admit_memo[rkey] = (ledger.version, any(ledger.within_guarantee(paths, m, self._amount(shape, m))
-                                                              for m in allowed))
-        reclaim = hit[1]
-        pkey = (sid, allowed, job.team, prio, reclaim)
-        if pkey in ctx.preempt_fail:
-            return False, facts
-        ctx.n_searches += 1
-        pre = Preemptor(job=job, shape=shape, allowed=allowed, priority=prio, reclaim=reclaim,
-                        demand=max((self._amount(shape, m) for m in allowed), default=0),
-                        fits_node=lambda idx: self._fits_node(idx, shape, sid, allowed),
-                        place=lambda: self._place(job, shape, sid, allowed))
-        found = find_victims(st, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
-                             ctx.victim_memo)
-        facts = replace(facts, victims_considered=found.considered)
-        if not isinstance(found, Victims):
-            ctx.preempt_fail.add(pkey)
-            return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
-        self._hold_for(ctx, job, prio, found, facts)
-        return True, facts
-
-    def _try_quota_preempt(self, ctx: CycleContext, job: JobRequest, shape: Shape, prio: int, preemptible: bool,
-                           paths: tuple[str, str, str], facts: ReasonFacts,
-                           models: Iterable[str] | None = None) -> tuple[bool, ReasonFacts]:
-        """4b. A job its quota refuses: victims that make room within that quota (`preempt.find_quota_victims`:
-        lower-priority work of its own team or project, and other teams' borrowed work while its team stays
-        within its guarantee). (True: it waits for them, its reason recorded; the refusal, with why it waits
-        instead when preempting would cost more than waiting)."""
-        ledger = ctx.ledger
-        amounts = self._amounts(shape, self._models_for(shape) if models is None else models)
-        reclaim = self._reclaims(ctx, paths, amounts)
-        pkey = ("quota", self._sid(shape), amounts, job.team, job.project, prio, preemptible, reclaim)
-        if pkey in ctx.preempt_fail:
-            return False, facts
-        ctx.n_searches += 1
-        sid = self._sid(shape)
-        pre = QuotaPreemptor(job=job, paths=paths, priority=prio, amounts=amounts,
-                             guarantee_only=self._guarantee_only(ctx, preemptible), reclaim=reclaim,
-                             demand=max((a for _, a in amounts), default=0),
-                             place=lambda allowed: self._place(job, shape, sid, allowed))
-        found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now)
-        facts = replace(facts, victims_considered=found.considered)
-        if not isinstance(found, Victims):
-            ctx.preempt_fail.add(pkey)
-            return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
-        whys = sorted({why for _, why in found.chosen})
-        scope = paths[2] if any(w == PREEMPTED_WITHIN_QUOTA for w in whys) and \
-            ledger.refusing_paths(paths, amounts, job.job_id, guarantee_only=pre.guarantee_only) <= {paths[2]} \
-            else paths[1]
-        self._hold_for(ctx, job, prio, found, replace(facts, within_quota=True), scope=scope)
-        return True, facts
-
-    def _reclaims(self, ctx: CycleContext, paths: tuple[str, str, str], amounts: tuple[tuple[str, int], ...]) -> bool:
-        """Whether the job's team stays within its guarantee taking `amounts` of some model: other teams'
-        borrowed work is then fair game (remembered per ledger version, like admission)."""
-        key = ("reclaim", paths[1], amounts)
-        hit = ctx.admit_memo.get(key)
-        if hit is not None and hit[0] == ctx.ledger.version:
-            return hit[1]
-        got = any(ctx.ledger.within_guarantee(paths, m, a) for m, a in amounts)
-        ctx.admit_memo[key] = (ctx.ledger.version, got)
-        return got
-
-    def _hold_for(self, ctx: CycleContext, job: JobRequest, prio: int, found: Victims, facts: ReasonFacts,
-                  scope: str = "") -> None:
-        """The victims into the plan, the preemptor's target nodes held for it into the next cycle, and its
-        reason: waiting for them to leave (`facts.within_quota`: made room within its quota, which refused)."""
-        st = self.state
-        for vid, why in found.chosen:
-            ctx.taken.add(vid)
-            v = st.running[vid]
-            node = st.nodes[st.holds[vid][0].node].name if st.holds.get(vid) else ""
-            if why == PREEMPTED_BY_PRIORITY:
-                m = f"{job.job_id} (priority {prio}) of team {job.team} needs the capacity; " \
-                    f"{vid} has priority {v.priority}"
-            elif why == PREEMPTED_WITHIN_QUOTA:
-                m = f"{job.job_id} (priority {prio}) needs room within {scope}'s quota; {vid} has priority " \
-                    f"{v.priority}"
-            else:
-                m = f"team {v.team} borrows capacity that team {job.team} is guaranteed " \
-                    f"and {job.job_id} is waiting for"
-            ctx.preemptions.append(Preemption(vid, node, job.job_id, why, m))
-        for idx in found.nodes:
-            ctx.nominated.add(idx)
-            st.set_hidden(idx, True)
-        # held for the preemptor into the next cycle, when the victims are gone
-        ctx.held_next[job.job_id] = (list(found.nodes), ctx.now)
-        names = tuple(sorted(st.nodes[i].name for i in found.nodes))
-        ctx.reasons.append(_pending(job.job_id, PREEMPTING,
-                                    replace(facts, victims=found.chosen, victim_nodes=names)))
-        if ctx.head_of_line:
-            ctx.blocked_by = job.job_id
-
-    def _try_reserve(self, ctx: CycleContext, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
-                     code: str, facts: ReasonFacts) -> ReasonFacts:
-        """8. Backfill: nodes held for a blocked big job from when they are expected to be free (a soft hold when
-        that is unknown, only for a job that has waited `drain_after_s`). Returns the reason's facts."""
-        p, st, now = self.policy, self.state, ctx.now
-        if not (p.setting("backfill") and shape.kind == WHOLE_KIND and shape.total >= 2
-                and self._kind(job.kind).reserve and code in (NO_FEASIBLE_NODE, WAITING_FOR_GANG)
-                and len(ctx.reservations) < p.max_reservations
-                and ctx.reserve_tries < 4 * p.max_reservations and (sid, allowed) not in ctx.reserve_memo):
-            return facts
-        ctx.reserve_tries += 1
-        starving = not (now - job.submitted_at < p.drain_after_s or ctx.draining)
-        if not self.n_finite and not starving:
-            res = None  # no end is known, so the start would be too, and no soft hold is due: skip
-        else:
-            res = plan_reservation(st, shape, allowed, now, self.elig_memo)
-        if res is None or res[1] == INF:
-            ctx.reserve_memo.add((sid, allowed))  # the same shape will not get a better answer this cycle
-        if res is not None and res[1] == INF and not starving:
-            res = None  # nobody knows when the nodes free up: drain them only for one starving job
-        if res is None:
-            return facts
-        idxs, start_by = res
-        if start_by == INF:
-            ctx.draining = True
-        for i in idxs:
-            ctx.reserved[i] = (job.job_id, start_by)
-            st.set_hidden(i, True)
-        ctx.held_next[job.job_id] = (list(idxs), start_by)
-        ctx.reservations.append(Reservation(job.job_id, tuple(st.nodes[i].name for i in idxs), start_by,
-                                            soft=start_by == INF))
-        return replace(facts, reservation_nodes=tuple(st.nodes[i].name for i in idxs), reservation_start=start_by,
-                       reservation_in_s=None if start_by == INF else start_by - now)
 
     def _finish(self, ctx: CycleContext) -> Plan:
         """9. The plan; held nodes visible again, this cycle's reservations kept for the next."""
