@@ -14,7 +14,8 @@ commands through `register(sub, add)`, in the order `gpupool --help` lists them.
   completion.py  completion bash|zsh
 
 Groups import only common, render and the modules below them, never main (the `cli-layers` contract in
-.importlinter); tests/unit/cli/test_cli_layout.py keeps every module under 800 lines and every function under 100.
+.importlinter); tests/unit/test_room_sizes.py keeps every module of libs/ and services/ under 800 lines and every
+function under 100.
 
 The people-facing commands:
 

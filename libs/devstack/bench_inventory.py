@@ -223,143 +223,173 @@ def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: f
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-inventory-") as tmp:
         data = Path(tmp) if keep is None else keep / f"{level.gpus}-gpus"
         data.mkdir(parents=True, exist_ok=True)
-        servers: list[ManagedServer] = []
-        procs: list[subprocess.Popen] = []
-        listener: socket.socket | None = None
-        logs = data / "logs"
-        logs.mkdir(exist_ok=True)
+        run = _LevelRun(level, data, agent_nice, say)
         try:
-            nats_server = start_nats(data / "nats", log_file=logs / "nats.log")
-            servers.append(nats_server)
-            pg = start_postgres(data / "pg", log_file=logs / "pg.log")
-            servers.append(pg)
-            dsn = with_database(pg.url, "bench_inventory")
-            # bound here and inherited (held for the whole level, across the catch-up restart): no other process
-            # can take the port between its choice and the bind
-            listener = listen_socket()
-            port = listener.getsockname()[1]
-            base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-            inv_env = {**base, "PYTHONUNBUFFERED": "1", **{f"GPUPOOL_INVENTORY_{k}": v for k, v in {
-                "NATS_URL": nats_server.url, "DATABASE_URL": dsn, "HTTP_PORT": str(port),
-                "HTTP_FD": str(listener.fileno()), "LOG_LEVEL": "WARNING",
-                "NODE_LOST_AFTER_S": "600", "INSTANCE": "bench-inventory"}.items()}}
-            with open(logs / "inventory.log", "ab") as log:
-                inventory = subprocess.Popen([sys.executable, "-m", "services.inventory.main"], env=inv_env,
-                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             pass_fds=(listener.fileno(),))
-            procs.append(inventory)
-            wait_http(f"http://127.0.0.1:{port}/readyz", 60)
-            started = time.monotonic()
-            share = [nodes // agents + (1 if k < nodes % agents else 0) for k in range(agents)]
-            for k, n in enumerate(share):
-                with open(logs / f"agent-{k}.log", "ab") as log:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "libs.cli.main", "agent", "--simulate", str(n), "--prefix",
-                         f"b{k}-node", "--seed", str(k), "--interval", str(interval_s), "--nats-url", nats_server.url,
-                         "--log-level", "WARNING"],
-                        env={**base, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL, preexec_fn=_agent_priority(agent_nice)))
-            say(f"[bench] {level.gpus} GPUs: {nodes} nodes in {agents} agent process(es); waiting for registration")
-            deadline = time.monotonic() + 300
-            while asyncio.run(registered_nodes(dsn)) < nodes:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {asyncio.run(registered_nodes(dsn))} of {nodes} nodes registered")
-                if any(p.poll() is not None for p in procs):
-                    raise RuntimeError(f"a process exited early; logs in {logs}")
-                time.sleep(1)
-            # Registered in inventory is not yet reporting: an agent whose registration request timed out in the
-            # start-up herd retries (with back-off) before it samples. Wait until the fleet publishes its full
-            # rate, or until its rate stops rising (it is at its capacity on this machine).
-            target = nodes / interval_s
-            rates: list[float] = []
-            seq, _ = asyncio.run(stream_state(nats_server.url))
-            while time.monotonic() < deadline:
-                time.sleep(3)
-                now_seq, _ = asyncio.run(stream_state(nats_server.url))
-                rates.append((now_seq - seq) / 3)
-                seq = now_seq
-                if rates[-1] >= 0.95 * target or (len(rates) >= 4 and rates[-1] <= 1.02 * max(rates[-3:-1])):
-                    break
-            level.registered_s = time.monotonic() - started
+            run.start()
+            run.wait_for_fleet()
             time.sleep(warmup_s)
-            groups = {"inventory": [inventory.pid], "postgresql": [pg.pid], "nats": [nats_server.pid],
-                      "agents": [p.pid for p in procs[1:]]}
-            metrics_url = f"http://127.0.0.1:{port}/metrics"
-
-            def scrape() -> Scrape:
-                samples, buckets = metrics(metrics_url)
-                seq, pending = asyncio.run(stream_state(nats_server.url))
-                return Scrape(time.monotonic(), samples, buckets, seq, pending, cpu_seconds(groups))
-
-            say(f"[bench] {level.gpus} GPUs: measuring {window_s:.0f} s")
-            first = scrape()
-            peak: dict[str, float] = {}
-            while time.monotonic() < first.at + window_s:
-                time.sleep(2)
-                for name, mib in rss_mib(groups).items():
-                    peak[name] = max(peak.get(name, 0.0), mib)
-            last = scrape()
-            wall = last.at - first.at
-            level.window_s = wall
-            level.published_per_s = (last.published_seq - first.published_seq) * GPUS_PER_NODE / wall
-            level.ingested_per_s = (last.gpu_samples - first.gpu_samples) / wall
-            level.lag_p50_s = quantile(first.lag_buckets, last.lag_buckets, 0.50)
-            level.lag_p99_s = quantile(first.lag_buckets, last.lag_buckets, 0.99)
-            level.backlog_start, level.backlog_end = first.pending, last.pending
-            level.cpu_pct = {k: 100 * cpu_used(first.cpu.get(k, {}), last.cpu[k]) / wall for k in last.cpu}
-            level.rss_mib = peak
-            expected = nodes * GPUS_PER_NODE / interval_s
-            if level.published_per_s < 0.95 * expected:
-                level.note = (f"the simulated fleet itself published only {level.published_per_s:,.0f} of the "
-                              f"{expected:,.0f} GPU samples/s asked for")
-            say(f"[bench] {level.gpus} GPUs: published {level.published_per_s:,.0f}/s, ingested "
-                f"{level.ingested_per_s:,.0f}/s, lag p99 {level.lag_p99_s:.2f} s, backlog {level.backlog_start} → "
-                f"{level.backlog_end}, keeps up: {level.keeps_up}")
+            run.measure(window_s)
             if catch_up_s > 0:
-                # Catch-up: inventory stops while the fleet keeps reporting; then the fleet stops and inventory
-                # starts again with the machine to itself, and drains the backlog: its own ingest capacity.
-                inventory.terminate()
-                inventory.wait(timeout=30)
-                say(f"[bench] {level.gpus} GPUs: inventory stopped; the fleet builds a backlog for {catch_up_s:.0f} s")
-                time.sleep(catch_up_s)
-                for p in procs[1:]:
-                    p.terminate()
-                for p in procs[1:]:
-                    p.wait(timeout=30)
-                backlog = asyncio.run(stream_state(nats_server.url))[1]
-                with open(logs / "inventory-2.log", "ab") as log:
-                    inventory = subprocess.Popen([sys.executable, "-m", "services.inventory.main"], env=inv_env,
-                                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                 pass_fds=(listener.fileno(),))  # the same port again
-                procs[0] = inventory
-                wait_http(f"http://127.0.0.1:{port}/readyz", 60)
-                while (first_applied := metrics(metrics_url)[0]) == 0:  # timed from its first applied batch
-                    time.sleep(0.05)
-                t0, cpu0 = time.monotonic(), cpu_seconds({"inventory": [inventory.pid]})
-                while asyncio.run(stream_state(nats_server.url))[1] > 0 and time.monotonic() < t0 + 600:
-                    time.sleep(0.5)
-                drained_s = time.monotonic() - t0
-                applied = metrics(metrics_url)[0] - first_applied
-                used = cpu_used(cpu0["inventory"], cpu_seconds({"inventory": [inventory.pid]})["inventory"])
-                level.catch_up = {"backlog_msgs": backlog, "gpu_samples": applied, "seconds": drained_s,
-                                  "gpu_samples_per_s": applied / drained_s if drained_s else 0.0,
-                                  "inventory_cpu_pct": 100 * used / drained_s if drained_s else 0.0}
-                say(f"[bench] {level.gpus} GPUs: inventory alone drained {backlog:,} node samples "
-                    f"({applied:,.0f} GPU samples) in {drained_s:.1f} s = {level.catch_up['gpu_samples_per_s']:,.0f} "
-                    f"GPU samples/s")
+                run.catch_up(catch_up_s)
         finally:
-            for p in reversed(procs):
-                p.terminate()
-            for p in reversed(procs):
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            for server in reversed(servers):
-                server.stop()
-            if listener is not None:
-                listener.close()
+            run.stop()
     return level
+
+
+class _LevelRun:
+    """One level of the benchmark: NATS, PostgreSQL, inventory and the simulated fleet as processes; `start`,
+    `wait_for_fleet` (registered, then reporting at its full rate), `measure` (a window of steady state),
+    `catch_up` (inventory alone drains a backlog), `stop`."""
+
+    def __init__(self, level: Level, data: Path, agent_nice: int, say) -> None:  # type: ignore[no-untyped-def]
+        self.level, self.data, self.agent_nice, self.say = level, data, agent_nice, say
+        self.logs = data / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.servers: list[ManagedServer] = []
+        self.procs: list[subprocess.Popen] = []
+        self.listener: socket.socket | None = None
+        self.base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+
+    def start(self) -> None:
+        self.nats = start_nats(self.data / "nats", log_file=self.logs / "nats.log")
+        self.servers.append(self.nats)
+        self.pg = start_postgres(self.data / "pg", log_file=self.logs / "pg.log")
+        self.servers.append(self.pg)
+        self.dsn = with_database(self.pg.url, "bench_inventory")
+        # bound here and inherited (held for the whole level, across the catch-up restart): no other process
+        # can take the port between its choice and the bind
+        self.listener = listen_socket()
+        self.port = self.listener.getsockname()[1]
+        self.inv_env = {**self.base, "PYTHONUNBUFFERED": "1", **{f"GPUPOOL_INVENTORY_{k}": v for k, v in {
+            "NATS_URL": self.nats.url, "DATABASE_URL": self.dsn, "HTTP_PORT": str(self.port),
+            "HTTP_FD": str(self.listener.fileno()), "LOG_LEVEL": "WARNING",
+            "NODE_LOST_AFTER_S": "600", "INSTANCE": "bench-inventory"}.items()}}
+        self.inventory = self._start_inventory("inventory.log")
+        self.procs.append(self.inventory)
+        self.started = time.monotonic()
+        level, agents = self.level, self.level.agents
+        share = [level.nodes // agents + (1 if k < level.nodes % agents else 0) for k in range(agents)]
+        for k, n in enumerate(share):
+            with open(self.logs / f"agent-{k}.log", "ab") as log:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "libs.cli.main", "agent", "--simulate", str(n), "--prefix",
+                     f"b{k}-node", "--seed", str(k), "--interval", str(level.interval_s), "--nats-url",
+                     self.nats.url, "--log-level", "WARNING"],
+                    env={**self.base, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, preexec_fn=_agent_priority(self.agent_nice)))
+
+    def _start_inventory(self, log_name: str) -> subprocess.Popen:
+        assert self.listener is not None
+        with open(self.logs / log_name, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "services.inventory.main"], env=self.inv_env,
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    pass_fds=(self.listener.fileno(),))  # the same port on a restart
+        wait_http(f"http://127.0.0.1:{self.port}/readyz", 60)
+        return proc
+
+    def wait_for_fleet(self) -> None:
+        level = self.level
+        self.say(f"[bench] {level.gpus} GPUs: {level.nodes} nodes in {level.agents} agent process(es); waiting "
+                 "for registration")
+        deadline = time.monotonic() + 300
+        while asyncio.run(registered_nodes(self.dsn)) < level.nodes:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {asyncio.run(registered_nodes(self.dsn))} of {level.nodes} nodes "
+                                   "registered")
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a process exited early; logs in {self.logs}")
+            time.sleep(1)
+        # Registered in inventory is not yet reporting: an agent whose registration request timed out in the
+        # start-up herd retries (with back-off) before it samples. Wait until the fleet publishes its full
+        # rate, or until its rate stops rising (it is at its capacity on this machine).
+        target = level.nodes / level.interval_s
+        rates: list[float] = []
+        seq, _ = asyncio.run(stream_state(self.nats.url))
+        while time.monotonic() < deadline:
+            time.sleep(3)
+            now_seq, _ = asyncio.run(stream_state(self.nats.url))
+            rates.append((now_seq - seq) / 3)
+            seq = now_seq
+            if rates[-1] >= 0.95 * target or (len(rates) >= 4 and rates[-1] <= 1.02 * max(rates[-3:-1])):
+                break
+        level.registered_s = time.monotonic() - self.started
+
+    def _scrape(self, groups: dict[str, list[int]]) -> Scrape:
+        samples, buckets = metrics(f"http://127.0.0.1:{self.port}/metrics")
+        seq, pending = asyncio.run(stream_state(self.nats.url))
+        return Scrape(time.monotonic(), samples, buckets, seq, pending, cpu_seconds(groups))
+
+    def measure(self, window_s: float) -> None:
+        level = self.level
+        groups = {"inventory": [self.inventory.pid], "postgresql": [self.pg.pid], "nats": [self.nats.pid],
+                  "agents": [p.pid for p in self.procs[1:]]}
+        self.say(f"[bench] {level.gpus} GPUs: measuring {window_s:.0f} s")
+        first = self._scrape(groups)
+        peak: dict[str, float] = {}
+        while time.monotonic() < first.at + window_s:
+            time.sleep(2)
+            for name, mib in rss_mib(groups).items():
+                peak[name] = max(peak.get(name, 0.0), mib)
+        last = self._scrape(groups)
+        wall = last.at - first.at
+        level.window_s = wall
+        level.published_per_s = (last.published_seq - first.published_seq) * GPUS_PER_NODE / wall
+        level.ingested_per_s = (last.gpu_samples - first.gpu_samples) / wall
+        level.lag_p50_s = quantile(first.lag_buckets, last.lag_buckets, 0.50)
+        level.lag_p99_s = quantile(first.lag_buckets, last.lag_buckets, 0.99)
+        level.backlog_start, level.backlog_end = first.pending, last.pending
+        level.cpu_pct = {k: 100 * cpu_used(first.cpu.get(k, {}), last.cpu[k]) / wall for k in last.cpu}
+        level.rss_mib = peak
+        expected = level.nodes * GPUS_PER_NODE / level.interval_s
+        if level.published_per_s < 0.95 * expected:
+            level.note = (f"the simulated fleet itself published only {level.published_per_s:,.0f} of the "
+                          f"{expected:,.0f} GPU samples/s asked for")
+        self.say(f"[bench] {level.gpus} GPUs: published {level.published_per_s:,.0f}/s, ingested "
+                 f"{level.ingested_per_s:,.0f}/s, lag p99 {level.lag_p99_s:.2f} s, backlog {level.backlog_start} → "
+                 f"{level.backlog_end}, keeps up: {level.keeps_up}")
+
+    def catch_up(self, catch_up_s: float) -> None:
+        """Inventory stops while the fleet keeps reporting; then the fleet stops and inventory starts again with
+        the machine to itself, and drains the backlog: its own ingest capacity."""
+        level, procs = self.level, self.procs
+        self.inventory.terminate()
+        self.inventory.wait(timeout=30)
+        self.say(f"[bench] {level.gpus} GPUs: inventory stopped; the fleet builds a backlog for {catch_up_s:.0f} s")
+        time.sleep(catch_up_s)
+        for p in procs[1:]:
+            p.terminate()
+        for p in procs[1:]:
+            p.wait(timeout=30)
+        backlog = asyncio.run(stream_state(self.nats.url))[1]
+        self.inventory = procs[0] = self._start_inventory("inventory-2.log")
+        metrics_url = f"http://127.0.0.1:{self.port}/metrics"
+        while (first_applied := metrics(metrics_url)[0]) == 0:  # timed from its first applied batch
+            time.sleep(0.05)
+        t0, cpu0 = time.monotonic(), cpu_seconds({"inventory": [self.inventory.pid]})
+        while asyncio.run(stream_state(self.nats.url))[1] > 0 and time.monotonic() < t0 + 600:
+            time.sleep(0.5)
+        drained_s = time.monotonic() - t0
+        applied = metrics(metrics_url)[0] - first_applied
+        used = cpu_used(cpu0["inventory"], cpu_seconds({"inventory": [self.inventory.pid]})["inventory"])
+        level.catch_up = {"backlog_msgs": backlog, "gpu_samples": applied, "seconds": drained_s,
+                          "gpu_samples_per_s": applied / drained_s if drained_s else 0.0,
+                          "inventory_cpu_pct": 100 * used / drained_s if drained_s else 0.0}
+        self.say(f"[bench] {level.gpus} GPUs: inventory alone drained {backlog:,} node samples "
+                 f"({applied:,.0f} GPU samples) in {drained_s:.1f} s = {level.catch_up['gpu_samples_per_s']:,.0f} "
+                 f"GPU samples/s")
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for server in reversed(self.servers):
+            server.stop()
+        if self.listener is not None:
+            self.listener.close()
 
 
 def _catch_up(lv: Level) -> str:
