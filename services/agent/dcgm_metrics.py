@@ -1,49 +1,124 @@
-"""Per-GPU Prometheus gauges named and labelled as NVIDIA's dcgm-exporter names them, so existing DCGM dashboards
-and alerts work unchanged against the agent's /metrics.
+"""Per-GPU Prometheus series named, typed and labelled as NVIDIA's dcgm-exporter names them, so existing DCGM
+dashboards and alerts work unchanged against the agent's /metrics.
 
-Names and help texts follow dcgm-exporter's default counters CSV (`etc/default-counters.csv`), units included:
-utilisation in %, framebuffer in MiB, temperature in °C, power in W, SM clock in MHz. `DCGM_FI_DEV_XID_ERRORS` is
-the value of the *last* Xid seen on the GPU (0 until one happens), as DCGM reports it. Labels are the ones
-dcgm-exporter attaches to every GPU series: `gpu` (index), `UUID`, `pci_bus_id`, `device` (`nvidia<index>`),
-`modelName` (NVML's marketing name), `Hostname` and `DCGM_FI_DRIVER_VERSION`. One simulated-fleet process serves
-every simulated node's GPUs; their series differ by `Hostname`.
+Every field of dcgm-exporter's default counters CSV (`etc/default-counters.csv`) is served, with its Prometheus type
+(gauge or counter), help text and unit: utilisation in %, framebuffer in MiB, temperatures in °C, power in W, clocks
+in MHz, energy in mJ, PCIe traffic in bytes per second, the profiling (`DCGM_FI_PROF_*`) activities as ratios 0..1.
+`DCGM_FI_DEV_XID_ERRORS` is the value of the *last* Xid seen on the GPU (0 until one happens), as DCGM reports it.
+Labels are the ones dcgm-exporter attaches to every GPU series: `gpu` (index), `UUID`, `pci_bus_id`, `device`
+(`nvidia<index>`), `modelName` (NVML's marketing name), `Hostname` and `DCGM_FI_DRIVER_VERSION`. One simulated-fleet
+process serves every simulated node's GPUs; their series differ by `Hostname`.
 
 A field the GPU cannot report in a sample (NVML "Not Supported", a GPU that fell off the bus, whole-GPU
-utilisation of a MIG-enabled GPU) has no series for that sample, as dcgm-exporter skips blank values.
+utilisation of a MIG-enabled GPU, the profiling ratios on the real backend) has no series for that sample, as
+dcgm-exporter skips blank values.
+
+Counters keep their DCGM names (no `_total` suffix), as dcgm-exporter serves them: `# TYPE
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter` then `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{...} 1.2e+09`.
+prometheus_client's text exposition appends `_total` to a family typed "counter", so those families carry a type
+word that reads "counter" but is not the client's counter type (:data:`COUNTER`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import Metric
 
 from services.agent.nvml_types import GpuInfo, GpuSample, NodeInfo
 
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
 
-# name → (help text as in dcgm-exporter's default counters, value of one sample or None when not reported)
-FIELDS: dict[str, tuple[str, Callable[[GpuSample], float | None]]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", lambda s: s.utilization_gpu_pct),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("Memory utilization (in %).", lambda s: s.utilization_memory_pct),
-    "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).", lambda s: s.memory_used_mib),
-    "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).",
-                            lambda s: None if s.memory_used_mib is None
-                            else max(0, s.memory_total_mib - s.memory_used_mib)),
-    "DCGM_FI_DEV_GPU_TEMP": ("GPU temperature (in C).", lambda s: s.temperature_c),
-    "DCGM_FI_DEV_POWER_USAGE": ("Power draw (in W).", lambda s: s.power_w),
-    "DCGM_FI_DEV_SM_CLOCK": ("SM clock frequency (in MHz).", lambda s: s.sm_clock_mhz),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("Total number of single-bit volatile ECC errors.",
+
+class _VerbatimCounter(str):
+    """The type word "counter" that prometheus_client's exposition does not take for its own counter type, so it
+    prints the family under its own name (dcgm-exporter's), not `<name>_total`."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _VerbatimCounter)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+COUNTER = _VerbatimCounter("counter")
+Kind = Literal["gauge", "counter"]
+Value = Callable[[GpuSample], float | int | bool | None]
+
+
+def _fb_free(s: GpuSample) -> int | None:
+    if s.extra.fb_free_mib is not None:
+        return s.extra.fb_free_mib
+    return None if s.memory_used_mib is None else max(0, s.memory_total_mib - s.memory_used_mib)
+
+
+def _fb_used(s: GpuSample) -> int | None:
+    return s.extra.fb_used_mib if s.extra.fb_used_mib is not None else s.memory_used_mib
+
+
+# name → (type, help text as in dcgm-exporter's default counters, value of one sample or None when not reported)
+FIELDS: dict[str, tuple[Kind, str, Value]] = {
+    "DCGM_FI_DEV_SM_CLOCK": ("gauge", "SM clock frequency (in MHz).", lambda s: s.sm_clock_mhz),
+    "DCGM_FI_DEV_MEM_CLOCK": ("gauge", "Memory clock frequency (in MHz).", lambda s: s.extra.memory_clock_mhz),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("gauge", "Memory temperature (in C).", lambda s: s.extra.memory_temperature_c),
+    "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (in C).", lambda s: s.temperature_c),
+    "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W).", lambda s: s.power_w),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("counter", "Total energy consumption since boot (in mJ).",
+                                             lambda s: s.extra.energy_mj),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("counter", "Total number of PCIe retries.",
+                                        lambda s: s.extra.pcie_replay_count),
+    "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %).", lambda s: s.utilization_gpu_pct),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("gauge", "Memory utilization (in %).", lambda s: s.utilization_memory_pct),
+    "DCGM_FI_DEV_ENC_UTIL": ("gauge", "Encoder utilization (in %).", lambda s: s.extra.encoder_util_pct),
+    "DCGM_FI_DEV_DEC_UTIL": ("gauge", "Decoder utilization (in %).", lambda s: s.extra.decoder_util_pct),
+    "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB).", _fb_free),
+    "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB).", _fb_used),
+    "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Framebuffer memory reserved (in MiB).", lambda s: s.extra.fb_reserved_mib),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("counter", "Total number of single-bit volatile ECC errors.",
                                       lambda s: s.ecc_volatile_sbe),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("Total number of double-bit volatile ECC errors.",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", "Total number of double-bit volatile ECC errors.",
                                       lambda s: s.ecc_volatile_dbe),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("counter", "Total number of NVLink bandwidth counters for all lanes.",
+                                           lambda s: s.extra.nvlink_data_kib),
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": ("gauge", "vGPU License status", lambda s: s.extra.vgpu_license_status),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", "Number of remapped rows for uncorrectable errors",
+                                                lambda s: s.extra.uncorrectable_remapped_rows),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", "Number of remapped rows for correctable errors",
+                                              lambda s: s.extra.correctable_remapped_rows),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", "Whether remapping of rows has failed",
+                                      lambda s: s.extra.row_remap_failure),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "Ratio of time the graphics engine is active.",
+                                      lambda s: s.extra.gr_engine_active),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+                                        lambda s: s.extra.tensor_active),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("gauge", "Ratio of cycles the device memory interface is active sending or "
+                                 "receiving data.", lambda s: s.extra.dram_active),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("gauge", "The rate of data transmitted over the PCIe bus - including both "
+                                   "protocol headers and data payloads - in bytes per second.",
+                                   lambda s: s.extra.pcie_tx_bytes_per_s),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("gauge", "The rate of data received over the PCIe bus - including both "
+                                   "protocol headers and data payloads - in bytes per second.",
+                                   lambda s: s.extra.pcie_rx_bytes_per_s),
 }
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
 METRIC_NAMES = (*FIELDS, XID_ERRORS)
-HELP: dict[str, str] = {**{name: help_text for name, (help_text, _) in FIELDS.items()},
+TYPES: dict[str, Kind] = {**{name: kind for name, (kind, _, _) in FIELDS.items()}, XID_ERRORS: "gauge"}
+HELP: dict[str, str] = {**{name: help_text for name, (_, help_text, _) in FIELDS.items()},
                         XID_ERRORS: "Value of the last XID error encountered."}
+
+
+def _family(name: str) -> Metric:
+    family = Metric(name, HELP[name], "gauge")
+    if TYPES[name] == "counter":
+        family.type = COUNTER
+    return family
 
 
 def dcgm_pci_bus_id(bus_id: str) -> str:
@@ -74,11 +149,11 @@ class DcgmMetrics:
                 if s.xid_events:
                     self._last_xid[(hostname, s.uuid)] = s.xid_events[-1]
 
-    def describe(self) -> list[GaugeMetricFamily]:
-        return [GaugeMetricFamily(name, help_text, labels=LABELS) for name, help_text in HELP.items()]
+    def describe(self) -> list[Metric]:
+        return [_family(name) for name in METRIC_NAMES]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = {name: GaugeMetricFamily(name, help_text, labels=LABELS) for name, help_text in HELP.items()}
+    def collect(self) -> Iterator[Metric]:
+        families = {name: _family(name) for name in METRIC_NAMES}
         with self._lock:
             latest = list(self._latest.items())
             last_xid = dict(self._last_xid)
@@ -86,11 +161,12 @@ class DcgmMetrics:
             gpus: dict[str, GpuInfo] = {g.uuid: g for g in info.gpus}
             for s in samples:
                 labels = labels_for(hostname, info, s, gpus.get(s.uuid))
-                for name, (_, value_of) in FIELDS.items():
+                label_map = dict(zip(LABELS, labels, strict=True))
+                for name, (_, _, value_of) in FIELDS.items():
                     value = value_of(s)
                     if value is not None:  # not reported: no series, as dcgm-exporter skips blank values
-                        families[name].add_metric(labels, float(value))
-                families[XID_ERRORS].add_metric(labels, float(last_xid.get((hostname, s.uuid), 0)))
+                        families[name].add_sample(name, label_map, float(value))
+                families[XID_ERRORS].add_sample(XID_ERRORS, label_map, float(last_xid.get((hostname, s.uuid), 0)))
         yield from families.values()
 
 

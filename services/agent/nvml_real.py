@@ -23,6 +23,7 @@ from typing import Any
 
 from services.agent.gpu_names import canonical_model, normalize_pci_bus_id, throttle_reason_names
 from services.agent.host import HostReader
+from services.agent.nvml_real_extra import read_extra
 from services.agent.nvml_types import (
     FAILED,
     XID_DEGRADED,
@@ -757,6 +758,7 @@ class RealNvml:
             process_count=len(pids),
             health=health,
             health_reasons=health_reasons,
+            extra=read_extra(self._nvml, self._guard, self._const, h, remap),
         )
 
 

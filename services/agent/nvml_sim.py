@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from libs.core import mig as migcat
+from services.agent.nvml_sim_extra import ExtraState, boot_energy_mj, extra_readings
 from services.agent.nvml_types import (
     XID_DEGRADED,
     XID_FAILED,
@@ -185,6 +186,29 @@ class _GpuState:
     # real work's measured load on this GPU (allocation → (utilisation %, memory MiB)): see SimulatedNvml.measure
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)
     measured_pid: dict[str, int] = field(default_factory=dict)  # allocation → its work's main process
+    extra: ExtraState = field(default_factory=lambda: ExtraState(energy_mj=0.0))  # energy and NVLink counters
+
+
+def _clocks(spec: GpuSpec, util: float, power: float, temperature_c: float,
+            lost: bool) -> tuple[int, float, list[str]]:
+    """(SM clock MHz, power W after a thermal slowdown, throttle reasons): boost when busy, idle clock when free;
+    lower under the power cap, much lower when thermally throttled."""
+    throttle: list[str] = []
+    busy = util >= 1.0
+    clock = float(spec.max_sm_clock_mhz if busy else spec.idle_sm_clock_mhz)
+    if not busy and not lost:
+        throttle.append("gpu_idle")
+    if power >= 0.98 * spec.tdp_w:
+        throttle.append("sw_power_cap")
+        clock *= 0.93
+    if temperature_c >= spec.slowdown_temp_c - 3.0:
+        throttle.append("sw_thermal_slowdown")
+        clock = min(clock, spec.max_sm_clock_mhz * 0.8)
+    if temperature_c >= spec.slowdown_temp_c:
+        throttle.append("hw_thermal_slowdown")
+        clock = min(clock, spec.max_sm_clock_mhz * 0.55)
+        power = min(power, spec.idle_w + 0.6 * (spec.tdp_w - spec.idle_w))
+    return int(round(clock / 15.0) * 15), power, throttle
 
 
 class SimulatedNvml:
@@ -234,6 +258,7 @@ class SimulatedNvml:
                 rng=random.Random(f"{seed}/{hostname}/{index}"),
             )
             state.temperature_c = AMBIENT_C + spec.thermal_resistance * spec.idle_w
+            state.extra.energy_mj = boot_energy_mj(seed, state.uuid, spec.idle_w)
             self._gpus.append(state)
         self._by_uuid = {g.uuid: g for g in self._gpus}
         for index in mig_mode:  # an operator enabled MIG mode before the agent started: no instances yet
@@ -674,22 +699,7 @@ class SimulatedNvml:
             steady = max(steady + 20.0, spec.slowdown_temp_c + 8.0)
         gpu.temperature_c = steady + (gpu.temperature_c - steady) * math.exp(-dt / TAU_S)
 
-        throttle: list[str] = []
-        busy = util >= 1.0
-        clock = float(spec.max_sm_clock_mhz if busy else spec.idle_sm_clock_mhz)
-        if not busy and not gpu.lost:
-            throttle.append("gpu_idle")
-        if power >= 0.98 * spec.tdp_w:
-            throttle.append("sw_power_cap")
-            clock *= 0.93
-        if gpu.temperature_c >= spec.slowdown_temp_c - 3.0:
-            throttle.append("sw_thermal_slowdown")
-            clock = min(clock, spec.max_sm_clock_mhz * 0.8)
-        if gpu.temperature_c >= spec.slowdown_temp_c:
-            throttle.append("hw_thermal_slowdown")
-            clock = min(clock, spec.max_sm_clock_mhz * 0.55)
-            power = min(power, spec.idle_w + 0.6 * (spec.tdp_w - spec.idle_w))
-        clock_mhz = int(round(clock / 15.0) * 15)
+        clock_mhz, power, throttle = _clocks(spec, util, power, gpu.temperature_c, gpu.lost)
 
         # Correctable-ECC storm: counter climbs at the injected rate.
         if "sbe_storm" in gpu.faults:
@@ -712,6 +722,10 @@ class SimulatedNvml:
         mig_on = gpu.mig is not None
         procs = 0 if gpu.lost or w is None else (2 if w.kind == "inference" else 1)
         procs += 0 if gpu.lost else len(gpu.procs)
+        extra = extra_readings(gpu.extra, model=spec.model, seed=self._seed, uuid=gpu.uuid, now=now, dt=dt,
+                               util_pct=util, mem_util_pct=mem_util, power_w=power, temperature_c=gpu.temperature_c,
+                               memory_total_mib=spec.memory_total_mib, memory_used_mib=int(memory_used), mig=mig_on,
+                               lost=gpu.lost)
         return GpuSample(
             uuid=gpu.uuid,
             index=gpu.index,
@@ -732,6 +746,7 @@ class SimulatedNvml:
             process_count=procs,
             health=health,
             health_reasons=reasons,
+            extra=extra,
         )
 
     # ---- helpers -----------------------------------------------------------------

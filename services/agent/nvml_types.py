@@ -56,6 +56,36 @@ class GpuInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuExtraReadings:
+    """What a GPU reports beyond the telemetry the platform schedules on: the rest of dcgm-exporter's default
+    fields (served on the agent's /metrics, not sent as telemetry). None: not reported (the GPU or driver lacks it,
+    or the backend cannot read it, e.g. the profiling ratios on the real backend, which need DCGM)."""
+
+    memory_clock_mhz: int | None = None
+    memory_temperature_c: float | None = None  # HBM parts; GDDR boards do not report it
+    energy_mj: int | None = None  # since the driver loaded, a counter
+    pcie_replay_count: int | None = None  # a counter
+    encoder_util_pct: float | None = None
+    decoder_util_pct: float | None = None
+    fb_used_mib: int | None = None  # NVML's v2 memory info, where read (used excludes reserved); else the sample's
+    fb_free_mib: int | None = None
+    fb_reserved_mib: int | None = None
+    nvlink_data_kib: int | None = None  # NVLink data sent + received over all links, KiB, a counter
+    vgpu_license_status: int | None = None
+    correctable_remapped_rows: int | None = None
+    uncorrectable_remapped_rows: int | None = None
+    row_remap_failure: bool | None = None
+    gr_engine_active: float | None = None  # ratios 0..1 (DCGM's profiling metrics)
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+
+
+NO_EXTRA_READINGS = GpuExtraReadings()
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One telemetry reading for one physical GPU.
 
@@ -81,6 +111,7 @@ class GpuSample:
     process_count: int
     health: Health
     health_reasons: tuple[str, ...] = field(default=())
+    extra: GpuExtraReadings = NO_EXTRA_READINGS
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,11 @@ class FakeGpu:
     temperature: int = 45
     power_mw: int = 300_000
     sm_clock: int = 1980
+    mem_clock: int = 2619
+    memory_reserved_mib: int = 527
+    energy_mj: int = 123_456_789
+    memory_temp: int = 52  # 0: no sensor (GDDR)
+    nvlink_kib: tuple[int, int] | None = None  # (tx, rx) summed over links; None: no NVLink (a per-field error)
     sbe: int = 0
     dbe: int = 0
     numa: int | None = 0
@@ -72,6 +77,7 @@ class FakeNvml(SimpleNamespace):
             if name.startswith(("NVMLError", "NVML_", "nvmlEventType", "nvmlClocks")):
                 setattr(self, name, getattr(pynvml, name))
         self.NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+        self.nvmlMemory_v2 = pynvml.nvmlMemory_v2
         self.gpus = gpus
         self.events: list[tuple[int, int]] = []  # (gpu index, xid)
         self.initialised = False
@@ -125,10 +131,16 @@ class FakeNvml(SimpleNamespace):
     def nvmlDeviceGetName(self, h: int) -> str:
         return self._gpu("nvmlDeviceGetName", h).name
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
         g = self._gpu("nvmlDeviceGetMemoryInfo", h)
         mib = 1024 * 1024
-        return SimpleNamespace(total=g.memory_total_mib * mib, used=g.memory_used_mib * mib)
+        if version is None:  # v1: used includes what the driver reserves
+            return SimpleNamespace(total=g.memory_total_mib * mib, used=g.memory_used_mib * mib,
+                                   free=(g.memory_total_mib - g.memory_used_mib) * mib)
+        assert version == pynvml.nvmlMemory_v2
+        used = g.memory_used_mib - g.memory_reserved_mib
+        return SimpleNamespace(version=version, total=g.memory_total_mib * mib, reserved=g.memory_reserved_mib * mib,
+                               used=used * mib, free=(g.memory_total_mib - g.memory_used_mib) * mib)
 
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:
         g = self._gpu("nvmlDeviceGetPciInfo", h)
@@ -296,8 +308,46 @@ class FakeNvml(SimpleNamespace):
         return self._gpu("nvmlDeviceGetPowerUsage", h).power_mw
 
     def nvmlDeviceGetClockInfo(self, h: int, clock_type: int) -> int:
-        assert clock_type == pynvml.NVML_CLOCK_SM
-        return self._gpu("nvmlDeviceGetClockInfo", h).sm_clock
+        g = self._gpu("nvmlDeviceGetClockInfo", h)
+        assert clock_type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM)
+        return g.sm_clock if clock_type == pynvml.NVML_CLOCK_SM else g.mem_clock
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        return self._gpu("nvmlDeviceGetTotalEnergyConsumption", h).energy_mj
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:
+        self._gpu("nvmlDeviceGetPcieReplayCounter", h)
+        return 3
+
+    def nvmlDeviceGetEncoderUtilization(self, h: int) -> list[int]:
+        self._gpu("nvmlDeviceGetEncoderUtilization", h)
+        return [7, 167000]
+
+    def nvmlDeviceGetDecoderUtilization(self, h: int) -> list[int]:
+        self._gpu("nvmlDeviceGetDecoderUtilization", h)
+        return [11, 167000]
+
+    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
+        self._gpu("nvmlDeviceGetPcieThroughput", h)
+        return {pynvml.NVML_PCIE_UTIL_TX_BYTES: 2000, pynvml.NVML_PCIE_UTIL_RX_BYTES: 5000}[counter]  # KB/s
+
+    def nvmlDeviceGetFieldValues(self, h: int, field_ids: list[Any]) -> list[Any]:
+        """pynvml's shape: one nvmlFieldValue_t per id, each with its own nvmlReturn (an id is an int or
+        (id, scopeId))."""
+        g = self._gpu("nvmlDeviceGetFieldValues", h)
+        out = []
+        for fid in field_ids:
+            fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
+            v = pynvml.c_nvmlFieldValue_t()
+            v.fieldId, v.scopeId, v.nvmlReturn = fid, scope, pynvml.NVML_ERROR_NOT_SUPPORTED
+            if fid == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+                v.valueType, v.value.uiVal, v.nvmlReturn = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, g.memory_temp, 0
+            elif g.nvlink_kib is not None and scope == 0xFFFFFFFF and fid in (
+                    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+                kib = g.nvlink_kib[0 if fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else 1]
+                v.valueType, v.value.ullVal, v.nvmlReturn = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, kib, 0
+            out.append(v)
+        return out
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter: int) -> int:
         g = self._gpu("nvmlDeviceGetTotalEccErrors", h)
@@ -309,7 +359,7 @@ class FakeNvml(SimpleNamespace):
 
     def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
         self._gpu("nvmlDeviceGetRemappedRows", h)
-        return (0, 0, 0, 0)
+        return (2, 1, 0, 0)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", h).throttle_mask

@@ -10,7 +10,7 @@ from services.agent.gpu_names import (
     throttle_reason_names,
 )
 from services.agent.nvml_real import RealNvml
-from services.agent.nvml_types import MigInstance, NvmlBackend
+from services.agent.nvml_types import GpuExtraReadings, MigInstance, NvmlBackend
 
 HGX_BUS = ["00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0"]
 
@@ -97,6 +97,40 @@ def test_real_backend_reads_inventory_and_samples_from_nvml(fake_nvml_factory, f
     assert (s.health, s.health_reasons) == ("healthy", ())
     backend.close()
     assert fake.initialised is False
+
+
+def test_real_backend_reads_the_extra_dcgm_fields_nvml_has(fake_nvml_factory, fake_gpu_factory, clock):
+    fake = fake_nvml_factory([fake_gpu_factory(uuid="GPU-sxm", nvlink_kib=(5_000, 7_000)),
+                              fake_gpu_factory(uuid="GPU-pcie", name="NVIDIA L40S", memory_total_mib=46068,
+                                               memory_temp=0)])
+    backend = _backend(fake, clock)
+    backend.open()
+    sxm, pcie = (s.extra for s in backend.sample())
+    assert sxm == GpuExtraReadings(
+        memory_clock_mhz=2619, memory_temperature_c=52.0, energy_mj=123_456_789, pcie_replay_count=3,
+        encoder_util_pct=7.0, decoder_util_pct=11.0,
+        fb_used_mib=1024 - 527, fb_free_mib=81559 - 1024, fb_reserved_mib=527,  # v2: used excludes reserved
+        nvlink_data_kib=12_000, vgpu_license_status=None,
+        correctable_remapped_rows=2, uncorrectable_remapped_rows=1, row_remap_failure=False,
+        gr_engine_active=None, tensor_active=None, dram_active=None,  # DCGM's profiling: not read from NVML
+        pcie_tx_bytes_per_s=2000 * 1024.0, pcie_rx_bytes_per_s=5000 * 1024.0)
+    assert pcie.memory_temperature_c is None  # NVML's 0: the board has no memory sensor
+    assert pcie.nvlink_data_kib is None  # the NVLink fields answer Not Supported on a PCIe card
+    assert pcie.energy_mj == 123_456_789
+
+
+def test_extra_dcgm_fields_nvml_cannot_read_are_absent_not_a_failed_sample(
+        fake_nvml_factory, fake_gpu_factory, clock):
+    unsupported = {"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPcieReplayCounter",
+                   "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
+                   "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetFieldValues", "nvmlDeviceGetRemappedRows"}
+    fake = fake_nvml_factory([fake_gpu_factory(uuid="GPU-old", not_supported=unsupported)])
+    fake.nvmlMemory_v2 = None  # a binding without the v2 memory query
+    backend = _backend(fake, clock)
+    backend.open()
+    s = backend.sample()[0]
+    assert (s.health, s.temperature_c, s.memory_used_mib) == ("healthy", 45.0, 1024)
+    assert s.extra == GpuExtraReadings(memory_clock_mhz=2619)
 
 
 def test_real_backend_treats_not_supported_queries_as_missing(fake_nvml_factory, fake_gpu_factory, clock):
@@ -269,8 +303,9 @@ def test_every_nvml_name_the_real_backend_uses_exists_in_nvidia_ml_py():
     import re
 
     import services.agent.nvml_real as real
+    import services.agent.nvml_real_extra as real_extra
 
-    source = inspect.getsource(real)
+    source = inspect.getsource(real) + inspect.getsource(real_extra)
     names = set(re.findall(r'"(nvml\w+|NVML_\w+)"', source))
     names |= set(re.findall(r"\b(?:nv|self\._nvml)\.(nvml\w+)", source))
     assert len(names) > 40
