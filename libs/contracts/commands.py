@@ -17,9 +17,10 @@ from libs.contracts.autoscale import AutoscalePolicy, ReplicaBounds
 from libs.contracts.events import GpuSpec, NicSpec, VolumeSpec
 from libs.contracts.fleet import TOPOLOGY_LABEL_PREFIX
 from libs.contracts.labels import MAX_SELECTOR, check_labels, label_problem
+from libs.contracts.names import NAME_PATTERN
 from libs.contracts.work import Arg, HealthCheck, Isolation, RestartPolicy, StopSignal, WorkLimits, WorkSpec
+from libs.domain import Refusal
 
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 # The dates a command may carry: a price from year 1 or a loan to year 9999 is a typo, and arithmetic on it
 # overflows. Both ends are exclusive of nothing a real fleet needs.
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
@@ -96,6 +97,11 @@ class Reply(BaseModel):
     @classmethod
     def failure(cls, status: int, reason: str, message: str, **detail: Any) -> Reply:
         return cls(ok=False, error=ErrorDetail(status=status, reason=reason, message=message, detail=detail))
+
+    @classmethod
+    def refused(cls, refusal: Refusal) -> Reply:
+        """A domain decision's no (`libs.domain.Refusal`) on the wire."""
+        return cls.failure(refusal.status, refusal.reason, refusal.message, **refusal.details)
 
 
 # --- inventory --------------------------------------------------------------------------------------------------

@@ -12,39 +12,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
 
-from libs.contracts.commands import RegisterNode
-from libs.contracts.events import AllocatedGpu, GpuSpec, GpuTelemetry, NicSpec, TelemetrySampled, VolumeSpec
-from libs.contracts.work import ISOLATION_LABEL_PREFIX
+from libs.contracts.events import AllocatedGpu, GpuTelemetry, TelemetrySampled
 from libs.core import mig as migcat
-from services.agent.nvml_types import GpuProcess, GpuSample, MigInstance, NodeInfo, NodeSample
+from services.agent.nvml_types import GpuProcess, GpuSample, MigInstance, NodeSample
 
 AGENT_VERSION = "0.1.0"
 
 
 # One label per isolation driver the node can run (placement's domain selects on the same key).
-
-
-def registration(cluster: str, node: str, info: NodeInfo, samples: list[GpuSample] | None = None,
-                 labels: dict[str, str] | None = None,
-                 drivers: dict[str, str | None] | None = None, address: str = "") -> RegisterNode:
-    """`drivers`: the executor's `offered_drivers()` (driver → None when the node offers it and can run it, else
-    why not), None when this agent runs no work. Each runnable driver becomes the label
-    `gpupool.io/isolation.<driver>=true`, which placement requires of a node for a job whose work uses it."""
-    health = {s.uuid: s.health for s in samples or []}
-    offered = {f"{ISOLATION_LABEL_PREFIX}{name}": "true" for name, why in sorted((drivers or {}).items())
-               if why is None}
-    return RegisterNode(
-        cluster=cluster, node=node, hostname=info.hostname, cpu_count=info.cpu_count,
-        memory_mib=info.memory_total_mib, driver_version=info.driver_version or "", agent_version=AGENT_VERSION,
-        labels={**(labels or {}), **offered},
-        gpus=[GpuSpec(uuid=g.uuid, index=g.index, model=g.model, name=g.name, memory_mib=g.memory_total_mib,
-                      numa_node=g.numa_node, nvlink_peers=list(g.nvlink_peers), mig_mode=g.mig_mode,
-                      health=health.get(g.uuid, "healthy"))
-              for g in info.gpus],
-        network=[NicSpec(name=n.name, kind=n.kind, speed_mbps=n.speed_mbps) for n in info.network],
-        storage=[VolumeSpec(mount=v.mount, total_gib=v.total_gib, filesystem=v.filesystem) for v in info.storage],
-        address=address,
-    )
 
 
 def simulated_address(index: int) -> str:

@@ -47,13 +47,13 @@ from services.agent.domain import (
     fraction_action,
     fraction_violations,
     plan_mig,
-    registration,
     share_limits,
     telemetry_json,
     wanted_mig,
 )
 from services.agent.nvml_sim import SimulatedNvml
 from services.agent.nvml_types import GpuProcess, GpuSample, MigError, MigInstance, NodeInfo, NvmlBackend
+from services.agent.registration import registration
 from services.agent.sample_buffer import SampleBuffer
 from services.agent.work import WorkRunner
 

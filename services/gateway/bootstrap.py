@@ -29,7 +29,6 @@ from libs.store.migrations import migrate, package_migrations, store_migrations
 from services.gateway.auth import Authenticator
 from services.gateway.config import GatewaySettings
 from services.gateway.decisions import router as decisions_router
-from services.gateway.domain import problem
 from services.gateway.endpoints import router as endpoints_router
 from services.gateway.events import StreamSlots
 from services.gateway.events import router as events_router
@@ -38,6 +37,7 @@ from services.gateway.logs import router as logs_router
 from services.gateway.malformed import protocol_class
 from services.gateway.nodes import router as nodes_router
 from services.gateway.policy import router as policy_router
+from services.gateway.problems import problem
 from services.gateway.reports import router as reports_router
 from services.gateway.ui import router as ui_router
 

@@ -11,10 +11,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from enum import StrEnum
-from http import HTTPStatus
-from typing import Any, Literal
-
-from fastapi.responses import JSONResponse
+from typing import Literal
 
 PROBLEM_TYPE_BASE = "https://gpupool.dev/problems/"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -130,20 +127,3 @@ def hash_secret(secret: str) -> str:
 
 def secret_matches(secret: str, stored_hash: str) -> bool:
     return hmac.compare_digest(hash_secret(secret), stored_hash)
-
-
-def problem(status: int, reason: str, detail: str, *, instance: str | None = None,
-            headers: dict[str, str] | None = None, **extensions: Any) -> JSONResponse:
-    body: dict[str, Any] = {
-        "type": PROBLEM_TYPE_BASE + reason,
-        "title": HTTPStatus(status).phrase,
-        "status": status,
-        "detail": detail,
-        "reason": reason,
-    }
-    if instance:
-        body["instance"] = instance
-    body.update({k: v for k, v in extensions.items() if v not in (None, {}, [])})
-    if status == 401:
-        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="gpupool"'}
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_CONTENT_TYPE, headers=headers)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from libs.contracts.autoscale import AutoscalePolicy
-from libs.contracts.commands import Reply
 from libs.contracts.work import WorkExit, WorkSpec
+from libs.domain import Refusal
 
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 
@@ -33,12 +33,12 @@ def can_transition(current: str, target: str) -> bool:
     return target in TRANSITIONS.get(current, frozenset())
 
 
-def refuse_transition(job_id: str, current: str, target: str) -> Reply:
+def refuse_transition(job_id: str, current: str, target: str) -> Refusal:
     if current in TERMINAL:
-        return Reply.failure(409, "JobAlreadyFinished", f"job {job_id} is already {current}",
-                             job_id=job_id, state=current)
-    return Reply.failure(409, "InvalidJobState", f"job {job_id} is {current}; it cannot become {target}",
-                         job_id=job_id, state=current)
+        return Refusal(409, "JobAlreadyFinished", f"job {job_id} is already {current}",
+                       {"job_id": job_id, "state": current})
+    return Refusal(409, "InvalidJobState", f"job {job_id} is {current}; it cannot become {target}",
+                   {"job_id": job_id, "state": current})
 
 
 

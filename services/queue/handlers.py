@@ -198,7 +198,7 @@ class QueueHandlers:
         if row is None:
             return None, Reply.failure(404, "JobNotFound", f"no job {job_id}")
         if row["state"] in TERMINAL:
-            return row, refuse_transition(job_id, row["state"], verb)
+            return row, Reply.refused(refuse_transition(job_id, row["state"], verb))
         return row, None
 
     async def update_work(self, cmd: UpdateWork) -> Reply:
@@ -238,9 +238,9 @@ class QueueHandlers:
             if row is None:
                 return Reply.failure(404, "JobNotFound", f"no job {job_id}")
             if target == "completed" and row["state"] not in ("launching", "running", "preempting"):
-                return refuse_transition(job_id, row["state"], target)
+                return Reply.refused(refuse_transition(job_id, row["state"], target))
             if not can_transition(row["state"], target):
-                return refuse_transition(job_id, row["state"], target)
+                return Reply.refused(refuse_transition(job_id, row["state"], target))
             updated = await self._set_state(uow, row, target, reason, at=now, message=message)
             if target == "completed":
                 await uow.emit(JobCompleted(job_id=job_id, team=row["team"], completed_at=now))

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-from libs.contracts.commands import NAME_PATTERN, AdmitJob, Reply
+from libs.contracts.names import NAME_PATTERN
+from libs.domain import Refusal
+
+
+class Submission(Protocol):
+    """What admission reads of a submitted job (the queue's admission request carries these)."""
+
+    team: str
+    priority_class: str
+    gpus: int
+    gpu_models: Sequence[str]
+    max_runtime_s: float | None
 
 
 def ceiling(entries: Iterable[Mapping[str, Any]], model: str) -> float | None:
@@ -18,29 +29,30 @@ def ceiling(entries: Iterable[Mapping[str, Any]], model: str) -> float | None:
     return min(caps) if caps else None
 
 
-def admit(cmd: AdmitJob, *, team: Mapping[str, Any] | None, priority_class: Mapping[str, Any] | None,
-          quota_entries: Iterable[Mapping[str, Any]]) -> Reply:
+def admit(cmd: Submission, *, team: Mapping[str, Any] | None, priority_class: Mapping[str, Any] | None,
+          quota_entries: Iterable[Mapping[str, Any]]) -> dict[str, Any] | Refusal:
+    """Admitted (the job's priority class, resolved: name, value, preemptible) or why not."""
     if team is None:
-        return Reply.failure(422, "UnknownTeam", f"team {cmd.team!r} does not exist", team=cmd.team)
+        return Refusal(422, "UnknownTeam", f"team {cmd.team!r} does not exist", {"team": cmd.team})
     if priority_class is None:
-        return Reply.failure(422, "UnknownPriorityClass", f"priority class {cmd.priority_class!r} does not exist",
-                             priority_class=cmd.priority_class)
+        return Refusal(422, "UnknownPriorityClass", f"priority class {cmd.priority_class!r} does not exist",
+                       {"priority_class": cmd.priority_class})
     entries = list(quota_entries)
-    models = cmd.gpu_models or ["*"]
+    models = list(cmd.gpu_models) or ["*"]
     what = ", ".join(models) if cmd.gpu_models else "any model"
     caps = [ceiling(entries, m) for m in models]
     if all(c is not None for c in caps):
         best = max(c for c in caps if c is not None)
         if cmd.gpus > best:
-            return Reply.failure(
+            return Refusal(
                 422, "ExceedsTeamCapacity",
                 f"team {cmd.team!r} can never hold {cmd.gpus} GPU(s) of {what}: its quota allows at "
-                f"most {best:g}", team=cmd.team, requested=cmd.gpus, ceiling=best)
-    return Reply.success({"admitted": True, "priority_class": priority_class["name"],
-                          "priority": priority_class["value"], "preemptible": priority_class["preemptible"]})
+                f"most {best:g}", {"team": cmd.team, "requested": cmd.gpus, "ceiling": best})
+    return {"admitted": True, "priority_class": priority_class["name"], "priority": priority_class["value"],
+            "preemptible": priority_class["preemptible"]}
 
 
-def approval_reasons(cmd: AdmitJob, rules: Iterable[Mapping[str, Any]]) -> list[str]:
+def approval_reasons(cmd: Submission, rules: Iterable[Mapping[str, Any]]) -> list[str]:
     """Which enabled rules send this submission to a person first (empty: none)."""
     reasons = []
     for r in rules:
@@ -74,13 +86,13 @@ def rule_value_error(rule: str, value: str) -> str | None:
     return None
 
 
-def quota_path_error(path: str, *, org_known: bool, team: Mapping[str, Any] | None) -> Reply | None:
+def quota_path_error(path: str, *, org_known: bool, team: Mapping[str, Any] | None) -> Refusal | None:
     """A quota entry may be set only where the tree exists: its org, and its team in that org (projects are made
     by the jobs that name them). None: the path is fine."""
     parts = path.split("/")
     if not org_known:
-        return Reply.failure(422, "UnknownOrg", f"org {parts[0]!r} does not exist: create a team in it first",
-                             org=parts[0])
+        return Refusal(422, "UnknownOrg", f"org {parts[0]!r} does not exist: create a team in it first",
+                       {"org": parts[0]})
     if len(parts) > 1 and (team is None or team["org"] != parts[0]):
-        return Reply.failure(422, "UnknownTeam", f"no team {parts[1]!r} in org {parts[0]!r}", team=parts[1])
+        return Refusal(422, "UnknownTeam", f"no team {parts[1]!r} in org {parts[0]!r}", {"team": parts[1]})
     return None

@@ -35,6 +35,7 @@ from libs.contracts.events import (
     QuotaSet,
     TeamCreated,
 )
+from libs.domain import Refusal
 from libs.runtime.routes import Routes, once
 from libs.runtime.service import ServiceRuntime
 from services.quota import store
@@ -98,7 +99,7 @@ class QuotaHandlers:
                 cmd.path, org_known=await store.org_exists(uow.conn, parts[0]),
                 team=await store.get_team(uow.conn, parts[1]) if len(parts) > 1 else None)
             if refused is not None:
-                return refused
+                return Reply.refused(refused)
             await store.upsert_quota(uow.conn, cmd)
             row = await store.get_quota(uow.conn, cmd.path, cmd.gpu_model)  # effective: own + active loans
             await uow.emit(_quota_event(row))
@@ -118,13 +119,15 @@ class QuotaHandlers:
         the queue will use, so a retried submission finds the same request)."""
         async with self.rt.pool.acquire() as conn:
             inputs = await store.admission_inputs(conn, cmd.team, cmd.priority_class)
-        reply = admit(cmd, team=inputs["team"], priority_class=inputs["priority_class"],
-                      quota_entries=inputs["entries"])
-        if not reply.ok or cmd.job_id is None:
-            return reply
+        admitted = admit(cmd, team=inputs["team"], priority_class=inputs["priority_class"],
+                         quota_entries=inputs["entries"])
+        if isinstance(admitted, Refusal):
+            return Reply.refused(admitted)
+        if cmd.job_id is None:
+            return Reply.success(admitted)
         reasons = approval_reasons(cmd, inputs["rules"])
         if not reasons:
-            return reply
+            return Reply.success(admitted)
         async with self.rt.uow() as uow:
             row = await store.insert_approval(
                 uow.conn, approval_id=uuid7(), job_id=cmd.job_id, job_name=cmd.job_name, team=cmd.team,
@@ -135,7 +138,7 @@ class QuotaHandlers:
                     approval_id=row["approval_id"], job_id=row["job_id"], job_name=row["job_name"],
                     team=row["team"], project=row["project"], gpus=row["gpus"], priority_class=row["priority_class"],
                     reasons=list(row["reasons"]), requested_by=row["requested_by"], requested_at=row["created_at"]))
-        return Reply.success({**reply.result, "approval_required": True, "approval_id": row["approval_id"],
+        return Reply.success({**admitted, "approval_required": True, "approval_id": row["approval_id"],
                               "approval_reasons": reasons})
 
     async def set_approval_rule(self, cmd: SetApprovalRule) -> Reply:

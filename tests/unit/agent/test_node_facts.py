@@ -9,10 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from libs.contracts.commands import RegisterNode
-from services.agent.domain import registration, telemetry
+from services.agent.domain import telemetry
 from services.agent.handlers import NodeAgent
 from services.agent.nvml_sim import SimulatedNvml
 from services.agent.nvml_types import NodeSample
+from services.agent.registration import registration
 
 
 def _sim(clock, models, host="sim-node-0"):

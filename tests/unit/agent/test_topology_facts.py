@@ -10,8 +10,8 @@ from libs.contracts.fleet import RACK_LABEL, FleetNode, parse_fleet, parse_fleet
 from libs.contracts.labels import parse_labels
 from services.agent.bootstrap import build_backends, node_labels
 from services.agent.config import AgentSettings
-from services.agent.domain import registration
 from services.agent.nvml_sim import SimulatedNvml
+from services.agent.registration import registration
 
 
 def test_fleet_options_give_racks_blocks_numa_nodes_nvlink_layout_and_labels():

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from libs.core import Allocation, Gpu, JobRequest, Node, Policy, Snapshot, schedule
 from libs.core.reasons import NO_FEASIBLE_NODE, NO_NODE_MATCHES_SELECTOR
 from services.agent import bootstrap as agent_bootstrap
-from services.agent import domain as agent_domain
+from services.agent import registration as agent_registration
 from services.agent.nvml_sim import SimulatedNvml
 from services.placement.domain import (
     ISOLATION_LABEL_PREFIX,
@@ -58,16 +58,16 @@ def node_info():  # type: ignore[no-untyped-def]
 def test_registration_labels_only_the_drivers_the_node_offers_and_can_run() -> None:
     info = node_info()
     drivers = {"process": None, "sandbox": None, "container": "podman and runc are not both installed"}
-    cmd = agent_domain.registration("c", "n0", info, drivers=drivers, labels={"rack": "r1"})
+    cmd = agent_registration.registration("c", "n0", info, drivers=drivers, labels={"rack": "r1"})
     assert cmd.labels == {"rack": "r1", PROCESS: "true", SANDBOX: "true"}
     not_offered = {"process": None, "sandbox": "not offered by this node's configuration", "container": "no root"}
-    assert agent_domain.registration("c", "n0", info, drivers=not_offered).labels == {PROCESS: "true"}
+    assert agent_registration.registration("c", "n0", info, drivers=not_offered).labels == {PROCESS: "true"}
 
 
 def test_an_agent_that_runs_no_work_registers_no_isolation_label() -> None:
     info = node_info()
-    assert agent_domain.registration("c", "n0", info).labels == {}
-    assert agent_domain.registration("c", "n0", info, drivers=None, labels={"rack": "r1"}).labels == {"rack": "r1"}
+    assert agent_registration.registration("c", "n0", info).labels == {}
+    assert agent_registration.registration("c", "n0", info, drivers=None, labels={"rack": "r1"}).labels == {"rack": "r1"}
 
 
 def test_the_drivers_are_probed_once_for_a_fleet_and_only_agents_that_run_work_get_them() -> None:

@@ -26,21 +26,23 @@ def test_a_quota_entry_goes_only_where_the_tree_exists() -> None:
     assert quota_path_error("default", org_known=True, team=None) is None
     assert quota_path_error("default/research", org_known=True, team=research) is None
     assert quota_path_error("default/research/any-project", org_known=True, team=research) is None
-    assert quota_path_error("acme", org_known=False, team=None).error.reason == "UnknownOrg"
-    assert quota_path_error("default/ghost", org_known=True, team=None).error.reason == "UnknownTeam"
+    assert quota_path_error("acme", org_known=False, team=None).reason == "UnknownOrg"
+    assert quota_path_error("default/ghost", org_known=True, team=None).reason == "UnknownTeam"
     moved = quota_path_error("acme/research", org_known=True, team=research)  # the team is in another org
-    assert moved.error.reason == "UnknownTeam"
+    assert moved.reason == "UnknownTeam" and moved.details == {"team": "research"}
 
 
 def test_a_request_beyond_the_teams_ceiling_names_the_models_it_may_use() -> None:
     from libs.contracts.commands import AdmitJob
-    from services.quota.domain import admit
+    from services.quota.domain import Refusal, admit
 
     entry = {"gpu_model": "*", "guaranteed": 4.0, "borrowing_limit": 2.0}
     args = {"team": {"team": "ml"}, "priority_class": {"name": "normal", "value": 0, "preemptible": True},
             "quota_entries": [entry]}
     anything = admit(AdmitJob(team="ml", project="p", priority_class="normal", gpus=8), **args)
-    assert anything.error is not None and anything.error.reason == "ExceedsTeamCapacity"
-    assert "can never hold 8 GPU(s) of any model: its quota allows at most 6" in anything.error.message
+    assert isinstance(anything, Refusal) and anything.reason == "ExceedsTeamCapacity"
+    assert "can never hold 8 GPU(s) of any model: its quota allows at most 6" in anything.message
     pinned = admit(AdmitJob(team="ml", project="p", priority_class="normal", gpus=8, gpu_models=["H100"]), **args)
-    assert pinned.error is not None and "8 GPU(s) of H100:" in pinned.error.message
+    assert isinstance(pinned, Refusal) and "8 GPU(s) of H100:" in pinned.message
+    fits = admit(AdmitJob(team="ml", project="p", priority_class="normal", gpus=6), **args)
+    assert fits == {"admitted": True, "priority_class": "normal", "priority": 0, "preemptible": True}
