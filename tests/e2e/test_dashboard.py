@@ -452,6 +452,12 @@ def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet
             assert text.strip() == "—", text
         else:  # "12.3 (10.1–14.5)", one decimal
             assert abs(float(text.split()[0].replace(",", "")) - week["peak_gpus"]) <= 0.051, (text, week)
+    # a forecast without enough data says so once per model (it once said it twice: badge and text)
+    insufficient = [m["gpu_model"] for m in models["models"] if m["forecast"]["status"] == "insufficient_data"]
+    assert insufficient  # the platform is minutes old: under three hourly buckets
+    for model in insufficient:
+        text = page.locator(f'#report-chart .capacity-model[data-model="{model}"]').inner_text().lower()
+        assert text.count("insufficient data") + text.count("not enough data") == 1, text
     go(page, "reports/waste")
     expect(page.locator('[data-stat="idle_allocations"]')).to_be_visible()
     go(page, "reports/efficiency")

@@ -145,10 +145,14 @@ export function mount(ctx, root, params = []) {
   function capacityView(doc) {
     const models = doc.models || [];
     if (!models.length) return h("p", { class: "empty", id: "report-empty" }, "No GPU model has supply or demand in this range.");
+    // The badge names the status; the text adds what it means, except where it would only say the badge again.
     const forecast = (f) => {
-      const text = { exceeds: "demand exceeds supply", will_exceed: `will exceed supply ${f.exceeds_supply_at ? `around ${fmt.time(f.exceeds_supply_at)}` : ""}`,
-        ok: "within supply", insufficient_data: "not enough data" }[f.status] || f.status;
-      return h("span", {}, badge(label(f.status), { exceeds: "failed", will_exceed: "degraded", ok: "healthy" }[f.status] || "pending"), " ", h("span", { class: "small muted" }, text));
+      const texts = { exceeds: "demand exceeds supply", will_exceed: `will exceed supply ${f.exceeds_supply_at ? `around ${fmt.time(f.exceeds_supply_at)}` : ""}`,
+        ok: "within supply", insufficient_data: null };
+      const text = f.status in texts ? texts[f.status] : f.status;
+      const why = f.status === "insufficient_data" ? `${f.points ?? 0} bucket peak(s) in this range: too few to fit a trend` : null;
+      return h("span", { title: why }, badge(label(f.status), { exceeds: "failed", will_exceed: "degraded", ok: "healthy" }[f.status] || "pending"),
+        text ? [" ", h("span", { class: "small muted" }, text)] : null);
     };
     return [
       h("div", { class: "capacity-grid", id: "report-chart" }, models.map((m) => h("div", { class: "capacity-model", "data-model": m.gpu_model },
