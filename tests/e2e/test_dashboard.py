@@ -266,6 +266,23 @@ def test_node_drill_down_shows_gpus_allocations_and_health(page, platform, fleet
     expect(detail).to_have_attribute("data-node", key.split("/")[1])
     expect(detail).to_contain_text("llm-ft-00")
     expect(detail).to_contain_text("Allocations on this node (1)")
+    # each GPU's utilization bar fills its share of the bar's track (they once rendered at zero width)
+    bars = eventually(lambda: (b := util_bars(detail)) and any(x["pct"] >= 10 for x in b) and b,
+                      "the training job's GPUs to show their load")
+    assert len(bars) == 8
+    for bar in bars:
+        assert bar["track"] >= 40, bar
+        assert abs(bar["width"] - bar["track"] * bar["pct"] / 100) <= 1 + bar["track"] / 100, bar
+
+
+def util_bars(detail) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Each GPU row's utilization bar: the percentage it prints, its fill's and its track's rendered widths."""
+    return detail.locator("table.grid").first.locator(".ubar").evaluate_all("""(bars) => bars.map((bar) => {
+        const fill = bar.querySelector('i');
+        return { pct: parseFloat(bar.querySelector('b').textContent) || 0, width: fill.getBoundingClientRect().width,
+                 track: fill.parentElement === bar ? bar.getBoundingClientRect().width
+                   : fill.parentElement.getBoundingClientRect().width };
+    })""")
 
 
 def test_cordon_from_the_node_drill_down_reaches_the_api(page, platform, fleet) -> None:
