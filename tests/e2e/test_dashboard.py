@@ -475,8 +475,20 @@ def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet
     for model in insufficient:
         text = page.locator(f'#report-chart .capacity-model[data-model="{model}"]').inner_text().lower()
         assert text.count("insufficient data") + text.count("not enough data") == 1, text
-    go(page, "reports/waste")
-    expect(page.locator('[data-stat="idle_allocations"]')).to_be_visible()
+
+    # the idle allocations are listed by job name, as every other page does, with the job id as the link's title
+    with platform.client() as api:
+        eventually(lambda: api.get("/v1/reports/waste", params={"from": day_ago}).json()["idle_allocations"],
+                   "the first rollups to measure idle allocations", timeout=180)
+        go(page, "reports/waste")
+        expect(page.locator('[data-stat="idle_allocations"]')).to_be_visible()
+        links = page.locator("#report-body table.grid").first.locator("tbody tr td:first-child a")
+        expect(links.first).to_be_visible()
+        for i in range(min(links.count(), 5)):
+            job_id = links.nth(i).get_attribute("href").removeprefix("#/jobs/")
+            job = api.get(f"/v1/jobs/{job_id}").json()
+            assert links.nth(i).inner_text() == job["name"], (job_id, job["name"])
+            assert links.nth(i).get_attribute("title") == job_id
     go(page, "reports/efficiency")
     expect(page.locator('[data-stat="efficiency"]')).to_be_visible()
 
