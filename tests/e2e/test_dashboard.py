@@ -266,6 +266,23 @@ def test_node_drill_down_shows_gpus_allocations_and_health(page, platform, fleet
     expect(detail).to_have_attribute("data-node", key.split("/")[1])
     expect(detail).to_contain_text("llm-ft-00")
     expect(detail).to_contain_text("Allocations on this node (1)")
+    # each GPU's utilization bar fills its share of the bar's track (they once rendered at zero width)
+    bars = eventually(lambda: (b := util_bars(detail)) and any(x["pct"] >= 10 for x in b) and b,
+                      "the training job's GPUs to show their load")
+    assert len(bars) == 8
+    for bar in bars:
+        assert bar["track"] >= 40, bar
+        assert abs(bar["width"] - bar["track"] * bar["pct"] / 100) <= 1 + bar["track"] / 100, bar
+
+
+def util_bars(detail) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Each GPU row's utilization bar: the percentage it prints, its fill's and its track's rendered widths."""
+    return detail.locator("table.grid").first.locator(".ubar").evaluate_all("""(bars) => bars.map((bar) => {
+        const fill = bar.querySelector('i');
+        return { pct: parseFloat(bar.querySelector('b').textContent) || 0, width: fill.getBoundingClientRect().width,
+                 track: fill.parentElement === bar ? bar.getBoundingClientRect().width
+                   : fill.parentElement.getBoundingClientRect().width };
+    })""")
 
 
 def test_cordon_from_the_node_drill_down_reaches_the_api(page, platform, fleet) -> None:
@@ -452,8 +469,26 @@ def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet
             assert text.strip() == "—", text
         else:  # "12.3 (10.1–14.5)", one decimal
             assert abs(float(text.split()[0].replace(",", "")) - week["peak_gpus"]) <= 0.051, (text, week)
-    go(page, "reports/waste")
-    expect(page.locator('[data-stat="idle_allocations"]')).to_be_visible()
+    # a forecast without enough data says so once per model (it once said it twice: badge and text)
+    insufficient = [m["gpu_model"] for m in models["models"] if m["forecast"]["status"] == "insufficient_data"]
+    assert insufficient  # the platform is minutes old: under three hourly buckets
+    for model in insufficient:
+        text = page.locator(f'#report-chart .capacity-model[data-model="{model}"]').inner_text().lower()
+        assert text.count("insufficient data") + text.count("not enough data") == 1, text
+
+    # the idle allocations are listed by job name, as every other page does, with the job id as the link's title
+    with platform.client() as api:
+        eventually(lambda: api.get("/v1/reports/waste", params={"from": day_ago}).json()["idle_allocations"],
+                   "the first rollups to measure idle allocations", timeout=180)
+        go(page, "reports/waste")
+        expect(page.locator('[data-stat="idle_allocations"]')).to_be_visible()
+        links = page.locator("#report-body table.grid").first.locator("tbody tr td:first-child a")
+        expect(links.first).to_be_visible()
+        for i in range(min(links.count(), 5)):
+            job_id = links.nth(i).get_attribute("href").removeprefix("#/jobs/")
+            job = api.get(f"/v1/jobs/{job_id}").json()
+            assert links.nth(i).inner_text() == job["name"], (job_id, job["name"])
+            assert links.nth(i).get_attribute("title") == job_id
     go(page, "reports/efficiency")
     expect(page.locator('[data-stat="efficiency"]')).to_be_visible()
 

@@ -224,7 +224,9 @@ export function mount(ctx, root, params = []) {
     const health = (g) => h("span", { class: "nowrap", title: g.healthReasons.join(", ") || null },
       badge(g.lost ? "lost" : g.state || g.health, g.lost ? "lost" : g.health),
       g.stateReason || g.healthReasons.length ? h("span", { class: "muted small" }, ` ${g.stateReason || g.healthReasons[0]}`) : null);
-    const utilCell = (v) => h("span", { class: "ubar" }, h("i", { style: { width: `${v ?? 0}%` } }), h("b", {}, fmt.pct(v)));
+    // The fill's percentage needs a track of definite width: in the shrink-to-fit bar it resolved to nothing.
+    const utilCell = (v) => h("span", { class: "ubar" },
+      h("span", { class: "ubar-track" }, h("i", { style: { width: `${Math.min(100, Math.max(0, v ?? 0))}%` } })), h("b", {}, fmt.pct(v)));
     const nodeEvents = (doc) => HEALTH_TYPES.some((p) => String(doc.type).includes(`.${p}`)) && doc.data?.node === node.node
       && (!doc.data?.cluster || doc.data.cluster === node.cluster);
     const box = h("section", { class: "card node-detail", "data-node": node.node },

@@ -23,7 +23,7 @@ const label = (s) => String(s).replace(/_/g, " ");
 
 export function mount(ctx, root, params = []) {
   const { api } = ctx;
-  const st = { kind: pick(params[0]), range: "86400", group: "team", doc: null, query: null, error: null };
+  const st = { kind: pick(params[0]), range: "86400", group: "team", doc: null, query: null, error: null, names: new Map() };
   const tabs = h("nav", { class: "subtabs", id: "report-tabs" });
   const controls = h("div", { class: "toolbar", id: "report-controls" });
   const body = h("div", { id: "report-body" });
@@ -68,6 +68,7 @@ export function mount(ctx, root, params = []) {
       st.query = query();
       try {
         st.doc = await api.get(`/v1/reports/${st.kind}`, st.query);
+        if (st.kind === "waste") await jobNames(st.doc.idle_allocations || []);
       } catch (err) {
         st.error = err;
       }
@@ -75,6 +76,13 @@ export function mount(ctx, root, params = []) {
     renderControls();
     render();
     view.ready = true;
+  }
+
+  /** The waste report carries job ids only: fetch each job's name once (a job the caller may not read keeps its id). */
+  async function jobNames(rows) {
+    const ids = [...new Set(rows.map((r) => r.job_id))].filter((id) => id && !st.names.has(id));
+    await Promise.all(ids.map((id) => api.get(`/v1/jobs/${encodeURIComponent(id)}`)
+      .then((j) => st.names.set(id, j.name || null)).catch(() => st.names.set(id, null))));
   }
 
   function render() {
@@ -145,10 +153,14 @@ export function mount(ctx, root, params = []) {
   function capacityView(doc) {
     const models = doc.models || [];
     if (!models.length) return h("p", { class: "empty", id: "report-empty" }, "No GPU model has supply or demand in this range.");
+    // The badge names the status; the text adds what it means, except where it would only say the badge again.
     const forecast = (f) => {
-      const text = { exceeds: "demand exceeds supply", will_exceed: `will exceed supply ${f.exceeds_supply_at ? `around ${fmt.time(f.exceeds_supply_at)}` : ""}`,
-        ok: "within supply", insufficient_data: "not enough data" }[f.status] || f.status;
-      return h("span", {}, badge(label(f.status), { exceeds: "failed", will_exceed: "degraded", ok: "healthy" }[f.status] || "pending"), " ", h("span", { class: "small muted" }, text));
+      const texts = { exceeds: "demand exceeds supply", will_exceed: `will exceed supply ${f.exceeds_supply_at ? `around ${fmt.time(f.exceeds_supply_at)}` : ""}`,
+        ok: "within supply", insufficient_data: null };
+      const text = f.status in texts ? texts[f.status] : f.status;
+      const why = f.status === "insufficient_data" ? `${f.points ?? 0} bucket peak(s) in this range: too few to fit a trend` : null;
+      return h("span", { title: why }, badge(label(f.status), { exceeds: "failed", will_exceed: "degraded", ok: "healthy" }[f.status] || "pending"),
+        text ? [" ", h("span", { class: "small muted" }, text)] : null);
     };
     return [
       h("div", { class: "capacity-grid", id: "report-chart" }, models.map((m) => h("div", { class: "capacity-model", "data-model": m.gpu_model },
@@ -187,7 +199,7 @@ export function mount(ctx, root, params = []) {
         series: [{ key: "used_gpu_hours", name: "used", color: PALETTE[2] }, { key: "idle_gpu_hours", name: "idle", color: PALETTE[1] }], stacked: true })) : null,
       h("h3", {}, "Idle allocations"),
       table([
-        { label: "job", value: (a) => h("a", { href: `#/jobs/${encodeURIComponent(a.job_id)}` }, fmt.short(a.job_id)) },
+        { label: "job", value: (a) => h("a", { href: `#/jobs/${encodeURIComponent(a.job_id)}`, title: a.job_id }, st.names.get(a.job_id) || fmt.short(a.job_id)) },
         { label: "team", value: (a) => a.team },
         { label: "user", value: (a) => a.user || "—" },
         { label: "kind", value: (a) => a.kind },
