@@ -1,12 +1,7 @@
 """Typed synchronous Python client of the gpupool HTTP API; the `gpupool` CLI is built on it."""
 
-from libs.client.client import (
-    ConfigError,
-    GpupoolClient,
-    GpupoolError,
-    error_from_response,
-    resolve_connection,
-)
+from libs.client.client import GpupoolClient, resolve_connection
+from libs.client.errors import ConfigError, GpupoolError, error_from_response
 from libs.client.models import (
     Allocation,
     AllocationGpu,

@@ -23,13 +23,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import ValidationError
 
+from libs.client.errors import ConfigError, GpupoolError, _seg, error_from_response
 from libs.client.models import (
     Allocation,
     ApiModel,
@@ -64,62 +64,6 @@ DEFAULT_TIMEOUT_S = 10.0
 MAX_TRIES = 3
 BACKOFF_S = (0.2, 0.6)  # sleeps between the tries
 PAGE_SIZE = 500  # per request when walking a list; the gateway allows up to 1000
-
-
-class GpupoolError(Exception):
-    """An API call failed. `status` is the HTTP status (0: the gateway was not reached), `reason` the gateway's
-    machine reason (CamelCase, e.g. UnknownTeam), `detail` the human text, `problem` the whole problem body."""
-
-    def __init__(self, status: int, reason: str, detail: str, problem: dict[str, Any] | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.reason, self.detail = status, reason, detail
-        self.problem: dict[str, Any] = problem if problem is not None else {}
-
-    @property
-    def unreachable(self) -> bool:
-        """The gateway was not reached at all (refused, DNS, timeout)."""
-        return self.reason == "Unreachable"
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.detail}" + (f" (HTTP {self.status})" if self.status else "")
-
-    def __repr__(self) -> str:
-        return f"GpupoolError({self.status}, {self.reason!r}, {self.detail!r})"
-
-
-class ConfigError(GpupoolError):
-    """No gateway URL or token could be found (flags, environment, run.json)."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(0, "NotConfigured", detail)
-
-
-def _camel(phrase: str) -> str:
-    return "".join(w[:1].upper() + w[1:] for w in phrase.replace("-", " ").split())
-
-
-def error_from_response(resp: httpx.Response) -> GpupoolError:
-    """Turn an error response into a GpupoolError: the problem+json body when there is one, else something
-    readable built from the status line and the start of the body (a proxy's HTML page, say)."""
-    try:
-        phrase = HTTPStatus(resp.status_code).phrase
-    except ValueError:
-        phrase = "HTTP Error"
-    body: Any = None
-    try:
-        body = resp.json()
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    if isinstance(body, dict):
-        reason = body.get("reason") or _camel(str(body.get("title") or phrase))
-        detail = body.get("detail")
-        if detail is None:
-            detail = body.get("title") or body.get("message") or phrase
-        if not isinstance(detail, str):
-            detail = json.dumps(detail)
-        return GpupoolError(resp.status_code, str(reason), detail, body)
-    text = " ".join(resp.text.split())[:200] if resp.content else ""
-    return GpupoolError(resp.status_code, _camel(phrase), text or phrase, {})
 
 
 def _find_run_file() -> Path | None:
@@ -544,10 +488,3 @@ def _parse(model: type[M], data: Any, path: str) -> M:
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise GpupoolError(0, "InvalidResponse", f"cannot read the gateway's answer from {path}: {where}: "
                                                  f"{first['msg']}", {}) from None
-
-
-def _seg(value: str) -> str:
-    """One path segment, escaped, so an id can never walk to another route."""
-    from urllib.parse import quote
-
-    return quote(str(value), safe="")

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypedDict, Unpack
 
 import httpx
 
+from libs.client.errors import GpupoolError, _seg, error_from_response
 from libs.client.models import SubmitResult
 
 LogStream = Literal["stdout", "stderr", "both"]
@@ -107,8 +108,6 @@ class WorkApi:
         (lines then start with "[replica N] " when the job has several), stdout and stderr interleaved by whole
         lines unless `stream`, the last `tail` lines of each. GpupoolError NoLogs (404) for a job without a command
         or one that has not started."""
-        from libs.client.client import _seg
-
         resp = self.request("GET", f"/v1/jobs/{_seg(job_id)}/logs",
                             params=logs_params(replica, attempt, stream, tail, False), headers=_TEXT)
         return str(resp.text)
@@ -119,8 +118,6 @@ class WorkApi:
         was read; it waits while the job is pending or launching. Problems before the first piece are
         GpupoolErrors (as `logs`); a connection lost midway is a GpupoolError Unreachable. Not retried: a second
         try would repeat what was already yielded."""
-        from libs.client.client import GpupoolError, _seg, error_from_response
-
         path = f"/v1/jobs/{_seg(job_id)}/logs"
         params = {k: v for k, v in logs_params(replica, attempt, stream, tail, True).items() if v is not None}
         timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=None)  # a pending job may say nothing for hours
