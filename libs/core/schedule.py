@@ -8,8 +8,8 @@
 4. per job, `_admit`: quota admission per GPU model (`quota.QuotaLedger.admissible`);       QuotaExceeded
 5. `_try_place`: filter -> score -> select over node groups (`search`), gangs all or nothing;
 6. when blocked, `_diagnose`: why;                                       NoFeasibleNode, WaitingForGang …
-7. `_try_preempt`: victims decided, never acted on (`preempt.find_victims`);                 Preempting
-8. `_try_reserve`: nodes held for a big job (`backfill.plan_reservation`);                ReservedForGang
+7. `_try_preempt` (`blocked.py`): victims decided, never acted on (`preempt.find_victims`);   Preempting
+8. `_try_reserve` (`blocked.py`): nodes held for a big job (`backfill.plan_reservation`);  ReservedForGang
 9. `_finish`: the plan: placements, preemptions, MIG reconfigurations, reservations, a reason for every job.
 
 Deterministic: the same inputs give the same plan. `Scheduler` keeps its indexes between cycles for callers that
