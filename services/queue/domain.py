@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from libs.contracts.autoscale import AutoscalePolicy
@@ -40,6 +41,49 @@ def refuse_transition(job_id: str, current: str, target: str) -> Refusal:
     return Refusal(409, "InvalidJobState", f"job {job_id} is {current}; it cannot become {target}",
                    {"job_id": job_id, "state": current})
 
+
+
+# --- a release the user did not ask for: requeue, back off, or end the job -----------------------------------------
+# Releases that never send a job back to the queue: the user finished it, or it was scaled down.
+NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})
+# Reclaims that end the job rather than requeue it: running it again would only hold the GPUs idle again, or it
+# already lost its GPUs abnormally (node lost, GPU quarantined, drain) more often than reclamation allows.
+ENDS_THE_JOB = frozenset({"IdleReclaimed", "MaxRuntimeExceeded", "RestartLimitReached"})
+# Abnormal losses back off before the job is wanted again (a preemption or a scale-down does not).
+BACKED_OFF = frozenset({"NodeLost", "GpuQuarantined", "Drained"})
+
+
+def requeue_delay(attempts: int, base_s: float, max_s: float) -> float:
+    """Exponential back-off after the job's `attempts` earlier requeues: base, 2×base, 4×base, ... up to max."""
+    return min(max_s, base_s * 2 ** min(attempts, 20))
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    """What a release means for its job: "ignore", "fail" (state failed), or "requeue" (state pending; wanted
+    again at once, or from `back_at` after an abnormal loss)."""
+
+    action: str
+    reason: str = ""
+    message: str = ""
+    back_at: datetime | None = None
+
+
+def after_release(reason: str, *, state: str | None, ours: bool, replica_set: bool, attempts: int,
+                  released_at: datetime, backoff_s: float, backoff_max_s: float) -> ReleaseOutcome:
+    """A release of the job's current allocation (`ours`) that is not its work's own end: nothing for a finished,
+    unknown or scaled job, or a replica of a service (placement places it again); the job fails for a reclaim
+    that would only repeat (`ENDS_THE_JOB`); it backs off after an abnormal loss (`BACKED_OFF`, exponential in its
+    `attempts`); otherwise it is wanted again at once."""
+    if reason in NOT_REQUEUED or state is None or state in TERMINAL or not ours or replica_set:
+        return ReleaseOutcome("ignore")
+    if reason in ENDS_THE_JOB:
+        return ReleaseOutcome("fail", reason, f"GPUs reclaimed: {reason}")
+    if reason in BACKED_OFF:
+        back = released_at + timedelta(seconds=requeue_delay(attempts, backoff_s, backoff_max_s))
+        return ReleaseOutcome("requeue", f"Requeued:{reason}", f"requeued after {reason}; back in the queue at "
+                                                                 f"{back.isoformat()} (attempt {attempts + 1})", back)
+    return ReleaseOutcome("requeue", f"Requeued:{reason}", f"requeued after {reason}")
 
 
 # --- the work a job runs: what each end of an attempt means --------------------------------------------------------

@@ -44,9 +44,11 @@ from services.queue import store
 from services.queue.autoscaler import Autoscaler
 from services.queue.config import QueueSettings
 from services.queue.domain import (
+    NOT_REQUEUED,
     STOPS_AFTER_FAILURE,
     TERMINAL,
     WORK_RELEASES,
+    after_release,
     after_work_ended,
     can_transition,
     is_replica_set,
@@ -57,11 +59,6 @@ from services.queue.domain import (
 
 log = logging.getLogger(__name__)
 CONSUMER = "queue"
-# Releases that never send a job back to the queue: the user finished it, or it was scaled down.
-NOT_REQUEUED = frozenset({"JobCompleted", "JobCancelled", "ScaledDown"})
-# Reclaims that end the job rather than requeue it: running it again would only hold the GPUs idle again, or it
-# already lost its GPUs abnormally (node lost, GPU quarantined, drain) more often than reclamation allows.
-ENDS_THE_JOB = frozenset({"IdleReclaimed", "MaxRuntimeExceeded", "RestartLimitReached"})
 
 
 def replica_set_of(row) -> bool:  # type: ignore[no-untyped-def]
@@ -80,15 +77,6 @@ def submitted_event(row) -> JobSubmitted:  # type: ignore[no-untyped-def]
         mig_profile=row["mig_profile"], exclusive=row["exclusive"], submitted_by=row["submitted_by"],
         work=store.work_of(row), attempt=row["attempts"], cpu_milli=row["cpu_milli"], memory_mib=row["memory_mib"],
         node_selector=store.selector_of(row), preemptible=row["preemptible"])
-
-
-# Abnormal losses back off before the job is wanted again (a preemption or a scale-down does not).
-BACKED_OFF = frozenset({"NodeLost", "GpuQuarantined", "Drained"})
-
-
-def requeue_delay(attempts: int, base_s: float, max_s: float) -> float:
-    """Exponential back-off after the job's `attempts` earlier requeues: base, 2×base, 4×base, ... up to max."""
-    return min(max_s, base_s * 2 ** min(attempts, 20))
 
 
 class QueueHandlers:
@@ -373,28 +361,23 @@ class QueueHandlers:
             if row is not None and data.exit is not None and data.reason in WORK_RELEASES:
                 await self._work_ended(uow, row, data)
                 return
-            if row is None or row["state"] in TERMINAL or row["allocation_id"] != data.allocation_id:
+            outcome = after_release(
+                data.reason, state=row["state"] if row is not None else None,
+                ours=row is not None and row["allocation_id"] == data.allocation_id,
+                replica_set=row is not None and replica_set_of(row), attempts=row["attempts"] if row else 0,
+                released_at=data.released_at, backoff_s=self.settings.requeue_backoff_s,
+                backoff_max_s=self.settings.requeue_backoff_max_s)
+            if outcome.action == "ignore":
                 return
-            if replica_set_of(row):
-                return  # one replica of a service lost: placement places it again; the job keeps running
-            if data.reason in ENDS_THE_JOB:
-                await self._set_state(uow, row, "failed", data.reason,
-                                      at=data.released_at, message=f"GPUs reclaimed: {data.reason}")
+            if outcome.action == "fail":
+                await self._set_state(uow, row, "failed", outcome.reason, at=data.released_at, message=outcome.message)
                 return
-            if data.reason in BACKED_OFF:
-                delay = requeue_delay(row["attempts"], self.settings.requeue_backoff_s,
-                                      self.settings.requeue_backoff_max_s)
-                back = data.released_at + timedelta(seconds=delay)
-                await self._set_state(uow, row, "pending", f"Requeued:{data.reason}", at=data.released_at,
-                                      message=f"requeued after {data.reason}; back in the queue at "
-                                              f"{back.isoformat()} (attempt {row['attempts'] + 1})",
-                                      allocation_id=None, node=None, cluster=None)
-                await store.set_requeue_at(uow.conn, data.job_id, back)  # the sweep wants it again then
-                return
-            updated = await self._set_state(uow, row, "pending", f"Requeued:{data.reason}",
-                                            at=data.released_at, message=f"requeued after {data.reason}",
-                                            allocation_id=None, node=None, cluster=None)
-            await uow.emit(submitted_event(updated))  # with its new attempt number
+            updated = await self._set_state(uow, row, "pending", outcome.reason, at=data.released_at,
+                                            message=outcome.message, allocation_id=None, node=None, cluster=None)
+            if outcome.back_at is not None:
+                await store.set_requeue_at(uow.conn, data.job_id, outcome.back_at)  # the sweep wants it again then
+            else:
+                await uow.emit(submitted_event(updated))  # with its new attempt number
 
     async def _work_ended(self, uow, row, data: AllocationReleased) -> None:  # type: ignore[no-untyped-def]
         """One allocation's work ended and its GPUs are free: the domain rule says what that means for the job."""
