@@ -15,7 +15,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # Dependencies first, so editing code does not reinstall them: install the project's declared dependencies from
-# pyproject.toml alone (a stub package), then the real sources.
+# pyproject.toml alone (a stub package), then the real sources. Only what a service runs: the `local`, `sim`, `test`
+# and `dev` extras (embedded servers, plots, test tools) stay out of the image.
 COPY pyproject.toml README.md ./
 RUN mkdir -p libs services \
  && touch libs/__init__.py services/__init__.py \
