@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import ValidationError
@@ -32,7 +33,7 @@ from services.gateway.decisions import router as decisions_router
 from services.gateway.endpoints import router as endpoints_router
 from services.gateway.events import StreamSlots
 from services.gateway.events import router as events_router
-from services.gateway.handlers import ApiError, router
+from services.gateway.handlers import ApiError, Problem, router
 from services.gateway.logs import router as logs_router
 from services.gateway.malformed import protocol_class
 from services.gateway.nodes import router as nodes_router
@@ -169,6 +170,26 @@ async def _disconnected() -> dict:
     return {"type": "http.disconnect"}
 
 
+def operation_id(route: APIRoute) -> str:
+    """A readable operationId, the route function's name in camelCase (`submit_job` -> `submitJob`), instead of
+    FastAPI's `submit_job_v1_jobs_post`: client generators name their methods after it."""
+    head, *rest = route.name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def with_problem_component(app: FastAPI) -> None:
+    """The RFC 9457 `Problem` schema as one component, which every error response refers to."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            plain().setdefault("components", {}).setdefault("schemas", {})["Problem"] = Problem.model_json_schema(
+                ref_template="#/components/schemas/{model}")
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -193,9 +214,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         title="gpupool API",
         version="0.1.0",
         summary="One governed, shared GPU pool: jobs, nodes, allocations, quotas, usage.",
+        license_info={"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        servers=[{"url": "/", "description": "this gateway"}],
+        generate_unique_id_function=operation_id,
         lifespan=lifespan,
         **_NO_NATIVE_TELEMETRY,
     )
+    with_problem_component(app)
     app.state.settings = settings
     app.state.event_streams = StreamSlots(settings.max_event_streams)
     app.include_router(router)

@@ -199,7 +199,9 @@ class Problem(BaseModel):
     model_config = {"extra": "allow"}
 
 
-_PROBLEM = {"application/problem+json": {"schema": Problem.model_json_schema()}}
+# one `Problem` component every error response refers to (the app's OpenAPI hook adds it): inlined per response,
+# client generators made a duplicate model of it for every operation and status
+_PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"description": text, "content": _PROBLEM}
     for status, text in {
