@@ -190,6 +190,46 @@ def with_problem_component(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def add_problem_handlers(app: FastAPI) -> None:
+    """Every error the gateway answers as an RFC 9457 problem: refusals of the services, a backing service that
+    did not answer, invalid requests, unknown routes and methods, and a crash (logged, never shown)."""
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:
+        return problem(exc.status, exc.reason, exc.detail, instance=req.url.path, headers=exc.headers,
+                       **exc.extensions)
+
+    @app.exception_handler(ServiceUnavailable)
+    async def on_unavailable(req: Request, exc: ServiceUnavailable) -> JSONResponse:
+        return problem(503, "ServiceUnavailable", "a backing service did not answer in time; retry later",
+                       instance=req.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(req: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        detail = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        return problem(422, "InvalidRequest", detail, instance=req.url.path, errors=errors[:20])
+
+    @app.exception_handler(ValidationError)
+    async def on_command_invalid(req: Request, exc: ValidationError) -> JSONResponse:
+        """A command the gateway built from valid-looking input still failed the contract's rules."""
+        first = exc.errors()[0]
+        detail = f"{'.'.join(str(p) for p in first.get('loc', ())) or 'request'}: {first.get('msg')}"
+        return problem(422, "InvalidRequest", detail, instance=req.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HttpError")
+        return problem(exc.status_code, reason, str(exc.detail), instance=req.url.path)
+
+    @app.exception_handler(Exception)
+    async def on_crash(req: Request, exc: Exception) -> JSONResponse:
+        log.exception("gateway_unhandled_error", extra={"path": req.url.path})
+        return problem(500, "InternalError", "the gateway failed to handle the request", instance=req.url.path)
+
+
+
 def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -233,41 +273,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(decisions_router)
     app.include_router(ui_router)
 
-    @app.exception_handler(ApiError)
-    async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:
-        return problem(exc.status, exc.reason, exc.detail, instance=req.url.path, headers=exc.headers,
-                       **exc.extensions)
-
-    @app.exception_handler(ServiceUnavailable)
-    async def on_unavailable(req: Request, exc: ServiceUnavailable) -> JSONResponse:
-        return problem(503, "ServiceUnavailable", "a backing service did not answer in time; retry later",
-                       instance=req.url.path)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_invalid(req: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        detail = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
-        return problem(422, "InvalidRequest", detail, instance=req.url.path, errors=errors[:20])
-
-    @app.exception_handler(ValidationError)
-    async def on_command_invalid(req: Request, exc: ValidationError) -> JSONResponse:
-        """A command the gateway built from valid-looking input still failed the contract's rules."""
-        first = exc.errors()[0]
-        detail = f"{'.'.join(str(p) for p in first.get('loc', ())) or 'request'}: {first.get('msg')}"
-        return problem(422, "InvalidRequest", detail, instance=req.url.path)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HttpError")
-        return problem(exc.status_code, reason, str(exc.detail), instance=req.url.path)
-
-    @app.exception_handler(Exception)
-    async def on_crash(req: Request, exc: Exception) -> JSONResponse:
-        log.exception("gateway_unhandled_error", extra={"path": req.url.path})
-        return problem(500, "InternalError", "the gateway failed to handle the request", instance=req.url.path)
-
+    add_problem_handlers(app)
     app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes)
+
     @app.get("/healthz", tags=["ops"], summary="The gateway process is alive")
     async def healthz() -> dict:
         return {"status": "ok"}
