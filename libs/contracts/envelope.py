@@ -27,6 +27,14 @@ def uuid7(unix_ms: int | None = None) -> str:
     return str(uuid.UUID(int=value))
 
 
+SCHEMA_BASE = "https://gpupool.dev/schemas/"  # + "<event type>.json": each event type's JSON Schema `$id`
+
+
+def schema_of(event_type: str) -> str:
+    """The `dataschema` of an event type: its JSON Schema's `$id` (docs/schemas/<event type>.json)."""
+    return f"{SCHEMA_BASE}{event_type}.json"
+
+
 class CloudEvent(BaseModel):
     """A CloudEvents 1.0 structured-mode document. Extension attributes (e.g. `traceparent`) are allowed."""
 

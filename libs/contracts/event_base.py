@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from libs.contracts.envelope import CloudEvent, utcnow, uuid7
+from libs.contracts.envelope import CloudEvent, schema_of, utcnow, uuid7
 
 Health = Literal["healthy", "degraded", "failed"]
 
@@ -87,6 +87,7 @@ class EventData(BaseModel):
             type=self.event_type,
             subject=self.entity_id(),
             time=time or utcnow(),
+            dataschema=schema_of(self.event_type),
             data=self.model_dump(mode="json"),
             traceparent=traceparent,
         )

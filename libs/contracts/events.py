@@ -29,7 +29,7 @@ from libs.contracts.agent_events import (  # noqa: F401 (the agent's payloads ar
     WorkReady,
     WorkStarted,
 )
-from libs.contracts.envelope import CloudEvent, InvalidEnvelope
+from libs.contracts.envelope import CloudEvent, InvalidEnvelope, schema_of
 from libs.contracts.event_base import MAX_EVENT_NUMBER, MAX_EVENT_TEXT, AllocationSubject, EventData, Health  # noqa: F401
 from libs.contracts.labels import MAX_SELECTOR, check_labels
 from libs.contracts.work import WorkExit, WorkSpec
@@ -776,7 +776,7 @@ def event_json_schemas() -> dict[str, dict[str, Any]]:
         # CloudEvents 1.0 makes specversion REQUIRED; the model only defaults it (lenient on input), so the
         # published schema must still demand it of every document on the wire.
         envelope["required"] = ["specversion", *[r for r in envelope.get("required", []) if r != "specversion"]]
-        envelope["$id"] = f"https://gpupool.dev/schemas/{event_type}.json"
+        envelope["$id"] = schema_of(event_type)
         envelope["$schema"] = "https://json-schema.org/draft/2020-12/schema"
         if defs:
             envelope["$defs"] = defs

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
 
+from libs.contracts.envelope import schema_of
 from libs.contracts.events import AllocatedGpu, GpuTelemetry, TelemetrySampled
 from libs.core import mig as migcat
 from services.agent.nvml_types import GpuProcess, GpuSample, MigInstance, NodeSample
@@ -79,7 +80,8 @@ def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float,
             "network_rx_mbps": _float(h.network_rx_mbps), "network_tx_mbps": _float(h.network_tx_mbps),
             "storage_used_gib": _float(h.storage_used_gib)}
     event = {"specversion": "1.0", "id": event_id, "source": source, "type": TelemetrySampled.event_type,
-             "subject": node, "time": _iso(now), "datacontenttype": "application/json", "data": data}
+             "subject": node, "time": _iso(now), "datacontenttype": "application/json",
+             "dataschema": schema_of(TelemetrySampled.event_type), "data": data}
     return json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
 
 

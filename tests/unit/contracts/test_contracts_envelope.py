@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, parse_envelope, uuid7
-from libs.contracts.events import JobSubmitted, decode_data
+from libs.contracts.events import JobSubmitted, decode_data, event_json_schemas
 
 
 def _job(**overrides: object) -> JobSubmitted:
@@ -67,7 +67,9 @@ def test_cloudevent_json_is_cloudevents_1_0_structured_mode() -> None:
     assert uuid.UUID(doc["id"]).version == 7
     assert datetime.fromisoformat(doc["time"]).tzinfo is not None
     assert "traceparent" not in doc  # absent optional attributes are omitted, not null
-    assert "dataschema" not in doc
+    # dataschema: the JSON Schema of the event type, its `$id` (issue #20: every CloudEvent names it)
+    assert doc["dataschema"] == "https://gpupool.dev/schemas/io.gpupool.job.submitted.v1.json"
+    assert doc["dataschema"] == event_json_schemas()["io.gpupool.job.submitted.v1"]["$id"]
 
 
 def test_cloudevent_keeps_unknown_extension_attributes() -> None:
