@@ -17,14 +17,12 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
     not in use) and `free` (healthy and not allocated); sum them per cluster and over clusters (`all`). Each node,
     and the node totals, get the host CPU (milli-cores) and memory (MiB) live allocations reserve there
     (`cpu_allocated_milli`, `memory_allocated_mib`), beside its `cpu_count` and `memory_mib`."""
+    allocations = list(allocations)
     held: dict[tuple[str, str], set[str]] = {}
-    host: dict[tuple[str, str], tuple[int, int]] = {}
+    host = _reserved_by_node(allocations)
     for alloc in allocations:
         if alloc.get("released_at") is not None or (cluster is not None and alloc["cluster"] != cluster):
             continue
-        cpu, mem = host.get((alloc["cluster"], alloc.get("node", "")), (0, 0))
-        host[(alloc["cluster"], alloc.get("node", ""))] = (cpu + (alloc.get("cpu_milli") or 0),
-                                                          mem + (alloc.get("memory_mib") or 0))
         for gpu in alloc["gpus"]:
             held.setdefault((alloc["cluster"], gpu["model"]), set()).add(gpu["uuid"])
 
@@ -56,23 +54,27 @@ def combine_pool(inventory: Mapping[str, Any], allocations: Iterable[Mapping[str
     }
 
 
+def _reserved_by_node(allocations: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(cluster, node) -> the host CPU (milli-cores) and memory (MiB) the live allocations reserve there."""
+    reserved: dict[tuple[str, str], tuple[int, int]] = {}
+    for a in allocations:
+        if a.get("released_at") is None:
+            key = (a["cluster"], a.get("node") or "")
+            cpu, mem = reserved.get(key, (0, 0))
+            reserved[key] = (cpu + (a.get("cpu_milli") or 0), mem + (a.get("memory_mib") or 0))
+    return reserved
+
+
 def host_reserved(allocations: Iterable[Mapping[str, Any]], cluster: str, node: str) -> dict[str, int]:
     """The host CPU (milli-cores) and memory (MiB) the live allocations among `allocations` reserve on one node."""
-    mine = [a for a in allocations if a.get("released_at") is None and a["cluster"] == cluster
-            and a.get("node") == node]
-    return {"cpu_allocated_milli": sum(a.get("cpu_milli") or 0 for a in mine),
-            "memory_allocated_mib": sum(a.get("memory_mib") or 0 for a in mine)}
+    cpu, mem = _reserved_by_node(allocations).get((cluster, node), (0, 0))
+    return {"cpu_allocated_milli": cpu, "memory_allocated_mib": mem}
 
 
 def with_host_reserved(nodes: Iterable[Mapping[str, Any]], allocations: Iterable[Mapping[str, Any]]) -> list[dict]:
     """Each node of `nodes` (cluster, node, ...) with the host CPU and memory the live allocations reserve on it."""
-    reserved: dict[tuple[str, str], list[int]] = {}
-    for a in allocations:
-        if a.get("released_at") is None:
-            got = reserved.setdefault((a["cluster"], a.get("node") or ""), [0, 0])
-            got[0] += a.get("cpu_milli") or 0
-            got[1] += a.get("memory_mib") or 0
-    return [_with_host(n, tuple(reserved.get((n["cluster"], n["node"]), (0, 0)))) for n in nodes]  # type: ignore[arg-type]
+    reserved = _reserved_by_node(allocations)
+    return [_with_host(n, reserved.get((n["cluster"], n["node"]), (0, 0))) for n in nodes]
 
 
 def _with_host(node: Mapping[str, Any], reserved: tuple[int, int]) -> dict[str, Any]:
