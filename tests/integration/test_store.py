@@ -333,6 +333,22 @@ async def _acked(js: JetStreamContext, durable: str) -> bool:
     return info.num_pending == 0 and info.num_ack_pending == 0
 
 
+async def _emit_and_wait_for_redelivery(db: asyncpg.Pool, js: JetStreamContext, durable: str, handler,  # type: ignore[no-untyped-def]
+                                        deliveries: list[str]):
+    """One job.submitted through the outbox to a consumer `durable` running `handler`; waits until it was delivered
+    twice (the handler fails the first time after its commit) and acked. Returns the event."""
+    consumer = EventConsumer(js, _spec(durable), handler)
+    await consumer.start()
+    try:
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
+            event = await uow.emit(job("j-1"))
+        await OutboxRelay(db, functools.partial(publish_raw, js), "test").publish_pending()
+        await eventually(lambda: len(deliveries) >= 2 and _acked(js, durable), what="redelivered and acked")
+    finally:
+        await consumer.stop()
+    return event
+
+
 async def test_redelivery_after_a_crash_before_ack_is_applied_once(db: asyncpg.Pool, js: JetStreamContext) -> None:
     """The handler commits its effect + inbox row, then fails before the ack: the redelivery is a no-op."""
     deliveries: list[str] = []
@@ -341,15 +357,8 @@ async def test_redelivery_after_a_crash_before_ack_is_applied_once(db: asyncpg.P
         if n == 1:
             raise RuntimeError("process died between commit and ack")
 
-    consumer = EventConsumer(js, _spec("applier"), _idempotent_handler(db, "applier", crash_first_time, deliveries))
-    await consumer.start()
-    try:
-        async with UnitOfWork(db, "/gpupool/queue") as uow:
-            event = await uow.emit(job("j-1"))
-        await OutboxRelay(db, functools.partial(publish_raw, js), "test").publish_pending()
-        await eventually(lambda: len(deliveries) >= 2 and _acked(js, "applier"), what="redelivered and acked")
-    finally:
-        await consumer.stop()
+    event = await _emit_and_wait_for_redelivery(
+        db, js, "applier", _idempotent_handler(db, "applier", crash_first_time, deliveries), deliveries)
     assert deliveries == [event.id, event.id]
     assert await db.fetchval("SELECT count(*) FROM effects WHERE event_id = $1", event.id) == 1
     assert await db.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'applier'") == 1
@@ -416,15 +425,7 @@ async def test_an_applied_once_route_skips_the_redelivery_after_a_crash_before_a
             raise RuntimeError("process died between commit and ack")
 
     routes = _applied_once_routes(db, "routed", crash_first_time, deliveries)
-    consumer = EventConsumer(js, _spec("routed"), routes.dispatch)
-    await consumer.start()
-    try:
-        async with UnitOfWork(db, "/gpupool/queue") as uow:
-            event = await uow.emit(job("j-1"))
-        await OutboxRelay(db, functools.partial(publish_raw, js), "test").publish_pending()
-        await eventually(lambda: len(deliveries) >= 2 and _acked(js, "routed"), what="redelivered and acked")
-    finally:
-        await consumer.stop()
+    event = await _emit_and_wait_for_redelivery(db, js, "routed", routes.dispatch, deliveries)
     assert deliveries == [event.id, event.id]
     assert await db.fetchval("SELECT count(*) FROM effects WHERE event_id = $1", event.id) == 1
     assert [tuple(r) for r in await db.fetch("SELECT consumer, event_id FROM inbox")] == [("routed", event.id)]
