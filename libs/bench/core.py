@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `{cmd}` (`libs/sim/bench.py`). Medians of {args.repeats} runs; every ratio compares policies "
+        f"Written by `{cmd}` (`libs/bench/core.py`). Medians of {args.repeats} runs; every ratio compares policies "
         "run in the same process on the same inputs.",
         "",
         f"Machine: {machine()}.",

@@ -38,7 +38,7 @@ import nats
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from libs.devstack import benchdoc
+from libs.bench import benchdoc
 from libs.devstack.servers import ManagedServer, listen_socket, start_nats, start_postgres
 from libs.store.database import with_database
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from libs.devstack import benchdoc
-from libs.devstack.bench_platform import Platform
+from libs.bench import benchdoc
+from libs.bench.e2e import Platform
 
 BEGIN, END = "<!-- reclaim-benchmark:begin -->", "<!-- reclaim-benchmark:end -->"
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import nats
 
-from libs.devstack import benchdoc
-from libs.devstack.bench_platform import Platform, ProcessMeter, pct
+from libs.bench import benchdoc
+from libs.bench.e2e import Platform, ProcessMeter, pct
 
 BEGIN, END = "<!-- backlog-benchmark:begin -->", "<!-- backlog-benchmark:end -->"
 GPUS_PER_NODE = 8
@@ -44,7 +44,7 @@ def cycle_counters(run: dict) -> tuple[float, float]:
 
 
 async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int) -> dict:
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     nc = await nats.connect(servers=run["nats_url"].split(","))
     started: dict[str, float] = {}

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import nats
 
-from libs.devstack import benchdoc
+from libs.bench import benchdoc
 
 FLEET = ";".join(["H100-80GB*8"] * 8)
 
@@ -128,7 +128,7 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
     """Submit `jobs` one-GPU jobs (open loop at `rate`/s, or as fast as `clients` can) through the HTTP API and
     time each until its allocation.granted event; with `complete`, each job is completed the moment it is
     granted (an instant job) so the fleet's GPUs turn over."""
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     submitted: dict[str, float] = {}
     granted: dict[str, float] = {}
@@ -426,7 +426,7 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
         "## End to end through the platform (gateway → queue → quota → placement → allocation event)",
         "",
         f"`{command}` — a real `gpupool up` (own NATS + PostgreSQL, every service its own process) on "
-        f"{p['fleet']}, driven over HTTP by a lean keep-alive load generator (libs/devstack/loadgen.py) on the same "
+        f"{p['fleet']}, driven over HTTP by a lean keep-alive load generator (libs/bench/loadgen.py) on the same "
         f"machine{auth_note}; submit → `allocation.granted` observed on NATS; every job completed the moment it is granted "
         f"(instant jobs, so the 64 GPUs turn over). Machine: {os.cpu_count()} logical CPUs, Python "
         f"{host.python_version()}, {host.system()} {host.release()}. Medians of {p['runs']} run(s). PostgreSQL "

@@ -39,8 +39,8 @@ from types import ModuleType
 
 import nats
 
-from libs.devstack import benchdoc
-from libs.devstack.bench_platform import Platform, api_token, pct
+from libs.bench import benchdoc
+from libs.bench.e2e import Platform, api_token, pct
 
 BEGIN, END = "<!-- run-benchmark:begin -->", "<!-- run-benchmark:end -->"
 FLEET = ";".join(["H100-80GB*8"] * 16)  # 128 GPUs: 50 jobs/s of short jobs with seconds of slack each
@@ -214,7 +214,7 @@ def job_body(name: str) -> dict:
 
 async def http_cycles(run: dict, token: str, events: Events, n: int, timeout: float = 60.0) -> dict:
     """`n` jobs one at a time over HTTP, each waited for until its GPUs are free."""
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     api = Client(run["gateway_url"], token, size=2)
     jobs: list[dict[str, float]] = []
@@ -287,7 +287,7 @@ async def cli_cycles(run: dict, token: str, events: Events, n: int, startup: int
 async def paced(run: dict, token: str, events: Events, rate: float, seconds: float) -> dict:
     """`["true"]` jobs open-loop at `rate`/s for `seconds`; each timed until its process started and its GPUs
     were freed (waiting for the stragglers up to twice the phase, at least 30 s)."""
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     n = max(1, int(rate * seconds))
     api = Client(run["gateway_url"], token, size=32)
