@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform as host
 import sys
 import tempfile
 import time
@@ -148,8 +146,8 @@ def markdown(rows: list[dict], command: str) -> str:
         f"`{command}` — a real `gpupool up` on {nodes} simulated nodes × {GPUS_PER_NODE} GPUs per depth; {gpus} + "
         f"depth one-GPU jobs submitted over HTTP ({gpus} run, the rest wait), then running jobs completed one at a "
         "time, each timed until the next job started (`job.started` on NATS). Every scheduling cycle considers the "
-        f"whole backlog. Machine: {os.cpu_count()} logical CPUs, Python {host.python_version()}, {host.system()} "
-        f"{host.release()}. The first depth is the baseline of the ratios (same command, same machine).",
+        f"whole backlog. Machine: {benchdoc.machine()}. The first depth is the baseline of the ratios (same command, "
+        "same machine).",
         "",
         "| waiting jobs | complete → next job started p50 | p90 | max | placement CPU ms per turnover | "
         "PostgreSQL CPU ms per turnover | cycles per turnover | mean cycle |",

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform as host
 import re
 import shutil
 import signal
@@ -428,8 +427,8 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
         f"`{command}` — a real `gpupool up` (own NATS + PostgreSQL, every service its own process) on "
         f"{p['fleet']}, driven over HTTP by a lean keep-alive load generator (libs/bench/loadgen.py) on the same "
         f"machine{auth_note}; submit → `allocation.granted` observed on NATS; every job completed the moment it is granted "
-        f"(instant jobs, so the 64 GPUs turn over). Machine: {os.cpu_count()} logical CPUs, Python "
-        f"{host.python_version()}, {host.system()} {host.release()}. Medians of {p['runs']} run(s). PostgreSQL "
+        f"(instant jobs, so the 64 GPUs turn over). Machine: {benchdoc.machine()}. Medians of {p['runs']} run(s). "
+        "PostgreSQL "
         f"{'durable (fsync on, the default)' if p.get('durable', True) else 'with `--unsafe-fast` (fsync off)'}.",
         "",
         *durability_table(result),

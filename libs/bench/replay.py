@@ -12,8 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from libs.bench.benchdoc import write_section
-from libs.bench.core import DOC, _fmt, machine
+from libs.bench.benchdoc import machine, write_section
+from libs.bench.core import DOC, _fmt
 from libs.sim import cli as simcli
 from libs.sim import engine, traces
 

@@ -25,7 +25,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import platform as host
 import re
 import shlex
 import statistics
@@ -137,15 +136,6 @@ def cgroup_kind() -> str:
     if kinds == {"cgroup", "cgroup2"}:
         return "cgroup v1 controllers + a v2 mount (hybrid)"
     return {"cgroup": "cgroup v1", "cgroup2": "cgroup v2"}.get(next(iter(kinds), ""), "no cgroups mounted")
-
-
-def machine() -> str:
-    cpu = host.machine()
-    with contextlib.suppress(OSError):
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    return (f"{cpu}, {os.cpu_count()} logical CPUs, Python {host.python_version()}, "
-            f"{host.system()} {host.release()}")
 
 
 # --- gpupool: the job's events as NATS delivers them ------------------------------------------------------------
@@ -764,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rates = [float(x) for x in args.rates.split(",") if x.strip()]
     command = "gpupool bench run " + shlex.join(argv if argv is not None else sys.argv[1:])
-    result: dict = {"command": command.strip(), "machine": machine(), "cgroups": cgroup_kind(),
+    result: dict = {"command": command.strip(), "machine": benchdoc.machine(), "cgroups": cgroup_kind(),
                     "load_start": list(os.getloadavg()),
                     "params": {"cycles": args.cycles, "rates": rates, "seconds": args.seconds, "runs": args.runs,
                                "startup": args.startup, "fleet": args.fleet, "note": args.note}, "runs": []}

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform as host
 import random
 import re
 import shutil
@@ -42,6 +41,7 @@ from urllib.parse import urlsplit
 import httpx
 import nats
 
+from libs.bench import benchdoc
 from libs.chaos.load import Load
 from libs.chaos.work import AgentWork, agent_only_models
 from libs.check import CheckConfig, Report, check_async
@@ -632,16 +632,6 @@ def passed(result: dict) -> bool:
             and result["double_allocations"] == 0 and result["final_check"]["ok"])
 
 
-def _machine() -> str:
-    cpu = host.processor() or host.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} CPUs, {host.system()} {host.release()}, Python {host.python_version()}"
-
-
 def render_markdown(result: dict, command: str) -> str:
     rounds = result["rounds"]
     per_fault: dict[str, list[float]] = {}
@@ -653,7 +643,8 @@ def render_markdown(result: dict, command: str) -> str:
         MARK_BEGIN,
         "## Fault injection (`task chaos`)",
         "",
-        f"Machine: {_machine()}. Command: `{command}` ({datetime.now(UTC):%Y-%m-%d}, {result['duration_s']:g} s, "
+        f"Machine: {benchdoc.machine()}. Command: `{command}` ({datetime.now(UTC):%Y-%m-%d}, "
+        f"{result['duration_s']:g} s, "
         f"load {result['rate']:g} jobs/s, seed {result['seed']}). Every service, NATS and PostgreSQL on this "
         "machine; `gpupool up --placement-replicas 2` with its own embedded servers; 4 simulated nodes on the "
         f"platform's agent and {CHAOS_NODES} on a second agent behind a partitionable proxy.",
