@@ -45,6 +45,28 @@ def pct(xs: list[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def registered_nodes(api: httpx.Client) -> int:
+    """How many nodes `/v1/nodes` lists, page by page: the endpoint answers at most one page (100 nodes unless asked
+    for more) and names the next one's cursor in `next`. An answer without items (the gateway not ready yet, a
+    problem) ends the count there; the caller asks again."""
+    count, cursor = 0, None
+    while True:
+        doc = api.get("/v1/nodes", params={"cursor": cursor} if cursor else None).json()
+        items = doc.get("items", []) if isinstance(doc, dict) else []
+        count += len(items)
+        cursor = doc.get("next") if items else None
+        if not cursor:
+            return count
+
+
+def wait_for_fleet(api: httpx.Client, nodes: int, deadline: float, pause_s: float = 0.2) -> None:
+    """Until `/v1/nodes` lists `nodes` nodes; RuntimeError once time.monotonic() passes `deadline`."""
+    while (seen := registered_nodes(api)) < nodes:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fleet did not register: {seen} of {nodes} nodes listed")
+        time.sleep(pause_s)
+
+
 class Platform:
     def __init__(self, data_dir: Path, fleet: str = FLEET, extra: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
@@ -66,10 +88,7 @@ class Platform:
         self.run = json.loads((self.data_dir / "run.json").read_text())
         headers = {"Authorization": f"Bearer {self.run['admin_token']}"}
         with httpx.Client(base_url=self.run["gateway_url"], headers=headers) as api:
-            while len(api.get("/v1/nodes").json().get("items", [])) < len(self.fleet.split(";")):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("fleet did not register")
-                time.sleep(0.2)
+            wait_for_fleet(api, len(self.fleet.split(";")), deadline)
         return self
 
     def __exit__(self, *exc: object) -> None:
