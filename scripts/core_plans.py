@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from libs.core import JobRequest, Policy, Scheduler, Snapshot, schedule, teams_quota  # noqa: E402
-from libs.sim.bench import _as_allocations, _policies, synthetic_cluster, synthetic_jobs  # noqa: E402
+from libs.bench.core import _as_allocations, _policies, synthetic_cluster, synthetic_jobs  # noqa: E402
 
 
 def rep(plan) -> dict:  # type: ignore[no-untyped-def]

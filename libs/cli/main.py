@@ -152,30 +152,30 @@ def cmd_sim(argv: list[str]) -> int:
 def cmd_bench(argv: list[str]) -> int:
     """`gpupool bench platform ...`: the end-to-end platform benchmark; anything else: the core/simulator ones."""
     if argv and argv[0] == "platform":
-        from libs.devstack.bench_platform import main as platform_main
+        from libs.bench.e2e import main as platform_main
 
         return platform_main(argv[1:])
     if argv and argv[0] == "reclaim":
-        from libs.devstack.bench_reclaim import main as reclaim_main
+        from libs.bench.reclaim import main as reclaim_main
 
         return reclaim_main(argv[1:])
     if argv and argv[0] == "backlog":
-        from libs.devstack.bench_backlog import main as backlog_main
+        from libs.bench.backlog import main as backlog_main
 
         return backlog_main(argv[1:])
     if argv and argv[0] == "run":
-        from libs.devstack.bench_run import main as run_main
+        from libs.bench.run import main as run_main
 
         return run_main(argv[1:])
     if argv and argv[0] == "replay":
-        from libs.sim.bench_replay import main as replay_main
+        from libs.bench.replay import main as replay_main
 
         return replay_main(argv[1:])
     if argv and argv[0] == "inventory":
-        from libs.devstack.bench_inventory import main as inventory_main
+        from libs.bench.inventory import main as inventory_main
 
         return inventory_main(argv[1:])
-    from libs.sim.bench import main as bench_main
+    from libs.bench.core import main as bench_main
 
     return bench_main(argv)
 
@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="verify the platform's invariants (see `gpupool check --help`)", add_help=False)
     sub.add_parser("chaos", help="fault-injection rounds under load (see `gpupool chaos --help`)", add_help=False)
 
-    from libs.devstack import creds_cmd, nats_cmd
+    from libs.cli import creds_cmd, nats_cmd
 
     creds_cmd.register(sub)
     nats_cmd.register(sub)
@@ -280,11 +280,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_main(argv[1:])
     if argv and argv[0] == "chaos":
-        from libs.devstack.chaos import main as chaos_main
+        from libs.chaos.suite import main as chaos_main
 
         return chaos_main(argv[1:])
     if argv and argv[0] == "agent":
-        from libs.devstack.agent_cmd import main as agent_main
+        from libs.cli.agent_cmd import main as agent_main
 
         return agent_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -14,8 +14,8 @@ import asyncio
 import asyncpg
 import pytest
 
+from libs.chaos.suite import Platform, passed, run_chaos
 from libs.check import CheckConfig, check_async
-from libs.devstack.chaos import Platform, passed, run_chaos
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from libs.bench import core as bench
 from libs.core.schedule import PHASES
-from libs.sim import bench
 
 
 def _table(text: str, heading: str) -> list[list[str]]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from sim_builders import node_list, openb_tasks
 
-from libs.devstack.benchdoc import write_section
-from libs.sim import bench_replay, engine, traces
+from libs.bench import replay as bench_replay
+from libs.bench.benchdoc import write_section
+from libs.sim import engine, traces
 
 
 def test_the_section_has_a_row_per_policy_with_churn_fairness_and_cpu_against_best_fit(tmp_path):

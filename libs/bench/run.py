@@ -25,7 +25,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import platform as host
 import re
 import shlex
 import statistics
@@ -39,8 +38,8 @@ from types import ModuleType
 
 import nats
 
-from libs.devstack import benchdoc
-from libs.devstack.bench_platform import Platform, api_token, pct
+from libs.bench import benchdoc
+from libs.bench.e2e import Platform, api_token, pct
 
 BEGIN, END = "<!-- run-benchmark:begin -->", "<!-- run-benchmark:end -->"
 FLEET = ";".join(["H100-80GB*8"] * 16)  # 128 GPUs: 50 jobs/s of short jobs with seconds of slack each
@@ -139,15 +138,6 @@ def cgroup_kind() -> str:
     return {"cgroup": "cgroup v1", "cgroup2": "cgroup v2"}.get(next(iter(kinds), ""), "no cgroups mounted")
 
 
-def machine() -> str:
-    cpu = host.machine()
-    with contextlib.suppress(OSError):
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    return (f"{cpu}, {os.cpu_count()} logical CPUs, Python {host.python_version()}, "
-            f"{host.system()} {host.release()}")
-
-
 # --- gpupool: the job's events as NATS delivers them ------------------------------------------------------------
 class Events:
     """When each job's granted, started, exited and released events reached this process (first copy of each;
@@ -214,7 +204,7 @@ def job_body(name: str) -> dict:
 
 async def http_cycles(run: dict, token: str, events: Events, n: int, timeout: float = 60.0) -> dict:
     """`n` jobs one at a time over HTTP, each waited for until its GPUs are free."""
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     api = Client(run["gateway_url"], token, size=2)
     jobs: list[dict[str, float]] = []
@@ -287,7 +277,7 @@ async def cli_cycles(run: dict, token: str, events: Events, n: int, startup: int
 async def paced(run: dict, token: str, events: Events, rate: float, seconds: float) -> dict:
     """`["true"]` jobs open-loop at `rate`/s for `seconds`; each timed until its process started and its GPUs
     were freed (waiting for the stragglers up to twice the phase, at least 30 s)."""
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     n = max(1, int(rate * seconds))
     api = Client(run["gateway_url"], token, size=32)
@@ -764,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rates = [float(x) for x in args.rates.split(",") if x.strip()]
     command = "gpupool bench run " + shlex.join(argv if argv is not None else sys.argv[1:])
-    result: dict = {"command": command.strip(), "machine": machine(), "cgroups": cgroup_kind(),
+    result: dict = {"command": command.strip(), "machine": benchdoc.machine(), "cgroups": cgroup_kind(),
                     "load_start": list(os.getloadavg()),
                     "params": {"cycles": args.cycles, "rates": rates, "seconds": args.seconds, "runs": args.runs,
                                "startup": args.startup, "fleet": args.fleet, "note": args.note}, "runs": []}

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform as host
 import re
 import shutil
 import signal
@@ -32,7 +31,7 @@ from pathlib import Path
 import httpx
 import nats
 
-from libs.devstack import benchdoc
+from libs.bench import benchdoc
 
 FLEET = ";".join(["H100-80GB*8"] * 8)
 
@@ -44,6 +43,28 @@ def pct(xs: list[float], p: float) -> float:
     k = (len(xs) - 1) * p / 100.0
     lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def registered_nodes(api: httpx.Client) -> int:
+    """How many nodes `/v1/nodes` lists, page by page: the endpoint answers at most one page (100 nodes unless asked
+    for more) and names the next one's cursor in `next`. An answer without items (the gateway not ready yet, a
+    problem) ends the count there; the caller asks again."""
+    count, cursor = 0, None
+    while True:
+        doc = api.get("/v1/nodes", params={"cursor": cursor} if cursor else None).json()
+        items = doc.get("items", []) if isinstance(doc, dict) else []
+        count += len(items)
+        cursor = doc.get("next") if items else None
+        if not cursor:
+            return count
+
+
+def wait_for_fleet(api: httpx.Client, nodes: int, deadline: float, pause_s: float = 0.2) -> None:
+    """Until `/v1/nodes` lists `nodes` nodes; RuntimeError once time.monotonic() passes `deadline`."""
+    while (seen := registered_nodes(api)) < nodes:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fleet did not register: {seen} of {nodes} nodes listed")
+        time.sleep(pause_s)
 
 
 class Platform:
@@ -67,10 +88,7 @@ class Platform:
         self.run = json.loads((self.data_dir / "run.json").read_text())
         headers = {"Authorization": f"Bearer {self.run['admin_token']}"}
         with httpx.Client(base_url=self.run["gateway_url"], headers=headers) as api:
-            while len(api.get("/v1/nodes").json().get("items", [])) < len(self.fleet.split(";")):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("fleet did not register")
-                time.sleep(0.2)
+            wait_for_fleet(api, len(self.fleet.split(";")), deadline)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -128,7 +146,7 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
     """Submit `jobs` one-GPU jobs (open loop at `rate`/s, or as fast as `clients` can) through the HTTP API and
     time each until its allocation.granted event; with `complete`, each job is completed the moment it is
     granted (an instant job) so the fleet's GPUs turn over."""
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     submitted: dict[str, float] = {}
     granted: dict[str, float] = {}
@@ -426,10 +444,10 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
         "## End to end through the platform (gateway → queue → quota → placement → allocation event)",
         "",
         f"`{command}` — a real `gpupool up` (own NATS + PostgreSQL, every service its own process) on "
-        f"{p['fleet']}, driven over HTTP by a lean keep-alive load generator (libs/devstack/loadgen.py) on the same "
+        f"{p['fleet']}, driven over HTTP by a lean keep-alive load generator (libs/bench/loadgen.py) on the same "
         f"machine{auth_note}; submit → `allocation.granted` observed on NATS; every job completed the moment it is granted "
-        f"(instant jobs, so the 64 GPUs turn over). Machine: {os.cpu_count()} logical CPUs, Python "
-        f"{host.python_version()}, {host.system()} {host.release()}. Medians of {p['runs']} run(s). PostgreSQL "
+        f"(instant jobs, so the 64 GPUs turn over). Machine: {benchdoc.machine()}. Medians of {p['runs']} run(s). "
+        "PostgreSQL "
         f"{'durable (fsync on, the default)' if p.get('durable', True) else 'with `--unsafe-fast` (fsync off)'}.",
         "",
         *durability_table(result),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from libs.devstack import bench_platform
-from libs.devstack.bench_platform import BEGIN, END, Profiler, markdown, pct, statements_table
+from libs.bench import e2e as bench_platform
+from libs.bench.e2e import BEGIN, END, Profiler, markdown, pct, statements_table
 
 
 def result(**median_extra: float) -> dict:

@@ -1,10 +1,10 @@
 """`gpupool chaos`: fault injection under load against a `gpupool up` this command starts itself.
 
-A load generator (chaos_load.py) submits jobs over HTTP at a steady rate (each with an Idempotency-Key, retried
+A load generator (load.py) submits jobs over HTTP at a steady rate (each with an Idempotency-Key, retried
 until it gets a definite answer), completes running jobs after a short hold and cancels some; a third of them run a
 real command on the simulated fleet, and those that end on their own must end as their exit code says. Meanwhile
 rounds of faults hit the platform: SIGKILL of each service in turn (both placement replicas, at different times; the
-agent while jobs' commands run on its nodes, each of which must still end with its own exit code: chaos_work.py), a
+agent while jobs' commands run on its nodes, each of which must still end with its own exit code: work.py), a
 NATS restart, a PostgreSQL restart (immediate shutdown: crash recovery on start), a silenced simulated node, an agent
 partitioned from the bus (through a TCP proxy this command owns) and healed, a flood of poison messages onto the
 consumers' subjects, and a corrupted telemetry batch. After each round: the time until the platform served end to
@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform as host
 import random
 import re
 import shutil
@@ -42,10 +41,11 @@ from urllib.parse import urlsplit
 import httpx
 import nats
 
+from libs.bench import benchdoc
+from libs.chaos.load import Load
+from libs.chaos.work import AgentWork, agent_only_models
 from libs.check import CheckConfig, Report, check_async
 from libs.contracts import subjects
-from libs.devstack.chaos_load import Load
-from libs.devstack.chaos_work import AgentWork, agent_only_models
 from libs.devstack.stack import agent_state_dir
 from libs.runtime.processes import pid_alive
 
@@ -317,7 +317,7 @@ class Chaos:
 
     # --- the faults ---------------------------------------------------------------------------------------
     async def _prepare_kill(self, service: str, r: Round) -> None:
-        if service == "agent":  # jobs' commands run on its nodes when it dies (chaos_work.py)
+        if service == "agent":  # jobs' commands run on its nodes when it dies (work.py)
             r.target = f"agent, {await self.work.prepare()}"
 
     async def _inject_kill(self, service: str, r: Round) -> list:
@@ -566,7 +566,7 @@ async def run_chaos(*, rounds: int, rate: float = 3.0, faults: list[str] | None 
     """Start a platform, run `rounds` rounds cycling through `faults` under load, drain, tally. Returns the
     results (what `write_markdown` renders). `before_stop` may look at the drained platform before it stops (with the ids of the events this run injected
     on purpose, for a check of its own).
-    `stop_while_down`: the `kill:agent` round also stops work while the agent is down (chaos_work.py)."""
+    `stop_while_down`: the `kill:agent` round also stops work while the agent is down (work.py)."""
     rng = random.Random(seed)
     plan = [(faults or list(FAULTS))[i % len(faults or FAULTS)] for i in range(rounds)]
     own_dir = data_dir is None
@@ -632,16 +632,6 @@ def passed(result: dict) -> bool:
             and result["double_allocations"] == 0 and result["final_check"]["ok"])
 
 
-def _machine() -> str:
-    cpu = host.processor() or host.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} CPUs, {host.system()} {host.release()}, Python {host.python_version()}"
-
-
 def render_markdown(result: dict, command: str) -> str:
     rounds = result["rounds"]
     per_fault: dict[str, list[float]] = {}
@@ -653,7 +643,8 @@ def render_markdown(result: dict, command: str) -> str:
         MARK_BEGIN,
         "## Fault injection (`task chaos`)",
         "",
-        f"Machine: {_machine()}. Command: `{command}` ({datetime.now(UTC):%Y-%m-%d}, {result['duration_s']:g} s, "
+        f"Machine: {benchdoc.machine()}. Command: `{command}` ({datetime.now(UTC):%Y-%m-%d}, "
+        f"{result['duration_s']:g} s, "
         f"load {result['rate']:g} jobs/s, seed {result['seed']}). Every service, NATS and PostgreSQL on this "
         "machine; `gpupool up --placement-replicas 2` with its own embedded servers; 4 simulated nodes on the "
         f"platform's agent and {CHAOS_NODES} on a second agent behind a partitionable proxy.",

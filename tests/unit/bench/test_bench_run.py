@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from libs.devstack.bench_run import (
+from libs.bench.run import (
     BEGIN,
     END,
     Events,

@@ -1,4 +1,4 @@
-"""The load `gpupool chaos` puts on the platform while faults hit it (libs/devstack/chaos.py runs it).
+"""The load `gpupool chaos` puts on the platform while faults hit it (libs/chaos/suite.py runs it).
 
 Jobs are submitted over HTTP at a steady rate, each with an Idempotency-Key and retried until a definite answer.
 Two thirds hold GPUs without a command: the load completes each once it has run a short hold, or cancels it. A third

@@ -1,14 +1,12 @@
-"""The inventory benchmark's arithmetic and report, and `gpupool agent`'s settings: pure parts, no servers."""
+"""The inventory benchmark's arithmetic and report: pure parts, no servers."""
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import pytest
 
-from libs.devstack import agent_cmd
-from libs.devstack.bench_inventory import BEGIN, END, Level, markdown, quantile, write_section
+from libs.bench.inventory import BEGIN, END, Level, markdown, quantile, write_section
 
 INF = math.inf
 
@@ -52,21 +50,8 @@ def test_the_report_says_plainly_when_10k_gpus_are_not_sustained(tmp_path) -> No
     assert written.count(BEGIN) == 1 and "other section" in written and "kept up" in written
 
 
-def test_agent_settings_for_a_simulated_fleet_and_for_a_real_node() -> None:
-    args = agent_cmd.build_parser().parse_args(["--simulate", "3", "--gpus-per-node", "4", "--model", "L40S",
-                                                "--prefix", "b0-node", "--interval", "0.5", "--nats-url", "nats://x"])
-    env = agent_cmd.agent_env(args, base={"PATH": "/bin"})
-    assert env["GPUPOOL_AGENT_BACKEND"] == "sim" and env["GPUPOOL_AGENT_SIM_FLEET"] == "L40S*4;L40S*4;L40S*4"
-    assert (env["GPUPOOL_AGENT_SIM_NODE_PREFIX"], env["GPUPOOL_AGENT_INTERVAL_S"]) == ("b0-node", "0.5")
-    assert env["GPUPOOL_AGENT_NATS_URL"] == "nats://x" and env["PATH"] == "/bin"
-    real = agent_cmd.agent_env(argparse.Namespace(simulate=0, cluster="east", interval=1.0, log_level="INFO",
-                                                  http_port=0, nats_url=None, node="gpu-17"), base={})
-    assert real["GPUPOOL_AGENT_BACKEND"] == "real" and real["GPUPOOL_AGENT_NODE"] == "gpu-17"
-    assert "GPUPOOL_AGENT_SIM_FLEET" not in real
-
-
 def test_cpu_of_a_group_counts_survivors_by_difference_and_newcomers_whole() -> None:
-    from libs.devstack.bench_inventory import cpu_used
+    from libs.bench.inventory import cpu_used
 
     assert cpu_used({1: 10.0, 2: 5.0}, {1: 12.5, 3: 1.0}) == 3.5  # pid 2 exited (missed), pid 3 is new
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.devstack.bench_backlog import BEGIN, END, markdown
+from libs.bench.backlog import BEGIN, END, markdown
 
 
 def row(depth: int, p50: float, placement: float, cycle: float | None = 20.0) -> dict:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import platform
 import random
 import re
 import statistics
@@ -24,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from libs.bench.benchdoc import machine
 from libs.core import (
     Allocation,
     Gpu,
@@ -194,19 +193,6 @@ def bench_incremental(n_nodes: int, n_jobs: int, repeats: int, finish: int = 200
             }
         out[name] = {"running": len({a.job_id for a in running}), **row}
     return out
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}; {os.cpu_count()} logical CPUs (the core runs on one); Python {platform.python_version()} "
-            f"({platform.python_implementation()}); {platform.system()} {platform.release()}")
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -426,10 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `{cmd}` (`libs/sim/bench.py`). Medians of {args.repeats} runs; every ratio compares policies "
+        f"Written by `{cmd}` (`libs/bench/core.py`). Medians of {args.repeats} runs; every ratio compares policies "
         "run in the same process on the same inputs.",
         "",
-        f"Machine: {machine()}.",
+        f"Machine: {machine()}; the core runs on one CPU.",
         "",
     ]
     print("decisions ...", file=sys.stderr)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform as host
 import sys
 import tempfile
 import time
@@ -24,8 +22,8 @@ from pathlib import Path
 
 import nats
 
-from libs.devstack import benchdoc
-from libs.devstack.bench_platform import Platform, ProcessMeter, pct
+from libs.bench import benchdoc
+from libs.bench.e2e import Platform, ProcessMeter, pct
 
 BEGIN, END = "<!-- backlog-benchmark:begin -->", "<!-- backlog-benchmark:end -->"
 GPUS_PER_NODE = 8
@@ -44,7 +42,7 @@ def cycle_counters(run: dict) -> tuple[float, float]:
 
 
 async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int) -> dict:
-    from libs.devstack.loadgen import Client
+    from libs.bench.loadgen import Client
 
     nc = await nats.connect(servers=run["nats_url"].split(","))
     started: dict[str, float] = {}
@@ -148,8 +146,8 @@ def markdown(rows: list[dict], command: str) -> str:
         f"`{command}` — a real `gpupool up` on {nodes} simulated nodes × {GPUS_PER_NODE} GPUs per depth; {gpus} + "
         f"depth one-GPU jobs submitted over HTTP ({gpus} run, the rest wait), then running jobs completed one at a "
         "time, each timed until the next job started (`job.started` on NATS). Every scheduling cycle considers the "
-        f"whole backlog. Machine: {os.cpu_count()} logical CPUs, Python {host.python_version()}, {host.system()} "
-        f"{host.release()}. The first depth is the baseline of the ratios (same command, same machine).",
+        f"whole backlog. Machine: {benchdoc.machine()}. The first depth is the baseline of the ratios (same command, "
+        "same machine).",
         "",
         "| waiting jobs | complete → next job started p50 | p90 | max | placement CPU ms per turnover | "
         "PostgreSQL CPU ms per turnover | cycles per turnover | mean cycle |",

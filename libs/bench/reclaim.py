@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform as host
 import sys
 import tempfile
 import time
@@ -28,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from libs.devstack import benchdoc
-from libs.devstack.bench_platform import Platform
+from libs.bench import benchdoc
+from libs.bench.e2e import Platform
 
 BEGIN, END = "<!-- reclaim-benchmark:begin -->", "<!-- reclaim-benchmark:end -->"
 
@@ -92,8 +90,7 @@ def markdown(r: dict, command: str) -> str:
         f"`{command}` — a real `gpupool up` on {r['nodes']} simulated nodes × 8 L40S ({r['gpus']} GPUs) with telemetry "
         f"flowing; {r['jobs']} one-GPU jobs, every third an interactive dev session that goes idle, the rest training; "
         f"dev reclaim policy: idle after {r['idle_after_s']:g} s below 5% utilization, then {r['grace_s']:g} s of "
-        f"grace; measured over {r['window_s']:g} s. Machine: {os.cpu_count()} logical CPUs, Python "
-        f"{host.python_version()}, {host.system()} {host.release()}.",
+        f"grace; measured over {r['window_s']:g} s. Machine: {benchdoc.machine()}.",
         "",
         "| measure | value |",
         "| --- | --- |",

@@ -23,7 +23,6 @@ import asyncio
 import json
 import math
 import os
-import platform as host
 import socket
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import nats
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from libs.devstack import benchdoc
+from libs.bench import benchdoc
 from libs.devstack.servers import ManagedServer, listen_socket, start_nats, start_postgres
 from libs.store.database import with_database
 
@@ -412,9 +411,7 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
         f"{levels[0].interval_s:g} s) publishing to JetStream; after all nodes registered and a warm-up, a "
         f"{levels[0].window_s:.0f} s window is measured (agents at nice {agent_nice}); then inventory is stopped while the fleet "
         "keeps reporting, the fleet is stopped, and inventory restarted drains the backlog with the machine to itself "
-        f"(catch-up). Machine: {cpus} logical CPUs "
-        f"({host.processor() or host.machine()}), {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, Python "
-        f"{host.python_version()}, {host.system()} {host.release()}; load average before the run "
+        f"(catch-up). Machine: {benchdoc.machine()}; load average before the run "
         f"{load_before[0]:.1f} (other work shares this machine). Agents, NATS, PostgreSQL and inventory all run on "
         "it, and only inventory consumes telemetry.",
         "",

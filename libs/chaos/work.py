@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
+from libs.chaos.load import STOP_GRACE_S, TERMINAL, Job, Load
 from libs.check.invariants import RELEASED_WITHOUT_EXIT
-from libs.devstack.chaos_load import STOP_GRACE_S, TERMINAL, Job, Load
 
 WORK_BOUND_S = 45.0  # from the kill: every watched job ended as it should, none still launching
 RUNNING_TIMEOUT_S = 60.0  # for the markers to be running before the kill

@@ -12,10 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from libs.devstack.benchdoc import write_section
+from libs.bench.benchdoc import machine, write_section
+from libs.bench.core import DOC, _fmt
 from libs.sim import cli as simcli
 from libs.sim import engine, traces
-from libs.sim.bench import DOC, _fmt, machine
 
 BEGIN = "<!-- replay-churn:begin -->"
 END = "<!-- replay-churn:end -->"
@@ -91,7 +91,7 @@ def section(results: list[tuple[str, dict]], command: str, gpus: int, n_nodes: i
         f"## Compressed replay: reclaim churn, fairness over time, replay speed ({n_nodes} nodes / {gpus} GPUs, "
         f"arrivals x{time_scale:g})",
         "",
-        f"`{command}` (`libs/sim/bench_replay.py`). The {n_jobs:,} openb tasks that ran, submit times multiplied "
+        f"`{command}` (`libs/bench/replay.py`). The {n_jobs:,} openb tasks that ran, submit times multiplied "
         f"by {time_scale:g} onto {n_nodes} nodes: a deep queue, mostly fractional GPUs, so teams borrow and "
         "guarantees are reclaimed all the time. Synthetic teams and demand-proportional guarantees as in docs/sim.md; "
         "every policy's fairness is measured against the same guarantees. Machine: " + machine() + ".",
