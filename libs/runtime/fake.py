@@ -41,7 +41,20 @@ log = logging.getLogger(__name__)
 
 
 class FakeConnection:
-    """The connection handlers hand to their store: fake store functions ignore it, a real one reaching it fails."""
+    """The connection handlers hand to their store: fake store functions ignore it, a real one reaching it fails.
+    `transaction()` (a handler's own transaction or savepoint) restores the fake stores if its block raises."""
+
+    def __init__(self, rt: FakeRuntime) -> None:
+        self._rt = rt
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> Any:
+        snapshot = self._rt._snapshot()
+        try:
+            yield self
+        except BaseException:
+            self._rt._restore(snapshot)
+            raise
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a store function that is not faked used the database connection (.{name}): "
@@ -200,7 +213,7 @@ class FakeRuntime:
         self.instance = f"{name}-fake"
         self.source = f"/gpupool/{name}"
         self.stores = stores
-        self.conn = FakeConnection()
+        self.conn = FakeConnection(self)
         self.pool = FakePool(self.conn)
         self.nc = FakeNats()
         self.js: Any = None
