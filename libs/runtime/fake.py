@@ -173,12 +173,39 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 
 @dataclass
+class _Ack:
+    stream: str
+    seq: int
+    duplicate: bool = False
+
+
+@dataclass(eq=False)
+class FakeJetStream:
+    """JetStream publishes, stored in order (`published`: subject, payload, headers); `down` refuses them, as a
+    JetStream that stores nothing does."""
+    published: list[tuple[str, bytes, dict[str, str]]] = field(default_factory=list)
+    down: bool = False
+
+    async def publish(self, subject: str, payload: bytes = b"", timeout: float | None = None,
+                      stream: str | None = None, headers: dict[str, str] | None = None) -> _Ack:
+        if self.down:
+            raise ConnectionError("JetStream is not answering")
+        self.published.append((subject, payload, dict(headers or {})))
+        return _Ack(stream=stream or "FAKE", seq=len(self.published))
+
+
+@dataclass(eq=False)  # hashable by identity, as a client is (services key per-connection state on it)
 class FakeNats:
-    """Core NATS for request/reply and plain publishes, in process. `published` holds (subject, payload)."""
+    """Core NATS in process: request/reply to what is subscribed, publishes delivered to subscribers and kept in
+    `published` (subject, payload); `jetstream()` gives its FakeJetStream."""
     subscriptions: list[tuple[str, Callable[[Any], Awaitable[None]]]] = field(default_factory=list)
     published: list[tuple[str, bytes]] = field(default_factory=list)
     requests: list[tuple[str, bytes]] = field(default_factory=list)
+    js: FakeJetStream = field(default_factory=FakeJetStream)
     is_connected: bool = True
+
+    def jetstream(self) -> FakeJetStream:
+        return self.js
 
     async def subscribe(self, subject: str, queue: str = "", cb: Any = None) -> Any:
         entry = (subject, cb)
@@ -201,7 +228,11 @@ class FakeNats:
         raise ServiceUnavailable(f"no reply on {subject}: NoRespondersError")
 
     async def publish(self, subject: str, payload: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        """Kept, and handed to every subscriber of a matching subject (awaited: a test sees its effect at once)."""
         self.published.append((subject, payload))
+        for pattern, cb in list(self.subscriptions):
+            if subject_matches(pattern, subject):
+                await cb(_FakeMsg(subject, payload, reply="", headers=headers or {}))
 
 
 class FakeRuntime:
@@ -216,7 +247,7 @@ class FakeRuntime:
         self.conn = FakeConnection(self)
         self.pool = FakePool(self.conn)
         self.nc = FakeNats()
-        self.js: Any = None
+        self.js = self.nc.js
         self.inbox: set[tuple[str, str]] = set()  # (consumer, event id), as the inbox table
         self.outbox: list[Emitted] = []  # what committed units of work emitted, in order
         self.commits = 0
