@@ -15,7 +15,14 @@ import pytest
 
 from libs.contracts import subjects
 from libs.contracts.commands import RegisterNode, Reply
-from libs.contracts.events import AllocatedGpu, AllocationGranted, AllocationReleased, EventData, MigApplied, subject_for
+from libs.contracts.events import (
+    AllocatedGpu,
+    AllocationGranted,
+    AllocationReleased,
+    EventData,
+    MigApplied,
+    subject_for,
+)
 from libs.runtime.fake import FakeRuntime
 from services.agent.handlers import NodeAgent, allocation_route, route
 from services.agent.nvml_sim import SimulatedNvml

@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from libs.contracts import subjects
-from libs.contracts.events import AllocatedGpu, AllocationGranted, AllocationReleased, JobSubmitted, UsageRecorded
+from libs.contracts.events import (
+    AllocatedGpu,
+    AllocationGranted,
+    AllocationReleased,
+    JobSubmitted,
+    UsageRecorded,
+)
 from libs.contracts.reports import SetCostRate
 from libs.runtime.fake import FakeRuntime, FakeStore
 from services.accounting import handlers, store

@@ -11,7 +11,13 @@ import pytest
 
 from libs.contracts import subjects
 from libs.contracts.commands import AdmitJob, CreateTeam, DecideApproval
-from libs.contracts.events import ApprovalDecided, ApprovalRequested, ApprovalWithdrawn, JobCancelled, TeamCreated
+from libs.contracts.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    ApprovalWithdrawn,
+    JobCancelled,
+    TeamCreated,
+)
 from libs.runtime.fake import FakeRuntime, FakeStore
 from services.quota import handlers, store
 from services.quota.handlers import QuotaHandlers, routes

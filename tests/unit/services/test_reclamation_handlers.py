@@ -11,7 +11,14 @@ import pytest
 
 from libs.contracts import subjects
 from libs.contracts.commands import ReleaseAllocation, Reply
-from libs.contracts.events import AllocatedGpu, AllocationGranted, AllocationReleased, NodeCordoned, NodeLost, ReclaimDecided
+from libs.contracts.events import (
+    AllocatedGpu,
+    AllocationGranted,
+    AllocationReleased,
+    NodeCordoned,
+    NodeLost,
+    ReclaimDecided,
+)
 from libs.runtime.fake import FakeRuntime, FakeStore
 from services.reclamation import handlers, store
 from services.reclamation.config import ReclamationSettings
