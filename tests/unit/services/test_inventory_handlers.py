@@ -178,7 +178,10 @@ async def test_a_release_switches_a_draining_gpu_once_and_a_late_grant_is_not_he
     [switched] = rt.emitted()
     assert isinstance(switched, GpuSharingSet) and (switched.gpu_uuid, switched.mode) == ("GPU-n1-0", "fractional")
 
-    fake.released.clear()  # were either handler to run again, the grant would be held again
+    fake.released.clear()  # were the grant's handler to run again, the allocation would be held again
     await rt.deliver(allocation(AllocationGranted), event=grant)
+    assert fake.held == {}
+    fake.held["a1"] = ["GPU-n1-0"]  # were the release's to run again, it would forget this
+    fake.gpus["GPU-n1-0"]["sharing_target"] = "exclusive"  # ... and switch the GPU again
     await rt.deliver(allocation(AllocationReleased, released_at=NOW, reason="JobCompleted"), event=release)
-    assert fake.held == {} and len(rt.emitted()) == 1
+    assert fake.held == {"a1": ["GPU-n1-0"]} and len(rt.emitted()) == 1

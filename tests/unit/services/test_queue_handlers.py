@@ -151,6 +151,7 @@ async def test_a_grant_starts_a_pending_job_once_however_often_it_is_delivered(q
     assert (row["state"], row["allocation_id"], row["node"]) == ("running", "a1", "n1")
     assert [type(e) for e in rt.emitted()] == [JobStateChanged, JobStarted]
 
+    fake.jobs[job_id]["state"] = "pending"  # were the handler to run again, it would start the job again
     history = len(fake.history)
     await rt.deliver(granted(job_id), event=event)  # the same event again: the inbox holds it
     assert len(fake.history) == history and len(rt.emitted()) == 2

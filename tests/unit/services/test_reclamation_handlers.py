@@ -1,6 +1,7 @@
 """Reclamation's handlers on the fake runtime (libs/runtime/fake.py): following allocations, abnormal reclaims (a lost
 node, a drain) counted per job up to the restart limit, and the release asked of a served stand-in for placement
-after the commit, through the routing table; the SQL is tested in tests/integration/test_reclamation*.py."""
+after the commit, through the routing table; the SQL is tested with PostgreSQL in tests/e2e/test_reclamation.py and
+tests/integration/test_accounting_reclamation_deadlocks.py."""
 
 from __future__ import annotations
 
