@@ -79,7 +79,9 @@ async def apply_once(consumer: str, event_id: str, handle: Callable[[], Awaitabl
     return True
 
 
-def _pending_claim() -> _InboxClaim | None:
+def pending_claim() -> _InboxClaim | None:
+    """The event this task applies under `apply_once` and has not recorded yet: what the next unit of work it opens
+    records first (libs.runtime.fake's unit of work honours the same claim)."""
     claim = _claim.get()
     if claim is None or claim.recorded or claim.task is not asyncio.current_task():
         return None  # none, recorded already, or a task the handler spawned (it inherits the context variable)
@@ -198,7 +200,7 @@ class UnitOfWork:
             await self._batch.savepoint()  # a SAVEPOINT of the batch's transaction
         else:
             self.conn, self._tx = await begin(self._pool)
-        claim = _pending_claim()
+        claim = pending_claim()
         if claim is not None:
             await self._record(claim)
         return self
