@@ -190,6 +190,12 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_asyncapi(args: argparse.Namespace) -> int:
+    from libs.contracts.asyncapi import main as asyncapi_main
+
+    return asyncapi_main(["--out", str(args.out)])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpupool", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -245,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     schemas = sub.add_parser("schemas", help="export the JSON Schema of every event type")
     schemas.add_argument("--out", type=Path, default=Path("docs/schemas"))
     schemas.set_defaults(func=cmd_schemas)
+
+    asyncapi = sub.add_parser("asyncapi", help="write the bus's AsyncAPI 3.0 document (docs/asyncapi.yaml)")
+    asyncapi.add_argument("--out", type=Path, default=Path("docs/asyncapi.yaml"))
+    asyncapi.set_defaults(func=cmd_asyncapi)
 
     register_people_commands(sub, parser)
     return parser

@@ -4,6 +4,7 @@ import gc
 
 from libs.runtime.service import ServiceRuntime
 from services.inventory.config import InventorySettings
+from services.inventory.fleet_metrics import fleet_metrics_loop
 from services.inventory.handlers import InventoryHandlers, routes
 
 # Telemetry allocates thousands of short-lived objects per batch (decoded samples, rows): with the default gen-0
@@ -21,6 +22,7 @@ async def main() -> None:
     await runtime.mount(routes(handlers))
     runtime.background(handlers.node_sweeper(), "node-sweeper")
     runtime.background(handlers.maintenance(), "rollups-and-orphans")
+    runtime.background(fleet_metrics_loop(runtime, settings), "fleet-metrics")
     gc.collect()
     gc.freeze()  # start-up's objects (modules, schemas, pools) live for the whole run: never scan them again
     gc.set_threshold(*GC_THRESHOLD)

@@ -523,3 +523,15 @@ async def pool_nodes(conn: asyncpg.Connection, *, cluster: str | None) -> list[a
            FROM nodes n LEFT JOIN gpus g USING (cluster, node)
            WHERE $1::text IS NULL OR n.cluster = $1
            GROUP BY n.cluster, n.node ORDER BY n.cluster, n.node""", cluster)
+
+
+async def held_by_model(conn: asyncpg.Connection, *, fresh_since: datetime,
+                        in_use_above_pct: float) -> list[asyncpg.Record]:
+    """Per (cluster, model): GPUs held by live allocations, and how many of them are idle (no sample since
+    `fresh_since` above the in-use threshold). A GPU shared by several allocations counts once."""
+    return await conn.fetch(
+        """SELECT g.cluster, g.model, count(DISTINCT g.uuid) AS held,
+                  count(DISTINCT g.uuid) FILTER (WHERE NOT coalesce(t.sampled_at >= $1
+                                                                    AND t.utilization_gpu_pct > $2, false)) AS idle
+           FROM held_gpus h JOIN gpus g ON g.uuid = h.gpu_uuid LEFT JOIN gpu_telemetry_latest t ON t.uuid = g.uuid
+           GROUP BY g.cluster, g.model ORDER BY g.cluster, g.model""", fresh_since, in_use_above_pct)

@@ -23,7 +23,8 @@ DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
 # The modules whose import registers metrics on the default registry.
 METRIC_MODULES = ("libs.observability.metrics", "libs.bus.lease", "services.gateway.bootstrap",
-                  "services.agent.dcgm_metrics", "services.inventory.handlers", "services.reclamation.handlers")
+                  "services.agent.dcgm_metrics", "services.inventory.handlers", "services.inventory.fleet_metrics",
+                  "services.reclamation.handlers")
 # Series Prometheus itself attaches to every target, not exposed by any process.
 PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 REQUIRED = {  # the dashboards issue 9 asks for
