@@ -110,6 +110,7 @@ def test_a_job_that_runs_is_one_connected_trace_from_submission_to_completion(ot
     spans = _closed_trace(trace_id, lambda spans: steps <= {(s["service"], s["name"]) for s in spans}
                           and crossed <= {s["service"] for s in spans}, timeout=30)
     names = {(s["service"], s["name"]) for s in spans}
+    print(f"job trace {trace_id}: {len(spans)} spans from {len({s['service'] for s in spans})} services")
     assert crossed <= {s["service"] for s in spans}, f"missing {crossed - {s['service'] for s in spans}}: " \
                                                      f"{sorted(names)}"
     assert steps <= names, sorted(names)
@@ -133,6 +134,7 @@ def test_an_idle_platform_exports_almost_nothing(otlp_env, platform) -> None:  #
     window = 10.0
     time.sleep(window)
     spans = _receiver.since(mark)
+    print(f"idle: {len(spans)} spans in {window:.0f} s (bound {IDLE_SPANS_PER_S * window:.0f})\n{breakdown(spans)}")
     assert len(spans) <= IDLE_SPANS_PER_S * window, f"{len(spans)} spans in {window:.0f} s:\n{breakdown(spans)}"
     assert not [s for s in spans if s["scope"] == "gpupool.store" and s["parent"] is None], breakdown(spans)
     with platform.client() as api:  # the telemetry did flow meanwhile: silence is not a stalled fleet
