@@ -6,12 +6,17 @@ completion, accounting and inventory included, with its id on `GET /v1/jobs/{id}
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import time
 from collections.abc import Iterator
 
+import nats
 import pytest
 
+from libs.contracts import subjects
+from libs.observability.tracing import remote_parent
 from tests.otlp_receiver import OtlpReceiver, breakdown
 
 pytestmark = pytest.mark.e2e
@@ -141,3 +146,27 @@ def test_an_idle_platform_exports_almost_nothing(otlp_env, platform) -> None:  #
         nodes = api.get("/v1/nodes").json()["items"]
     assert len(nodes) >= 4 and all(n["gpus"][0]["telemetry"] for n in nodes)
     assert _receiver.rejected == 0
+
+
+async def _last_traceparents(url: str) -> dict[str, str | None]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        out = {}
+        for stream, subject in ((subjects.TELEMETRY_STREAM.name, subjects.telemetry("local", "sim-node-0")),
+                                (subjects.EVENTS_STREAM.name, subjects.DECISION_CYCLE)):
+            msg = await js.get_last_msg(stream, subject)
+            out[subject] = json.loads(msg.data).get("traceparent")
+        return out
+    finally:
+        await nc.close()
+
+
+def test_telemetry_and_decision_cycle_events_carry_a_traceparent(otlp_env, platform) -> None:  # type: ignore[no-untyped-def]
+    """The bus contract: every CloudEvent sets `traceparent`. Background work's is valid but unsampled, which is
+    why its consumers record nothing (the idle test above)."""
+    found = asyncio.run(_last_traceparents(platform.nats_url))
+    for subject, traceparent in found.items():
+        parent = remote_parent({"traceparent": traceparent}) if traceparent else None
+        assert parent is not None, f"{subject}: {traceparent!r}"
+        assert not parent.trace_flags.sampled, f"{subject}: {traceparent}"
