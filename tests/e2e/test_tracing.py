@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import nats
 import pytest
+from support import finish_all, submit, wait_state
 
 from libs.contracts import subjects
 from libs.observability.tracing import remote_parent
@@ -22,7 +23,9 @@ from tests.otlp_receiver import OtlpReceiver, breakdown
 pytestmark = pytest.mark.e2e
 
 _receiver = OtlpReceiver()
-UP_ARGS = ["--otlp-endpoint", _receiver.endpoint]  # the documented flag: every process exports there
+# the documented flag: every process exports there; a quick preemption for the preempted job's trace
+UP_ARGS = ["--otlp-endpoint", _receiver.endpoint,
+           "--env", "placement:PREEMPTION_GRACE_S=1", "--env", "placement:MIN_RUNTIME_S=0"]
 # The SDK's batch processor settings pass through `gpupool up` to every process: export quickly.
 SDK_ENV = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
 # What an idle platform (4 simulated nodes × 8 GPUs, telemetry every 0.5 s) may export: background loops are
@@ -130,6 +133,28 @@ def test_a_job_that_runs_is_one_connected_trace_from_submission_to_completion(ot
     accounting = sorted({s["name"] for s in spans if s["service"] == "gpupool-accounting"
                          and s["scope"] != "gpupool.store"})
     assert any("allocation.released" in name for name in accounting), accounting
+
+
+def test_a_preempted_job_keeps_its_trace_linked_to_the_cycle_that_preempted_it(otlp_env, platform) -> None:  # type: ignore[no-untyped-def]
+    """The scheduling cycle records nothing, yet the victim's preemption and the agent's stop of its work are spans
+    of the victim's trace, the former linked to the (unsampled) cycle's context that decided it."""
+    with platform.client() as api:
+        victim = submit(api, "traced-victim", "research", 8, gpu_models=["L40S"], command=["sleep", "60"])
+        trace_id = wait_state(api, victim, "running", timeout=30)["trace_id"]
+        submit(api, "traced-preemptor", "research", 8, priority_class="production-inference", kind="inference",
+               gpu_models=["L40S"])
+        wait_state(api, victim, "preempting", timeout=20)
+        steps = {("gpupool-queue", "job preempting"), ("gpupool-agent", "stop work")}
+        spans = _closed_trace(trace_id, lambda spans: steps <= {(s["service"], s["name"]) for s in spans})
+        finish_all(api)
+    names = {(s["service"], s["name"]) for s in spans}
+    assert steps <= names, sorted(names)
+    assert [r["service"] for r in _roots(spans)] == ["gpupool-gateway"], \
+        f"roots: {[(r['service'], r['name']) for r in _roots(spans)]}"
+    preempting = next(s for s in spans if s["name"] == "job preempting")
+    assert len(preempting["links"]) == 1 and preempting["links"][0][0] != trace_id  # the cycle's trace
+    stop = next(s for s in spans if s["name"] == "stop work")
+    assert stop["attributes"]["gpupool.reason"] == "PreemptedByPriority"
 
 
 def test_an_idle_platform_exports_almost_nothing(otlp_env, platform) -> None:  # type: ignore[no-untyped-def]
