@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -77,6 +78,15 @@ def allocations_table(allocs: Sequence[Allocation]) -> str:
                   for a in allocs])
 
 
+def trace_ref(trace_id: str | None) -> str | None:
+    """The job's trace id, as a link when GPUPOOL_TRACE_URL_TEMPLATE (a URL with `{trace_id}`) says where traces
+    are looked at (Grafana on Tempo, Jaeger)."""
+    template = os.environ.get("GPUPOOL_TRACE_URL_TEMPLATE", "")
+    if not trace_id or "{trace_id}" not in template:
+        return trace_id
+    return template.replace("{trace_id}", trace_id)
+
+
 def describe_text(job: Job, allocs: Sequence[Allocation]) -> str:
     runtime = None
     if job.started_at:
@@ -93,6 +103,7 @@ def describe_text(job: Job, allocs: Sequence[Allocation]) -> str:
         ("Exit code", job.exit_code), ("Reason", job.reason), ("Host", host_request(job)),
         ("Selector", ",".join(f"{k}={v}" for k, v in sorted(job.node_selector.items())) or None),
         ("Preemptible", None if job.preemptible is None else "yes" if job.preemptible else "no"),
+        ("Trace", trace_ref(job.raw.get("trace_id"))),
     ])]
     out.append("\nHistory:")
     if job.history:

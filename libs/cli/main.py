@@ -58,6 +58,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         service_env=parse_service_env(args.env),
         pg_settings=parse_pg_settings(args.pg_setting),
         unsafe_fast=args.unsafe_fast,
+        otlp_endpoint=args.otlp_endpoint,
     )
     stack = Stack(opts)
     print("starting gpupool …", flush=True)
@@ -228,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--unsafe-fast", action="store_true",
                     help="run the embedded PostgreSQL without fsync: faster commits, but a machine crash or power "
                          "cut can lose committed jobs (tests and benchmarks that say so; default: durable)")
+    up.add_argument("--otlp-endpoint", metavar="URL", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+                    help="export every process's traces over OTLP/HTTP to this collector, e.g. "
+                         "http://127.0.0.1:4318 (sets OTEL_EXPORTER_OTLP_ENDPOINT for each; default: that variable "
+                         "if set, else no export)")
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=cmd_up)
 

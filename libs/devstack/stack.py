@@ -57,6 +57,7 @@ class StackOptions:
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)  # service → {SETTING: value} overrides
     pg_settings: dict[str, str] = field(default_factory=dict)  # extra `postgres -c` settings of the embedded server
     unsafe_fast: bool = False  # the embedded PostgreSQL without fsync (tests, benchmarks that say so)
+    otlp_endpoint: str | None = None  # every process exports its spans over OTLP/HTTP there (docs/observability.md)
 
 
 @dataclass
@@ -205,6 +206,8 @@ class Stack:
                 if nats_user != "gateway":  # the gateway declares nothing on the bus
                     extra["DECLARE_STREAMS"] = "false"
         env.update({f"{prefix}{k}": v for k, v in extra.items()})
+        if self.options.otlp_endpoint:  # the OpenTelemetry SDK's own setting, read by libs/observability/tracing
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.options.otlp_endpoint
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

@@ -5,7 +5,13 @@ The platform propagates W3C trace context only (`traceparent`, `tracestate`): it
 itself, which costs a fraction of the general propagator on every message. When no span processor listens
 (`recording()` is False), handled messages and requests run in a non-recording span that carries the same trace
 context (the caller's trace id and flags, a new span id), so ids continue end to end without the SDK building,
-timing and dropping a span object each time."""
+timing and dropping a span object each time.
+
+No noise: work that no request or message started (loops, sweeps, the outbox relay, telemetry sampling) runs in
+`background()`, an *unsampled* trace context. The SDK's default sampler (parent-based) records no span under it,
+database spans are drawn only inside a recording span (libs/store/database.py), and whatever such work publishes
+still carries a `traceparent` (sampled flag off), so its consumers stay silent too. A job's spans are recorded
+because they continue the job's own trace (kept on the job, see services/queue)."""
 
 from __future__ import annotations
 
@@ -79,6 +85,25 @@ def inject_headers(headers: MutableMapping[str, str]) -> MutableMapping[str, str
     return headers
 
 
+def background() -> _Current:
+    """Run a `with` block (and every task created inside it) in a new unsampled trace context: see the module's
+    docstring. Valid ids, so a published event still has a `traceparent`; flags 00, so nothing under it records."""
+    return _Current(trace.NonRecordingSpan(trace.SpanContext(
+        _ids.getrandbits(128) or 1, _ids.getrandbits(64) or 1, is_remote=False,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT))))
+
+
+def enter_background() -> None:
+    """Make `background()` the ambient context of the running task from now on (a process's main task, once
+    tracing is set up): every loop it starts afterwards inherits it."""
+    background().__enter__()
+
+
+def in_recorded_span() -> bool:
+    """True when the current span is being recorded: only then is a database call worth its own span."""
+    return trace.get_current_span().is_recording()
+
+
 def current_traceparent() -> str | None:
     ctx = trace.get_current_span().get_span_context()
     return _format(ctx) if ctx.is_valid else None
@@ -150,3 +175,28 @@ def handling_span(tr: trace.Tracer, name: str, headers: Mapping[str, str] | None
     if recording():
         return tr.start_as_current_span(name, context=extract_context(headers), kind=kind, attributes=attributes)
     return _Current(child_span(headers))
+
+
+def job_span(tr: trace.Tracer, name: str, traceparent: str | None, attributes: dict[str, Any] | None = None) -> Any:
+    """A step of one job's life (an attempt's launch or stop, a completion, a preemption) as a span in the job's
+    own trace, `traceparent` being the one kept with the job since its submission; linked to the current span when
+    that one belongs to another trace (the scheduling cycle that preempted it, the request that completed it).
+    Without a kept traceparent the step is a child of the current span, as any other."""
+    parent = remote_parent({"traceparent": traceparent}) if traceparent else None
+    if parent is None:
+        return tr.start_as_current_span(name, attributes=attributes) if recording() else _Current(
+            trace.get_current_span())
+    if not recording():
+        return _Current(child_span({"traceparent": traceparent}))
+    current = trace.get_current_span().get_span_context()
+    if current.is_valid and current.trace_id == parent.trace_id:  # already in the job's trace: a plain child
+        return tr.start_as_current_span(name, attributes=attributes)
+    links = [trace.Link(current)] if current.is_valid else None
+    return tr.start_as_current_span(name, context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
+                                    links=links, attributes=attributes)
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id (32 hex digits) a `traceparent` names, or None."""
+    parent = remote_parent({"traceparent": traceparent}) if traceparent else None
+    return f"{parent.trace_id:032x}" if parent is not None else None

@@ -27,7 +27,7 @@ from libs.contracts import subjects
 from libs.contracts.commands import Command, Empty
 from libs.contracts.subjects import EVENTS_STREAM, TELEMETRY_STREAM
 from libs.observability.logging import setup_logging
-from libs.observability.tracing import setup_tracing, shutdown_tracing
+from libs.observability.tracing import enter_background, setup_tracing, shutdown_tracing
 from libs.runtime.http import OpsEndpoint
 from libs.runtime.routes import Routes
 from libs.runtime.settings import ServiceSettings
@@ -61,6 +61,7 @@ class ServiceRuntime:
     async def start(self) -> None:
         setup_logging(self.name, self.settings.log_level)
         setup_tracing(self.name)
+        enter_background()  # loops started from here on record no spans (libs/observability/tracing.py)
         self.nc = await connect(self.settings.nats_url, f"gpupool-{self.name}", user=self.settings.nats_user,
                                 password=self.settings.nats_password, nkey_file=self.settings.nats_nkey_file,
                                 inbox_prefix=identity_inbox(self.name, self.settings.nats_inbox_prefix,

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from opentelemetry import trace
 
-from libs.observability.tracing import exporting, tracer
+from libs.observability.tracing import exporting, in_recorded_span, tracer
 
 # Types re-exported so that code outside libs/store and services' store.py never imports asyncpg.
 Pool = asyncpg.Pool
@@ -107,8 +107,10 @@ WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> $1::text
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
                       reset_session: bool = True) -> asyncpg.Pool:
-    """A connection pool; when traces are exported, every query becomes a CLIENT span of the operation that ran
-    it (OpenTelemetry database semantic conventions).
+    """A connection pool; when traces are exported, every query made inside a recorded span (a traced request,
+    message or job step) becomes a CLIENT span of that operation (OpenTelemetry database semantic conventions).
+    A query outside one (a background loop's) draws no span: a lone `BEGIN` or `SELECT` trace tells nobody
+    anything.
 
     `reset_session=False` skips asyncpg's reset query on every release (`pg_advisory_unlock_all(); CLOSE ALL;
     UNLISTEN *; RESET ALL`), one round trip per unit of work: only for pools whose users leave no session state
@@ -134,7 +136,9 @@ async def _trace_queries(conn: asyncpg.Connection) -> None:
 
 def _query_span(record: Any) -> None:
     """asyncpg reports each query after it ran (scheduled with the caller's context, so the span gets the right
-    parent); the span is drawn over the time it took."""
+    parent); the span is drawn over the time it took. Nothing outside a recorded span."""
+    if not in_recorded_span():
+        return
     text = " ".join(str(record.query).split())
     operation = text.split(" ", 1)[0].upper() if text else "QUERY"
     end = time.time_ns()

@@ -18,7 +18,7 @@ from libs.contracts import subjects
 from libs.contracts.fleet import parse_fleet_nodes
 from libs.contracts.labels import parse_labels
 from libs.observability.logging import setup_logging
-from libs.observability.tracing import setup_tracing
+from libs.observability.tracing import enter_background, setup_tracing
 from libs.runtime.http import OpsEndpoint
 from services.agent.config import AgentSettings
 from services.agent.domain import network_environment, simulated_address
@@ -158,6 +158,7 @@ async def main() -> None:
     settings = AgentSettings()
     setup_logging("agent", settings.log_level)
     setup_tracing("agent")
+    enter_background()  # telemetry sampling records no spans; launch and stop of work do (services/agent/work.py)
     backends = build_backends(settings)
     connections = await connect_nodes(settings, [node for node, _ in backends])
     first = next(iter(connections.values()))

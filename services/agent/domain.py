@@ -57,7 +57,7 @@ def _pct(value: float | None) -> float:
 
 
 def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float, *, event_id: str, source: str,
-                   now: datetime, host: NodeSample | None = None) -> bytes:
+                   now: datetime, host: NodeSample | None = None, traceparent: str | None = None) -> bytes:
     """The CloudEvent of `telemetry(...)` as JSON bytes, built from plain values instead of through the pydantic
     models: a simulated fleet sends ~10,000 GPU samples a second and building and dumping the models was a third
     of its CPU. Same document as `telemetry(...).to_cloudevent(...).to_json()` (a unit test holds them equal);
@@ -82,6 +82,8 @@ def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float,
     event = {"specversion": "1.0", "id": event_id, "source": source, "type": TelemetrySampled.event_type,
              "subject": node, "time": _iso(now), "datacontenttype": "application/json",
              "dataschema": schema_of(TelemetrySampled.event_type), "data": data}
+    if traceparent:
+        event["traceparent"] = traceparent
     return json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
 
 

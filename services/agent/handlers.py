@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from opentelemetry import trace
 from prometheus_client import Counter
 
 from libs.bus.connection import Message, NatsClient
@@ -39,7 +40,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.origins import accept
 from libs.core import mig as migcat
-from libs.observability.tracing import inject_headers
+from libs.observability.tracing import current_traceparent, handling_span, inject_headers, tracer
 from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
 from services.agent.domain import (
     LiveAllocation,
@@ -58,6 +59,7 @@ from services.agent.sample_buffer import SampleBuffer
 from services.agent.work import WorkRunner
 
 log = logging.getLogger(__name__)
+_tracer = tracer("gpupool.agent")
 SOURCE = "/gpupool/agent"
 _EVENT_NS = uuidlib.UUID("2f0c7c35-1f4e-4d0e-8f77-6a3b5f0c9e21")  # event ids derived from what they report
 
@@ -164,8 +166,9 @@ class _Router:
         routed = self.parse(msg)
         if routed is not None:
             handler = self.handlers.get(routed[0])
-            if handler is not None:
-                await handler(routed[1])
+            if handler is not None:  # a span only for what this node applies, in the publisher's trace
+                with handling_span(_tracer, f"apply {msg.subject}", msg.headers, trace.SpanKind.CONSUMER):
+                    await handler(routed[1])
 
 
 _routers: weakref.WeakKeyDictionary[Any, dict[str, _Router]] = weakref.WeakKeyDictionary()
@@ -352,10 +355,9 @@ class NodeAgent:
             log.warning("node_sample_failed", extra={"node": self.node, "error": repr(exc)})
             host = None
         event_id = uuid7()
+        headers = inject_headers({MSG_ID_HEADER: event_id, "Content-Type": "application/cloudevents+json"})
         payload = telemetry_json(self.cluster, self.node, samples, time.time(), event_id=event_id, source=SOURCE,
-                                 now=utcnow(), host=host)
-        headers = {MSG_ID_HEADER: event_id, "Content-Type": "application/cloudevents+json"}
-        inject_headers(headers)
+                                 now=utcnow(), host=host, traceparent=headers.get("traceparent"))
         if await self.buffer.send(subjects.telemetry(self.cluster, self.node), payload, headers):
             self.samples_sent += 1
 
@@ -614,7 +616,8 @@ class NodeAgent:
     async def _publish(self, data: EventData, identity: str) -> bool:
         """Directly to JetStream (the agent has no outbox); the id derives from what is reported, so a replay
         within the stream's duplicate window is dropped."""
-        event = data.to_cloudevent(SOURCE, event_id=str(uuidlib.uuid5(_EVENT_NS, identity)))
+        event = data.to_cloudevent(SOURCE, event_id=str(uuidlib.uuid5(_EVENT_NS, identity)),
+                                   traceparent=current_traceparent())
         try:
             await publish_event(self.js, subject_for(data), event)
             return True

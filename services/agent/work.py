@@ -32,6 +32,7 @@ from libs.contracts.events import (
     WorkStarted,
 )
 from libs.contracts.work import WorkExit, WorkSpec
+from libs.observability.tracing import current_traceparent, job_span, tracer
 from services.agent.domain import launch_environment, log_text, mps_gpus, waits_for_gang
 from services.agent.executor import Executor, ExitReport, LaunchError, LaunchSpec, Limits
 from services.agent.load import LoadSampler
@@ -40,6 +41,7 @@ from services.agent.replicas import ReplicaKeeper
 
 log = logging.getLogger(__name__)
 Publish = Callable[[EventData, str], Awaitable[bool]]
+_tracer = tracer("gpupool.agent.work")
 PUBLISH_RETRY_MAX_S = 10.0
 LOAD_TICK_S = 0.5  # how often due load samples are looked for (each probe has its own interval)
 
@@ -91,6 +93,7 @@ class WorkRunner:
         self.loads = LoadSampler(cluster, node, address or "127.0.0.1", publish)
         self.mig_used: dict[str, str | None] = {}  # allocation → the MIG instance its work was launched on
         self.last_exit: dict[str, WorkExit] = {}  # a replica restarting in place: its last end (if it never does)
+        self.traces: dict[str, str] = {}  # allocation → its grant's traceparent: launch, stop and exit join it
 
     # --- start and stop --------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -163,6 +166,13 @@ class WorkRunner:
         if self.grants_dir is not None:
             (self.grants_dir / f"{allocation_id}.json").unlink(missing_ok=True)
 
+    def _span(self, name: str, allocation_id: str, **attributes: Any) -> Any:
+        """A step of this allocation's work (launch, stop, exit) as a span of its job's trace."""
+        grant = self.grants.get(allocation_id)
+        return job_span(_tracer, name, self.traces.get(allocation_id), {
+            "gpupool.allocation_id": allocation_id, "gpupool.node": self.node,
+            **({"gpupool.job_id": grant.job_id} if grant is not None else {}), **attributes})
+
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -178,6 +188,8 @@ class WorkRunner:
         if grant.work is None or grant.allocation_id in self.ended or grant.allocation_id in self.grants:
             return
         self.grants[grant.allocation_id] = grant
+        if (traceparent := current_traceparent()) is not None:  # the grant's, applied in the job's trace
+            self.traces[grant.allocation_id] = traceparent
         self.known_since[grant.allocation_id] = time.monotonic()
         self._save_grant(grant)
         self.waiting[grant.allocation_id] = grant
@@ -228,9 +240,10 @@ class WorkRunner:
                                          f"stopped before it started ({data.reason})")
             return
         grant = self.grants[data.allocation_id]
-        if self.replicas.serves(grant):  # out of the endpoint list before its stop signal
-            await self.replicas.draining(grant, data.reason)
-        await self.executor.stop(data.allocation_id, deadline=data.deadline, reason=data.reason)
+        with self._span("stop work", data.allocation_id, **{"gpupool.reason": data.reason}):
+            if self.replicas.serves(grant):  # out of the endpoint list before its stop signal
+                await self.replicas.draining(grant, data.reason)
+            await self.executor.stop(data.allocation_id, deadline=data.deadline, reason=data.reason)
 
     async def stop_over_fraction(self, allocation_id: str, pid: int, used_mib: int, limit_mib: int,
                                  grace_s: float) -> None:
@@ -253,7 +266,8 @@ class WorkRunner:
             return
         if data.allocation_id in self.grants and data.allocation_id not in self.ended:
             self.replicas.stopped.add(data.allocation_id)
-            await self.executor.stop(data.allocation_id, deadline=utcnow(), reason=data.reason)
+            with self._span("stop work", data.allocation_id, **{"gpupool.reason": data.reason}):
+                await self.executor.stop(data.allocation_id, deadline=utcnow(), reason=data.reason)
 
     def _ungate(self, allocation_id: str) -> bool:
         self.gang_go.discard(allocation_id)
@@ -384,6 +398,11 @@ class WorkRunner:
 
     async def _launch(self, grant: AllocationGranted, mig_uuid: str | None, restart: int = 0,
                       delay: float = 0.0) -> None:
+        with self._span("launch work", grant.allocation_id, **{"gpupool.restart": restart}):
+            await self._launch_now(grant, mig_uuid, restart, delay)
+
+    async def _launch_now(self, grant: AllocationGranted, mig_uuid: str | None, restart: int,
+                          delay: float) -> None:
         reported = self.start_reported.setdefault(grant.allocation_id, asyncio.Event())
         try:
             if delay:
@@ -448,7 +467,8 @@ class WorkRunner:
                 grant, reason, final=over is not None or reason == "MaxRuntimeExceeded" or self._stopped):
             self.last_exit[report.allocation_id] = exit  # restarting in place: reported only if it never does
             return
-        await self._report(grant, exit)
+        with self._span("work exited", report.allocation_id, **{"gpupool.reason": reason}):
+            await self._report(grant, exit)
 
     async def _report(self, grant: AllocationGranted, exit: WorkExit) -> None:
         await self._publish_exit(grant.allocation_id, grant.job_id, grant.replica, grant.attempt, exit,
@@ -476,6 +496,7 @@ class WorkRunner:
             allocation_id=allocation_id, job_id=job_id, team=team, project=project, cluster=self.cluster,
             node=self.node, replica=replica, attempt=attempt, exit=exit), f"work_exited/{allocation_id}")
         self._forget_grant(allocation_id)
+        self.traces.pop(allocation_id, None)
 
     async def _publish_until_taken(self, event: EventData, identity: str) -> None:
         """An exit must never be lost (placement frees the GPUs on it): retried until JetStream takes it. The id

@@ -19,6 +19,10 @@ class GatewaySettings(ServiceSettings):
                                    "caller; more are refused with 429")
     token_cache_s: float = Field(default=30.0, ge=0, description="How long a verified token is reused without a "
                                  "database lookup (revocations still apply at once); 0 turns the cache off")
+    trace_url_template: str | None = Field(
+        default=None, pattern=r"\{trace_id\}",
+        description="Where the dashboard's job page links a job's trace: a URL with `{trace_id}`, e.g. "
+                    "Grafana Explore on Tempo or Jaeger's /trace/{trace_id} (unset: the trace id without a link)")
     # OIDC / JWT bearer tokens (optional): validated against this issuer, audience and JWKS.
     oidc_issuer: str | None = None
     oidc_audience: str | None = None

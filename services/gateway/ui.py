@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 
 from services.gateway.problems import problem
 
@@ -58,6 +58,15 @@ async def root() -> RedirectResponse:
 @router.get("/ui")
 async def ui_root() -> RedirectResponse:
     return RedirectResponse("/ui/", status_code=307)
+
+
+@router.get("/ui/config.json")
+async def ui_config(req: Request) -> Response:
+    """What the dashboard is configured with (no secret: it is served before sign-in): the job page's trace link
+    template (`GPUPOOL_GATEWAY_TRACE_URL_TEMPLATE`, with `{trace_id}`), or null."""
+    settings = getattr(req.app.state, "settings", None)
+    body = {"trace_url_template": getattr(settings, "trace_url_template", None)}
+    return JSONResponse(body, headers={**HEADERS, "Cache-Control": "no-cache"})
 
 
 @router.get("/ui/{name:path}")

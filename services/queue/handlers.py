@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 from datetime import timedelta
+from typing import Any
 
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
@@ -38,6 +39,7 @@ from libs.contracts.events import (
     WorkStarted,
 )
 from libs.observability.metrics import JOB_TRANSITIONS, QUEUE_JOBS, QUEUE_WAIT_SECONDS
+from libs.observability.tracing import current_traceparent, job_span, tracer
 from libs.runtime.routes import Routes, idempotent, once
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
@@ -58,6 +60,7 @@ from services.queue.domain import (
 )
 
 log = logging.getLogger(__name__)
+_tracer = tracer("gpupool.queue")
 CONSUMER = "queue"
 
 
@@ -84,6 +87,12 @@ class QueueHandlers:
         self.rt = runtime
         self.settings = settings
         self.autoscaler = Autoscaler(runtime, settings)
+
+    @staticmethod
+    def _step(name: str, row) -> Any:  # type: ignore[no-untyped-def]
+        """One step of a job's life as a span of the job's own trace (libs/observability/tracing.job_span)."""
+        return job_span(_tracer, name, row["traceparent"] if row is not None else None,
+                        {"gpupool.job_id": row["job_id"]} if row is not None else None)
 
     # --- commands --------------------------------------------------------------------------------------------
     async def submit_job(self, cmd: SubmitJob) -> Reply:
@@ -114,6 +123,7 @@ class QueueHandlers:
             "min_replicas": cmd.min_replicas, "max_replicas": cmd.max_replicas, "autoscale": cmd.autoscale,
             "cpu_milli": cmd.cpu_milli, "memory_mib": cmd.memory_mib, "node_selector": cmd.node_selector,
             "preemptible": cmd.preemptible,
+            "traceparent": current_traceparent(),  # the job's trace: every later step of its life joins it
         }
         async with self.rt.uow() as uow:
             row = await store.insert_job(uow.conn, job)
@@ -132,7 +142,7 @@ class QueueHandlers:
         log.info("job_submitted", extra={"job_id": job["job_id"], "team": cmd.team, "gpus": cmd.gpus,
                                          "awaiting_approval": needs_approval})
         extra = {"approval_id": job["approval_id"], "approval_reasons": admission.result.get("approval_reasons")}
-        return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": True} |
+        return Reply.success(store.view_data(row) | {"created": True} |
                              ({k: v for k, v in extra.items() if v} if needs_approval else {}))
 
     async def _replay(self, scope: str, key: str, request_hash: str) -> Reply | None:
@@ -143,7 +153,7 @@ class QueueHandlers:
         if row["request_hash"] != request_hash:
             return Reply.failure(422, "IdempotencyKeyReused",
                                  "this Idempotency-Key was already used for a different request")
-        return Reply.success(store.to_view(row).model_dump(mode="json") | {"created": False})
+        return Reply.success(store.view_data(row) | {"created": False})
 
     async def _admit(self, cmd: SubmitJob, job_id: str) -> Reply:
         """Ask the quota service. Quota down → 503, never a silent accept."""
@@ -178,7 +188,7 @@ class QueueHandlers:
                                          replica_set=is_replica_set(cmd.replicas, row["max_replicas"]),
                                          previous=row["replicas"], scaled_at=utcnow()))
             updated = await store.get_job(uow.conn, cmd.job_id)
-        return Reply.success(store.to_view(updated).model_dump(mode="json"))
+        return Reply.success(store.view_data(updated))
 
     async def _unfinished_job(self, uow, job_id: str, verb: str):  # type: ignore[no-untyped-def]
         """The job's row, locked, or the refusal: unknown (404), or finished and so not to be `verb` (409)."""
@@ -211,7 +221,7 @@ class QueueHandlers:
                 await uow.emit(JobWorkUpdated(job_id=cmd.job_id, team=row["team"], work=new, revision=revision,
                                               updated_at=utcnow()))
             updated = await store.get_job(uow.conn, cmd.job_id)
-        return Reply.success(store.to_view(updated).model_dump(mode="json"))
+        return Reply.success(store.view_data(updated))
 
     async def complete_job(self, cmd: JobRef) -> Reply:
         return await self._finish(cmd.job_id, "completed", "CompletedByUser")
@@ -229,14 +239,15 @@ class QueueHandlers:
                 return Reply.refused(refuse_transition(job_id, row["state"], target))
             if not can_transition(row["state"], target):
                 return Reply.refused(refuse_transition(job_id, row["state"], target))
-            updated = await self._set_state(uow, row, target, reason, at=now, message=message)
-            if target == "completed":
-                await uow.emit(JobCompleted(job_id=job_id, team=row["team"], completed_at=now))
-            else:
-                await uow.emit(JobCancelled(job_id=job_id, team=row["team"], reason=message or reason,
-                                            cancelled_at=now))
+            with self._step(f"job {target}", row):
+                updated = await self._set_state(uow, row, target, reason, at=now, message=message)
+                if target == "completed":
+                    await uow.emit(JobCompleted(job_id=job_id, team=row["team"], completed_at=now))
+                else:
+                    await uow.emit(JobCancelled(job_id=job_id, team=row["team"], reason=message or reason,
+                                                cancelled_at=now))
         log.info("job_finished", extra={"job_id": job_id, "state": target})
-        return Reply.success(store.to_view(updated).model_dump(mode="json"))
+        return Reply.success(store.view_data(updated))
 
     async def _set_state(self, uow, row, target: str, reason: str, *, at, message: str | None = None,  # type: ignore[no-untyped-def]
                          **fields):
@@ -276,7 +287,7 @@ class QueueHandlers:
             if row is None:
                 return Reply.failure(404, "JobNotFound", f"no job {cmd.job_id}")
             events = await store.history(conn, cmd.job_id)
-        view = store.to_view(row).model_dump(mode="json")
+        view = store.view_data(row)
         view["history"] = [{"at": e["at"].isoformat(), "from": e["from_state"], "to": e["to_state"],
                             "reason": e["reason"]} for e in events]
         return Reply.success(view)
@@ -285,7 +296,7 @@ class QueueHandlers:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_jobs(conn, team=cmd.team, state=cmd.state, limit=cmd.limit + 1,
                                          after=cmd.after)
-        return Reply.success(page(rows, cmd.limit, lambda r: store.to_view(r).model_dump(mode="json"),
+        return Reply.success(page(rows, cmd.limit, store.view_data,
                                   lambda item: item["job_id"]))
 
     # --- events ----------------------------------------------------------------------------------------------
@@ -314,10 +325,12 @@ class QueueHandlers:
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is None or row["state"] != "launching" or data.attempt != row["attempts"]:
                 return
-            await self._set_state(uow, row, "running", "WorkStarted", at=data.started_at,
-                                  message=f"pid {data.pid} on {data.node} ({data.isolation})")
-            await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
-                                      node=data.node, started_at=data.started_at, team=row["team"]))
+            with self._step("attempt started", row):
+                await self._set_state(uow, row, "running", "WorkStarted", at=data.started_at,
+                                      message=f"pid {data.pid} on {data.node} ({data.isolation})")
+                await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id,
+                                          cluster=data.cluster, node=data.node, started_at=data.started_at,
+                                          team=row["team"]))
 
     async def on_approval_decided(self, event: CloudEvent, data: ApprovalDecided) -> None:
         """Approved: the job joins the queue now (placement learns of it only at this point). Denied: it fails."""
@@ -349,8 +362,9 @@ class QueueHandlers:
             if data.reason in STOPS_AFTER_FAILURE:  # not a preemption: the attempt ends with its members' exits
                 await store.record_history(uow.conn, data.job_id, row["state"], row["state"], data.reason)
                 return
-            await self._set_state(uow, row, "preempting", data.reason, at=utcnow(),
-                                  message=f"{data.message}; checkpoint before {data.deadline.isoformat()}")
+            with self._step("job preempting", row):
+                await self._set_state(uow, row, "preempting", data.reason, at=utcnow(),
+                                      message=f"{data.message}; checkpoint before {data.deadline.isoformat()}")
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
         """A release the user did not ask for (node lost, reclaimed) sends a running job back to the queue."""
@@ -359,7 +373,8 @@ class QueueHandlers:
         async with self.rt.uow() as uow:
             row = await store.get_job(uow.conn, data.job_id, for_update=True)
             if row is not None and data.exit is not None and data.reason in WORK_RELEASES:
-                await self._work_ended(uow, row, data)
+                with self._step("attempt ended", row):
+                    await self._work_ended(uow, row, data)
                 return
             outcome = after_release(
                 data.reason, state=row["state"] if row is not None else None,
@@ -369,15 +384,17 @@ class QueueHandlers:
                 backoff_max_s=self.settings.requeue_backoff_max_s)
             if outcome.action == "ignore":
                 return
-            if outcome.action == "fail":
-                await self._set_state(uow, row, "failed", outcome.reason, at=data.released_at, message=outcome.message)
-                return
-            updated = await self._set_state(uow, row, "pending", outcome.reason, at=data.released_at,
-                                            message=outcome.message, allocation_id=None, node=None, cluster=None)
-            if outcome.back_at is not None:
-                await store.set_requeue_at(uow.conn, data.job_id, outcome.back_at)  # the sweep wants it again then
-            else:
-                await uow.emit(submitted_event(updated))  # with its new attempt number
+            with self._step("allocation lost", row):
+                if outcome.action == "fail":
+                    await self._set_state(uow, row, "failed", outcome.reason, at=data.released_at,
+                                          message=outcome.message)
+                    return
+                updated = await self._set_state(uow, row, "pending", outcome.reason, at=data.released_at,
+                                                message=outcome.message, allocation_id=None, node=None, cluster=None)
+                if outcome.back_at is not None:  # the sweep wants it again then
+                    await store.set_requeue_at(uow.conn, data.job_id, outcome.back_at)
+                else:
+                    await uow.emit(submitted_event(updated))  # with its new attempt number
 
     async def _work_ended(self, uow, row, data: AllocationReleased) -> None:  # type: ignore[no-untyped-def]
         """One allocation's work ended and its GPUs are free: the domain rule says what that means for the job."""

@@ -11,12 +11,13 @@ import asyncpg
 from libs.contracts.autoscale import AutoscalePolicy
 from libs.contracts.commands import JobView
 from libs.contracts.work import WorkSpec
+from libs.observability.tracing import trace_id_of
 
 _COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gang_nodes, gpus_per_node, "
             "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
             "started_at, finished_at, allocation_id, node, cluster, message, gpu_fraction_milli, gpu_memory_mib, "
             "mig_profile, exclusive, submitted_by, work, exit_code, reason, restarts, attempt_failure, "
-            "min_replicas, max_replicas, autoscale, cpu_milli, memory_mib, node_selector, preemptible")
+            "min_replicas, max_replicas, autoscale, cpu_milli, memory_mib, node_selector, preemptible, traceparent")
 
 
 def work_of(row: asyncpg.Record) -> WorkSpec | None:
@@ -45,6 +46,12 @@ def to_view(row: asyncpg.Record) -> JobView:
                    work=work_of(row), autoscale=autoscale_of(row), node_selector=selector_of(row))
 
 
+def view_data(row: asyncpg.Record) -> dict[str, Any]:
+    """The job as its view's JSON, with the id of the trace its life is recorded in (`trace_id`, None for a job
+    submitted before traces were kept)."""
+    return to_view(row).model_dump(mode="json") | {"trace_id": trace_id_of(row["traceparent"])}
+
+
 async def find_by_idempotency_key(conn: asyncpg.Connection, scope: str, key: str) -> asyncpg.Record | None:
     return await conn.fetchrow(
         f"SELECT {_COLUMNS}, request_hash FROM jobs WHERE idempotency_scope = $1 AND idempotency_key = $2",
@@ -61,9 +68,9 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
                                 gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib,
                                 mig_profile, exclusive, approval_id, work, reason, idempotency_scope,
                                 min_replicas, max_replicas, autoscale, cpu_milli, memory_mib, node_selector,
-                                preemptible)
+                                preemptible, traceparent)
               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$19,$10,$11,$12,$13,$14,$15,$16,$17,$18,$20,$21,$22,$23,$24,
-                      $26::jsonb, $25, $27, $28, $29, $30, $31, $32, $33::jsonb, $34)
+                      $26::jsonb, $25, $27, $28, $29, $30, $31, $32, $33::jsonb, $34, $35)
               ON CONFLICT (idempotency_scope, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
               RETURNING {_COLUMNS}),
             h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
@@ -79,7 +86,7 @@ async def insert_job(conn: asyncpg.Connection, job: dict[str, Any]) -> asyncpg.R
         job.get("min_replicas"), job.get("max_replicas"),
         job["autoscale"].model_dump_json() if job.get("autoscale") is not None else None,
         job.get("cpu_milli", 0), job.get("memory_mib", 0), json.dumps(job.get("node_selector") or {}, sort_keys=True),
-        job.get("preemptible"))
+        job.get("preemptible"), job.get("traceparent"))
 
 
 async def get_job(conn: asyncpg.Connection, job_id: str, *, for_update: bool = False) -> asyncpg.Record | None:

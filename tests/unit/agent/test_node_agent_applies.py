@@ -39,6 +39,7 @@ class Msg:
     def __init__(self, data: EventData) -> None:
         self.data = data.to_cloudevent("/gpupool/placement").model_dump_json().encode()
         self.subject = subject_for(data)  # where placement publishes it (the agent checks)
+        self.headers: dict[str, str] | None = None  # as a NATS message without headers
 
 
 def grant(allocation_id: str, gpu: AllocatedGpu, kind: str = "training") -> Msg:
@@ -256,7 +257,8 @@ async def test_a_fleet_in_one_process_subscribes_once_per_subject_and_each_event
 
     gpu = AllocatedGpu(uuid="GPU-x", index=0, model="H100-80GB")
     await nc.subscriptions["gpupool.allocation.>"](grant("a", gpu))  # for n0 (cluster local)
-    await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b'{"node": "n1", "gpu": 0, "fault": "xid13"}'))
+    await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b'{"node": "n1", "gpu": 0, "fault": "xid13"}',
+                                                                  subject="gpupool.sim.fault", headers=None))
     await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b'{"node": "n7", "fault": "silence"}'))
     await nc.subscriptions["gpupool.sim.fault"](SimpleNamespace(data=b"not json"))
     assert seen == {"n0": ["a"], "n1": ["xid13"]}

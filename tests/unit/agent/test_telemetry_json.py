@@ -56,3 +56,18 @@ def test_the_node_fields_are_written_as_the_models_write_them(clock, host: NodeS
         "/gpupool/agent", event_id="e-2", time=now).to_json()
     assert telemetry_json("c", "n-1", samples, 1_764_489_600.0, event_id="e-2", source="/gpupool/agent", now=now,
                           host=host) == expected
+
+
+def test_the_telemetry_event_carries_its_traceparent_as_the_models_write_it(clock) -> None:
+    """Every CloudEvent sets `traceparent` (the bus contract): the sampler's unsampled context, here given."""
+    sim = SimulatedNvml("n-1", ["L4"], seed=1, clock=clock)
+    sim.open()
+    samples = sim.sample()
+    now = datetime.fromtimestamp(1_764_489_600.5, UTC)
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    expected = telemetry("c", "n-1", samples, 1_764_489_600.0).to_cloudevent(
+        "/gpupool/agent", event_id="e-3", time=now, traceparent=parent).to_json()
+    written = telemetry_json("c", "n-1", samples, 1_764_489_600.0, event_id="e-3", source="/gpupool/agent", now=now,
+                             traceparent=parent)
+    assert written == expected
+    assert parse_envelope(written).traceparent == parent

@@ -72,3 +72,17 @@ def test_describe_shows_what_the_job_asks_of_its_nodes(gw, capsys):
     out = capsys.readouterr().out
     assert "Host:        4 CPU, 64.0 GiB per node" in out
     assert "Selector:    b=c,zone=a" in out and "Preemptible: no" in out
+
+
+def test_describe_shows_the_jobs_trace_as_a_link_when_a_template_says_where(gw, capsys, monkeypatch):
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    gw.on("GET", "/v1/jobs/j1", job("j1", trace_id=trace_id))
+    gw.on("GET", "/v1/allocations", {"items": [], "next": None})
+    monkeypatch.delenv("GPUPOOL_TRACE_URL_TEMPLATE", raising=False)
+    assert main(["describe", "j1"]) == 0
+    assert f"Trace:       {trace_id}" in capsys.readouterr().out
+    monkeypatch.setenv("GPUPOOL_TRACE_URL_TEMPLATE", "http://jaeger:16686/trace/{trace_id}")
+    assert main(["describe", "j1"]) == 0
+    assert f"Trace:       http://jaeger:16686/trace/{trace_id}" in capsys.readouterr().out
+    assert main(["describe", "j1", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trace_id"] == trace_id

@@ -90,3 +90,18 @@ async def test_the_ops_endpoint_serves_on_an_inherited_socket() -> None:
         assert body == b'{"status":"ready"}'
     finally:
         await ops.stop()
+
+
+def test_the_otlp_flag_turns_export_on_for_every_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpupool up --otlp-endpoint URL`: each service, the gateway and the agent get the SDK's endpoint setting."""
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    assert all("OTEL_EXPORTER_OTLP_ENDPOINT" not in p.env for p in started(tmp_path / "off", monkeypatch).processes)
+    st = devstack.Stack(devstack.StackOptions(data_dir=tmp_path / "on", otlp_endpoint="http://collector:4318"))
+    st.nats_url, st.admin_dsn, st.admin_token = "nats://127.0.0.1:4222", "postgresql://p@h/postgres", "gpt_" + "x" * 40
+    st._start_services(say=lambda *_: None)
+    names = {p.name for p in st.processes}
+    assert {"gateway", "agent", "queue", "placement"} <= names
+    assert {p.env.get("OTEL_EXPORTER_OTLP_ENDPOINT") for p in st.processes} == {"http://collector:4318"}
+    from libs.cli.main import build_parser
+    args = build_parser().parse_args(["up", "--otlp-endpoint", "http://collector:4318"])
+    assert args.otlp_endpoint == "http://collector:4318"

@@ -151,3 +151,10 @@ export function reportShape(rows) {
     && rows.every((r) => r[k] === null || r[k] === undefined || ["string", "boolean"].includes(typeof r[k])));
   return { time: time || null, measures, labels };
 }
+
+/** The link to a job's trace: the configured template (`GPUPOOL_GATEWAY_TRACE_URL_TEMPLATE`, served in
+ * /ui/config.json) with `{trace_id}` filled in; null without a template, a trace id, or for anything but http(s). */
+export function traceUrl(template, traceId) {
+  if (!template || !traceId || !/^[0-9a-f]{32}$/.test(traceId) || !/^https?:\/\//i.test(template)) return null;
+  return template.split("{trace_id}").join(traceId);
+}

@@ -1,13 +1,24 @@
 // Queues and jobs: pending jobs in order with placement's reason, running jobs with their GPUs, finished jobs, a
 // job's full history, and submit / cancel / scale for those allowed to (the API decides; the page hides the rest).
 import { badge, card, clear, fmt, h, put, table } from "../dom.js";
-import { queueOrder } from "../model.js";
+import { queueOrder, traceUrl } from "../model.js";
 import { errorBox, jobLink, pageHeader, refresher, select, stat, stateBadge } from "./common.js";
 
 const LIVE_STATES = ["awaiting_approval", "pending", "launching", "running", "preempting"];
 const DONE_STATES = ["completed", "failed", "cancelled"];
 const EXPLAIN_MAX = 40;
 const HISTORY_ROWS = 40;
+
+// the dashboard's configuration (the trace link template), read once per page load
+let uiConfig = null;
+const config = () => (uiConfig ??= fetch("config.json").then((r) => (r.ok ? r.json() : {})).catch(() => ({})));
+
+function traceFact(job, cfg) {
+  if (!job.trace_id) return "—";
+  const url = traceUrl(cfg.trace_url_template, job.trace_id);
+  return url ? h("a", { href: url, target: "_blank", rel: "noopener", id: "job-trace" }, job.trace_id)
+    : h("code", { id: "job-trace" }, job.trace_id);
+}
 
 export function mount(ctx, root, params = []) {
   const { api, session, toast } = ctx;
@@ -334,15 +345,15 @@ export function mount(ctx, root, params = []) {
     if (!st.detail) { stopLogs(); clear(detailSlot); return; }
     const id = encodeURIComponent(st.detail);
     try {
-      const [job, explain, allocs, usage] = await Promise.all([
+      const [job, explain, allocs, usage, cfg] = await Promise.all([
         api.get(`/v1/jobs/${id}`), api.get(`/v1/jobs/${id}/explain`).catch(() => null),
         api.all("/v1/allocations", { job_id: st.detail }, { maxPages: 2 }).catch(() => ({ items: [] })),
-        api.all("/v1/usage", { job_id: st.detail }, { maxPages: 2 }).catch(() => ({ items: [] })),
+        api.all("/v1/usage", { job_id: st.detail }, { maxPages: 2 }).catch(() => ({ items: [] })), config(),
       ]);
       const facts = [["team", job.team], ["project", job.project], ["kind", job.kind], ["priority class", `${job.priority_class} (${job.priority})`],
         ["GPUs", gpusOf(job)], ["models", job.gpu_models?.join(", ") || "any"], ["submitted", fmt.time(job.submitted_at)],
         ["started", fmt.time(job.started_at)], ["finished", fmt.time(job.finished_at)], ["attempts", job.attempts],
-        ["max runtime", job.max_runtime_s ? fmt.duration(job.max_runtime_s) : "—"], ["id", job.job_id],
+        ["max runtime", job.max_runtime_s ? fmt.duration(job.max_runtime_s) : "—"], ["id", job.job_id], ["trace", traceFact(job, cfg)],
         ...(job.work ? [["command", job.work.command.join(" ")], ["isolation", job.work.isolation],
           ["exit code", job.exit_code ?? "—"], ["reason", job.reason || "—"]] : [])];
       const p = explain?.placement || {};
