@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from libs.contracts.commands import Command, in_calendar
+from libs.contracts.names import NAME_PATTERN
 
 # What GPU-seconds can be grouped and filtered by. `user` is who submitted the job; `sharing` is whole, fraction
 # or mig; `mig_profile` is empty for whole GPUs and fractions.
@@ -90,6 +91,27 @@ class HistoryQuery(ReportRange):
     teams: list[FilterValue] | None = Field(default=None, max_length=MAX_FILTER_VALUES)
     after: str | None = Field(default=None, max_length=128)
     limit: int = Field(default=500, ge=1, le=1000)
+
+
+MAX_UTILIZATION_POINTS = 1000
+MIN_UTILIZATION_STEP_S = 60  # inventory's rollups are one minute: a shorter bucket would hold no more detail
+
+
+class UtilizationQuery(ReportRange):
+    """The utilization history of one job's GPUs, or of every GPU one team held, over [start, end) in buckets of
+    `step_s` (from inventory's one-minute rollups; each minute counts in the bucket it starts in)."""
+
+    job_id: str | None = Field(default=None, min_length=1, max_length=64)
+    team: str | None = Field(default=None, pattern=NAME_PATTERN)
+    step_s: int = Field(default=60, ge=MIN_UTILIZATION_STEP_S, le=86_400)
+
+    @model_validator(mode="after")
+    def _one_subject_few_points(self) -> UtilizationQuery:
+        if (self.job_id is None) == (self.team is None):
+            raise ValueError("name exactly one of job_id and team")
+        if (self.end - self.start).total_seconds() / self.step_s > MAX_UTILIZATION_POINTS:
+            raise ValueError(f"at most {MAX_UTILIZATION_POINTS} buckets: use a longer step")
+        return self
 
 
 class SetCostRate(Command):

@@ -143,6 +143,7 @@ QUERY_ACCOUNTING_REPORT_EFFICIENCY = "gpupool.query.accounting.report_efficiency
 QUERY_ACCOUNTING_REPORT_CAPACITY = "gpupool.query.accounting.report_capacity"
 QUERY_ACCOUNTING_REPORT_WASTE = "gpupool.query.accounting.report_waste"
 QUERY_ACCOUNTING_EXPORT_HISTORY = "gpupool.query.accounting.export_history"
+QUERY_ACCOUNTING_UTILIZATION = "gpupool.query.accounting.utilization"
 QUERY_ACCOUNTING_COST_RATES = "gpupool.query.accounting.cost_rates"
 CMD_ACCOUNTING_SET_COST_RATE = "gpupool.cmd.accounting.set_cost_rate"
 QUERY_QUOTA_LIST_TEAMS = "gpupool.query.quota.list_teams"

@@ -395,3 +395,39 @@ def history_item(r: dict) -> dict:
         "gpu_model_granted": r["gpu_model"] if granted else None,
         "gpu_share": round(share / MILLI, 3) if granted else None, "nodes": r["nodes"] if granted else None,
         "state": state}
+
+
+# --- utilization history -------------------------------------------------------------------------------------------
+def utilization_series(rows: Iterable[dict], start: datetime, as_of: datetime, step_s: int) -> dict:
+    """Every bucket of `step_s` from `start` up to `as_of`, from the per-bucket sums `store.utilization_buckets`
+    returns (weights in µs × milli-GPU): the share-weighted mean utilization of the GPUs held, the busiest GPU
+    minute, the idle share, and `gpus` (GPUs measured on average over the bucket, by share). A bucket without any
+    measured minute has nulls and 0 GPUs: nothing was held, or its telemetry has not arrived yet."""
+    span_us = held_us(start, as_of)
+    step_us = step_s * US_PER_S
+    n = math.ceil(span_us / step_us) if span_us > 0 else 0
+    by_bucket = {int(r["bucket"]): r for r in rows}
+    points = []
+    weight = util_weight = idle_weight = 0.0
+    peak: float | None = None
+    for i in range(n):
+        r = by_bucket.get(i)
+        length_us = min(step_us, span_us - i * step_us)
+        at = start + timedelta(microseconds=i * step_us)
+        if r is None or not r["weight"]:
+            points.append({"start": at.isoformat(), "utilization_pct": None, "max_utilization_pct": None,
+                           "idle_pct": None, "gpus": 0.0, "allocations": 0})
+            continue
+        w = float(r["weight"])
+        weight, util_weight, idle_weight = weight + w, util_weight + float(r["util_weight"]), \
+            idle_weight + float(r["idle_weight"])
+        peak = max(peak or 0.0, float(r["util_max"]))
+        points.append({"start": at.isoformat(), "utilization_pct": round(float(r["util_weight"]) / w, 3),
+                       "max_utilization_pct": round(float(r["util_max"]), 3),
+                       "idle_pct": round(100 * float(r["idle_weight"]) / w, 3),
+                       "gpus": round(w / (MILLI * length_us), 4), "allocations": int(r["allocations"])})
+    return {"points": points,
+            "avg_utilization_pct": round(util_weight / weight, 3) if weight else None,
+            "max_utilization_pct": round(peak, 3) if peak is not None else None,
+            "idle_pct": round(100 * idle_weight / weight, 3) if weight else None,
+            "measured_gpu_hours": round(weight / (MILLI * US_PER_HOUR), 6)}

@@ -36,6 +36,7 @@ from libs.contracts.reports import (
     ListCostRates,
     SetCostRate,
     UsageReportQuery,
+    UtilizationQuery,
     WasteReportQuery,
 )
 from libs.runtime.routes import Routes, once
@@ -62,6 +63,7 @@ from services.accounting.domain import (
     segment_bounds,
     share_milli,
     usage_row,
+    utilization_series,
 )
 
 log = logging.getLogger(__name__)
@@ -394,6 +396,20 @@ class AccountingHandlers:
         return Reply.success({"start": cmd.start.isoformat(), "end": cmd.end.isoformat(), "as_of": as_of.isoformat(),
                               "items": items, "next": items[-1]["job_id"] if len(rows) > cmd.limit else None})
 
+    async def utilization(self, cmd: UtilizationQuery) -> Reply:
+        """The utilization history of one job's GPUs (or every GPU one team held), bucketed, from the one-minute
+        rollups stored here (kept ROLLUP_RETENTION_DAYS)."""
+        as_of = min(cmd.end, utcnow())
+        rows: list[Any] = []
+        if as_of > cmd.start:
+            async with self.rt.pool.acquire() as conn:
+                rows = await store.utilization_buckets(conn, job_id=cmd.job_id, team=cmd.team, start=cmd.start,
+                                                       as_of=as_of, step_s=cmd.step_s, idle_util_pct=self.idle_pct)
+        return Reply.success({"start": cmd.start.isoformat(), "end": cmd.end.isoformat(), "as_of": as_of.isoformat(),
+                              "step_s": cmd.step_s, "job_id": cmd.job_id, "team": cmd.team,
+                              "idle_util_pct": self.idle_pct,
+                              **utilization_series((dict(r) for r in rows), cmd.start, as_of, cmd.step_s)})
+
     # --- ledger list -------------------------------------------------------------------------------------------------
     async def list_usage(self, cmd: ListUsage) -> Reply:
         async with self.rt.pool.acquire() as conn:
@@ -450,6 +466,7 @@ def routes(h: AccountingHandlers) -> Routes:
             subjects.QUERY_ACCOUNTING_REPORT_CAPACITY: (CapacityReportQuery, h.report_capacity),
             subjects.QUERY_ACCOUNTING_REPORT_WASTE: (WasteReportQuery, h.report_waste),
             subjects.QUERY_ACCOUNTING_EXPORT_HISTORY: (HistoryQuery, h.export_history),
+            subjects.QUERY_ACCOUNTING_UTILIZATION: (UtilizationQuery, h.utilization),
             subjects.QUERY_ACCOUNTING_COST_RATES: (ListCostRates, h.list_cost_rates),
             subjects.CMD_ACCOUNTING_SET_COST_RATE: (SetCostRate, h.set_cost_rate),
         },

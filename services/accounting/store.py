@@ -522,3 +522,31 @@ async def history_jobs(conn: asyncpg.Connection, *, start: datetime, end: dateti
                  AND i.granted_at = (SELECT max(granted_at) FROM gpu_intervals WHERE job_id = j.job_id)
                HAVING count(*) > 0) r ON TRUE
            ORDER BY j.job_id""", start, end, as_of, list(teams) if teams else None, after, limit)
+
+
+# --- utilization history -----------------------------------------------------------------------------------------
+async def utilization_buckets(conn: asyncpg.Connection, *, job_id: str | None, team: str | None, start: datetime,
+                              as_of: datetime, step_s: int, idle_util_pct: float) -> list[asyncpg.Record]:
+    """Per bucket of `step_s` from `start`, the rollup minutes of the GPUs the job (or team) held, each weighted by
+    the µs it held the GPU during that minute × its share in milli-GPU: `weight` (Σ µs × milli), `util_weight`
+    (Σ weight × utilization %), `idle_weight` (Σ weight of minutes at or below the idle threshold), `util_max` and
+    the allocations seen. A minute counts in the bucket it starts in; minutes starting before `start` or at or after
+    `as_of` are left out."""
+    return await conn.fetch(
+        """SELECT floor(acct_us($3, r.window_start)::double precision / ($5::double precision * 1000000))::int
+                      AS bucket,
+                  SUM(x.ov * g.share_milli) AS weight,
+                  SUM(x.ov * g.share_milli * r.util_avg_pct) AS util_weight,
+                  SUM(CASE WHEN r.util_avg_pct <= $6 THEN x.ov * g.share_milli ELSE 0 END) AS idle_weight,
+                  MAX(r.util_avg_pct) AS util_max,
+                  COUNT(DISTINCT g.allocation_id) AS allocations
+           FROM gpu_intervals g
+                JOIN gpu_rollups r ON r.gpu_uuid = g.gpu_uuid AND r.window_start < COALESCE(g.released_at, $4)
+                                  AND r.window_end > g.granted_at
+                CROSS JOIN LATERAL (SELECT acct_us(GREATEST(r.window_start, g.granted_at),
+                                                   LEAST(r.window_end, COALESCE(g.released_at, $4), $4))
+                                           ::double precision AS ov) x
+           WHERE ($1::text IS NULL OR g.job_id = $1) AND ($2::text IS NULL OR g.team = $2)
+             AND g.granted_at < $4 AND (g.released_at IS NULL OR g.released_at > $3)
+             AND r.window_start >= $3 AND r.window_start < $4 AND x.ov > 0
+           GROUP BY 1 ORDER BY 1""", job_id, team, start, as_of, step_s, idle_util_pct)

@@ -41,6 +41,7 @@ from services.gateway.policy import router as policy_router
 from services.gateway.problems import problem
 from services.gateway.reports import router as reports_router
 from services.gateway.ui import router as ui_router
+from services.gateway.utilization import router as utilization_router
 
 log = logging.getLogger(__name__)
 HTTP_REQUESTS = Counter("gpupool_gateway_requests_total", "HTTP requests", ["method", "route", "status"])
@@ -271,6 +272,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(reports_router)
     app.include_router(nodes_router)
     app.include_router(decisions_router)
+    app.include_router(utilization_router)
     app.include_router(ui_router)
 
     add_problem_handlers(app)

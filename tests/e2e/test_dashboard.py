@@ -48,7 +48,9 @@ except ImportError:  # the `context` fixture fails with the reason before any te
 pytestmark = pytest.mark.e2e
 
 FLEET_NODES = LOCAL_NODES
-UP_ARGS = ["--fleet", LOCAL_FLEET, "--telemetry-interval", "2", "--env", f"agent:SIM_WORKLOADS={WORKLOADS}"]
+UP_ARGS = ["--fleet", LOCAL_FLEET, "--telemetry-interval", "2", "--env", f"agent:SIM_WORKLOADS={WORKLOADS}",
+           # one-minute rollups closed a second after their minute, not ten: utilization charts fill sooner
+           "--env", "inventory:ROLLUP_LATE_S=1", "--env", "inventory:MAINTENANCE_INTERVAL_S=1"]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = os.environ.get("GPUPOOL_DASHBOARD_ARTIFACTS") == "1"
 BENCH_BEGIN, BENCH_END = "<!-- dashboard-benchmark:begin -->", "<!-- dashboard-benchmark:end -->"
@@ -491,6 +493,50 @@ def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet
             assert links.nth(i).get_attribute("title") == job_id
     go(page, "reports/efficiency")
     expect(page.locator('[data-stat="efficiency"]')).to_be_visible()
+
+
+def measured(doc: dict) -> int:
+    return sum(1 for p in doc["points"] if p["utilization_pct"] is not None)
+
+
+def with_measurements(api, path: str) -> dict | None:  # type: ignore[no-untyped-def]
+    doc = api.get(path).json()
+    return doc if measured(doc) else None
+
+
+def test_job_and_team_pages_chart_utilization_beside_the_jobs_output(page, platform, fleet) -> None:
+    """A job that prints and holds a busy simulated GPU: once inventory's one-minute rollups reach accounting, its
+    page charts its utilization beside its logs, and the team page charts the team's utilization and GPUs held."""
+    with platform.client() as api:
+        response = api.post("/v1/jobs", json={"name": "printer", "team": "default", "gpus": 1, "gpu_models": ["L40S"],
+                                              "kind": "batch", "stop_grace_s": 1, "command": [
+                                                  "sh", "-c", "echo printed-by-the-work; sleep 600"]})
+        assert response.status_code == 201, response.text
+        job_id = response.json()["job_id"]
+        try:
+            wait_state(api, job_id, "running")
+            team_doc = eventually(lambda: with_measurements(api, "/v1/teams/research/utilization"),
+                                  "research's first rollups", timeout=180, interval=1.0)
+            sign_in(page, platform, route="teams/research")
+            chart = page.locator("#team-utilization")
+            expect(chart).to_have_attribute("data-team", "research")
+            expect(chart.locator("svg path.line")).to_have_count(3)  # mean, busiest GPU, GPUs held
+            assert int(chart.get_attribute("data-points")) >= measured(team_doc) >= 1
+            assert "GPU-hours measured" in chart.inner_text()
+
+            eventually(lambda: with_measurements(api, f"/v1/jobs/{job_id}/utilization"),
+                       "the printer's first rollup", timeout=180, interval=1.0)
+            go(page, f"jobs/{job_id}")
+            detail = page.locator(f'#job-detail section.job-detail[data-job="{job_id}"]')
+            expect(detail.locator("#job-logs")).to_contain_text("printed-by-the-work", timeout=20_000)
+            chart = detail.locator("#job-utilization")
+            expect(chart.locator("svg path.line")).to_have_count(2)  # mean and busiest GPU
+            shown = int(chart.get_attribute("data-points"))
+            after = api.get(f"/v1/jobs/{job_id}/utilization").json()
+            assert 1 <= shown <= measured(after), (shown, after["points"])
+            assert after["avg_utilization_pct"] > 0 and after["job_id"] == job_id
+        finally:
+            api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "test cleanup"})
 
 
 def test_a_gateway_without_reports_or_node_actions_shows_them_as_not_available(page, platform, fleet) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from support import finish_all, wait_state
 
@@ -72,5 +73,39 @@ def test_the_waste_report_names_the_idle_third_that_reclamation_took_back(platfo
         assert waste["idle_gpu_hours"] == pytest.approx(
             sum(a["idle_gpu_hours"] for a in waste["idle_allocations"]) + training["idle_gpu_hours"], abs=1e-5)
         assert dev["efficiency_pct"] < 5 < training["efficiency_pct"]
+        check_utilization_history(api, platform, busy, idle)
         for job in busy:
             api.post(f"/v1/jobs/{job}/complete")
+
+
+def check_utilization_history(api, platform, busy: list[str], idle: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """The same rollups as a history: a training job's GPU busy, an idle notebook's at rest (reclaimed, so its
+    history ends when it did), research's team history covering its jobs, and the edge's problems."""
+    train = api.get(f"/v1/jobs/{busy[0]}/utilization", params={"step_s": 60})
+    assert train.status_code == 200, train.text
+    doc = train.json()
+    assert doc["job_id"] == busy[0] and doc["step_s"] == 60
+    points = [p for p in doc["points"] if p["utilization_pct"] is not None]
+    assert points and max(p["utilization_pct"] for p in points) > 25 and doc["measured_gpu_hours"] > 0
+    assert all(0 < p["gpus"] <= 1 and p["allocations"] == 1 for p in points)
+    notebook = api.get(f"/v1/jobs/{idle[0]}/utilization").json()
+    assert notebook["avg_utilization_pct"] is not None and notebook["avg_utilization_pct"] < 5
+    assert notebook["idle_pct"] == 100.0
+    team = api.get("/v1/teams/research/utilization", params={"window_s": 900, "step_s": 300}).json()
+    assert team["team"] == "research" and team["step_s"] == 300 and team["measured_gpu_hours"] > 0
+    assert max(p["gpus"] for p in team["points"]) > 0
+    nobody = api.get("/v1/teams/nobody/utilization").json()
+    assert nobody["measured_gpu_hours"] == 0 and nobody["avg_utilization_pct"] is None
+    for path, params, reason in ((f"/v1/jobs/{busy[0]}/utilization", {"step_s": 90}, "InvalidStep"),
+                                 ("/v1/teams/research/utilization", {"window_s": 2_000_000, "step_s": 60},
+                                  "InvalidRange"),
+                                 ("/v1/jobs/no-such-job/utilization", {}, "JobNotFound")):
+        bad = api.get(path, params=params)
+        assert bad.status_code in (404, 422) and bad.json()["reason"] == reason, bad.text
+        assert bad.headers["content-type"].startswith("application/problem+json")
+    token = api.post("/v1/tokens", json={"name": "inference-viewer", "role": "viewer", "team": "inference"})
+    assert token.status_code == 201, token.text
+    with httpx.Client(base_url=platform.gateway, timeout=10,
+                      headers={"Authorization": f"Bearer {token.json()['token']}"}) as viewer:
+        assert viewer.get("/v1/teams/research/utilization").status_code == 403
+        assert viewer.get("/v1/teams/inference/utilization").status_code == 200

@@ -41,6 +41,7 @@ from libs.contracts.reports import (
     ListCostRates,
     SetCostRate,
     UsageReportQuery,
+    UtilizationQuery,
     WasteReportQuery,
 )
 from libs.contracts.subjects import EVENTS_STREAM
@@ -400,3 +401,52 @@ async def test_history_export_lists_each_jobs_request_wait_and_last_run_a_page_a
     later = await ask(accounting, subjects.QUERY_ACCOUNTING_EXPORT_HISTORY,
                       HistoryQuery(start=at(20), end=RANGE[1]))
     assert [j["job_id"] for j in later["items"]] == ["D", "E"]  # entered the queue at 30 and 100
+
+
+async def test_utilization_history_of_a_job_and_of_a_team_from_the_rollups(accounting: ServiceRuntime,
+                                                                           js: JetStreamContext) -> None:
+    """X (research, 2 whole GPUs on n3: 90 % and 2 %) from 0:30 to 4:00; Y (research, half of n4 GPU 0 at 40 %)
+    from minute 2 on, still running; Z (inference, n4 GPU 1 at 99 %) all along. Rollups for minutes 0..5."""
+    x = grant("a-X", "X", "research", "n3", gpus("n3", [0, 1], H100), at(0, 30_000_000))
+    y = grant("a-Y", "Y", "research", "n4", gpus("n4", [0], A100, share_milli=500, memory_mib=40960), at(2))
+    z = grant("a-Z", "Z", "inference", "n4", gpus("n4", [1], A100), at(-10))
+    for data in (x, y, z, release(x, at(4), "JobCompleted")):
+        await publish(js, data, "/gpupool/placement", time=data.granted_at)
+    for m in range(6):
+        await publish(js, rollup("n3", m, {0: 90.0, 1: 2.0}), "/gpupool/inventory")
+        await publish(js, rollup("n4", m, {0: 40.0, 1: 99.0}), "/gpupool/inventory")
+    await eventually(lambda: rollups_stored(accounting, 24), what="the rollups stored")
+    await eventually(lambda: ledger_rows(accounting, 1), what="X released")
+
+    job = await ask(accounting, subjects.QUERY_ACCOUNTING_UTILIZATION,
+                    UtilizationQuery(start=at(0), end=at(6), job_id="X", step_s=60))
+    assert job["job_id"] == "X" and job["team"] is None and job["step_s"] == 60
+    points = job["points"]
+    assert [p["start"] for p in points] == [at(m).isoformat() for m in range(6)]
+    assert [p["utilization_pct"] for p in points] == [46.0] * 4 + [None, None]  # released at 4:00
+    assert [p["gpus"] for p in points] == [1.0, 2.0, 2.0, 2.0, 0.0, 0.0]  # minute 0: held its second half
+    assert {p["max_utilization_pct"] for p in points[:4]} == {90.0} and {p["idle_pct"] for p in points[:4]} == {50.0}
+    assert [p["allocations"] for p in points] == [1, 1, 1, 1, 0, 0]
+    assert job["avg_utilization_pct"] == 46.0 and job["idle_pct"] == 50.0
+    assert job["measured_gpu_hours"] == round(2 * 3.5 / 60, 6)
+
+    coarse = await ask(accounting, subjects.QUERY_ACCOUNTING_UTILIZATION,
+                       UtilizationQuery(start=at(0), end=at(6), job_id="X", step_s=120))
+    assert [p["gpus"] for p in coarse["points"]] == [1.5, 2.0, 0.0]  # 2 GPUs × 90 s of 120 s, then all
+
+    team = await ask(accounting, subjects.QUERY_ACCOUNTING_UTILIZATION,
+                     UtilizationQuery(start=at(0), end=at(6), team="research", step_s=60))
+    utils = [p["utilization_pct"] for p in team["points"]]
+    # minute 2 and 3: X's 2 GPUs at 46 % and Y's half GPU at 40 %; Z (inference) never counts
+    assert utils[:2] == [46.0, 46.0] and utils[2:4] == [44.8, 44.8] and utils[4:] == [40.0, 40.0]
+    assert [p["gpus"] for p in team["points"]] == [1.0, 2.0, 2.5, 2.5, 0.5, 0.5]
+    assert team["points"][2]["idle_pct"] == 40.0 and team["points"][2]["allocations"] == 2
+    assert team["max_utilization_pct"] == 90.0
+
+    nobody = await ask(accounting, subjects.QUERY_ACCOUNTING_UTILIZATION,
+                       UtilizationQuery(start=at(0), end=at(6), team="nobody", step_s=60))
+    assert len(nobody["points"]) == 6 and nobody["avg_utilization_pct"] is None
+    assert all(p["utilization_pct"] is None and p["gpus"] == 0.0 for p in nobody["points"])
+    bad = await request(accounting.nc, subjects.QUERY_ACCOUNTING_UTILIZATION,
+                        UtilizationQuery.model_construct(start=at(0), end=at(6), step_s=60), timeout=10)
+    assert not bad.ok and bad.error.status == 400

@@ -26,6 +26,7 @@ from services.accounting.domain import (
     requested_model,
     segment_bounds,
     sharing_of,
+    utilization_series,
 )
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -140,3 +141,26 @@ def test_linear_forecast_says_when_demand_crosses_supply(ys: list[float], supply
     if status == "will_exceed":
         assert out["slope_per_day"] == pytest.approx(1.0)
         assert out["exceeds_at_s"] == pytest.approx(9 * day)  # 1 + 1/day × t reaches 10 on day 9
+
+
+def test_utilization_series_has_every_bucket_weighted_means_and_gpus_per_bucket_length() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    minute_us = 60 * 10**6
+    rows = [  # bucket 0: 2 GPUs × 60 s at 30 % and 70 % (one idle minute at 2 % counted as idle weight)
+        {"bucket": 0, "weight": 2 * minute_us * 1000, "util_weight": minute_us * 1000 * (30 + 70),
+         "idle_weight": 0, "util_max": 70.0, "allocations": 1},
+        {"bucket": 2, "weight": minute_us * 500, "util_weight": minute_us * 500 * 2.0, "idle_weight": minute_us * 500,
+         "util_max": 2.0, "allocations": 1}]
+    # 2.5 minutes in 1-minute buckets: the last one lasts 30 s, so half a GPU for its 60 s reads as one GPU
+    out = utilization_series(rows, start, start + timedelta(seconds=150), 60)
+    assert [p["start"] for p in out["points"]] == [(start + timedelta(minutes=i)).isoformat() for i in range(3)]
+    assert [p["utilization_pct"] for p in out["points"]] == [50.0, None, 2.0]
+    assert [p["gpus"] for p in out["points"]] == [2.0, 0.0, 1.0]
+    assert [p["idle_pct"] for p in out["points"]] == [0.0, None, 100.0]
+    assert out["points"][1] == {"start": (start + timedelta(minutes=1)).isoformat(), "utilization_pct": None,
+                                "max_utilization_pct": None, "idle_pct": None, "gpus": 0.0, "allocations": 0}
+    assert out["avg_utilization_pct"] == round((100 * 1000 + 2 * 500) / 2500, 3)
+    assert out["max_utilization_pct"] == 70.0 and out["idle_pct"] == 20.0
+    assert out["measured_gpu_hours"] == round(2.5 / 60, 6)
+    empty = utilization_series([], start, start, 60)
+    assert empty["points"] == [] and empty["avg_utilization_pct"] is None and empty["measured_gpu_hours"] == 0

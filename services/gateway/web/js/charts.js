@@ -125,3 +125,26 @@ export function quotaBar({ guaranteed, used, borrowed, limit, scale }) {
   if (guaranteed > 0) root.append(svg("line", { x1: S(guaranteed), x2: S(guaranteed), y1: 0, y2: 18, class: "meter-mark" }));
   return root;
 }
+
+/** A utilization history (GET /v1/jobs/{id}/utilization or /v1/teams/{team}/utilization): per bucket the mean
+ * utilization of the GPUs held and the busiest GPU's minute, and with `gpus` also how many GPUs were measured.
+ * Buckets with nothing measured are left out of the lines. `data-points` says how many buckets had data. */
+export function utilizationChart(history, { id, title = "", gpus = false }) {
+  const measured = (history.points || []).filter((p) => p.utilization_pct !== null && p.utilization_pct !== undefined);
+  const at = (p) => new Date(p.start);
+  const step = history.step_s >= 3600 ? `${fmt.num(history.step_s / 3600, 1)} h` : `${Math.round(history.step_s / 60)} min`;
+  const body = measured.length ? [
+    lineChart({ title, unit: "%", compact: true, series: [
+      { name: "mean utilization %", color: PALETTE[0], points: measured.map((p) => ({ x: at(p), y: p.utilization_pct })) },
+      { name: "busiest GPU %", color: PALETTE[1], dashed: true, points: measured.map((p) => ({ x: at(p), y: p.max_utilization_pct })) },
+    ] }),
+    gpus ? lineChart({ title: "GPUs held (measured)", unit: "GPUs", compact: true, series: [
+      { name: "GPUs", color: PALETTE[2], points: (history.points || []).map((p) => ({ x: at(p), y: p.gpus })) },
+    ] }) : null,
+  ] : [h("p", { class: "empty" }, "No utilization measured in this range yet (telemetry arrives in one-minute rollups).")];
+  return h("div", { class: "utilization", id, "data-points": String(measured.length) }, ...body,
+    h("p", { class: "small muted utilization-summary" },
+      `mean ${fmt.pct(history.avg_utilization_pct)} · busiest minute ${fmt.pct(history.max_utilization_pct)} · `
+      + `idle ${fmt.pct(history.idle_pct)} · ${fmt.num(history.measured_gpu_hours, 3)} GPU-hours measured · `
+      + `${step} buckets since ${new Date(history.start).toLocaleString("en-GB")}`));
+}

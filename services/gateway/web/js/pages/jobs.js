@@ -1,5 +1,6 @@
 // Queues and jobs: pending jobs in order with placement's reason, running jobs with their GPUs, finished jobs, a
 // job's full history, and submit / cancel / scale for those allowed to (the API decides; the page hides the rest).
+import { utilizationChart } from "../charts.js";
 import { badge, card, clear, fmt, h, put, table } from "../dom.js";
 import { queueOrder, traceUrl } from "../model.js";
 import { errorBox, jobLink, pageHeader, refresher, select, stat, stateBadge } from "./common.js";
@@ -341,14 +342,23 @@ export function mount(ctx, root, params = []) {
     }
   }
 
+  // The job's GPU utilization over its life (GET /v1/jobs/{id}/utilization), or why there is none.
+  function utilizationOf(util) {
+    if (util === null) return h("p", { class: "muted", id: "job-utilization", "data-points": "0" }, "Not available on this gateway.");
+    if (util.error) return h("div", { id: "job-utilization", "data-points": "0" }, errorBox(util.error));
+    return utilizationChart(util, { id: "job-utilization" });
+  }
+
   async function renderDetail() {
     if (!st.detail) { stopLogs(); clear(detailSlot); return; }
     const id = encodeURIComponent(st.detail);
     try {
-      const [job, explain, allocs, usage, cfg] = await Promise.all([
+      const utilServed = api.has("GET", "/v1/jobs/{job_id}/utilization");
+      const [job, explain, allocs, usage, cfg, util] = await Promise.all([
         api.get(`/v1/jobs/${id}`), api.get(`/v1/jobs/${id}/explain`).catch(() => null),
         api.all("/v1/allocations", { job_id: st.detail }, { maxPages: 2 }).catch(() => ({ items: [] })),
         api.all("/v1/usage", { job_id: st.detail }, { maxPages: 2 }).catch(() => ({ items: [] })), config(),
+        utilServed ? api.get(`/v1/jobs/${id}/utilization`).catch((err) => ({ error: err })) : null,
       ]);
       const facts = [["team", job.team], ["project", job.project], ["kind", job.kind], ["priority class", `${job.priority_class} (${job.priority})`],
         ["GPUs", gpusOf(job)], ["models", job.gpu_models?.join(", ") || "any"], ["submitted", fmt.time(job.submitted_at)],
@@ -376,6 +386,7 @@ export function mount(ctx, root, params = []) {
             { label: "released", value: (a) => (a.released_at ? `${fmt.clock(a.released_at)} · ${a.release_reason || ""}` : badge("held", "running")) },
           ], allocs.items, { empty: "No GPUs held yet." }),
           h("p", { class: "small muted" }, `Usage recorded: ${fmt.num(gpuSeconds / 3600, 3)} GPU-hours in ${usage.items.length} ledger line(s).`))),
+        h("div", {}, h("h3", {}, "GPU utilization"), utilizationOf(util)),
         job.work ? h("div", {}, h("h3", {}, "Logs"), logsFor(job)) : null));
     } catch (err) {
       put(detailSlot, errorBox(err));

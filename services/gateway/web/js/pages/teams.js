@@ -1,11 +1,14 @@
-// Teams and quotas: guarantee vs used vs borrowed per team and GPU model, approvals to decide, priority classes and
-// reclaim policies.
-import { quotaBar } from "../charts.js";
+// Teams and quotas: guarantee vs used vs borrowed per team and GPU model, a team's GPU utilization over time,
+// approvals to decide, priority classes and reclaim policies. `#/teams/<team>` picks the team of the history.
+import { quotaBar, utilizationChart } from "../charts.js";
 import { badge, card, clear, fmt, h, put, table } from "../dom.js";
 import { teamUsage } from "../model.js";
-import { errorBox, pageHeader, refresher, stat } from "./common.js";
+import { errorBox, pageHeader, refresher, select, stat } from "./common.js";
 
-export function mount(ctx, root) {
+const WINDOWS = [{ value: "3600", label: "last hour" }, { value: "21600", label: "last 6 hours" },
+  { value: "86400", label: "last day" }, { value: "604800", label: "last 7 days" }];
+
+export function mount(ctx, root, params = []) {
   const { api, session, toast } = ctx;
   const subtitle = h("p", { class: "subtitle" }, "Loading…");
   const stats = h("div", { class: "stats", id: "team-stats" });
@@ -13,10 +16,13 @@ export function mount(ctx, root) {
   const quotas = h("div", { id: "quotas" });
   const classes = h("div", { id: "priority-classes" });
   const policies = h("div", { id: "reclaim-policies" });
+  const history = h("div", { id: "team-history" });
+  const util = { team: params[0] || session.team || null, window: "3600", teams: [] };
   const errorSlot = h("div");
   root.append(pageHeader("Teams & quotas", subtitle), errorSlot, stats,
     card("Approvals waiting", approvals),
     card("Guarantee, use and borrowing per team and GPU model", quotas),
+    card("GPU utilization over time", history),
     h("div", { class: "two" }, card("Priority classes", classes), card("Reclaim policies", policies)));
 
   async function load() {
@@ -45,6 +51,9 @@ export function mount(ctx, root) {
       renderQuotas(rows, qs.items);
       renderClasses(pcs.items || []);
       renderPolicies(rps.items || rps.policies || []);
+      util.teams = teams.items.map((t) => t.team);
+      if (!util.team) util.team = util.teams.find((t) => session.can("usage.read", t)) || null;
+      await renderHistory();
       clear(errorSlot);
       view.ready = true;
     } catch (err) {
@@ -120,6 +129,27 @@ export function mount(ctx, root) {
     );
   }
 
+  // One team's GPU utilization (GET /v1/teams/{team}/utilization): mean and busiest GPU, and GPUs held.
+  async function renderHistory() {
+    if (!api.has("GET", "/v1/teams/{team}/utilization")) { put(history, h("p", { class: "muted" }, "Not available on this gateway.")); return; }
+    if (!util.team) { put(history, h("p", { class: "empty" }, "No team yet.")); return; }
+    const readable = util.teams.filter((t) => session.can("usage.read", t));
+    const names = readable.includes(util.team) ? readable : [util.team, ...readable];
+    const again = () => renderHistory();
+    const controls = h("div", { class: "toolbar" },
+      h("label", {}, "Team ", select(names, util.team, (v) => { util.team = v; again(); }, { id: "u-team" })),
+      h("label", {}, "Range ", select(WINDOWS, util.window, (v) => { util.window = v; again(); }, { id: "u-window" })));
+    let body;
+    try {
+      const doc = await api.get(`/v1/teams/${encodeURIComponent(util.team)}/utilization`, { window_s: util.window });
+      body = utilizationChart(doc, { id: "team-utilization", gpus: true });
+      body.dataset.team = util.team;
+    } catch (err) {
+      body = errorBox(err);
+    }
+    put(history, controls, body);
+  }
+
   function renderClasses(items) {
     put(classes, table([
       { label: "name", value: (c) => h("strong", {}, c.name) },
@@ -141,7 +171,14 @@ export function mount(ctx, root) {
   }
 
   const refresh = refresher(load, { topics: ["teams"], gapMs: 1200 });
-  const view = { ready: false, refresh, unmount() { refresh.cancel(); } };
+  const view = {
+    ready: false,
+    refresh,
+    async navigate(p) {
+      if (p[0]) { util.team = p[0]; await renderHistory(); }
+    },
+    unmount() { refresh.cancel(); },
+  };
   refresh(["teams"], { now: true });
   return view;
 }
