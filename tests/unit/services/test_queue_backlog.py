@@ -117,9 +117,15 @@ async def test_a_full_queue_refuses_before_quota_is_asked_and_admits_again_once_
 
     async def quota_admits(cmd: AdmitJob) -> Reply:
         asked.append(cmd)
+        if cmd.team != "research":
+            return Reply.failure(422, "UnknownTeam", f"team {cmd.team!r} does not exist")
         return Reply.success({"admitted": True, "priority_class": "normal", "priority": 100})
     await rt.serve(subjects.CMD_QUOTA_ADMIT, AdmitJob, quota_admits)
 
+    for _ in range(3):  # refused by quota: each gives its reserved place back
+        unknown = await rt.request(subjects.CMD_QUEUE_SUBMIT_JOB, submit(team="nobody"))
+        assert unknown.error is not None and unknown.error.reason == "UnknownTeam"
+    asked.clear()
     first = await rt.request(subjects.CMD_QUEUE_SUBMIT_JOB, submit(idempotency_key="a"))
     second = await rt.request(subjects.CMD_QUEUE_SUBMIT_JOB, submit())
     assert first.ok and second.ok
