@@ -7,7 +7,10 @@ Phases (each run on a fresh platform; medians over runs):
               latency p50/p99 (does the platform keep up?).
   saturation  N one-GPU jobs submitted as fast as C concurrent clients can: sustained submissions per second.
 Every job is completed the moment it is granted (an instant job), so the fleet's GPUs turn over. CPU seconds and
-resident memory of every process are read from /proc around each phase.
+resident memory of every process are read from /proc around each phase. With `--max-backlog N` the queue refuses
+submissions beyond N waiting jobs (429 QueueFull, as Slurm pushes back on sbatch): the refused ones are counted and
+the latencies are those of the jobs admitted. `--durability both` (the default) runs everything with PostgreSQL's
+fsync on and again with it off (`--unsafe-fast`) and reports both side by side.
 The fleet is 8 simulated nodes × 8 GPUs, like the Slurm peer's emulated cluster.
 """
 
@@ -145,7 +148,8 @@ class ProcessMeter:
 async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, complete: bool) -> dict:
     """Submit `jobs` one-GPU jobs (open loop at `rate`/s, or as fast as `clients` can) through the HTTP API and
     time each until its allocation.granted event; with `complete`, each job is completed the moment it is
-    granted (an instant job) so the fleet's GPUs turn over."""
+    granted (an instant job) so the fleet's GPUs turn over. A submission refused because the queue is full (429)
+    is counted in `refused`, not retried: the latencies are those of the jobs admitted."""
     from libs.bench.loadgen import Client
 
     submitted: dict[str, float] = {}
@@ -155,16 +159,18 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
     nc = await nats.connect(servers=run["nats_url"].split(","))
     completions: list[asyncio.Task] = []
     errors: list[str] = []
+    refused: list[int] = []
 
     finished: set[str] = set()
     all_finished = asyncio.Event()
+    submitting_over = asyncio.Event()
 
     async def on_granted(msg) -> None:  # type: ignore[no-untyped-def]
         job_id = json.loads(msg.data)["data"]["job_id"]
         if job_id in granted:
             return
         granted[job_id] = time.monotonic()
-        if len(granted) >= jobs:
+        if submitting_over.is_set() and submitted.keys() <= granted.keys():
             done.set()
 
     async def on_started(msg) -> None:  # type: ignore[no-untyped-def]
@@ -174,7 +180,7 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
         if complete and job_id not in finished:
             finished.add(job_id)
             completions.append(asyncio.create_task(finish(job_id)))
-            if len(finished) >= jobs:
+            if submitting_over.is_set() and len(finished) >= len(submitted):
                 all_finished.set()
 
     async def finish(job_id: str) -> None:
@@ -202,6 +208,9 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
                 await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
             t0 = time.monotonic()
             status, body = await api.call("POST", "/v1/jobs", {"name": f"bench-{i}", "team": "research", "gpus": 1})
+            if status == 429:  # the queue is full: pushed back, as sbatch is by a busy slurmctld
+                refused.append(i)
+                continue
             if status not in (200, 201):
                 errors.append(f"{status}: {body}")
                 continue
@@ -209,11 +218,16 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
 
     await asyncio.gather(*(submitter() for _ in range(clients if not rate else max(clients, 32))))
     submit_s = time.monotonic() - started
+    submitting_over.set()
+    if submitted.keys() <= granted.keys():
+        done.set()
+    if len(finished) >= len(submitted):
+        all_finished.set()
     try:
         await asyncio.wait_for(done.wait(), timeout=180)
     except TimeoutError:
-        raise RuntimeError(f"only {len(granted)} of {jobs} jobs were granted ({len(submitted)} submitted; "
-                           f"errors: {errors[:3]})") from None
+        raise RuntimeError(f"only {len(submitted.keys() & granted.keys())} of {len(submitted)} admitted jobs were "
+                           f"granted ({len(refused)} refused; errors: {errors[:3]})") from None
     all_started_s = time.monotonic() - started
     if complete:  # the last grants' job.started events are still on their way
         with contextlib.suppress(TimeoutError):
@@ -222,8 +236,11 @@ async def drive(run: dict, jobs: int, *, rate: float | None, clients: int, compl
     await nc.close()
     await api.close()
     latencies = [granted[j] - t for j, t in submitted.items() if j in granted]
+    admitted = len(submitted)
     return {"jobs": jobs, "rate": rate, "submit_s": submit_s, "all_started_s": all_started_s,
-            "started_per_s": jobs / all_started_s, "submitted_per_s": jobs / submit_s,
+            "admitted": admitted, "refused": len(refused),
+            "started_per_s": admitted / all_started_s, "submitted_per_s": jobs / submit_s,
+            "admitted_per_s": admitted / submit_s,
             "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99), "errors": len(errors),
             "http_requests": api.calls}
 
@@ -353,10 +370,13 @@ def api_token(run: dict) -> str:
 
 
 def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, clients: int,
-                  profiler: Profiler | None = None, auth: str = "admin", unsafe_fast: bool = False) -> dict:
+                  profiler: Profiler | None = None, auth: str = "admin", unsafe_fast: bool = False,
+                  max_backlog: int | None = None) -> dict:
     results: list[dict] = []
     for r in range(runs):
         extra = (PG_PROFILE_SETTINGS if profiler is not None else ()) + (("--unsafe-fast",) if unsafe_fast else ())
+        if max_backlog is not None:
+            extra += ("--env", f"queue:MAX_BACKLOG={max_backlog}")
         with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp, Platform(Path(tmp), extra=extra) as platform:
             if auth == "api-token":
                 platform.run["bench_token"] = api_token(platform.run)
@@ -378,7 +398,8 @@ def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, cli
         rate_rows.append({"rate": rate, "jobs": phase[0]["jobs"],
                           "latency_p50_s": med([x["latency_p50_s"] for x in phase]),
                           "latency_p99_s": med([x["latency_p99_s"] for x in phase]),
-                          "started_per_s": med([x["started_per_s"] for x in phase])})
+                          "started_per_s": med([x["started_per_s"] for x in phase]),
+                          "refused": med([x.get("refused", 0) for x in phase])})
     bursts = [res["burst"] for res in results]
     names = sorted(bursts[0]["cpu_s"])
     return {
@@ -387,18 +408,22 @@ def run_benchmark(runs: int, burst: int, rates: list[float], seconds: float, cli
             "rates": rate_rows,
             "burst_started_per_s": med([b["started_per_s"] for b in bursts]),
             "burst_submitted_per_s": med([b["submitted_per_s"] for b in bursts]),
+            "burst_admitted": med([b.get("admitted", b["jobs"]) for b in bursts]),
+            "burst_admitted_per_s": med([b.get("admitted_per_s", b["submitted_per_s"]) for b in bursts]),
+            "burst_refused": med([b.get("refused", 0) for b in bursts]),
             "burst_all_started_s": med([b["all_started_s"] for b in bursts]),
             "burst_latency_p50_s": med([b["latency_p50_s"] for b in bursts]),
             "burst_latency_p99_s": med([b["latency_p99_s"] for b in bursts]),
-            "burst_cpu_ms_per_job": {n: med([1000 * b["cpu_s"].get(n, 0.0) / b["jobs"] for b in bursts])
-                                     for n in names},
+            # charged to the jobs admitted (a refused submission costs a little, and is not a job)
+            "burst_cpu_ms_per_job": {n: med([1000 * b["cpu_s"].get(n, 0.0) / max(1, b.get("admitted", b["jobs"]))
+                                             for b in bursts]) for n in names},
             "burst_rss_mib": {n: med([b["rss_mib"].get(n, 0.0) for b in bursts]) for n in names},
             "burst_wall_s": med([b["all_started_s"] for b in bursts]),
             "burst_loadgen_cpu_ms_per_job": med([1000 * b.get("loadgen_cpu_s", 0.0) / b["jobs"] for b in bursts]),
             "burst_http_requests_per_job": med([b.get("http_requests", 0) / b["jobs"] for b in bursts]),
         },
         "params": {"runs": runs, "burst": burst, "rates": rates, "seconds": seconds, "clients": clients,
-                   "auth": auth, "durable": not unsafe_fast,
+                   "auth": auth, "durable": not unsafe_fast, "max_backlog": max_backlog,
                    "fleet": "8 nodes x 8 GPUs (simulated)"},
     }
 
@@ -464,10 +489,11 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
         f"### Saturation: {p['burst']} jobs from {p['clients']} concurrent clients",
         "",
         f"Sustained through to a grant: **{m['burst_started_per_s']:.1f} jobs/s** (all granted after "
-        f"{m['burst_all_started_s']:.1f} s); submissions were accepted at {m['burst_submitted_per_s']:.1f} jobs/s, "
+        f"{m['burst_all_started_s']:.1f} s); submissions were answered at {m['burst_submitted_per_s']:.1f} jobs/s, "
         f"the rest of the gap is queueing; submit → granted p50 {ms(m['burst_latency_p50_s'])}, p99 "
-        f"{ms(m['burst_latency_p99_s'])}.",
+        f"{ms(m['burst_latency_p99_s'])}{' (of the jobs admitted)' if p.get('max_backlog') is not None else ''}.",
         "",
+        *backlog_note(result),
         "CPU per job and memory per process during the saturation run (where the time goes):",
         "",
         "| process | CPU ms per job | resident MiB |",
@@ -487,7 +513,7 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
     lines += ["### Against the targets of issue #10", "",
               "| target | measured | met |", "| --- | --- | --- |",
               f"| ≥ 300 jobs/s sustained (submitted and granted) | {m['burst_started_per_s']:.1f} jobs/s granted "
-              f"({m['burst_submitted_per_s']:.1f}/s accepted) | {'yes' if m['burst_started_per_s'] >= 300 else 'no'} |"]
+              f"({m.get('burst_admitted_per_s', m['burst_submitted_per_s']):.1f}/s accepted) | {'yes' if m['burst_started_per_s'] >= 300 else 'no'} |"]
     if at is not None:
         lines += [f"| at 100 jobs/s: p50 < 20 ms | {ms(at['latency_p50_s'])} at {at['rate']:g}/s | "
                   f"{'yes' if at['rate'] >= 100 and at['latency_p50_s'] < 0.020 else 'no'} |",
@@ -524,13 +550,27 @@ def markdown(result: dict, slurm: dict | None, command: str, compare_rate: float
                 slurm.get("paced_start_p50_s"), ms)
         row(f"saturation, {p['burst']} jobs: jobs started per second", m["burst_started_per_s"],
             slurm.get("burst_started_per_s"), lambda x: f"{x:.1f}/s", better_low=False)
-        row("saturation: submit → granted p99 (Slurm: → running)", m["burst_latency_p99_s"],
+        admitted = " of the jobs admitted" if p.get("max_backlog") is not None else ""
+        row(f"saturation: submit → granted p99{admitted} (Slurm: → running)", m["burst_latency_p99_s"],
             slurm.get("burst_start_p99_s"), ms)
         lines += ["", "Slurm is the `../shared/peers/slurm` emulated cluster (8 nodes × 8 GPUs), benched in the same "
                   "command with the same job counts and rate. Its 'running' includes launching the batch script; its "
                   "'allocated' is slurmctld's own allocation log time, the closer match to gpupool's grant.", ""]
     lines.append(END)
     return "\n".join(lines)
+
+
+def backlog_note(result: dict) -> list[str]:
+    """What the queue's backlog limit did to the burst, when the run set one (`--max-backlog`)."""
+    m, p = result["median"], result["params"]
+    if p.get("max_backlog") is None:
+        return []
+    refused, admitted = m.get("burst_refused", 0), m.get("burst_admitted", p["burst"])
+    return [f"The queue's backlog was limited to {p['max_backlog']} waiting jobs (`--max-backlog`, the queue's "
+            f"`MAX_BACKLOG`): of the {p['burst']} jobs, {admitted:.0f} were admitted and {refused:.0f} refused with "
+            f"`429 QueueFull` and a `Retry-After` (not retried by the load generator), so the latencies above are "
+            f"those of jobs admitted within capacity, as Slurm's are of the jobs `sbatch` got in. CPU per job below is "
+            f"charged to the jobs admitted.", ""]
 
 
 def durability_table(result: dict) -> list[str]:
@@ -549,6 +589,9 @@ def durability_table(result: dict) -> list[str]:
     rows += [f"| saturation: granted per second | {a['burst_started_per_s']:.1f} | {b['burst_started_per_s']:.1f} |",
              f"| saturation: submit → granted p99 | {ms(a['burst_latency_p99_s'])} | "
              f"{ms(b['burst_latency_p99_s'])} |",
+             *([f"| saturation: admitted / refused with 429 | {a.get('burst_admitted', 0):.0f} / "
+                f"{a.get('burst_refused', 0):.0f} | {b.get('burst_admitted', 0):.0f} / {b.get('burst_refused', 0):.0f} |"]
+               if result["params"].get("max_backlog") is not None else []),
              f"| CPU per job, all processes | {sum(a['burst_cpu_ms_per_job'].values()):.1f} ms | "
              f"{sum(b['burst_cpu_ms_per_job'].values()):.1f} ms |",
              f"| CPU per job, PostgreSQL | {a['burst_cpu_ms_per_job'].get('postgres', 0.0):.1f} ms | "
@@ -579,6 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auth", choices=["admin", "api-token"], default="admin",
                         help="what the load generator authenticates with: the bootstrap admin token, or a member API "
                              "token of team research minted at the start (what a real client sends)")
+    parser.add_argument("--max-backlog", type=int, default=None, metavar="N",
+                        help="start the platform with the queue's backlog limited to N waiting jobs (queue "
+                             "MAX_BACKLOG): submissions beyond it get 429 and are counted as refused; the latencies "
+                             "are then those of the jobs admitted (default: the queue's own limit, 10,000)")
     parser.add_argument("--durability", choices=["both", "durable", "unsafe"], default="both",
                         help="PostgreSQL as installed (durable: fsync on), with `gpupool up --unsafe-fast`, or both "
                              "side by side (default; the detailed tables are from the durable runs)")
@@ -595,10 +642,10 @@ def main(argv: list[str] | None = None) -> int:
                          only=tuple(x.strip() for x in args.profile_only.split(",") if x.strip()))
                 if args.profile else None)
     result = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, profiler, args.auth,
-                           unsafe_fast=args.durability == "unsafe")
+                           unsafe_fast=args.durability == "unsafe", max_backlog=args.max_backlog)
     if args.durability == "both":
         result["unsafe"] = run_benchmark(args.runs, args.burst, rates, args.seconds, args.clients, None, args.auth,
-                                         unsafe_fast=True)
+                                         unsafe_fast=True, max_backlog=args.max_backlog)
     paced = max(20, int(args.compare_rate * args.seconds))
     slurm = run_slurm_peer(args.burst, paced, args.compare_rate, args.clients) if args.slurm else None
     result["slurm"] = slurm

@@ -11,7 +11,8 @@ Every failure is a `GpupoolError(status, reason, detail, problem)`: the gateway'
 status 0 / reason "Unreachable" when the gateway cannot be reached at all. Calls that are safe to repeat (every GET;
 POST /v1/jobs, which always carries an Idempotency-Key; and the PUT/PATCH calls that set an absolute value: scale,
 quota, priority class, approval rule, reclaim policy; cordon, drain, uncordon, GPU sharing) are retried on 503 and on
-connection errors, at most 3 tries with a short back-off; nothing else (cancel, complete, approve/deny, a GPU health
+connection errors, at most 3 tries with a short back-off, and on a 429 whose `Retry-After` is at most
+`max_retry_after_s` (10 s unless given) after waiting that long (a full queue: `QueueFull`); nothing else (cancel, complete, approve/deny, a GPU health
 clear or quarantine, deletes, team and token creation) is retried.
 """
 
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import ValidationError
 
-from libs.client.errors import ConfigError, GpupoolError, _seg, error_from_response
+from libs.client.errors import ConfigError, GpupoolError, _seg, error_from_response, retry_after
 from libs.client.models import (
     Allocation,
     ApiModel,
@@ -100,9 +101,10 @@ def resolve_connection(url: str | None = None, token: str | None = None) -> tupl
 class GpupoolClient(ReportsApi, WorkApi):
     def __init__(self, base_url: str, token: str, timeout: float = DEFAULT_TIMEOUT_S, *,
                  transport: httpx.BaseTransport | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, max_retry_after_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._sleep = sleep
+        self.max_retry_after_s = max_retry_after_s
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
                                   headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
                                            "User-Agent": "gpupool-client/0.1"})
@@ -141,6 +143,10 @@ class GpupoolClient(ReportsApi, WorkApi):
                 raise GpupoolError(0, "Unreachable", f"{kind} at {self.base_url} ({type(exc).__name__})") from None
             if resp.status_code == 503 and attempt < tries and 503 not in ok_statuses:
                 self._sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
+                continue
+            wait = retry_after(resp) if resp.status_code == 429 and attempt < tries else None
+            if wait is not None and wait <= self.max_retry_after_s:
+                self._sleep(wait)  # the gateway said when there will be room: a short wait is worth it
                 continue
             if resp.is_success or resp.status_code in ok_statuses:
                 return resp

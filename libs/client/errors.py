@@ -12,12 +12,15 @@ import httpx
 
 class GpupoolError(Exception):
     """An API call failed. `status` is the HTTP status (0: the gateway was not reached), `reason` the gateway's
-    machine reason (CamelCase, e.g. UnknownTeam), `detail` the human text, `problem` the whole problem body."""
+    machine reason (CamelCase, e.g. UnknownTeam), `detail` the human text, `problem` the whole problem body,
+    `retry_after_s` the seconds of a `Retry-After` header (e.g. 429 QueueFull: the queue is full for now)."""
 
-    def __init__(self, status: int, reason: str, detail: str, problem: dict[str, Any] | None = None) -> None:
+    def __init__(self, status: int, reason: str, detail: str, problem: dict[str, Any] | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(detail)
         self.status, self.reason, self.detail = status, reason, detail
         self.problem: dict[str, Any] = problem if problem is not None else {}
+        self.retry_after_s = retry_after_s  # the gateway's Retry-After (a 429 QueueFull, a 503), when it sent one
 
     @property
     def unreachable(self) -> bool:
@@ -61,9 +64,15 @@ def error_from_response(resp: httpx.Response) -> GpupoolError:
             detail = body.get("title") or body.get("message") or phrase
         if not isinstance(detail, str):
             detail = json.dumps(detail)
-        return GpupoolError(resp.status_code, str(reason), detail, body)
+        return GpupoolError(resp.status_code, str(reason), detail, body, retry_after(resp))
     text = " ".join(resp.text.split())[:200] if resp.content else ""
-    return GpupoolError(resp.status_code, _camel(phrase), text or phrase, {})
+    return GpupoolError(resp.status_code, _camel(phrase), text or phrase, {}, retry_after(resp))
+
+
+def retry_after(resp: httpx.Response) -> float | None:
+    """A `Retry-After` in seconds (the form the gateway sends); None when absent or an HTTP date."""
+    value = resp.headers.get("retry-after", "").strip()
+    return float(value) if value.isdigit() else None
 
 
 def _seg(value: str) -> str:

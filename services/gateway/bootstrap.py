@@ -197,7 +197,10 @@ def add_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def on_api_error(req: Request, exc: ApiError) -> JSONResponse:
-        return problem(exc.status, exc.reason, exc.detail, instance=req.url.path, headers=exc.headers,
+        headers = exc.headers
+        if exc.status in (429, 503) and isinstance(exc.extensions.get("retry_after_s"), int):
+            headers = {**(headers or {}), "Retry-After": str(exc.extensions["retry_after_s"])}  # a service's hint
+        return problem(exc.status, exc.reason, exc.detail, instance=req.url.path, headers=headers,
                        **exc.extensions)
 
     @app.exception_handler(ServiceUnavailable)

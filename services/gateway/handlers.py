@@ -212,6 +212,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         409: "The resource is not in a state that allows this",
         413: "Request body too large",
         422: "Validation failed, or the request is refused with a reason (e.g. UnknownTeam)",
+        429: "Too many: the queue is full (QueueFull) or too many event streams; Retry-After says when to retry",
         503: "A backing service did not answer in time",
     }.items()
 }

@@ -1,5 +1,5 @@
 """The job state machine: which transitions are legal, and the refusal when one is not; what an attempt's end
-means; how a service scales itself."""
+means; how a service scales itself; when a submission is refused because the queue is full."""
 
 from __future__ import annotations
 
@@ -41,6 +41,34 @@ def refuse_transition(job_id: str, current: str, target: str) -> Refusal:
     return Refusal(409, "InvalidJobState", f"job {job_id} is {current}; it cannot become {target}",
                    {"job_id": job_id, "state": current})
 
+
+
+# --- admission back-pressure: a bounded backlog -------------------------------------------------------------------
+def grant_rate(grant_times: Iterable[float], *, now: float, window_s: float) -> float:
+    """Jobs granted per second over the last `window_s` seconds, from the (monotonic) times jobs left `pending`."""
+    recent = sum(1 for t in grant_times if now - window_s < t <= now)
+    return recent / window_s if window_s > 0 else 0.0
+
+
+def retry_after_s(excess: int, grants_per_s: float, *, ceiling_s: int) -> int:
+    """Whole seconds until `excess` more jobs have been granted at the recent rate, so that one more fits: at least
+    1, at most `ceiling_s` (also the answer when nothing was granted lately: the queue may be stuck)."""
+    if grants_per_s <= 0:
+        return ceiling_s
+    return max(1, min(ceiling_s, math.ceil(max(1, excess) / grants_per_s)))
+
+
+def backlog_refusal(backlog: int, limit: int, grants_per_s: float, *, ceiling_s: int) -> Refusal | None:
+    """A submission refused because `backlog` jobs already wait for placement and the limit is `limit` (0: no
+    limit): 429 with how long to wait (`retry_after_s`, the gateway's `Retry-After`). None: it is admitted."""
+    if limit <= 0 or backlog < limit:
+        return None
+    wait = retry_after_s(backlog - limit + 1, grants_per_s, ceiling_s=ceiling_s)
+    rate = f"{grants_per_s:.1f} jobs/s granted lately" if grants_per_s > 0 else "no job granted lately"
+    return Refusal(429, "QueueFull", f"{backlog} jobs are waiting for placement and the queue takes at most {limit}; "
+                   f"retry in {wait} s ({rate})",
+                   {"backlog": backlog, "max_backlog": limit, "grants_per_s": round(grants_per_s, 3),
+                    "retry_after_s": wait})
 
 
 # --- a release the user did not ask for: requeue, back off, or end the job -----------------------------------------

@@ -44,6 +44,7 @@ from libs.runtime.routes import Routes, idempotent, once
 from libs.runtime.service import ServiceRuntime
 from services.queue import store
 from services.queue.autoscaler import Autoscaler
+from services.queue.backlog import Backlog
 from services.queue.config import QueueSettings
 from services.queue.domain import (
     NOT_REQUEUED,
@@ -87,6 +88,7 @@ class QueueHandlers:
         self.rt = runtime
         self.settings = settings
         self.autoscaler = Autoscaler(runtime, settings)
+        self.backlog = Backlog(settings, self._count_waiting)
 
     @staticmethod
     def _step(name: str, row) -> Any:  # type: ignore[no-untyped-def]
@@ -102,6 +104,22 @@ class QueueHandlers:
             replay = await self._replay(cmd.idempotency_scope, cmd.idempotency_key, request_hash)
             if replay is not None:
                 return replay
+        refused = await self.backlog.reserve()  # a full queue refuses before quota is asked (429, Retry-After)
+        if refused is not None:
+            return Reply.refused(refused)
+        waits = False
+        try:
+            reply = await self._submit_new(cmd, request_hash)
+            waits = reply.ok and reply.result.get("created") is True and reply.result.get("state") == "pending"
+            return reply
+        finally:
+            if waits:
+                self.backlog.admitted()
+            else:
+                self.backlog.release()
+
+    async def _submit_new(self, cmd: SubmitJob, request_hash: str) -> Reply:
+        """Admission by quota, then the job, its first history entry and its events in one transaction."""
         job_id = uuid7()
         admission = await self._admit(cmd, job_id)
         if not admission.ok:
@@ -144,6 +162,10 @@ class QueueHandlers:
         extra = {"approval_id": job["approval_id"], "approval_reasons": admission.result.get("approval_reasons")}
         return Reply.success(store.view_data(row) | {"created": True} |
                              ({k: v for k, v in extra.items() if v} if needs_approval else {}))
+
+    async def _count_waiting(self, cap: int) -> int:
+        async with self.rt.pool.acquire() as conn:
+            return await store.pending_count(conn, cap)
 
     async def _replay(self, scope: str, key: str, request_hash: str) -> Reply | None:
         async with self.rt.pool.acquire() as conn:
@@ -308,6 +330,7 @@ class QueueHandlers:
                 log.info("allocation_for_non_pending_job", extra={"job_id": data.job_id,
                                                                   "state": row["state"] if row else None})
                 return
+            self.backlog.granted()
             if row["work"] is not None:  # running once the agent says the process started
                 await self._set_state(uow, row, "launching", "AllocationGranted", at=data.granted_at,
                                       message=f"starting on {data.node}", allocation_id=data.allocation_id,

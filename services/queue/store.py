@@ -220,3 +220,10 @@ async def due_requeues(conn: asyncpg.Connection, now: datetime, limit: int = 100
             WHERE job_id IN (SELECT job_id FROM jobs WHERE requeue_at <= $1 AND state = 'pending'
                              ORDER BY requeue_at LIMIT $2 FOR UPDATE SKIP LOCKED)
             RETURNING {_COLUMNS}""", now, limit)
+
+
+async def pending_count(conn: asyncpg.Connection, cap: int) -> int:
+    """Jobs waiting for placement (state pending), counted up to `cap` at most (the admission limit needs no more,
+    and the count's cost stays bounded however long the queue grows)."""
+    return await conn.fetchval(
+        "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE state = 'pending' LIMIT $1) AS waiting", cap)

@@ -82,3 +82,17 @@ def test_postgres_statements_are_charged_per_job_most_expensive_first() -> None:
     assert lines[4] == ("| gpupool_queue | 3.00 | 0.3000 | 75.0% | 1.0 | 6000 | "
                         "`INSERT INTO outbox (a \\| b) VALUES ($1)` |")
     assert lines[5].startswith("| gpupool_placement | 0.08 | 0.1000 | 25.0% | 1.0 | 0 |")
+
+
+def test_a_limited_backlog_reports_what_was_admitted_and_refused_in_both_durabilities() -> None:
+    limited = result(burst_admitted=640.0, burst_refused=360.0)
+    limited["params"]["max_backlog"] = 500
+    limited["unsafe"] = result(burst_admitted=700.0, burst_refused=300.0)
+    text = markdown(limited, {"burst_start_p99_s": 1.9, "burst_started_per_s": 90.0}, "gpupool bench platform",
+                    100.0)
+    assert "limited to 500 waiting jobs" in text and "640 were admitted and 360 refused with `429 QueueFull`" in text
+    assert "p99 2000 ms (of the jobs admitted)" in text
+    assert "| saturation: admitted / refused with 429 | 640 / 360 | 700 / 300 |" in text
+    assert "| saturation: submit → granted p99 of the jobs admitted (Slurm: → running) | 2000 ms | 1900 ms |" in text
+    unlimited = markdown(result(), None, "gpupool bench platform", 100.0)
+    assert "refused" not in unlimited and "of the jobs admitted" not in unlimited

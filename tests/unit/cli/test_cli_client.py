@@ -107,6 +107,34 @@ def test_submit_sends_one_idempotency_key_and_reuses_it_on_retry():
     assert result.job_id == "j9" and result.created is True
 
 
+def queue_full(retry_after: str) -> httpx.Response:
+    resp = problem(429, "QueueFull", "12 jobs are waiting for placement and the queue takes at most 10; retry in "
+                   f"{retry_after} s")
+    resp.headers["Retry-After"] = retry_after
+    return resp
+
+
+def test_a_full_queue_is_waited_out_when_retry_after_is_short_and_reported_when_long():
+    gw, answers = FakeGateway(), iter(["full", "ok"])
+    gw.on("POST", "/v1/jobs", lambda req: queue_full("3") if next(answers) == "full"
+          else httpx.Response(201, json=job(state="pending") | {"job_id": "j9"}))
+    sleeps: list[float] = []
+    gp = GpupoolClient("http://gw.test", "tok", transport=gw.transport, sleep=sleeps.append)
+    assert gp.submit_job("demo", "research", 1).job_id == "j9"
+    assert sleeps == [3.0] and len({c.headers["Idempotency-Key"] for c in gw.calls}) == 1
+
+    gw.on("POST", "/v1/jobs", queue_full("60"))  # longer than the client waits by itself: the caller decides
+    with pytest.raises(GpupoolError) as info:
+        gp.submit_job("demo", "research", 1)
+    assert (info.value.status, info.value.reason, info.value.retry_after_s) == (429, "QueueFull", 60.0)
+    assert "retry in 60 s" in str(info.value) and sleeps == [3.0]
+
+    gw.on("POST", "/v1/jobs/j1/cancel", queue_full("1"))  # not a call the client repeats
+    with pytest.raises(GpupoolError):
+        gp.cancel_job("j1")
+    assert sleeps == [3.0]
+
+
 def test_submit_replay_is_reported_as_not_created():
     gw = FakeGateway()
     gw.on("POST", "/v1/jobs", httpx.Response(200, json=job()))

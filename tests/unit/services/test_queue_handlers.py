@@ -83,6 +83,9 @@ class FakeQueueStore(FakeStore):
     async def set_requeue_at(self, conn: Any, job_id: str, at: datetime | None) -> None:
         self.requeue_at[job_id] = at
 
+    async def pending_count(self, conn: Any, cap: int) -> int:
+        return min(cap, sum(1 for j in self.jobs.values() if j["state"] == "pending"))
+
 
 @pytest.fixture
 async def queue(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeRuntime, FakeQueueStore, list[AdmitJob]]:
