@@ -370,6 +370,13 @@ class NodeAgent:
         except Exception as exc:  # metrics must never stop telemetry
             log.warning("dcgm_metrics_update_failed", extra={"node": self.node, "error": repr(exc)})
 
+    def label_allocations(self) -> None:
+        """The job mapping on /metrics (gpupool_gpu_allocation_info): one series per GPU and live allocation."""
+        try:
+            self.metrics.set_allocations(self.node, self.live.values())
+        except Exception as exc:  # metrics must never stop applying allocations
+            log.warning("allocation_info_update_failed", extra={"node": self.node, "error": repr(exc)})
+
     async def _on_fault(self, msg: Message) -> None:
         routed = fault_route(msg)
         if routed is not None and routed[0] == self.node:
@@ -475,6 +482,7 @@ class NodeAgent:
     async def converge(self) -> None:
         """Bring the node to what the live allocations say (idempotent: a replay or a restart changes nothing that
         is already right). Whatever cannot be applied now is retried on the next sample."""
+        self.label_allocations()
         async with self._converging:
             pending = False
             if self.apply_mig:
