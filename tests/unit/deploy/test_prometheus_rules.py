@@ -8,6 +8,7 @@ Reproduce: `promtool check rules deploy/prometheus/rules/gpupool.yml deploy/prom
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from tests.ecosystem import debian_tool
-from tests.unit.deploy.test_dashboards import defined_metrics, metric_names
+from tests.unit.deploy.test_dashboards import defined_metrics, expressions, metric_names
 from tests.unit.deploy.test_kubernetes import SERVICES, workloads
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -149,3 +150,27 @@ def test_the_podmonitor_scrapes_every_gpupool_service_pod_on_its_metrics_port() 
         assert pod["metadata"]["annotations"]["prometheus.io/path"] == endpoint["path"], service
         ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
         assert endpoint["port"] in ports, service
+
+
+def test_the_per_team_panels_give_the_figures_of_the_rules_unit_tests(tmp_path: Path) -> None:
+    """The reclamation-and-waste dashboard's per-team panels, their Grafana variables set (all nodes and models, idle
+    below 15 %), evaluated by promtool over gpu_jobs_test.yml's input series: utilisation per team as the recording
+    rule's tests expect, and research's g1 (10 %) as its one allocated-but-idle GPU."""
+    board = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "gpupool-reclamation-waste.json").read_text())
+    exprs = {title: expr for title, expr in expressions(board)}
+    variables = {"$hostname": ".*", "$model": ".*", "$idle_pct": "15"}
+    util, idle = (exprs[title] for title in ("GPU utilisation per team", "Allocated-but-idle GPUs per team"))
+    for name, value in variables.items():
+        idle = idle.replace(name, value)
+    assert "$" not in util + idle
+    (case,) = yaml.safe_load((RULES_DIR / "gpu_jobs_test.yml").read_text())["tests"][:1]
+    tests = [{"expr": util, "eval_time": "2m", "exp_samples": [
+                 {"labels": f'gpupool:gpu_utilization:avg_by_team{{team="{team}"}}', "value": value}
+                 for team, value in (("research", 45), ("serving", 65))]},
+             {"expr": idle, "eval_time": "2m", "exp_samples": [{"labels": '{team="research"}', "value": 1}]}]
+    (tmp_path / "panels_test.yml").write_text(yaml.safe_dump({
+        "rule_files": [str(GPU_JOBS)], "evaluation_interval": "1m",
+        "tests": [{"name": "per-team panels", "interval": "1m", "input_series": case["input_series"],
+                   "promql_expr_test": tests}]}))
+    done = promtool("test", "rules", str(tmp_path / "panels_test.yml"))
+    assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
