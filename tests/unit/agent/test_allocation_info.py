@@ -5,10 +5,13 @@ text a scrape returns."""
 
 from __future__ import annotations
 
+import subprocess
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,8 +20,10 @@ from services.agent import handlers
 from services.agent.dcgm_metrics import ALLOCATION_INFO, ALLOCATION_LABELS, DcgmMetrics
 from services.agent.handlers import NodeAgent
 from services.agent.nvml_sim import SimulatedNvml
+from tests.ecosystem import debian_tool
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+RULES = Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "rules" / "gpu_jobs.yml"
 
 
 class Agent(NodeAgent):
@@ -70,7 +75,7 @@ def node(clock):  # type: ignore[no-untyped-def]
     backend = SimulatedNvml("n0", ["H100-80GB"] * 4, seed=3, clock=clock)
     backend.open()
     agent = Agent(backend, "n0", metrics)
-    return SimpleNamespace(registry=registry, metrics=metrics, backend=backend, agent=agent,
+    return SimpleNamespace(registry=registry, metrics=metrics, backend=backend, agent=agent, clock=clock,
                            uuids=[g.uuid for g in backend.node_info().gpus])
 
 
@@ -161,3 +166,48 @@ async def test_nodes_of_one_process_keep_their_own_series_and_no_label_clashes_w
     series = info_series(registry)
     assert [(s["Hostname"], s["allocation"]) for s in series] == [("n1", "g-n1")]
     assert set(series[0]) == set(ALLOCATION_LABELS) and not {"job", "instance"} & set(ALLOCATION_LABELS)
+
+
+async def test_the_recording_rule_gives_each_team_the_mean_utilisation_of_its_gpus_from_a_real_scrape(
+        node, tmp_path) -> None:
+    """The agent's own scrape (DCGM_FI_DEV_GPU_UTIL and the allocation info, as Prometheus would store them with the
+    target's job and instance) fed to promtool with deploy/prometheus/rules/gpu_jobs.yml: each team's figure is the
+    mean of its GPUs' utilisation read from the same scrape. Utilisation rounded to whole percents so the means
+    below (of one or two GPUs) are exact in floating point."""
+    u = node.uuids
+    grants = [granted("w0", "n0", whole(u, 0), team="research"),
+              granted("f1", "n0", [AllocatedGpu(uuid=u[1], index=1, model="H100-80GB", share_milli=500)],
+                      team="research"),
+              granted("f2", "n0", [AllocatedGpu(uuid=u[1], index=1, model="H100-80GB", share_milli=250)],
+                      team="serving", project="chat"),
+              granted("w2", "n0", whole(u, 2, 3), team="ops", project="infra")]
+    node.agent.workloads = {"training": "training"}
+    for grant in grants:
+        await node.agent._on_allocation(Msg(grant))
+    for _ in range(3):
+        node.clock.advance(5)
+        await node.agent.sample_once()
+    text = generate_latest(node.registry).decode()
+    families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    util = {s.labels["UUID"]: round(s.value) for s in families["DCGM_FI_DEV_GPU_UTIL"]}
+    assert len(util) == 4 and len(families[ALLOCATION_INFO]) == 5
+
+    def series(name: str, labels: dict[str, str], value: float) -> dict[str, str]:
+        body = ", ".join(f'{k}="{v}"' for k, v in {"job": "agent", "instance": "n0:9107", **labels}.items())
+        return {"series": f"{name}{{{body}}}", "values": f"{value:g}x5"}
+
+    inputs = [series("DCGM_FI_DEV_GPU_UTIL", s.labels, util[s.labels["UUID"]])
+              for s in families["DCGM_FI_DEV_GPU_UTIL"]]
+    inputs += [series(ALLOCATION_INFO, s.labels, s.value) for s in families[ALLOCATION_INFO]]
+    expected = {"research": (util[u[0]] + util[u[1]]) / 2, "serving": util[u[1]], "ops": (util[u[2]] + util[u[3]]) / 2}
+    assert len(set(expected.values())) == 3 and min(util.values()) > 0  # busy GPUs, a figure per team its own
+    (tmp_path / "scrape_test.yml").write_text(yaml.safe_dump({
+        "rule_files": [str(RULES)], "evaluation_interval": "1m",
+        "tests": [{"name": "from the agent's scrape", "interval": "1m", "input_series": inputs,
+                   "promql_expr_test": [{"expr": "gpupool:gpu_utilization:avg_by_team", "eval_time": "2m",
+                                         "exp_samples": [
+                                             {"labels": f'gpupool:gpu_utilization:avg_by_team{{team="{team}"}}',
+                                              "value": value} for team, value in sorted(expected.items())]}]}]}))
+    done = subprocess.run([debian_tool("promtool"), "test", "rules", str(tmp_path / "scrape_test.yml")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
