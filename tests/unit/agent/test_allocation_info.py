@@ -5,6 +5,7 @@ text a scrape returns."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -146,6 +147,27 @@ async def test_the_start_up_query_labels_the_allocations_a_restarted_agent_finds
     await node.agent.sync_allocations(SimpleNamespace(is_set=lambda: False), 0.0)  # type: ignore[arg-type]
     assert [(s["Hostname"], s["gpu"], s["job_id"], s["allocation"]) for s in info_series(node.registry)] == [
         ("n0", "0", "job-r1", "r1")]
+
+
+async def test_a_missed_release_goes_at_the_next_listing_and_a_grant_newer_than_the_listing_stays(node,
+                                                                                                monkeypatch) -> None:
+    """Allocation events reach the agent over core NATS, which may drop them: an allocation placement no longer
+    lists (its release missed) loses its series at the next sync; one granted after the listing began keeps them."""
+    old, new = granted("old", "n0", whole(node.uuids, 0)), granted("new", "n0", whole(node.uuids, 1))
+    await node.agent._on_allocation(Msg(old))
+    await asyncio.sleep(0.01)
+    listening = handlers.time.monotonic()
+    await asyncio.sleep(0.01)
+    await node.agent._on_allocation(Msg(new))  # granted after the listing began: it may be missing from it
+
+    async def snapshot(nc, subscribed_at):  # type: ignore[no-untyped-def]
+        return []  # placement lists neither: "old" was released, its release never arrived
+
+    monkeypatch.setattr(handlers, "live_snapshot", snapshot)
+    await node.agent.sync_allocations(SimpleNamespace(is_set=lambda: False), listening)  # type: ignore[arg-type]
+    assert [s["allocation"] for s in info_series(node.registry)] == ["new"]
+    await node.agent._on_allocation(Msg(old))  # nor does a late grant bring it back
+    assert [s["allocation"] for s in info_series(node.registry)] == ["new"]
 
 
 async def test_nodes_of_one_process_keep_their_own_series_and_no_label_clashes_with_the_scrape_s(clock) -> None:
