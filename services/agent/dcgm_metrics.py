@@ -13,6 +13,12 @@ A field the GPU cannot report in a sample (NVML "Not Supported", a GPU that fell
 utilisation of a MIG-enabled GPU, the profiling ratios on the real backend) has no series for that sample, as
 dcgm-exporter skips blank values.
 
+Beside them, `gpupool_gpu_allocation_info{UUID, Hostname, gpu, job_id, team, project, allocation} 1`: one series per
+(GPU, live allocation on it), the job mapping dcgm-exporter's Kubernetes mode adds as `pod`/`namespace`/`container`
+labels, here an info metric to join on `(Hostname, UUID)`. A whole GPU carries one allocation, a GPU split into MIG
+slices or fractions one series per allocation holding part of it; a series goes when its allocation is released.
+The job label is `job_id`: a `job` label would clash with the scrape target's and become `exported_job`.
+
 Counters keep their DCGM names (no `_total` suffix), as dcgm-exporter serves them: `# TYPE
 DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter` then `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{...} 1.2e+09`.
 prometheus_client's text exposition appends `_total` to a family typed "counter", so those families carry a type
@@ -22,12 +28,13 @@ word that reads "counter" but is not the client's counter type (:data:`COUNTER`)
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import Metric
 
+from services.agent.domain import LiveAllocation
 from services.agent.nvml_types import GpuInfo, GpuSample, NodeInfo
 
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
@@ -108,6 +115,10 @@ FIELDS: dict[str, tuple[Kind, str, Value]] = {
                                    lambda s: s.extra.pcie_rx_bytes_per_s),
 }
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+ALLOCATION_INFO = "gpupool_gpu_allocation_info"
+ALLOCATION_LABELS = ("UUID", "Hostname", "gpu", "job_id", "team", "project", "allocation")
+ALLOCATION_HELP = ("1 per GPU and live allocation holding it (whole, MIG slice or fraction): the job, team and "
+                   "project of the work on the GPU, to join with the DCGM series on (Hostname, UUID).")
 METRIC_NAMES = (*FIELDS, XID_ERRORS)
 TYPES: dict[str, Kind] = {**{name: kind for name, (kind, _, _) in FIELDS.items()}, XID_ERRORS: "gauge"}
 HELP: dict[str, str] = {**{name: help_text for name, (_, help_text, _) in FIELDS.items()},
@@ -138,6 +149,7 @@ class DcgmMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self._latest: dict[str, tuple[NodeInfo, Sequence[GpuSample]]] = {}  # Hostname → last sample of its node
         self._last_xid: dict[tuple[str, str], int] = {}  # (Hostname, UUID) → last Xid
+        self._allocations: dict[str, tuple[tuple[str, ...], ...]] = {}  # Hostname → its allocation info labels
         self._lock = threading.Lock()  # the scrape runs on the HTTP server's thread
         registry.register(self)
 
@@ -149,14 +161,25 @@ class DcgmMetrics:
                 if s.xid_events:
                     self._last_xid[(hostname, s.uuid)] = s.xid_events[-1]
 
+    def set_allocations(self, hostname: str, allocations: Iterable[LiveAllocation]) -> None:
+        """The node's live allocations now (all of them, replacing the previous set): what the allocation info
+        series show until the next call. An allocation left out has no series from here on."""
+        rows = allocation_info_labels(hostname, allocations)
+        with self._lock:
+            if rows:
+                self._allocations[hostname] = rows
+            else:
+                self._allocations.pop(hostname, None)
+
     def describe(self) -> list[Metric]:
-        return [_family(name) for name in METRIC_NAMES]
+        return [*(_family(name) for name in METRIC_NAMES), Metric(ALLOCATION_INFO, ALLOCATION_HELP, "gauge")]
 
     def collect(self) -> Iterator[Metric]:
         families = {name: _family(name) for name in METRIC_NAMES}
         with self._lock:
             latest = list(self._latest.items())
             last_xid = dict(self._last_xid)
+            allocations = [row for rows in self._allocations.values() for row in rows]
         for hostname, (info, samples) in latest:
             gpus: dict[str, GpuInfo] = {g.uuid: g for g in info.gpus}
             for s in samples:
@@ -168,6 +191,10 @@ class DcgmMetrics:
                         families[name].add_sample(name, label_map, float(value))
                 families[XID_ERRORS].add_sample(XID_ERRORS, label_map, float(last_xid.get((hostname, s.uuid), 0)))
         yield from families.values()
+        info = Metric(ALLOCATION_INFO, ALLOCATION_HELP, "gauge")
+        for row in allocations:
+            info.add_sample(ALLOCATION_INFO, dict(zip(ALLOCATION_LABELS, row, strict=True)), 1.0)
+        yield info
 
 
 def labels_for(hostname: str, info: NodeInfo, sample: GpuSample, gpu: GpuInfo | None) -> tuple[str, ...]:
@@ -180,6 +207,14 @@ def labels_for(hostname: str, info: NodeInfo, sample: GpuSample, gpu: GpuInfo | 
         hostname,
         info.driver_version or "",
     )
+
+
+def allocation_info_labels(hostname: str, allocations: Iterable[LiveAllocation]) -> tuple[tuple[str, ...], ...]:
+    """One label tuple (in ALLOCATION_LABELS' order) per GPU of each allocation, sorted; a GPU listed twice
+    by one allocation (two MIG slices of the same GPU) still gives one series."""
+    rows = {(g.uuid, hostname, str(g.index), a.job_id, a.team, a.project, a.allocation_id)
+            for a in allocations for g in a.gpus}
+    return tuple(sorted(rows))
 
 
 _default: DcgmMetrics | None = None

@@ -204,6 +204,7 @@ class NodeAgent:
         self.stop_grace_s = stop_grace_s
         self.apply_mig = apply_mig
         self.live: dict[str, LiveAllocation] = {}  # allocations on this node, from grants and the start-up query
+        self.live_since: dict[str, float] = {}  # allocation → when it entered `live` (time.monotonic())
         self.released: OrderedDict[str, None] = OrderedDict()  # recent releases: a late snapshot cannot revive them
         self.synced = False  # the start-up query answered: only then may stale MIG instances be destroyed
         self.mig_reported: dict[str, tuple[str, str | None]] = {}  # allocation → last (action, reason) published
@@ -370,6 +371,13 @@ class NodeAgent:
         except Exception as exc:  # metrics must never stop telemetry
             log.warning("dcgm_metrics_update_failed", extra={"node": self.node, "error": repr(exc)})
 
+    def label_allocations(self) -> None:
+        """The job mapping on /metrics (gpupool_gpu_allocation_info): one series per GPU and live allocation."""
+        try:
+            self.metrics.set_allocations(self.node, self.live.values())
+        except Exception as exc:  # metrics must never stop applying allocations
+            log.warning("allocation_info_update_failed", extra={"node": self.node, "error": repr(exc)})
+
     async def _on_fault(self, msg: Message) -> None:
         routed = fault_route(msg)
         if routed is not None and routed[0] == self.node:
@@ -420,6 +428,9 @@ class NodeAgent:
                         allocation_id=item["allocation_id"], job_id=item["job_id"], team=item["team"],
                         project=item["project"], kind="",
                         gpus=tuple(AllocatedGpu.model_validate(g) for g in item["gpus"]))
+                    self.live_since[item["allocation_id"]] = time.monotonic()
+            if len(items) < SNAPSHOT_PAGES * 1000:  # the whole listing: what it lacks is no longer live
+                self._forget_unlisted(live_here, subscribed_at)
             if self.work is not None:
                 self.work.on_synced(live_here, subscribed_at)
             if not self.synced:
@@ -461,20 +472,36 @@ class NodeAgent:
             self.live[data.allocation_id] = LiveAllocation(
                 allocation_id=data.allocation_id, job_id=data.job_id, team=data.team, project=data.project,
                 kind=data.kind, gpus=tuple(data.gpus))
+            self.live_since.setdefault(data.allocation_id, time.monotonic())
         else:
-            self.live.pop(data.allocation_id, None)
-            self.released[data.allocation_id] = None
-            while len(self.released) > 10_000:
-                self.released.popitem(last=False)
-            if isinstance(self.backend, SimulatedNvml):
-                self.backend.end_allocation(data.allocation_id)  # its processes exit with it
+            self._forget(data.allocation_id)
         await self.converge()
+
+    def _forget(self, allocation_id: str) -> None:
+        """An allocation released: no longer live here, and a late grant or listing cannot revive it."""
+        self.live.pop(allocation_id, None)
+        self.live_since.pop(allocation_id, None)
+        self.released[allocation_id] = None
+        while len(self.released) > 10_000:
+            self.released.popitem(last=False)
+        if isinstance(self.backend, SimulatedNvml):
+            self.backend.end_allocation(allocation_id)  # its processes exit with it
+
+    def _forget_unlisted(self, listed: set[str], listened_since: float) -> None:
+        """Allocations placement no longer lists as live whose release this agent missed (core NATS drops messages
+        to a slow or reconnecting subscriber): released here too, so their MIG instances go and their job mapping
+        series with them. Only those known before `listened_since`: a later grant may be missing from the listing."""
+        for allocation_id in [a for a in self.live if a not in listed
+                              and self.live_since.get(a, listened_since) < listened_since]:
+            log.warning("allocation_no_longer_live", extra={"node": self.node, "allocation_id": allocation_id})
+            self._forget(allocation_id)
 
     # ---- applying what placement decided -------------------------------------------------------------------
 
     async def converge(self) -> None:
         """Bring the node to what the live allocations say (idempotent: a replay or a restart changes nothing that
         is already right). Whatever cannot be applied now is retried on the next sample."""
+        self.label_allocations()
         async with self._converging:
             pending = False
             if self.apply_mig:

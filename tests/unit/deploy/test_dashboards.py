@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
+RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
 # The modules whose import registers metrics on the default registry.
 METRIC_MODULES = ("libs.observability.metrics", "libs.bus.lease", "services.gateway.bootstrap",
                   "services.agent.dcgm_metrics", "services.inventory.handlers", "services.inventory.fleet_metrics",
@@ -57,9 +58,18 @@ def defined_metrics() -> set[str]:
     return names
 
 
+def recorded_metrics() -> set[str]:
+    """The series gpupool's recording rules (deploy/prometheus/rules, loaded by every deployment) write: a dashboard
+    may query them (test_prometheus_rules.py checks that the rules query only metrics the services define)."""
+    import yaml
+
+    return {rule["record"] for path in RULES_DIR.glob("*.yml") if not path.stem.endswith("_test")
+            for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"] if "record" in rule}
+
+
 @pytest.fixture(scope="module")
 def defined() -> set[str]:
-    return defined_metrics()
+    return defined_metrics() | recorded_metrics()
 
 
 # --------------------------------------------------------------------------- what the dashboards query
@@ -151,6 +161,7 @@ def test_the_defined_names_include_every_kind_of_metric(defined: set[str]) -> No
     assert {"gpupool_bus_messages_total", "gpupool_bus_handle_seconds_bucket", "gpupool_bus_handle_seconds_count",
             "gpupool_leader", "gpupool_gateway_requests_total", "DCGM_FI_DEV_GPU_UTIL"} <= defined
     assert "gpupool_leader_total" not in defined and "gpupool_outbox_pending_bucket" not in defined
+    assert {"gpupool_gpu_allocation_info", "gpupool:gpu_utilization:avg_by_team"} <= defined
 
 
 def test_the_dashboards_the_issue_asks_for_exist_and_are_well_formed() -> None:
