@@ -110,6 +110,7 @@ RPCS: dict[str, Rpc] = {
     s.QUERY_ACCOUNTING_REPORT_CAPACITY: Rpc(r.CapacityReportQuery, "accounting", GATEWAY),
     s.QUERY_ACCOUNTING_REPORT_WASTE: Rpc(r.WasteReportQuery, "accounting", GATEWAY),
     s.QUERY_ACCOUNTING_EXPORT_HISTORY: Rpc(r.HistoryQuery, "accounting", GATEWAY),
+    s.QUERY_ACCOUNTING_UTILIZATION: Rpc(r.UtilizationQuery, "accounting", GATEWAY),
     s.QUERY_ACCOUNTING_COST_RATES: Rpc(r.ListCostRates, "accounting", GATEWAY),
     s.CMD_ACCOUNTING_SET_COST_RATE: Rpc(r.SetCostRate, "accounting", GATEWAY),
     "gpupool.query.agent.{cluster}.{node}.logs": Rpc(c.ReadLogs, "agent", GATEWAY),
