@@ -52,7 +52,7 @@ class BlockedPhases:
                         place=lambda: self._place(job, shape, sid, allowed))
         found = find_victims(st, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
                              ctx.victim_memo)
-        facts = replace(facts, victims_considered=found.considered)
+        facts = _considered(ctx, facts, found.considered)
         if not isinstance(found, Victims):
             ctx.preempt_fail.add(pkey)
             return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
@@ -77,9 +77,10 @@ class BlockedPhases:
         pre = QuotaPreemptor(job=job, paths=paths, priority=prio, amounts=amounts,
                              guarantee_only=self._guarantee_only(ctx, preemptible), reclaim=reclaim,
                              demand=max((a for _, a in amounts), default=0),
-                             place=lambda allowed: self._place(job, shape, sid, allowed))
+                             place=lambda allowed: self._place(job, shape, sid, allowed),
+                             monotone=not shape.is_gang)
         found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now)
-        facts = replace(facts, victims_considered=found.considered)
+        facts = _considered(ctx, facts, found.considered)
         if not isinstance(found, Victims):
             ctx.preempt_fail.add(pkey)
             return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
@@ -164,3 +165,14 @@ class BlockedPhases:
                                             soft=start_by == INF))
         return replace(facts, reservation_nodes=tuple(st.nodes[i].name for i in idxs), reservation_start=start_by,
                        reservation_in_s=None if start_by == INF else start_by - now)
+
+
+def _considered(ctx: CycleContext, facts: ReasonFacts, n: int) -> ReasonFacts:
+    """`facts` with `victims_considered=n`. Blocked jobs of one kind share one facts object (the reasons' memo),
+    so the copy is made once per cycle (`dataclasses.replace` on the 27 fields was a tenth of a deep queue's
+    cycle); keyed by identity, the original kept alive beside it so the id is never reused."""
+    key = (id(facts), n)
+    hit = ctx.considered.get(key)
+    if hit is None or hit[0] is not facts:
+        hit = ctx.considered[key] = (facts, replace(facts, victims_considered=n))
+    return hit[1]

@@ -308,6 +308,7 @@ class QuotaPreemptor:
     reclaim: bool
     demand: int
     place: Callable[[frozenset], list[Take] | None]
+    monotone: bool = False  # one node's job: whether it fits can only grow as victims go (gangs may not)
 
 
 def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: QuotaPreemptor,
@@ -373,14 +374,18 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
         return takes
 
     sel: list[tuple] = []
-    mark = st.mark()
-    version = ledger.version
-    ok = False
-    for c in cands[:256]:
+    for c in cands[:256]:  # the victims the scan may take, in order: the budgets depend only on those before
         sel.append(c)
         if not _within_budget(sel, budget):
             sel.pop()
-            continue
+    if pre.monotone and without(sel) is None:
+        return NoVictims(n)  # not even with all of them gone: no shorter run of them can help either
+    scan, sel = sel, []
+    mark = st.mark()
+    version = ledger.version
+    ok = False
+    for c in scan:
+        sel.append(c)
         st.release(c[2])
         ledger.remove(c[7], c[8])
         if fits() is not None:

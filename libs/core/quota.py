@@ -40,6 +40,8 @@ class QuotaLedger:
         self._ticks = 0  # versions handed out (never reused, so a version names one content of `usage`)
         self.has_entries = bool(tree.entries)
         self._paths: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self._unassigned: dict[tuple[str, str], int] = {}  # (parent, model) -> its pool no child is guaranteed
+        self._sibling_sums: dict[tuple[str, str], tuple[int, tuple[int, float, int]]] = {}  # -> (version, sums)
 
     @classmethod
     def holding(cls, tree: QuotaTree, capacity: dict[str, int], strict: bool,
@@ -195,30 +197,46 @@ class QuotaLedger:
 
     def _borrowable(self, path: str, km: str, me: QuotaEntry, my_use: int) -> float:
         parent = _parent(path)
-        siblings = self.children.get((parent, km), [])
-        cluster = self.capacity.get(km, 0) if km != "*" else sum(self.capacity.values())
-        pe = self.entries.get((parent, km)) if parent else None
-        if pe is None:  # root level, or a parent without an entry: the cluster bounds it
-            pool = cluster
-        elif pe.borrowing_limit is None:
-            pool = cluster
-        else:
-            pool = min(cluster, int((pe.guaranteed + pe.borrowing_limit) * 1000))
-        unassigned = pool - sum(int(s.guaranteed * 1000) for s in siblings)
+        unassigned, lend, borrowed_by_others = self._siblings(parent, km)
+        g = int(me.guaranteed * 1000)  # the sums are over every sibling: take `me`'s own terms back out
+        u = self.used(me.path, km)
+        unused = max(0, g - u)
+        if me.lending_limit is not None:
+            unused = min(unused, int(me.lending_limit * 1000))
+        return (lend - unused) + max(0.0, unassigned) - (borrowed_by_others - max(0, u - g))
+
+    def _siblings(self, parent: str, km: str) -> tuple[int, float, int]:
+        """For the children of `parent` with entries for `km`: the parent's pool no child is guaranteed, what they
+        lend (unused guarantees, each capped by its lending limit) and what they borrow, summed at this version
+        (whole milli-GPUs, so taking one child's terms back out is exact)."""
+        key = (parent, km)
+        hit = self._sibling_sums.get(key)
+        version = self.version
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        siblings = self.children.get(key, [])
+        unassigned = self._unassigned.get(key)
+        if unassigned is None:
+            cluster = self.capacity.get(km, 0) if km != "*" else sum(self.capacity.values())
+            pe = self.entries.get(key) if parent else None
+            if pe is None or pe.borrowing_limit is None:  # root, a parent without an entry or a limit: the cluster
+                pool = cluster
+            else:
+                pool = min(cluster, int((pe.guaranteed + pe.borrowing_limit) * 1000))
+            unassigned = self._unassigned[key] = pool - sum(int(s.guaranteed * 1000) for s in siblings)
         lend = 0.0
-        borrowed_by_others = 0
+        borrowed = 0
         for s in siblings:
-            if s.path == me.path:
-                continue
             g = int(s.guaranteed * 1000)
             u = self.used(s.path, km)
             unused = max(0, g - u)
             if s.lending_limit is not None:
                 unused = min(unused, int(s.lending_limit * 1000))
             lend += unused
-            borrowed_by_others += max(0, u - g)
-        return lend + max(0.0, unassigned) - borrowed_by_others
-
+            borrowed += max(0, u - g)
+        got = (unassigned, lend, borrowed)
+        self._sibling_sums[key] = (version, got)
+        return got
 
 def teams_quota(guarantees: dict[str, float], gpu_model: str = "*", org: str = "default",
                 lending_limit: float | None = None, borrowing_limit: float | None = None) -> QuotaTree:
