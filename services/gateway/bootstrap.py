@@ -21,6 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from libs.bus.connection import connect, identity_inbox
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
+from libs.contracts.api import Readiness
+from libs.contracts.api_pages import Health
 from libs.contracts.commands import Empty
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import child_span, extract_context, recording, setup_tracing, tracer
@@ -33,7 +35,7 @@ from services.gateway.decisions import router as decisions_router
 from services.gateway.endpoints import router as endpoints_router
 from services.gateway.events import StreamSlots
 from services.gateway.events import router as events_router
-from services.gateway.handlers import ApiError, Problem, router
+from services.gateway.handlers import ApiError, Problem, returns, router
 from services.gateway.logs import router as logs_router
 from services.gateway.malformed import protocol_class
 from services.gateway.nodes import router as nodes_router
@@ -276,12 +278,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     add_problem_handlers(app)
     app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes)
 
-    @app.get("/healthz", tags=["ops"], summary="The gateway process is alive")
+    # the probes need no token (`security: []`): a load balancer or kubelet calls them
+    @app.get("/healthz", tags=["ops"], summary="The gateway process is alive", openapi_extra={"security": []},
+             **returns(Health))
     async def healthz() -> dict:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["ops"], summary="NATS is connected and every service answers on the bus",
-             responses={503: {"description": "Not ready: the body says which service did not answer"}})
+             openapi_extra={"security": []}, **returns(Readiness, more={503: {
+                 "model": Readiness, "description": "Not ready: the body says which service did not answer"}}))
     async def readyz(req: Request) -> JSONResponse:
         async def ping(service: str) -> bool:
             try:
