@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_fields_from_routes
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libs.bus.connection import connect, identity_inbox
@@ -180,16 +182,42 @@ def operation_id(route: APIRoute) -> str:
 
 
 def with_problem_component(app: FastAPI) -> None:
-    """The RFC 9457 `Problem` schema as one component, which every error response refers to."""
+    """The RFC 9457 `Problem` schema as one component, which every error response refers to; and each component's
+    `examples` as its model wrote them (FastAPI drops every null from the document, which left examples without
+    the required, nullable fields they set to null, e.g. a report's `team`)."""
     plain = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            plain().setdefault("components", {}).setdefault("schemas", {})["Problem"] = Problem.model_json_schema(
-                ref_template="#/components/schemas/{model}")
+            schemas = plain().setdefault("components", {}).setdefault("schemas", {})
+            schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            for model in _documented_models(app):
+                extra = model.model_config.get("json_schema_extra")
+                if isinstance(extra, dict) and extra.get("examples") and model.__name__ in schemas:
+                    schemas[model.__name__]["examples"] = json.loads(json.dumps(extra["examples"], default=str))
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _documented_models(app: FastAPI) -> set[type[BaseModel]]:
+    """The models the document is built from (FastAPI's own walk over the routes: bodies, parameters, responses),
+    and the models their fields name."""
+    found: set[type[BaseModel]] = set()
+    todo: list[Any] = [f.field_info.annotation for f in get_fields_from_routes(list(app.routes))]
+    while todo:
+        item = todo.pop()
+        for model in _models_in(item):
+            if model not in found:
+                found.add(model)
+                todo += [f.annotation for f in model.model_fields.values()]
+    return found
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 def add_problem_handlers(app: FastAPI) -> None:
