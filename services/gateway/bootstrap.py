@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, get_args
@@ -220,6 +221,21 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
+def allowed_methods(app: FastAPI, path: str) -> str | None:
+    """Every method the document declares on the paths `path` matches (HEAD with GET, as Starlette serves it);
+    None for a path the document does not describe. Starlette's own `Allow` names only the first route that
+    matched the path (GET /v1/jobs, not its POST)."""
+    table = getattr(app.state, "allow_table", None)
+    if table is None:
+        table = app.state.allow_table = [
+            (re.compile("^" + "[^/]+".join(re.escape(part) for part in re.split(r"\{[^/}]+\}", template)) + "$"),
+             {method.upper() for method in item}) for template, item in app.openapi()["paths"].items()]
+    methods: set[str] = set().union(*(declared for pattern, declared in table if pattern.match(path)))
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods)) or None
+
+
 def add_problem_handlers(app: FastAPI) -> None:
     """Every error the gateway answers as an RFC 9457 problem: refusals of the services, a backing service that
     did not answer, invalid requests, unknown routes and methods, and a crash (logged, never shown)."""
@@ -251,7 +267,11 @@ def add_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def on_http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HttpError")
-        return problem(exc.status_code, reason, str(exc.detail), instance=req.url.path)
+        headers = exc.headers
+        if exc.status_code == 405:  # RFC 9110: a 405 names the methods the resource has
+            allow = allowed_methods(req.app, req.url.path)
+            headers = {"Allow": allow} if allow else headers
+        return problem(exc.status_code, reason, str(exc.detail), instance=req.url.path, headers=headers)
 
     @app.exception_handler(Exception)
     async def on_crash(req: Request, exc: Exception) -> JSONResponse:

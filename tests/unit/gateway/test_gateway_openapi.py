@@ -113,3 +113,15 @@ def test_every_example_validates_against_its_schema() -> None:
         errors = list(Draft202012Validator(rooted, registry=registry).iter_errors(example))
         invalid += [f"{where}: {e.message}" for e in errors[:1]]
     assert invalid == []
+
+
+def test_a_method_the_path_lacks_is_405_naming_every_method_it_has() -> None:
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(GatewaySettings(environment="dev")))  # no lifespan: nothing is called
+    for method, path, allow in [("DELETE", "/v1/jobs", "GET, HEAD, POST"), ("PUT", "/v1/jobs/j1", "GET, HEAD, PATCH"),
+                                ("POST", "/healthz", "GET, HEAD"), ("GET", "/v1/nodes/n1/gpus/0/sharing", "PUT")]:
+        response = client.request(method, path)
+        assert response.status_code == 405 and response.headers["allow"] == allow, (method, path)
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["reason"] == "MethodNotAllowed"
