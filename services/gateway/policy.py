@@ -22,6 +22,7 @@ from libs.contracts.api_pages import (
     TeamCreated,
 )
 from libs.contracts.commands import (
+    LOAN_PATH_PATTERN,
     MODEL_PATTERN,
     NAME_PATTERN,
     QUOTA_PATH_PATTERN,
@@ -187,7 +188,7 @@ class LoanBody(RequestBody):
         {"path": "default/research", "gpu_model": "H100-80GB", "gpus": 8, "until": "2026-12-24T00:00:00Z",
          "reason": "paper deadline"}]}}
 
-    path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org/team or org/team/project")
+    path: str = Field(pattern=LOAN_PATH_PATTERN, description="org/team or org/team/project")
     gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
     gpus: int = Field(ge=1, le=100_000)
     until: Instant = Field(description="when the loan ends (at most 90 days ahead); with a time zone")

@@ -125,3 +125,17 @@ def test_a_method_the_path_lacks_is_405_naming_every_method_it_has() -> None:
         assert response.status_code == 405 and response.headers["allow"] == allow, (method, path)
         assert response.headers["content-type"] == "application/problem+json"
         assert response.json()["reason"] == "MethodNotAllowed"
+
+
+def test_the_schema_refuses_a_loan_for_a_whole_org_as_the_server_does() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from libs.contracts.commands import RequestQuotaLoan
+
+    pattern = document()["components"]["schemas"]["LoanBody"]["properties"]["path"]["pattern"]
+    assert re.search(pattern, "default/research") and re.search(pattern, "default/research/llm")
+    assert not re.search(pattern, "default") and not re.search(pattern, "a/b/c/d")
+    with pytest.raises(ValidationError):
+        RequestQuotaLoan(path="default", gpu_model="*", gpus=1, until="2030-01-01T00:00:00Z", reason="r",
+                         requested_by="admin")
