@@ -61,6 +61,10 @@ def test_the_client_parses_into_the_classes_the_document_is_built_from() -> None
     from libs.contracts import api
 
     assert Job is api.Job and Node is api.Node
+    from libs.client import reports
+    from libs.contracts import api_reports
+
+    assert reports.UsageReport is api_reports.UsageReport and reports.WasteReport is api_reports.WasteReport
     doc = document()
     assert doc["components"]["schemas"]["Job"]["properties"].keys() == api.Job.model_json_schema(
         mode="serialization")["properties"].keys()
