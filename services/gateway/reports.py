@@ -168,7 +168,9 @@ CAPACITY_COLUMNS = ["gpu_model", "supply_gpus", "queued_gpu_hours", "pending_gpu
                     "slope_gpus_per_day", "forecast_7d_peak_gpus", "forecast_30d_peak_gpus", "exceeds_supply_at"]
 WASTE_COLUMNS = list(IdleAllocation.model_fields)
 
-RangeFrom = Annotated[datetime | None, Query(alias="from", description="start (inclusive); default: `to` − 7 days")]
+RangeFrom = Annotated[datetime | None, Query(alias="from", description=(
+    f"start (inclusive); default: `to` − 7 days; at most {MAX_REPORT_DAYS} days before `to` (else 422 "
+    "InvalidRange)"))]
 RangeTo = Annotated[datetime | None, Query(alias="to", description="end (exclusive); default: now")]
 GroupBy = Annotated[list[Annotated[str, Field(max_length=200)]] | None, Query(
     max_length=len(DIMENSIONS), description=f"dimensions, comma-separated or repeated: {', '.join(DIMENSIONS)}; "
@@ -235,7 +237,8 @@ async def efficiency_report(req: Request, caller: Caller, start: RangeFrom = Non
                                            "2400.0,3100.0,30,28,14880.0,62.0,will_exceed,trend+weekly,0.3,"
                                            "33.2,40.1,2026-04-08T00:00:00+00:00\r\n"))
 async def capacity_report(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
-        alias="from", description="start; default: `to` − 30 days")] = None, end: RangeTo = None,
+        alias="from", description=f"start; default: `to` − 30 days; at most {MAX_REPORT_DAYS} days before `to` (else "
+                                  "422 InvalidRange)")] = None, end: RangeTo = None,
         bucket_s: Annotated[int, Query(ge=1, le=31 * 86400, description="trend bucket, seconds; the forecast fits "
                                                                         "one point (its peak demand) per bucket")] = 86400,
         gpu_model: Annotated[str | None, Query(max_length=64)] = None,
@@ -285,7 +288,8 @@ async def waste_report(req: Request, caller: Caller, start: RangeFrom = None, en
 @router.get("/history/jobs", summary="The jobs the platform ran: what each asked for, when it was submitted, "
             "started and ended (the input of `gpupool history export`)", tags=["reports"], response_model=History)
 async def history_jobs(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
-        alias="from", description="jobs that entered the queue from here; default: `to` − 30 days")] = None,
+        alias="from", description=f"jobs that entered the queue from here; default: `to` − 30 days; at most "
+                                  f"{MAX_REPORT_DAYS} days before `to` (else 422 InvalidRange)")] = None,
         end: RangeTo = None, team: Filter = None,
         after: Annotated[str | None, Query(max_length=128, description="the `next` of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 500) -> Any:
