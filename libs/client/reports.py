@@ -14,168 +14,31 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pydantic import Field
-
-from libs.client.models import ApiModel
+from libs.contracts.api_reports import (
+    CapacityReport,
+    CostRate,
+    Demand,
+    EfficiencyReport,
+    EfficiencyRow,
+    Forecast,
+    ForecastHorizon,
+    IdleAllocation,
+    ModelCapacity,
+    TeamWaste,
+    TrendBucket,
+    UsageReport,
+    UsageRow,
+    WasteOrphan,
+    WasteReport,
+)
 
 FilterValues = Mapping[str, str | Sequence[str] | None]
 
 
-# --- response models ------------------------------------------------------------------------------------------------
-class ReportRow(ApiModel):
-    """One group of a usage or efficiency report: its dimension values (extra fields, e.g. `team`) and measures."""
-
-    gpu_seconds: float | None = None
-    gpu_hours: float | None = None
-    cost: float | None = None
-    unpriced_gpu_seconds: float | None = None
-    avg_utilization_pct: float | None = None
-    allocated_gpu_hours: float | None = None
-    measured_gpu_hours: float | None = None
-    used_gpu_hours: float | None = None
-    idle_gpu_hours: float | None = None
-    efficiency_pct: float | None = None
-    idle_pct: float | None = None
-    telemetry_coverage_pct: float | None = None
-    allocations: int | None = None
-    jobs: int | None = None
-
-    def dims(self, group_by: Sequence[str]) -> dict[str, Any]:
-        return {d: self.raw.get(d) for d in group_by}
-
-
-class Report(ApiModel):
-    start: datetime
-    end: datetime
-    as_of: datetime | None = None
-    currency: str = "USD"
-    idle_util_pct: float | None = None
-    group_by: list[str] = Field(default_factory=list)
-    filters: dict[str, list[str]] = Field(default_factory=dict)
-    rows: list[ReportRow] = Field(default_factory=list)
-    truncated: bool = False
-    total: ReportRow | None = None
-
-
-class CapacityDemand(ApiModel):
-    queued_gpu_hours: float = 0.0
-    pending_gpus: float = 0.0
-    waits: int = 0
-    wait_p50_s: float | None = None
-    wait_p90_s: float | None = None
-    wait_p99_s: float | None = None
-    wait_max_s: float | None = None
-    peak_demand_gpus: float = 0.0
-    peak_allocated_gpus: float = 0.0
-    allocated_gpu_hours: float = 0.0
-
-
-class TrendPoint(ApiModel):
-    start: datetime
-    peak_demand_gpus: float = 0.0
-    peak_allocated_gpus: float = 0.0
-    supply_gpus: int = 0
-
-
-class ForecastHorizon(ApiModel):
-    days: int
-    mean_gpus: float | None = None
-    peak_gpus: float | None = None
-    peak_low_gpus: float | None = None
-    peak_high_gpus: float | None = None
-
-
-class Forecast(ApiModel):
-    method: str = ""
-    status: str = "insufficient_data"
-    fit: str = "insufficient_data"
-    points: int = 0
-    slope_gpus_per_day: float | None = None
-    level_gpus: float | None = None
-    residual_sd_gpus: float | None = None
-    weekly_gpus: dict[str, float] | None = None
-    next: list[ForecastHorizon] = Field(default_factory=list)
-    exceeds_supply_at: datetime | None = None
-
-    def horizon(self, days: int) -> ForecastHorizon | None:
-        return next((h for h in self.next if h.days == days), None)
-
-
-class ModelCapacity(ApiModel):
-    gpu_model: str
-    supply_gpus: int = 0
-    demand: CapacityDemand = Field(default_factory=CapacityDemand)
-    allocated_pct_of_supply: float | None = None
-    trend: list[TrendPoint] = Field(default_factory=list)
-    forecast: Forecast = Field(default_factory=Forecast)
-
-
-class CapacityReport(ApiModel):
-    start: datetime
-    end: datetime
-    as_of: datetime | None = None
-    bucket_s: int = 86400
-    team: str | None = None
-    models: list[ModelCapacity] = Field(default_factory=list)
-
-
-class IdleAllocation(ApiModel):
-    allocation_id: str
-    job_id: str = ""
-    team: str = ""
-    project: str = ""
-    user: str = ""
-    kind: str = ""
-    cluster: str = ""
-    node: str = ""
-    gpu_model: str = ""
-    gpus: int = 0
-    gpu_share: float = 0.0
-    granted_at: datetime | None = None
-    released_at: datetime | None = None
-    running: bool = False
-    release_reason: str | None = None
-    gpu_hours: float = 0.0
-    idle_gpu_hours: float = 0.0
-    idle_fraction: float = 0.0
-    avg_utilization_pct: float | None = None
-
-
-class WasteOrphan(ApiModel):
-    gpu_uuid: str
-    orphan: str
-    allocation_id: str | None = None
-    job_id: str | None = None
-    team: str | None = None
-    cluster: str = ""
-    node: str = ""
-    pids: list[int] = Field(default_factory=list)
-    since: datetime | None = None
-    first_detected_at: datetime | None = None
-    last_detected_at: datetime | None = None
-    reports: int = 0
-
-
-class WasteReport(ApiModel):
-    start: datetime
-    end: datetime
-    as_of: datetime | None = None
-    currency: str = "USD"
-    idle_util_pct: float | None = None
-    min_idle_fraction: float = 0.5
-    idle_gpu_hours: float = 0.0
-    by_team: list[ReportRow] = Field(default_factory=list)
-    idle_allocations: list[IdleAllocation] = Field(default_factory=list)
-    orphans: list[WasteOrphan] = Field(default_factory=list)
-
-
-class CostRate(ApiModel):
-    gpu_model: str
-    mig_profile: str = ""
-    effective_from: datetime
-    price_per_hour: float
-    set_by: str = ""
-    set_at: datetime | None = None
+# the response models are the gateway's own (libs/contracts/api_reports.py), re-exported
+__all__ = ["CapacityReport", "CostRate", "Demand", "EfficiencyReport", "EfficiencyRow", "Forecast",
+           "ForecastHorizon", "IdleAllocation", "ModelCapacity", "ReportsApi", "TeamWaste", "TrendBucket",
+           "UsageReport", "UsageRow", "WasteOrphan", "WasteReport", "report_params"]
 
 
 # --- the methods ----------------------------------------------------------------------------------------------------
@@ -213,10 +76,10 @@ class ReportsApi:
 
     def report_usage(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
                      group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
-                     limit: int | None = None) -> Report:
+                     limit: int | None = None) -> UsageReport:
         """GPU-seconds, GPU-hours and cost per group over [start, end) (default: the last 7 days, by team).
         Dimensions: team, project, user, kind, gpu_model, sharing, mig_profile; filters use the same names."""
-        return Report.from_api(self._report("usage", report_params(start, end, group_by, filters, limit=limit)))
+        return UsageReport.from_api(self._report("usage", report_params(start, end, group_by, filters, limit=limit)))
 
     def report_usage_csv(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
                          group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
@@ -225,9 +88,9 @@ class ReportsApi:
 
     def report_efficiency(self, start: datetime | str | None = None, end: datetime | str | None = None, *,
                           group_by: Sequence[str] | None = None, filters: FilterValues | None = None,
-                          limit: int | None = None) -> Report:
+                          limit: int | None = None) -> EfficiencyReport:
         """Allocated, measured, used and idle GPU-hours per group (default: by team)."""
-        return Report.from_api(self._report("efficiency", report_params(start, end, group_by, filters,
+        return EfficiencyReport.from_api(self._report("efficiency", report_params(start, end, group_by, filters,
                                                                         limit=limit)))
 
     def report_efficiency_csv(self, start: datetime | str | None = None, end: datetime | str | None = None, *,

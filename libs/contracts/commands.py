@@ -453,6 +453,8 @@ class JobView(BaseModel):
 
 # --- quota ------------------------------------------------------------------------------------------------------
 QUOTA_PATH_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?(/[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?){0,2}$"
+# a loan is for a team or a project, never a whole org: two or three segments
+LOAN_PATH_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?(/[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?){1,2}$"
 MODEL_PATTERN = r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$"
 
 
@@ -508,7 +510,7 @@ class SetApprovalRule(Command):
 class RequestQuotaLoan(Command):
     """Ask for extra guarantee on one quota entry until a date; a platform admin decides (approval flow)."""
 
-    path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org/team or org/team/project")
+    path: str = Field(pattern=LOAN_PATH_PATTERN, description="org/team or org/team/project")
     gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
     gpus: int = Field(ge=1, le=100_000, description="extra guaranteed GPUs")
     until: Annotated[datetime, AfterValidator(in_calendar)] = Field(

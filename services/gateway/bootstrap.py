@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_fields_from_routes
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libs.bus.connection import connect, identity_inbox
 from libs.bus.rpc import ServiceUnavailable, request
 from libs.contracts import subjects
+from libs.contracts.api import Readiness
+from libs.contracts.api_pages import Health
 from libs.contracts.commands import Empty
 from libs.observability.logging import setup_logging
 from libs.observability.tracing import child_span, extract_context, recording, setup_tracing, tracer
@@ -33,7 +38,7 @@ from services.gateway.decisions import router as decisions_router
 from services.gateway.endpoints import router as endpoints_router
 from services.gateway.events import StreamSlots
 from services.gateway.events import router as events_router
-from services.gateway.handlers import ApiError, Problem, router
+from services.gateway.handlers import ApiError, Problem, returns, router
 from services.gateway.logs import router as logs_router
 from services.gateway.malformed import protocol_class
 from services.gateway.nodes import router as nodes_router
@@ -179,16 +184,57 @@ def operation_id(route: APIRoute) -> str:
 
 
 def with_problem_component(app: FastAPI) -> None:
-    """The RFC 9457 `Problem` schema as one component, which every error response refers to."""
+    """The RFC 9457 `Problem` schema as one component, which every error response refers to; and each component's
+    `examples` as its model wrote them (FastAPI drops every null from the document, which left examples without
+    the required, nullable fields they set to null, e.g. a report's `team`)."""
     plain = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            plain().setdefault("components", {}).setdefault("schemas", {})["Problem"] = Problem.model_json_schema(
-                ref_template="#/components/schemas/{model}")
+            schemas = plain().setdefault("components", {}).setdefault("schemas", {})
+            schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            for model in _documented_models(app):
+                extra = model.model_config.get("json_schema_extra")
+                if isinstance(extra, dict) and extra.get("examples") and model.__name__ in schemas:
+                    schemas[model.__name__]["examples"] = json.loads(json.dumps(extra["examples"], default=str))
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _documented_models(app: FastAPI) -> set[type[BaseModel]]:
+    """The models the document is built from (FastAPI's own walk over the routes: bodies, parameters, responses),
+    and the models their fields name."""
+    found: set[type[BaseModel]] = set()
+    todo: list[Any] = [f.field_info.annotation for f in get_fields_from_routes(list(app.routes))]
+    while todo:
+        item = todo.pop()
+        for model in _models_in(item):
+            if model not in found:
+                found.add(model)
+                todo += [f.annotation for f in model.model_fields.values()]
+    return found
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def allowed_methods(app: FastAPI, path: str) -> str | None:
+    """Every method the document declares on the paths `path` matches (HEAD with GET, as Starlette serves it);
+    None for a path the document does not describe. Starlette's own `Allow` names only the first route that
+    matched the path (GET /v1/jobs, not its POST)."""
+    table = getattr(app.state, "allow_table", None)
+    if table is None:
+        table = app.state.allow_table = [
+            (re.compile("^" + "[^/]+".join(re.escape(part) for part in re.split(r"\{[^/}]+\}", template)) + "$"),
+             {method.upper() for method in item}) for template, item in app.openapi()["paths"].items()]
+    methods: set[str] = set().union(*(declared for pattern, declared in table if pattern.match(path)))
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods)) or None
 
 
 def add_problem_handlers(app: FastAPI) -> None:
@@ -225,7 +271,11 @@ def add_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def on_http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HttpError")
-        return problem(exc.status_code, reason, str(exc.detail), instance=req.url.path)
+        headers = exc.headers
+        if exc.status_code == 405:  # RFC 9110: a 405 names the methods the resource has
+            allow = allowed_methods(req.app, req.url.path)
+            headers = {"Allow": allow} if allow else headers
+        return problem(exc.status_code, reason, str(exc.detail), instance=req.url.path, headers=headers)
 
     @app.exception_handler(Exception)
     async def on_crash(req: Request, exc: Exception) -> JSONResponse:
@@ -281,12 +331,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     add_problem_handlers(app)
     app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes)
 
-    @app.get("/healthz", tags=["ops"], summary="The gateway process is alive")
+    # the probes need no token (`security: []`): a load balancer or kubelet calls them
+    @app.get("/healthz", tags=["ops"], summary="The gateway process is alive", openapi_extra={"security": []},
+             **returns(Health))
     async def healthz() -> dict:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["ops"], summary="NATS is connected and every service answers on the bus",
-             responses={503: {"description": "Not ready: the body says which service did not answer"}})
+             openapi_extra={"security": []}, **returns(Readiness, more={503: {
+                 "model": Readiness, "description": "Not ready: the body says which service did not answer"}}))
     async def readyz(req: Request) -> JSONResponse:
         async def ping(service: str) -> bool:
             try:

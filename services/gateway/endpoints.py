@@ -11,9 +11,19 @@ from fastapi import APIRouter, Path, Request
 from pydantic import Field
 
 from libs.contracts import subjects
+from libs.contracts.api_pages import Endpoints, LoadReport
 from libs.contracts.commands import ListAllocations, ReportLoad
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, Caller, RequestBody, call, job_team, require, require_on_job
+from services.gateway.handlers import (
+    ERRORS,
+    Caller,
+    RequestBody,
+    call,
+    job_team,
+    require,
+    require_on_job,
+    returns,
+)
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 EXAMPLE = {"job_id": "01a2...", "items": [
@@ -36,7 +46,7 @@ def endpoint_item(allocation: dict[str, Any]) -> dict[str, Any]:
                         "`ready` (its health check passes, or, without one, its work started), `since`, and "
                         "`reason` when not ready (`HealthCheckFailed`, `Draining`, the work's exit). Follow "
                         "changes as `endpoint.ready` / `endpoint.unready` events (GET /v1/events).",
-            responses={200: {"content": {"application/json": {"example": EXAMPLE}}}})
+            **returns(Endpoints, example=EXAMPLE))
 async def job_endpoints(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
     require(caller, Action.JOB_READ)
     job = await job_team(req, job_id)
@@ -62,7 +72,7 @@ class LoadBody(RequestBody):
                                       "service's load is the sum of each reporter's latest value")
 
 
-@router.post("/jobs/{job_id}/load", status_code=202, summary="Report a service's load for its autoscaler",
+@router.post("/jobs/{job_id}/load", **returns(LoadReport, 202), status_code=202, summary="Report a service's load for its autoscaler",
              tags=["jobs"],
              description="Kept as the reporter's latest value; the queue's autoscaler (every second) scales the "
                          "job toward ceil(load / target) replicas within min_replicas..max_replicas, per its "

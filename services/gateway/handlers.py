@@ -13,6 +13,24 @@ from pydantic import BaseModel, Field, model_validator
 
 from libs.bus.rpc import request
 from libs.contracts import subjects
+from libs.contracts.api import (
+    Explanation,
+    Job,
+    Pool,
+    PoolFragmentation,
+    SubmitResult,
+    WhoAmI,
+)
+from libs.contracts.api_pages import (
+    AllocationPage,
+    AuditPage,
+    JobPage,
+    NodePage,
+    TeamList,
+    TokenPage,
+    TrackedList,
+    UsagePage,
+)
 from libs.contracts.commands import (
     NAME_PATTERN,
     CancelJob,
@@ -220,6 +238,21 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 
+def returns(model: type[BaseModel], status: int = 200, *, example: Any = None, description: str | None = None,
+            more: dict[int | str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Route arguments that document the success body as `model` (one named component of the OpenAPI document,
+    from libs/contracts/api*.py, the classes the typed client parses into) and send the route's dict as it is:
+    FastAPI neither validates nor filters it (`response_model=None`), so a field the model does not name yet still
+    reaches callers and a large list costs no second validation. The models allow extra fields and default what may
+    be missing; tests/e2e/test_api_fuzz.py checks live responses against them."""
+    response: dict[str, Any] = {"model": model}
+    if description:
+        response["description"] = description
+    if example is not None:
+        response["content"] = {"application/json": {"example": example}}
+    return {"response_model": None, "responses": {status: response, **(more or {})}}
+
+
 async def job_team(req: Request, job_id: str) -> dict:
     return await call(req, subjects.QUERY_QUEUE_GET_JOB, JobRef(job_id=job_id))
 
@@ -233,7 +266,9 @@ async def require_on_job(req: Request, caller: Principal, action: Action, job_id
 
 
 @router.post("/jobs", status_code=201, summary="Submit a job", tags=["jobs"],
-             responses={200: {"description": "Replayed: same Idempotency-Key and body as an earlier submission"}})
+             **returns(SubmitResult, 201, description="Submitted (or held for approval: `approval_id`)",
+                       more={200: {"model": SubmitResult, "description": "Replayed: same Idempotency-Key and body "
+                                                                         "as an earlier submission"}}))
 async def submit_job(body: JobRequestBody, req: Request, response: Response, caller: Caller,
                      idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> dict:
     require(caller, Action.JOB_SUBMIT, body.team)
@@ -246,7 +281,7 @@ async def submit_job(body: JobRequestBody, req: Request, response: Response, cal
     return result
 
 
-@router.get("/jobs", summary="List jobs (cursor pagination)", tags=["jobs"])
+@router.get("/jobs", **returns(JobPage), summary="List jobs (cursor pagination)", tags=["jobs"])
 async def list_jobs(req: Request, caller: Caller, team: str | None = None, state: JobState | None = None,
                     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                     cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
@@ -254,7 +289,7 @@ async def list_jobs(req: Request, caller: Caller, team: str | None = None, state
     return await call(req, subjects.QUERY_QUEUE_LIST_JOBS, ListJobs(team=team, state=state, limit=limit, after=cursor))
 
 
-@router.get("/jobs/{job_id}", summary="One job with its state history", tags=["jobs"])
+@router.get("/jobs/{job_id}", **returns(Job), summary="One job with its state history", tags=["jobs"])
 async def get_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
     require(caller, Action.JOB_READ)
     job = await job_team(req, job_id)
@@ -262,7 +297,7 @@ async def get_job(job_id: Annotated[str, Path(max_length=64)], req: Request, cal
     return job
 
 
-@router.get("/jobs/{job_id}/explain", summary="Why a job is pending, running or being preempted", tags=["jobs"],
+@router.get("/jobs/{job_id}/explain", **returns(Explanation), summary="Why a job is pending, running or being preempted", tags=["jobs"],
             description="The job's state from the queue and placement's view of it (`placement`): the reason code "
                         "and message of the last cycle, its position among pending jobs, and any preemption in "
                         "progress for it or against it. A pending job's `placement.facts` says the same as its "
@@ -300,7 +335,7 @@ async def explain_job(job_id: Annotated[str, Path(max_length=64)], req: Request,
     return {"job_id": job_id, "state": job["state"], "message": job.get("message"), "placement": placement}
 
 
-@router.patch("/jobs/{job_id}", summary="Scale a service, or roll out its new command or env", tags=["jobs"],
+@router.patch("/jobs/{job_id}", **returns(Job), summary="Scale a service, or roll out its new command or env", tags=["jobs"],
               description="`replicas`: the new count (within min_replicas..max_replicas). `command` / `env`: the "
                           "service's new work (env replaces the whole environment), rolled out replica by replica "
                           "without dropping below its replicas ready (`409 NotRollable` for a single job, a gang, "
@@ -317,13 +352,13 @@ async def scale_job(job_id: Annotated[str, Path(max_length=64)], body: ScaleBody
     return result
 
 
-@router.post("/jobs/{job_id}/complete", summary="Mark a running job completed (releases its GPUs)", tags=["jobs"])
+@router.post("/jobs/{job_id}/complete", **returns(Job), summary="Mark a running job completed (releases its GPUs)", tags=["jobs"])
 async def complete_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller) -> dict:
     await require_on_job(req, caller, Action.JOB_COMPLETE, job_id)
     return await call(req, subjects.CMD_QUEUE_COMPLETE_JOB, JobRef(job_id=job_id))
 
 
-@router.post("/jobs/{job_id}/cancel", summary="Cancel a pending or running job", tags=["jobs"])
+@router.post("/jobs/{job_id}/cancel", **returns(Job), summary="Cancel a pending or running job", tags=["jobs"])
 async def cancel_job(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
                      body: CancelBody | None = None) -> dict:
     require(caller, Action.JOB_CANCEL)
@@ -343,10 +378,9 @@ async def cancel_job(job_id: Annotated[str, Path(max_length=64)], req: Request, 
                         "(`cpu_allocated_milli`) and memory (`memory_allocated_mib`) live allocations reserve there "
                         "(jobs' `cpu_milli` / `memory_mib`). Nodes registered by older agents show empty lists and "
                         "null numbers.",
-            responses={200: {"content": {"application/json": {"example": {"items": [
+            **returns(NodePage, example={"items": [
                 {"cluster": "c1", "node": "node-a", "state": "ready", **NODE_FACTS_EXAMPLE,
-                 "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288, "gpus": []}],
-                "next": None}}}}})
+                 "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288, "gpus": []}], "next": None}))
 async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                      cursor: Annotated[str | None, Query(max_length=300)] = None) -> dict:
@@ -362,12 +396,12 @@ async def list_nodes(req: Request, caller: Caller, cluster: Annotated[str | None
                         "live allocations reserve there (jobs' `cpu_milli` / `memory_mib`); `clusters[].node_totals` "
                         "and `all.node_totals` add up nodes, CPUs, memory, link speed (Gbit/s), storage (GiB) "
                         "and those reservations.",
-            responses={200: {"content": {"application/json": {"example": {
+            **returns(Pool, example={
                 "clusters": [{"cluster": "c1", "models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE,
                               "nodes": [{"node": "node-a", "state": "ready", "gpus": 8, **NODE_FACTS_EXAMPLE,
                                          "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288}]}],
                 "all": {"models": [], "totals": {}, "node_totals": NODE_TOTALS_EXAMPLE},
-                "in_use_util_pct": 5.0, "fresh_within_s": 30.0}}}}})
+                "in_use_util_pct": 5.0, "fresh_within_s": 30.0}))
 async def get_pool(req: Request, caller: Caller, cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
     require(caller, Action.POOL_READ)
     inventory = await call(req, subjects.QUERY_INVENTORY_POOL, GetPool(cluster=cluster))
@@ -388,12 +422,12 @@ async def live_allocations(req: Request) -> list[dict]:
 
 @router.get("/pool/fragmentation", tags=["pool"],
             summary="Per cluster and GPU model: free GPU capacity that no recently asked-for job shape could use",
-            responses={200: {"content": {"application/json": {"example": {
+            **returns(PoolFragmentation, example={
                 "measured_at": "2026-12-02T06:00:00+00:00", "window_s": 86400.0,
                 "rows": [{"cluster": "c1", "gpu_model": "H100-80GB", "gpus": 16, "free_gpus": 7.0,
                           "fragmented_gpus": 3.5, "fragmented_share": 0.5}],
                 "workload": [{"gpus": 8, "gpu_milli": 1000, "gpu_models": [], "share": 0.5},
-                             {"gpus": 1, "gpu_milli": 1000, "gpu_models": [], "share": 0.5}]}}}}})
+                             {"gpus": 1, "gpu_milli": 1000, "gpu_models": [], "share": 0.5}]}))
 async def get_fragmentation(req: Request, caller: Caller,
                             cluster: Annotated[str | None, Query(max_length=63)] = None) -> dict:
     """FGD's measure (Weng et al., ATC'23) on the live pool: of each cluster's and model's free GPU capacity, the
@@ -405,7 +439,7 @@ async def get_fragmentation(req: Request, caller: Caller,
     return await call(req, subjects.QUERY_PLACEMENT_FRAGMENTATION, GetPool(cluster=cluster))
 
 
-@router.get("/allocations", summary="Allocations (GPUs held by jobs)", tags=["pool"])
+@router.get("/allocations", **returns(AllocationPage), summary="Allocations (GPUs held by jobs)", tags=["pool"])
 async def list_allocations(req: Request, caller: Caller, job_id: Annotated[str | None, Query(max_length=64)] = None,
                            active: bool | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                            cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
@@ -414,7 +448,7 @@ async def list_allocations(req: Request, caller: Caller, job_id: Annotated[str |
                       ListAllocations(job_id=job_id, active=active, limit=limit, after=cursor))
 
 
-@router.get("/usage", summary="GPU-seconds ledger", tags=["accounting"])
+@router.get("/usage", **returns(UsagePage), summary="GPU-seconds ledger", tags=["accounting"])
 async def list_usage(req: Request, caller: Caller, team: Annotated[str | None, Query(max_length=63)] = None,
                      job_id: Annotated[str | None, Query(max_length=64)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -424,13 +458,13 @@ async def list_usage(req: Request, caller: Caller, team: Annotated[str | None, Q
                       ListUsage(team=team, job_id=job_id, limit=limit, after=cursor))
 
 
-@router.get("/teams", summary="Teams and their quotas", tags=["quota"])
+@router.get("/teams", **returns(TeamList), summary="Teams and their quotas", tags=["quota"])
 async def list_teams(req: Request, caller: Caller) -> dict:
     require(caller, Action.TEAM_READ)
     return await call(req, subjects.QUERY_QUOTA_LIST_TEAMS, Empty())
 
 
-@router.get("/reclamation/tracked", summary="Live allocations with idle time from telemetry", tags=["reclaim"])
+@router.get("/reclamation/tracked", **returns(TrackedList), summary="Live allocations with idle time from telemetry", tags=["reclaim"])
 async def list_tracked(req: Request, caller: Caller) -> dict:
     require(caller, Action.POOL_READ)
     return await call(req, subjects.QUERY_RECLAMATION_LIST_TRACKED, Empty())
@@ -487,7 +521,7 @@ async def create_token(body: TokenRequest, req: Request, caller: Caller) -> NewT
     return NewToken(**view.model_dump(), token=token)
 
 
-@router.get("/tokens", summary="List API tokens (never their secrets)", tags=["security"])
+@router.get("/tokens", **returns(TokenPage), summary="List API tokens (never their secrets)", tags=["security"])
 async def list_tokens(req: Request, caller: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                       cursor: Annotated[str | None, Query(max_length=64)] = None) -> dict:
     require(caller, Action.TOKEN_MANAGE)
@@ -511,7 +545,7 @@ async def revoke_token(token_id: Annotated[str, Path(max_length=64)], req: Reque
     return Response(status_code=204)
 
 
-@router.get("/audit", summary="Audit log of administrative actions (newest first)", tags=["security"])
+@router.get("/audit", **returns(AuditPage), summary="Audit log of administrative actions (newest first)", tags=["security"])
 async def list_audit(req: Request, caller: Caller, action: Annotated[str | None, Query(max_length=64)] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                      cursor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None) -> dict:
@@ -524,7 +558,7 @@ async def list_audit(req: Request, caller: Caller, action: Annotated[str | None,
         "after": json.loads(r["after"]) if r["after"] else None, "trace_id": r["trace_id"]}, lambda e: e["id"])
 
 
-@router.get("/whoami", summary="The authenticated caller: subject, role, team", tags=["security"])
+@router.get("/whoami", **returns(WhoAmI), summary="The authenticated caller: subject, role, team", tags=["security"])
 async def whoami(caller: Caller) -> dict:
     return {"subject": caller.subject, "role": caller.role, "team": caller.team, "via": caller.via,
             "allowed": sorted(a.value for a in Action if caller.scope(a))}

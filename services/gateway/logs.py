@@ -338,7 +338,7 @@ MULTI_EXAMPLE = "[replica 0] rank 0 ready\n[replica 1] rank 1 ready\n"
                         "pending or launching), the caller disconnects, or 24 h. `404 NoLogs`: the job runs no "
                         "command, or (without follow) has no allocation yet; `503 AgentUnavailable`: a node's "
                         "agent did not answer.",
-            responses={200: {"content": {TEXT: {"examples": {
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}, "examples": {
                 "one replica": {"value": LOGS_EXAMPLE}, "several replicas": {"value": MULTI_EXAMPLE}}}}}})
 async def job_logs(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
                    replica: Annotated[int | None, Query(ge=0, le=4095, description="one replica or gang member")]

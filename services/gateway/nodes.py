@@ -13,6 +13,8 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import Field
 
 from libs.contracts import subjects
+from libs.contracts.api import GpuChange, Node
+from libs.contracts.api_pages import OrphanPage
 from libs.contracts.commands import (
     NAME_PATTERN,
     CordonNode,
@@ -23,7 +25,7 @@ from libs.contracts.commands import (
 )
 from services.gateway.bodies import RequestBody
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, Caller, call, live_allocations, record, require
+from services.gateway.handlers import ERRORS, Caller, call, live_allocations, record, require, returns
 from services.gateway.pool import NODE_FACTS_EXAMPLE, host_reserved
 
 router = APIRouter(prefix="/v1", responses=ERRORS, tags=["nodes"])
@@ -64,9 +66,9 @@ def _target(cluster: str | None, node: str) -> str:
 
 @router.get("/nodes/{node}", summary="One node: facts, state, cordon, and each GPU's health state, sharing mode, "
             "holder and latest telemetry",
-            responses={200: {"content": {"application/json": {"example": {
+            **returns(Node, example={
                 "cluster": "c1", "node": "node-a", "state": "ready", "cordoned": False, **NODE_FACTS_EXAMPLE,
-                "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288, "gpus": []}}}}},
+                "cpu_allocated_milli": 64000, "memory_allocated_mib": 524288, "gpus": []}),
             description="`cpu_allocated_milli` / `memory_allocated_mib`: the host CPU and memory live allocations "
                         "reserve on the node (jobs' `cpu_milli` / `memory_mib`), beside its `cpu_count` and "
                         "`memory_mib`.")
@@ -89,25 +91,25 @@ async def _cordon(req: Request, caller, node: str, cluster: str | None, action: 
     return after
 
 
-@router.post("/nodes/{node}/cordon", summary="Cordon: no new work is placed on the node (running work stays)")
+@router.post("/nodes/{node}/cordon", **returns(Node), summary="Cordon: no new work is placed on the node (running work stays)")
 async def cordon(node: NodeName, req: Request, caller: Caller, cluster: Cluster = None,
                  body: CordonBody | None = None) -> dict:
     return await _cordon(req, caller, node, cluster, "cordon", body)
 
 
-@router.post("/nodes/{node}/drain", summary="Drain: cordon, and take the node's allocations back (reason Drained; "
+@router.post("/nodes/{node}/drain", **returns(Node), summary="Drain: cordon, and take the node's allocations back (reason Drained; "
              "restartable jobs are requeued elsewhere)")
 async def drain(node: NodeName, req: Request, caller: Caller, cluster: Cluster = None,
                 body: CordonBody | None = None) -> dict:
     return await _cordon(req, caller, node, cluster, "drain", body)
 
 
-@router.post("/nodes/{node}/uncordon", summary="Uncordon: the node takes new work again (once it is ready)")
+@router.post("/nodes/{node}/uncordon", **returns(Node), summary="Uncordon: the node takes new work again (once it is ready)")
 async def uncordon(node: NodeName, req: Request, caller: Caller, cluster: Cluster = None) -> dict:
     return await _cordon(req, caller, node, cluster, "uncordon", None)
 
 
-@router.put("/nodes/{node}/gpus/{index}/sharing", summary="Set how one GPU is shared: exclusive, fractional or mig")
+@router.put("/nodes/{node}/gpus/{index}/sharing", **returns(GpuChange), summary="Set how one GPU is shared: exclusive, fractional or mig")
 async def set_sharing(node: NodeName, index: GpuIndex, body: SharingBody, req: Request, caller: Caller,
                       cluster: Cluster = None) -> dict:
     """Held work is never moved: a GPU that holds work keeps its mode and takes no new work (`draining_to` in the
@@ -122,7 +124,7 @@ async def set_sharing(node: NodeName, index: GpuIndex, body: SharingBody, req: R
     return result
 
 
-@router.post("/nodes/{node}/gpus/{index}/health", summary="An operator's word on a GPU's health: clear a "
+@router.post("/nodes/{node}/gpus/{index}/health", **returns(GpuChange), summary="An operator's word on a GPU's health: clear a "
              "quarantine (the GPU enters probation) or quarantine it now")
 async def set_health(node: NodeName, index: GpuIndex, body: HealthBody, req: Request, caller: Caller,
                      cluster: Cluster = None) -> dict:
@@ -134,7 +136,7 @@ async def set_health(node: NodeName, index: GpuIndex, body: HealthBody, req: Req
     return result
 
 
-@router.get("/orphans", summary="Waste inventory saw: processes on GPUs no allocation holds, allocations whose GPUs "
+@router.get("/orphans", **returns(OrphanPage), summary="Waste inventory saw: processes on GPUs no allocation holds, allocations whose GPUs "
             "run no process")
 async def list_orphans(req: Request, caller: Caller, cluster: Cluster = None,
                        open_only: Annotated[bool, Query(alias="open", description="only those still going on")] = True,

@@ -11,7 +11,18 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import Field
 
 from libs.contracts import subjects
+from libs.contracts.api import Approval, PriorityClass, QuotaEntry, ReclaimPolicy
+from libs.contracts.api import ApprovalRule as ApprovalRuleView
+from libs.contracts.api_pages import (
+    ApprovalPage,
+    PriorityClassList,
+    QuotaEntryList,
+    QuotaLoanList,
+    ReclaimPolicyList,
+    TeamCreated,
+)
 from libs.contracts.commands import (
+    LOAN_PATH_PATTERN,
     MODEL_PATTERN,
     NAME_PATTERN,
     QUOTA_PATH_PATTERN,
@@ -30,7 +41,7 @@ from libs.contracts.commands import (
 )
 from services.gateway.bodies import Instant, RequestBody
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require, team_filter
+from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require, returns, team_filter
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -67,7 +78,7 @@ class PriorityClassBody(RequestBody):
     description: str = Field(default="", max_length=500)
 
 
-@router.post("/teams", status_code=201, summary="Create a team (and its org)", tags=["quota"])
+@router.post("/teams", **returns(TeamCreated, 201), status_code=201, summary="Create a team (and its org)", tags=["quota"])
 async def create_team(body: TeamBody, req: Request, caller: Caller) -> dict:
     require(caller, Action.QUOTA_MANAGE)
     result = await call(req, subjects.CMD_QUOTA_CREATE_TEAM, CreateTeam(team=body.team, org=body.org))
@@ -76,14 +87,14 @@ async def create_team(body: TeamBody, req: Request, caller: Caller) -> dict:
     return result
 
 
-@router.get("/quotas", summary="Every quota entry of the org → team → project tree", tags=["quota"])
+@router.get("/quotas", **returns(QuotaEntryList), summary="Every quota entry of the org → team → project tree", tags=["quota"])
 async def list_quotas(req: Request, caller: Caller) -> dict:
     require(caller, Action.TEAM_READ)
     policy = await call(req, subjects.QUERY_QUOTA_POLICY, Empty())
     return {"items": policy["quotas"], "next": None}
 
 
-@router.put("/quotas", summary="Set one quota entry (created if missing)", tags=["quota"])
+@router.put("/quotas", **returns(QuotaEntry), summary="Set one quota entry (created if missing)", tags=["quota"])
 async def set_quota(body: QuotaBody, req: Request, caller: Caller) -> dict:
     require(caller, Action.QUOTA_MANAGE)
     result = await call(req, subjects.CMD_QUOTA_SET_QUOTA, SetQuota(**body.model_dump()))
@@ -100,14 +111,14 @@ async def delete_quota(req: Request, caller: Caller,
     await record(req, caller, "quota.delete", f"{path}:{gpu_model}", result["before"], None)
 
 
-@router.get("/priority-classes", summary="Priority classes (higher value runs first)", tags=["quota"])
+@router.get("/priority-classes", **returns(PriorityClassList), summary="Priority classes (higher value runs first)", tags=["quota"])
 async def list_priority_classes(req: Request, caller: Caller) -> dict:
     require(caller, Action.TEAM_READ)
     policy = await call(req, subjects.QUERY_QUOTA_POLICY, Empty())
     return {"items": policy["priority_classes"], "next": None}
 
 
-@router.put("/priority-classes/{name}", summary="Create or change a priority class", tags=["quota"])
+@router.put("/priority-classes/{name}", **returns(PriorityClass), summary="Create or change a priority class", tags=["quota"])
 async def set_priority_class(name: Annotated[str, Path(pattern=NAME_PATTERN)], body: PriorityClassBody,
                              req: Request, caller: Caller) -> dict:
     require(caller, Action.QUOTA_MANAGE)
@@ -128,7 +139,7 @@ class RuleBody(RequestBody):
     enabled: bool = True
 
 
-@router.get("/approvals", summary="Approval requests (team-scoped callers see their team's)", tags=["approvals"])
+@router.get("/approvals", **returns(ApprovalPage), summary="Approval requests (team-scoped callers see their team's)", tags=["approvals"])
 async def list_approvals(req: Request, caller: Caller, team: Annotated[str | None, Query(max_length=63)] = None,
                          state: Annotated[str | None, Query(pattern="^(pending|approved|denied|withdrawn)$")] = None,
                          kind: Annotated[str | None, Query(pattern="^(job|loan)$")] = None,
@@ -158,13 +169,13 @@ async def _decide(req: Request, caller, approval_id: str, approve: bool, body: D
     return decided
 
 
-@router.post("/approvals/{approval_id}/approve", summary="Approve: the job joins the queue", tags=["approvals"])
+@router.post("/approvals/{approval_id}/approve", **returns(Approval), summary="Approve: the job joins the queue", tags=["approvals"])
 async def approve(approval_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
                   body: DecisionBody | None = None) -> dict:
     return await _decide(req, caller, approval_id, True, body)
 
 
-@router.post("/approvals/{approval_id}/deny", summary="Deny: the job fails with ApprovalDenied", tags=["approvals"])
+@router.post("/approvals/{approval_id}/deny", **returns(Approval), summary="Deny: the job fails with ApprovalDenied", tags=["approvals"])
 async def deny(approval_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
                body: DecisionBody | None = None) -> dict:
     return await _decide(req, caller, approval_id, False, body)
@@ -177,14 +188,14 @@ class LoanBody(RequestBody):
         {"path": "default/research", "gpu_model": "H100-80GB", "gpus": 8, "until": "2026-12-24T00:00:00Z",
          "reason": "paper deadline"}]}}
 
-    path: str = Field(pattern=QUOTA_PATH_PATTERN, description="org/team or org/team/project")
+    path: str = Field(pattern=LOAN_PATH_PATTERN, description="org/team or org/team/project")
     gpu_model: str = Field(default="*", pattern=MODEL_PATTERN)
     gpus: int = Field(ge=1, le=100_000)
     until: Instant = Field(description="when the loan ends (at most 90 days ahead); with a time zone")
     reason: str = Field(min_length=1, max_length=500)
 
 
-@router.post("/quota-loans", status_code=201, summary="Ask for a time-boxed quota loan (goes to approval)",
+@router.post("/quota-loans", **returns(Approval, 201), status_code=201, summary="Ask for a time-boxed quota loan (goes to approval)",
              tags=["approvals"])
 async def request_loan(body: LoanBody, req: Request, caller: Caller) -> dict:
     """Team admins ask for their own team; the request appears in `GET /v1/approvals` (kind `loan`) and only a
@@ -198,13 +209,13 @@ async def request_loan(body: LoanBody, req: Request, caller: Caller) -> dict:
     return result
 
 
-@router.get("/quota-loans", summary="Quota loans granted (active ones, or all)", tags=["approvals"])
+@router.get("/quota-loans", **returns(QuotaLoanList), summary="Quota loans granted (active ones, or all)", tags=["approvals"])
 async def list_loans(req: Request, caller: Caller, active: bool = False) -> dict:
     require(caller, Action.TEAM_READ)
     return await call(req, subjects.QUERY_QUOTA_LOANS, ListQuotaLoans(active_only=active))
 
 
-@router.put("/approval-rules/{rule}", summary="Set an admission rule that requires approval", tags=["approvals"])
+@router.put("/approval-rules/{rule}", **returns(ApprovalRuleView), summary="Set an admission rule that requires approval", tags=["approvals"])
 async def set_approval_rule(rule: ApprovalRule, body: RuleBody, req: Request, caller: Caller) -> dict:
     require(caller, Action.QUOTA_MANAGE)
     result = await call(req, subjects.CMD_QUOTA_SET_APPROVAL_RULE,
@@ -224,13 +235,13 @@ class ReclaimPolicyBody(RequestBody):
     enforce_max_runtime: bool = True
 
 
-@router.get("/reclaim-policies", summary="What is taken back, per job kind", tags=["reclaim"])
+@router.get("/reclaim-policies", **returns(ReclaimPolicyList), summary="What is taken back, per job kind", tags=["reclaim"])
 async def list_reclaim_policies(req: Request, caller: Caller) -> dict:
     require(caller, Action.TEAM_READ)
     return await call(req, subjects.QUERY_RECLAMATION_POLICIES, Empty())
 
 
-@router.put("/reclaim-policies/{kind}", summary="Set the reclaim policy of a job kind", tags=["reclaim"])
+@router.put("/reclaim-policies/{kind}", **returns(ReclaimPolicy), summary="Set the reclaim policy of a job kind", tags=["reclaim"])
 async def set_reclaim_policy(kind: JobKind, body: ReclaimPolicyBody, req: Request, caller: Caller) -> dict:
     require(caller, Action.QUOTA_MANAGE)
     result = await call(req, subjects.CMD_RECLAMATION_SET_POLICY, SetReclaimPolicy(kind=kind, **body.model_dump()))

@@ -17,6 +17,16 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from libs.contracts import subjects
+from libs.contracts.api_reports import (
+    CapacityReport,
+    CostRate,
+    CostRates,
+    EfficiencyReport,
+    History,
+    IdleAllocation,
+    UsageReport,
+    WasteReport,
+)
 from libs.contracts.reports import (
     DIMENSIONS,
     GPU_MODEL_PATTERN,
@@ -41,285 +51,6 @@ CSV_TYPE = "text/csv; charset=utf-8"
 Format = Literal["json", "csv"]
 Filter = Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]] | None,
                    Query(max_length=MAX_FILTER_VALUES, description="only these values (repeatable)")]
-
-# --- response documents (OpenAPI) ------------------------------------------------------------------------------
-_T0, _T1 = "2026-03-01T00:00:00+00:00", "2026-04-01T00:00:00+00:00"
-
-
-class UsageRow(BaseModel):
-    """One group: its dimension values (e.g. `team`) and the GPU time it used."""
-
-    model_config = ConfigDict(extra="allow")
-    gpu_seconds: float = Field(description="Σ (release − grant) × share per GPU inside the range; exact to 1 µs")
-    gpu_hours: float
-    cost: float = Field(description="priced with the rate in force at each moment")
-    unpriced_gpu_seconds: float = Field(description="GPU time of models without a price in force")
-    avg_utilization_pct: float | None = Field(description="from inventory's one-minute rollups; null: none seen")
-    allocations: int
-    jobs: int
-
-
-class UsageTotal(BaseModel):
-    gpu_seconds: float
-    gpu_hours: float
-    cost: float
-    unpriced_gpu_seconds: float
-    avg_utilization_pct: float | None
-
-
-class ReportFrame(BaseModel):
-    start: datetime
-    end: datetime
-    as_of: datetime = Field(description="min(end, now): running allocations count up to here")
-    currency: str
-    idle_util_pct: float = Field(description="a rollup minute at or below this utilization counts as idle")
-
-
-class UsageReport(ReportFrame):
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "start": _T0, "end": _T1, "as_of": _T1, "currency": "USD", "idle_util_pct": 5.0, "group_by": ["team"],
-        "filters": {}, "truncated": False,
-        "rows": [{"team": "research", "gpu_seconds": 7201.0, "gpu_hours": 2.000278, "cost": 5.250417,
-                  "unpriced_gpu_seconds": 0.0, "avg_utilization_pct": 41.0, "allocations": 1, "jobs": 1}],
-        "total": {"gpu_seconds": 7201.0, "gpu_hours": 2.000278, "cost": 5.250417, "unpriced_gpu_seconds": 0.0,
-                  "avg_utilization_pct": 41.0}}]})
-    group_by: list[str]
-    filters: dict[str, list[str]]
-    rows: list[UsageRow]
-    truncated: bool = Field(description="more groups than `limit`: the largest are shown")
-    total: UsageTotal
-
-
-class EfficiencyTotal(BaseModel):
-    allocated_gpu_hours: float
-    measured_gpu_hours: float = Field(description="allocated GPU-hours of intervals with utilization rollups")
-    used_gpu_hours: float = Field(description="measured GPU-hours × average utilization")
-    idle_gpu_hours: float = Field(description="measured GPU-hours in minutes at or below idle_util_pct")
-    efficiency_pct: float | None
-    idle_pct: float | None
-    telemetry_coverage_pct: float | None
-
-
-class EfficiencyRow(EfficiencyTotal):
-    model_config = ConfigDict(extra="allow")
-    allocations: int
-    jobs: int
-
-
-class EfficiencyReport(ReportFrame):
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "start": _T0, "end": _T1, "as_of": _T1, "currency": "USD", "idle_util_pct": 5.0, "group_by": ["team"],
-        "filters": {}, "truncated": False,
-        "rows": [{"team": "research", "allocated_gpu_hours": 2.0, "measured_gpu_hours": 2.0, "used_gpu_hours": 0.82,
-                  "idle_gpu_hours": 1.0, "efficiency_pct": 41.0, "idle_pct": 50.0, "telemetry_coverage_pct": 100.0,
-                  "allocations": 1, "jobs": 1}],
-        "total": {"allocated_gpu_hours": 2.0, "measured_gpu_hours": 2.0, "used_gpu_hours": 0.82,
-                  "idle_gpu_hours": 1.0, "efficiency_pct": 41.0, "idle_pct": 50.0,
-                  "telemetry_coverage_pct": 100.0}}]})
-    group_by: list[str]
-    filters: dict[str, list[str]]
-    rows: list[EfficiencyRow]
-    truncated: bool
-    total: EfficiencyTotal
-
-
-class Demand(BaseModel):
-    queued_gpu_hours: float = Field(description="Σ GPUs asked for × time waiting in the queue")
-    pending_gpus: float = Field(description="GPUs asked for by jobs waiting now (0 for a range in the past)")
-    waits: int = Field(description="waits that ended with a grant inside the range")
-    wait_p50_s: float | None
-    wait_p90_s: float | None
-    wait_p99_s: float | None
-    wait_max_s: float | None
-    peak_demand_gpus: float = Field(description="highest allocated + waiting GPUs at any moment")
-    peak_allocated_gpus: float
-    allocated_gpu_hours: float
-
-
-class TrendBucket(BaseModel):
-    start: datetime
-    peak_demand_gpus: float
-    peak_allocated_gpus: float
-    supply_gpus: int
-
-
-class ForecastHorizon(BaseModel):
-    days: int
-    mean_gpus: float | None = Field(description="mean forecast demand over the next `days` days")
-    peak_gpus: float | None = Field(description="highest forecast demand (trend + weekday) in those days")
-    peak_low_gpus: float | None = Field(description="peak − 1.28 × residual standard deviation (never below 0)")
-    peak_high_gpus: float | None = Field(description="peak + 1.28 × residual standard deviation (an 80% band)")
-
-
-class Forecast(BaseModel):
-    method: str
-    status: Literal["exceeds", "will_exceed", "ok", "insufficient_data"]
-    fit: Literal["trend+weekly", "trend", "insufficient_data"] = Field(
-        description="trend+weekly: linear trend and day-of-week terms (≥ 14 days, every weekday twice); trend: "
-                    "the line alone; insufficient_data: fewer than 3 bucket peaks")
-    points: int = Field(description="bucket peaks the fit used")
-    slope_gpus_per_day: float | None = Field(description="the trend, GPUs of peak demand per day")
-    level_gpus: float | None = Field(description="fitted demand at the last bucket")
-    residual_sd_gpus: float | None
-    weekly_gpus: dict[str, float] | None = Field(description="day-of-week deviations from the trend (mon…sun, "
-                                                             "summing to 0); null without the weekly fit")
-    next: list[ForecastHorizon] = Field(description="the next 7 and 30 days")
-    exceeds_supply_at: datetime | None = Field(description="when the trend line reaches supply (will_exceed)")
-
-
-class ModelCapacity(BaseModel):
-    gpu_model: str = Field(description="`any`: jobs that accept any model (their supply is every GPU)")
-    supply_gpus: int = Field(description="GPUs of the model on nodes not lost, not failed")
-    demand: Demand
-    allocated_pct_of_supply: float | None
-    trend: list[TrendBucket]
-    forecast: Forecast
-
-
-class CapacityReport(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "start": _T0, "end": _T1, "as_of": _T1, "bucket_s": 86400, "team": None, "models": [{
-            "gpu_model": "H100-80GB", "supply_gpus": 32,
-            "demand": {"queued_gpu_hours": 41.5, "pending_gpus": 8, "waits": 120, "wait_p50_s": 42.0,
-                       "wait_p90_s": 610.0, "wait_p99_s": 2400.0, "wait_max_s": 3100.0, "peak_demand_gpus": 30,
-                       "peak_allocated_gpus": 28, "allocated_gpu_hours": 14880.0},
-            "allocated_pct_of_supply": 62.0,
-            "trend": [{"start": _T0, "peak_demand_gpus": 22, "peak_allocated_gpus": 22, "supply_gpus": 32}],
-            "forecast": {"method": "least squares through each bucket's peak demand: a linear trend, plus "
-                                   "day-of-week terms with at least 14 days of data", "status": "will_exceed",
-                         "fit": "trend+weekly", "points": 31, "slope_gpus_per_day": 0.3, "level_gpus": 29.1,
-                         "residual_sd_gpus": 1.2, "weekly_gpus": {"mon": 2.0, "tue": 2.1, "wed": 1.9, "thu": 2.0,
-                                                                  "fri": 1.0, "sat": -4.5, "sun": -4.5},
-                         "next": [{"days": 7, "mean_gpus": 30.2, "peak_gpus": 33.2, "peak_low_gpus": 31.7,
-                                   "peak_high_gpus": 34.7},
-                                  {"days": 30, "mean_gpus": 33.7, "peak_gpus": 40.1, "peak_low_gpus": 38.6,
-                                   "peak_high_gpus": 41.6}],
-                         "exceeds_supply_at": "2026-04-08T00:00:00+00:00"}}]}]})
-    start: datetime
-    end: datetime
-    as_of: datetime
-    bucket_s: int
-    team: str | None
-    models: list[ModelCapacity]
-
-
-class IdleAllocation(BaseModel):
-    allocation_id: str
-    job_id: str
-    team: str
-    project: str
-    user: str
-    kind: str
-    cluster: str
-    node: str
-    gpu_model: str
-    gpus: int
-    gpu_share: float
-    granted_at: datetime
-    released_at: datetime | None
-    running: bool
-    release_reason: str | None
-    gpu_hours: float
-    idle_gpu_hours: float
-    idle_fraction: float
-    avg_utilization_pct: float
-
-
-class Orphan(BaseModel):
-    gpu_uuid: str
-    orphan: Literal["process_without_allocation", "allocation_without_process"]
-    allocation_id: str | None
-    job_id: str | None
-    team: str | None
-    cluster: str
-    node: str
-    pids: list[int]
-    since: datetime
-    first_detected_at: datetime
-    last_detected_at: datetime
-    reports: int
-
-
-class TeamWaste(EfficiencyTotal):
-    team: str
-
-
-class WasteReport(ReportFrame):
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "start": _T0, "end": _T1, "as_of": _T1, "currency": "USD", "idle_util_pct": 5.0, "filters": {},
-        "min_idle_fraction": 0.5, "idle_gpu_hours": 1.5,
-        "by_team": [{"team": "research", "allocated_gpu_hours": 2.0, "measured_gpu_hours": 2.0,
-                     "used_gpu_hours": 0.82, "idle_gpu_hours": 1.0, "efficiency_pct": 41.0, "idle_pct": 50.0,
-                     "telemetry_coverage_pct": 100.0}],
-        "idle_allocations": [{"allocation_id": "0193…", "job_id": "0193…", "team": "research", "project": "default",
-                              "user": "alice", "kind": "dev", "cluster": "sim", "node": "sim-node-01",
-                              "gpu_model": "H100-80GB", "gpus": 1, "gpu_share": 1.0, "granted_at": _T0,
-                              "released_at": None, "running": True, "release_reason": None, "gpu_hours": 2.0,
-                              "idle_gpu_hours": 1.9, "idle_fraction": 0.95, "avg_utilization_pct": 1.2}],
-        "orphans": [{"gpu_uuid": "GPU-…", "orphan": "process_without_allocation", "allocation_id": None,
-                     "job_id": None, "team": None, "cluster": "sim", "node": "sim-node-02", "pids": [4242],
-                     "since": _T0, "first_detected_at": _T0, "last_detected_at": _T0, "reports": 3}]}]})
-    filters: dict[str, list[str]]
-    min_idle_fraction: float
-    idle_gpu_hours: float
-    by_team: list[TeamWaste]
-    idle_allocations: list[IdleAllocation]
-    orphans: list[Orphan]
-
-
-class HistoryJob(BaseModel):
-    job_id: str
-    name: str | None
-    team: str
-    project: str
-    user: str
-    kind: str
-    priority: int
-    priority_class: str
-    gpus: int = Field(description="GPUs asked for (a gang's total); 1 for a fraction or a MIG slice")
-    gpu_models: list[str] = Field(description="models it accepts; empty: any")
-    gpu_fraction_milli: int
-    mig_profile: str
-    gang_nodes: int
-    gpus_per_node: int
-    replicas: int
-    max_runtime_s: float | None
-    submitted_at: datetime = Field(description="when it first entered the queue")
-    submit_time: float = Field(description="the same, Unix seconds")
-    started_at: datetime | None = Field(description="its first grant; null: never granted")
-    start_time: float | None
-    ended_at: datetime | None = Field(description="the release of its last run; null: running or never granted")
-    end_time: float | None
-    duration_s: float | None = Field(description="its last run, grant to release (to `as_of` while running)")
-    wait_s: float | None = Field(description="first entering the queue to the first grant")
-    gpu_model_granted: str | None
-    gpu_share: float | None = Field(description="GPUs its last run held, each by its share")
-    nodes: int | None
-    state: Literal["waiting", "running", "ended", "cancelled"]
-
-
-class History(BaseModel):
-    start: datetime
-    end: datetime
-    as_of: datetime
-    items: list[HistoryJob]
-    next: str | None = Field(description="pass as `after` for the next page; null: the last page")
-
-
-class CostRate(BaseModel):
-    gpu_model: str
-    mig_profile: str = Field(description="empty: per GPU-hour of the model; else per instance-hour of the profile")
-    effective_from: datetime
-    price_per_hour: float
-    set_by: str
-    set_at: datetime
-
-
-class CostRates(BaseModel):
-    items: list[CostRate]
-    next: str | None
-    currency: str
-
 
 class CostRateBody(RequestBody):
     """A price in force from `effective_from` until the next one of the same model and profile."""
@@ -437,7 +168,9 @@ CAPACITY_COLUMNS = ["gpu_model", "supply_gpus", "queued_gpu_hours", "pending_gpu
                     "slope_gpus_per_day", "forecast_7d_peak_gpus", "forecast_30d_peak_gpus", "exceeds_supply_at"]
 WASTE_COLUMNS = list(IdleAllocation.model_fields)
 
-RangeFrom = Annotated[datetime | None, Query(alias="from", description="start (inclusive); default: `to` − 7 days")]
+RangeFrom = Annotated[datetime | None, Query(alias="from", description=(
+    f"start (inclusive); default: `to` − 7 days; at most {MAX_REPORT_DAYS} days before `to` (else 422 "
+    "InvalidRange)"))]
 RangeTo = Annotated[datetime | None, Query(alias="to", description="end (exclusive); default: now")]
 GroupBy = Annotated[list[Annotated[str, Field(max_length=200)]] | None, Query(
     max_length=len(DIMENSIONS), description=f"dimensions, comma-separated or repeated: {', '.join(DIMENSIONS)}; "
@@ -504,7 +237,8 @@ async def efficiency_report(req: Request, caller: Caller, start: RangeFrom = Non
                                            "2400.0,3100.0,30,28,14880.0,62.0,will_exceed,trend+weekly,0.3,"
                                            "33.2,40.1,2026-04-08T00:00:00+00:00\r\n"))
 async def capacity_report(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
-        alias="from", description="start; default: `to` − 30 days")] = None, end: RangeTo = None,
+        alias="from", description=f"start; default: `to` − 30 days; at most {MAX_REPORT_DAYS} days before `to` (else "
+                                  "422 InvalidRange)")] = None, end: RangeTo = None,
         bucket_s: Annotated[int, Query(ge=1, le=31 * 86400, description="trend bucket, seconds; the forecast fits "
                                                                         "one point (its peak demand) per bucket")] = 86400,
         gpu_model: Annotated[str | None, Query(max_length=64)] = None,
@@ -554,7 +288,8 @@ async def waste_report(req: Request, caller: Caller, start: RangeFrom = None, en
 @router.get("/history/jobs", summary="The jobs the platform ran: what each asked for, when it was submitted, "
             "started and ended (the input of `gpupool history export`)", tags=["reports"], response_model=History)
 async def history_jobs(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
-        alias="from", description="jobs that entered the queue from here; default: `to` − 30 days")] = None,
+        alias="from", description=f"jobs that entered the queue from here; default: `to` − 30 days; at most "
+                                  f"{MAX_REPORT_DAYS} days before `to` (else 422 InvalidRange)")] = None,
         end: RangeTo = None, team: Filter = None,
         after: Annotated[str | None, Query(max_length=128, description="the `next` of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 500) -> Any:

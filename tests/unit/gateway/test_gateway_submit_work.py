@@ -86,4 +86,5 @@ def test_the_openapi_document_shows_a_submission_with_a_command(app) -> None:  #
     assert {"command", "env", "workdir", "limits", "restart", "isolation"} <= set(schema["properties"])
     assert any("command" in example for example in schema["examples"])
     logs = app.openapi()["paths"]["/v1/jobs/{job_id}/logs"]["get"]
-    assert "text/plain; charset=utf-8" in logs["responses"]["200"]["content"]
+    text = logs["responses"]["200"]["content"]["text/plain"]  # one media type: the schema with its examples
+    assert text["schema"] == {"type": "string"} and "one replica" in text["examples"]
