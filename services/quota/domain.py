@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from libs.contracts.names import NAME_PATTERN
@@ -95,4 +96,48 @@ def quota_path_error(path: str, *, org_known: bool, team: Mapping[str, Any] | No
                        {"org": parts[0]})
     if len(parts) > 1 and (team is None or team["org"] != parts[0]):
         return Refusal(422, "UnknownTeam", f"no team {parts[1]!r} in org {parts[0]!r}", {"team": parts[1]})
+    return None
+
+
+def team_exists_refusal(team: str, org: str, existing: Mapping[str, Any]) -> Refusal | None:
+    """Creating a team that exists: fine in the same org (nothing is created), a conflict in another one."""
+    if existing["org"] != org:
+        return Refusal(409, "TeamExists", f"team {team!r} exists in org {existing['org']!r}", {"team": team})
+    return None
+
+
+def quota_limits_refusal(guaranteed: float, lending_limit: float | None) -> Refusal | None:
+    """A level can lend only what it is guaranteed."""
+    if lending_limit is not None and lending_limit > guaranteed:
+        return Refusal(422, "InvalidQuota", "a lending limit cannot exceed what is guaranteed")
+    return None
+
+
+def decision_refusal(approval_id: str, request: Mapping[str, Any] | None, approve: bool,
+                     now: datetime) -> Refusal | None:
+    """Deciding an approval request as stored (`request`; None: there is none): only a pending one, and a loan
+    cannot be granted once its end has passed (checked before the decision is written, so nothing is half done)."""
+    if request is None:
+        return Refusal(404, "ApprovalNotFound", f"no approval request {approval_id}")
+    if request["state"] != "pending":
+        return Refusal(409, "AlreadyDecided", f"approval {approval_id} was already {request['state']}")
+    if request["kind"] == "loan" and approve and request["loan_until"] <= now:
+        return Refusal(409, "LoanExpired", "the loan would already be over; ask again")
+    return None
+
+
+def loan_refusal(path: str, until: datetime, now: datetime, max_days: int) -> Refusal | None:
+    """A quota loan is for a team or a project, and ends in the future, at most `max_days` ahead."""
+    if len(path.split("/")) < 2:
+        return Refusal(422, "InvalidLoan", "a loan is for a team or a project (org/team[/project])")
+    if not now < until <= now + timedelta(days=max_days):
+        return Refusal(422, "InvalidLoan", f"until must be in the future and at most {max_days} days ahead")
+    return None
+
+
+def loan_team_refusal(path: str, team: Mapping[str, Any] | None) -> Refusal | None:
+    """The loan's team must exist in the loan's org."""
+    org, name = path.split("/")[:2]
+    if team is None or team["org"] != org:
+        return Refusal(422, "UnknownTeam", f"no team {name} in org {org}", {"team": name})
     return None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
 
 from libs.contracts import subjects
 from libs.contracts.commands import (
@@ -39,7 +38,17 @@ from libs.domain import Refusal
 from libs.runtime.routes import Routes, once
 from libs.runtime.service import ServiceRuntime
 from services.quota import store
-from services.quota.domain import admit, approval_reasons, quota_path_error, rule_value_error
+from services.quota.domain import (
+    admit,
+    approval_reasons,
+    decision_refusal,
+    loan_refusal,
+    loan_team_refusal,
+    quota_limits_refusal,
+    quota_path_error,
+    rule_value_error,
+    team_exists_refusal,
+)
 
 CONSUMER = "quota"
 MAX_LOAN_DAYS = 90
@@ -76,8 +85,8 @@ class QuotaHandlers:
             row = await store.ensure_team(uow.conn, cmd.team, cmd.org)
             if row is None:
                 existing = await store.get_team(uow.conn, cmd.team)
-                if existing["org"] != cmd.org:
-                    return Reply.failure(409, "TeamExists", f"team {cmd.team!r} exists in org {existing['org']!r}")
+                if (refused := team_exists_refusal(cmd.team, cmd.org, existing)) is not None:
+                    return Reply.refused(refused)
                 return Reply.success(_view(existing) | {"created": False})
             await uow.emit(TeamCreated(team=row["team"], org=row["org"], revision=row["revision"],
                                        created_at=row["created_at"]))
@@ -92,8 +101,8 @@ class QuotaHandlers:
                 row, revision = await store.delete_quota(uow.conn, cmd.path, cmd.gpu_model)
                 await uow.emit(_quota_event(row, deleted=True, revision=revision))
                 return Reply.success({"before": _view(before), "after": None})
-            if cmd.lending_limit is not None and cmd.lending_limit > cmd.guaranteed:
-                return Reply.failure(422, "InvalidQuota", "a lending limit cannot exceed what is guaranteed")
+            if (refused := quota_limits_refusal(cmd.guaranteed, cmd.lending_limit)) is not None:
+                return Reply.refused(refused)
             parts = cmd.path.split("/")
             refused = quota_path_error(
                 cmd.path, org_known=await store.org_exists(uow.conn, parts[0]),
@@ -149,16 +158,15 @@ class QuotaHandlers:
 
     async def decide_approval(self, cmd: DecideApproval) -> Reply:
         async with self.rt.uow() as uow:
+            now = utcnow()
+            request = await store.get_approval(uow.conn, cmd.approval_id)
+            if (refused := decision_refusal(cmd.approval_id, request, cmd.approve, now)) is not None:
+                return Reply.refused(refused)
             row = await store.decide_approval(uow.conn, cmd.approval_id, cmd.approve, cmd.comment, cmd.decided_by)
-            if row is None:
-                existing = await store.get_approval(uow.conn, cmd.approval_id)
-                if existing is None:
-                    return Reply.failure(404, "ApprovalNotFound", f"no approval request {cmd.approval_id}")
-                return Reply.failure(409, "AlreadyDecided", f"approval {cmd.approval_id} was already "
-                                                            f"{existing['state']}")
+            if row is None:  # decided by someone else in between
+                request = await store.get_approval(uow.conn, cmd.approval_id)
+                return Reply.refused(decision_refusal(cmd.approval_id, request, cmd.approve, now))
             if row["kind"] == "loan" and cmd.approve:
-                if row["loan_until"] <= utcnow():
-                    return Reply.failure(409, "LoanExpired", "the loan would already be over; ask again")
                 await store.grant_loan(uow.conn, row, cmd.decided_by)
                 entry = await store.get_quota(uow.conn, row["loan_path"], row["loan_gpu_model"])
                 await uow.emit(_quota_event(entry))
@@ -170,17 +178,13 @@ class QuotaHandlers:
 
     async def request_loan(self, cmd: RequestQuotaLoan) -> Reply:
         """A time-boxed quota loan goes through the approval flow: recorded here, decided by a platform admin."""
+        if (refused := loan_refusal(cmd.path, cmd.until, utcnow(), MAX_LOAN_DAYS)) is not None:
+            return Reply.refused(refused)
         parts = cmd.path.split("/")
-        if len(parts) < 2:
-            return Reply.failure(422, "InvalidLoan", "a loan is for a team or a project (org/team[/project])")
-        now = utcnow()
-        if not now < cmd.until <= now + timedelta(days=MAX_LOAN_DAYS):
-            return Reply.failure(422, "InvalidLoan", f"until must be in the future and at most {MAX_LOAN_DAYS} days "
-                                                     f"ahead")
         async with self.rt.uow() as uow:
             team = await store.get_team(uow.conn, parts[1])
-            if team is None or team["org"] != parts[0]:
-                return Reply.failure(422, "UnknownTeam", f"no team {parts[1]} in org {parts[0]}")
+            if (refused := loan_team_refusal(cmd.path, team)) is not None:
+                return Reply.refused(refused)
             reason = f"loan of {cmd.gpus} {cmd.gpu_model} GPU(s) to {cmd.path} until {cmd.until.isoformat()}: " \
                      f"{cmd.reason}"
             row = await store.insert_loan_request(

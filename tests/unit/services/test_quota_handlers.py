@@ -4,7 +4,7 @@ tests/integration/test_quota*.py."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -187,3 +187,20 @@ async def test_a_failing_handler_rolls_back_its_state_events_and_inbox_row(quota
         await rt.deliver(cancelled("j1"))
     assert fake.approvals["a1"]["state"] == "pending" and rt.outbox == [] and rt.inbox == set()
     assert rt.rollbacks == 1
+
+
+async def test_an_expired_loan_is_refused_before_anything_is_decided(quota) -> None:  # type: ignore[no-untyped-def]
+    rt, fake = quota
+    fake.approvals["a1"] = {"approval_id": "a1", "job_id": None, "job_name": "quota loan for default/research",
+                            "team": "research", "project": "default", "gpus": 2, "priority_class": "",
+                            "reasons": ["loan"], "requested_by": "ana", "state": "pending", "comment": "",
+                            "decided_by": None, "created_at": NOW, "decided_at": None, "kind": "loan",
+                            "loan_path": "default/research", "loan_gpu_model": "H100",
+                            "loan_until": NOW - timedelta(minutes=1)}
+    refused = await rt.request(subjects.CMD_QUOTA_DECIDE_APPROVAL, DecideApproval(approval_id="a1", approve=True))
+    assert refused.error is not None and (refused.error.status, refused.error.reason) == (409, "LoanExpired")
+    # the refusal left the request as it was: still pending, so it can be denied, and nothing was announced
+    assert fake.approvals["a1"]["state"] == "pending" and rt.outbox == []
+    denied = await rt.request(subjects.CMD_QUOTA_DECIDE_APPROVAL, DecideApproval(approval_id="a1", approve=False))
+    assert denied.ok and denied.result["state"] == "denied"
+    assert [e.approved for e in rt.emitted(ApprovalDecided)] == [False]

@@ -46,3 +46,35 @@ def test_a_request_beyond_the_teams_ceiling_names_the_models_it_may_use() -> Non
     assert isinstance(pinned, Refusal) and "8 GPU(s) of H100:" in pinned.message
     fits = admit(AdmitJob(team="ml", project="p", priority_class="normal", gpus=6), **args)
     assert fits == {"admitted": True, "priority_class": "normal", "priority": 0, "preemptible": True}
+
+
+def test_decisions_team_and_loan_rules_name_their_refusal() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from services.quota.domain import (
+        decision_refusal,
+        loan_refusal,
+        loan_team_refusal,
+        quota_limits_refusal,
+        team_exists_refusal,
+    )
+
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    assert team_exists_refusal("ml", "default", {"org": "default"}) is None
+    assert team_exists_refusal("ml", "default", {"org": "labs"}).reason == "TeamExists"
+    assert quota_limits_refusal(4, 4) is None and quota_limits_refusal(4, None) is None
+    assert quota_limits_refusal(4, 5).reason == "InvalidQuota"
+    pending = {"state": "pending", "kind": "loan", "loan_until": now + timedelta(hours=1)}
+    assert decision_refusal("a", pending, True, now) is None
+    assert decision_refusal("a", None, True, now).status == 404
+    assert decision_refusal("a", {**pending, "state": "denied"}, True, now).reason == "AlreadyDecided"
+    assert decision_refusal("a", {**pending, "loan_until": now}, True, now).reason == "LoanExpired"
+    assert decision_refusal("a", {**pending, "loan_until": now}, False, now) is None  # a late loan may be denied
+    assert decision_refusal("a", {**pending, "kind": "job", "loan_until": None}, True, now) is None
+    assert loan_refusal("default", now + timedelta(days=1), now, 90).reason == "InvalidLoan"
+    assert loan_refusal("default/ml", now, now, 90).reason == "InvalidLoan"
+    assert loan_refusal("default/ml", now + timedelta(days=91), now, 90).reason == "InvalidLoan"
+    assert loan_refusal("default/ml/p", now + timedelta(days=90), now, 90) is None
+    assert loan_team_refusal("default/ml", {"org": "default"}) is None
+    assert loan_team_refusal("default/ml", None).reason == "UnknownTeam"
+    assert loan_team_refusal("labs/ml", {"org": "default"}).reason == "UnknownTeam"
