@@ -75,3 +75,24 @@ def abnormal_reason(cause: str, attempt: int, max_restarts: int) -> str:
     """The release reason for the `attempt`-th abnormal loss of a job's GPUs: the cause itself (the queue requeues
     the job), or RestartLimitReached once it has been restarted `max_restarts` times (the queue fails it)."""
     return cause if attempt <= max_restarts else RESTART_LIMIT
+
+
+def abnormal_release(cause: str, message: str, attempt: int, max_restarts: int) -> tuple[str, str]:
+    """The release reason and message for the `attempt`-th abnormal loss of a job's GPUs (`abnormal_reason`),
+    the message saying so when the restart limit turns it into a failure."""
+    reason = abnormal_reason(cause, attempt, max_restarts)
+    if reason != cause:
+        message = f"{message}; {cause} #{attempt}, more than the {max_restarts} restarts allowed"
+    return reason, message
+
+
+def busy_threshold(policy: Row | None, default_pct: float) -> float:
+    """The utilisation above which an allocation of a kind counts as busy: its policy's idle threshold, else the
+    service's default."""
+    return policy["idle_util_pct"] if policy else default_pct
+
+
+def quarantines(state: str | None, current: str) -> bool:
+    """Whether a GPU health change takes the GPU out of use (the health state when the event carries it, else
+    the older `current` field's failed)."""
+    return state == "quarantined" if state is not None else current == "failed"

@@ -35,10 +35,12 @@ from services.reclamation import store
 from services.reclamation.config import ReclamationSettings
 from services.reclamation.domain import (
     RECLAIM_REASONS,
-    abnormal_reason,
+    abnormal_release,
     allocation_utilization,
+    busy_threshold,
     is_busy,
     judge,
+    quarantines,
 )
 
 RECLAIMS = Counter("gpupool_reclaims_total", "Allocations reclamation decided to take back, by reason", ["reason"])
@@ -73,8 +75,7 @@ class ReclamationHandlers:
                 if util is None:
                     continue
                 mean, peak = util
-                policy = self.policies.get(tracker["kind"])
-                threshold = policy["idle_util_pct"] if policy else self.settings.busy_util_pct
+                threshold = busy_threshold(self.policies.get(tracker["kind"]), self.settings.busy_util_pct)
                 observations.append((tracker["allocation_id"], mean, peak, is_busy(peak, threshold)))
             await store.observe(uow.conn, data.sampled_at, observations)
 
@@ -89,8 +90,7 @@ class ReclamationHandlers:
 
     async def on_gpu_health_changed(self, event: CloudEvent, data: GpuHealthChanged) -> None:
         """A quarantined GPU must not keep running work: release every allocation holding it."""
-        quarantined = data.state == "quarantined" if data.state is not None else data.current == "failed"
-        if not quarantined:
+        if not quarantines(data.state, data.current):
             return
         async with self.rt.uow() as uow:
             for tracker in await store.trackers_holding(uow.conn, data.gpu_uuid):
@@ -115,10 +115,7 @@ class ReclamationHandlers:
         if tracker["reclaim_reason"]:
             return  # already being taken back
         attempt = await store.abnormal_count(uow.conn, tracker["job_id"]) + 1
-        reason = abnormal_reason(cause, attempt, self.settings.max_abnormal_restarts)
-        if reason != cause:
-            message = f"{message}; {cause} #{attempt}, more than the {self.settings.max_abnormal_restarts} " \
-                      "restarts allowed"
+        reason, message = abnormal_release(cause, message, attempt, self.settings.max_abnormal_restarts)
         if await self._decide(uow, tracker, reason, message, attempt=attempt):
             await store.count_abnormal(uow.conn, tracker["job_id"], utcnow())
 

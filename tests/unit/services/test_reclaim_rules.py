@@ -63,3 +63,14 @@ def test_abnormal_reclaims_requeue_until_the_restart_limit_then_fail() -> None:
     assert [abnormal_reason("GpuQuarantined", n, max_restarts=2) for n in (1, 2, 3, 4)] == [
         "GpuQuarantined", "GpuQuarantined", "RestartLimitReached", "RestartLimitReached"]
     assert abnormal_reason("NodeLost", 1, max_restarts=0) == "RestartLimitReached"
+
+
+def test_abnormal_release_thresholds_and_quarantine_are_rules_of_the_domain() -> None:
+    from services.reclamation.domain import abnormal_release, busy_threshold, quarantines
+
+    assert abnormal_release("NodeLost", "node n1 went silent", 2, 3) == ("NodeLost", "node n1 went silent")
+    assert abnormal_release("Drained", "node n1 drained", 4, 3) == (
+        "RestartLimitReached", "node n1 drained; Drained #4, more than the 3 restarts allowed")
+    assert busy_threshold({"idle_util_pct": 5.0}, 10.0) == 5.0 and busy_threshold(None, 10.0) == 10.0
+    assert quarantines("quarantined", "healthy") and not quarantines("probation", "failed")
+    assert quarantines(None, "failed") and not quarantines(None, "degraded")
