@@ -8,6 +8,7 @@ manifests: the 3-node NATS JetStream cluster, the database URLs from the Secret,
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import re
 import subprocess
@@ -35,10 +36,16 @@ Doc = dict[str, Any]
 
 
 def load(path: Path) -> list[Doc]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return [d for d in yaml.load_all(path.read_text(), Loader=_LOADER) if d]
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it: same documents
+
+
+@functools.cache
 def manifests() -> list[tuple[str, Doc]]:
+    """Every manifest's documents, parsed once per test run (tests read them; one that changes a document copies
+    it first, as `test_the_schema_check_catches_mistakes` does)."""
     return [(p.name, d) for p in sorted(K8S.glob("*.yaml")) if p.name not in NOT_KUBERNETES for d in load(p)]
 
 
