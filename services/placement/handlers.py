@@ -78,6 +78,7 @@ from services.placement.domain import (
     DecisionEncoder,
     RendezvousPorts,
     RequestBuilder,
+    SnapshotMemo,
     WantedJobs,
     allocated_gpus,
     backoff_reasons,
@@ -121,6 +122,7 @@ class PlacementHandlers:
         self._requests = RequestBuilder()
         self._normalized = NormalizeMemo()  # the core's normalised requests (RequestBuilder keeps their objects)
         self._scheduler = KeptScheduler()  # the core's Scheduler, kept between committed cycles (cache.py)
+        self._snapshots = SnapshotMemo()  # the snapshot's objects of unchanged rows, reused
         # the earliest preemption deadline the last cycle saw (None: none; False: not known yet)
         self._next_deadline: Any = False
         self._gang_due: Any = None  # when the earliest gang still waiting for its members runs out of time
@@ -475,7 +477,7 @@ class PlacementHandlers:
                 return -1
             policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
                                   self.settings.min_runtime_s, self.settings.fair_share_half_life_s)
-            snapshot, now = build_snapshot(nodes, gpus, running, state["usage"]), time.time()
+            snapshot, now = build_snapshot(nodes, gpus, running, state["usage"], self._snapshots), time.time()
             with self._tracer.start_as_current_span("scheduling cycle", attributes={
                     "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
                 plan = self._scheduler.plan(snapshot, requests, policy, now, time.perf_counter, self._normalized)
