@@ -13,7 +13,7 @@
 9. `_finish`: the plan: placements, preemptions, MIG reconfigurations, reservations, a reason for every job.
 
 Deterministic: the same inputs give the same plan. `Scheduler` keeps its indexes between cycles for callers that
-feed it changes (the simulator); `schedule` builds one from a snapshot.
+feed it changes (the simulator; placement, services/placement/cache.py); `schedule` builds one from a snapshot.
 """
 
 from __future__ import annotations

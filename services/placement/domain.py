@@ -123,14 +123,14 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
         mine = rows[key]
         shut = frozenset(g["uuid"] for g in mine if g["uuid"] in closed) if closed else frozenset()
         hit = memo.nodes.get(key)
-        if hit is None or hit[0] != n or hit[1] != mine or hit[2] != shut:
+        if hit is None or (hit[0] is not n and hit[0] != n) or hit[1] != mine or hit[2] != shut:
             hit = (n, mine, shut, _node(n, mine, shut))
         built_nodes[key] = hit
     allocations = []
     for r in running:
         aid = r.get("allocation_id")
         got = memo.running.get(aid) if aid is not None else None
-        if got is None or got[0] != r:
+        if got is None or (got[0] is not r and got[0] != r):
             got = (r, _allocation(r))
         if aid is not None:
             built_running[aid] = got
@@ -413,14 +413,15 @@ class WantedJobs:
     read then (or earlier) exactly as it is now. Rows that did not change stay the same objects from cycle to
     cycle (what RequestBuilder relies on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str = "job_id") -> None:
+        self.key = key  # the rows' id (the live allocations are kept the same way, by "allocation_id")
         self.rows: dict[str, tuple[str, Row]] = {}
         self.horizon = "0"
 
     def merge(self, ids: list[str], xids: list[str], changed: list[Row], xmin: str) -> list[Row] | None:
         """The wanted rows now, or None (and forget everything, so the next read is a full one) if a row that did
         not come back whole is not the one remembered: then the copy cannot be trusted."""
-        fresh = {r["job_id"]: r for r in changed}
+        fresh = {r[self.key]: r for r in changed}
         rows: dict[str, tuple[str, Row]] = {}
         for job_id, xid in zip(ids, xids, strict=True):
             row = fresh.get(job_id)
