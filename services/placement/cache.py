@@ -66,11 +66,12 @@ class KeptScheduler:
         if kept is not None and not why and not kept.sched.reweigh(workload):
             why = "mix"
         self._lost = "not committed"
+        if kept is not None and not why and not _feed(kept.sched, kept, running):
+            why = "mig"
         if kept is None or why:
             sched = Scheduler(snapshot, policy, workload, clock)
         else:
             sched = kept.sched
-            _feed(sched, kept, running)
             sched.history, sched.held, sched.clock = snapshot.usage, {}, clock
         if memo is not None:
             sched.norm_cache = memo.for_policy(policy)
@@ -104,9 +105,11 @@ def _why_rebuild(kept: _Kept | None, snapshot: Snapshot, policy: Policy) -> str:
     return ""
 
 
-def _feed(sched: Scheduler, kept: _Kept, running: dict[str, tuple[Allocation, ...]]) -> None:
+def _feed(sched: Scheduler, kept: _Kept, running: dict[str, tuple[Allocation, ...]]) -> bool:
     """Bring the scheduler to `running`: every unit that differs from what it holds (or that it placed itself,
-    committed or not) is taken out and bound again as the store has it."""
+    committed or not) is taken out and bound again as the store has it. False, changing nothing, when one of them
+    holds a MIG slice: a scheduler keeps a released slice's instance (idle, to reuse), while the store's snapshot
+    has exactly the instances live allocations hold (the agent destroys one with its release)."""
     before = kept.running
     changed = set(kept.touched)
     for unit, allocs in running.items():
@@ -116,8 +119,12 @@ def _feed(sched: Scheduler, kept: _Kept, running: dict[str, tuple[Allocation, ..
         if len(allocs) > 1 or before.get(unit) != allocs:
             changed.add(unit)
     changed.update(u for u in before if u not in running)
+    holds = sched.state.holds
+    if any(t.mig is not None for unit in changed for t in holds.get(unit, ())):
+        return False
     for unit in sorted(changed):
         sched.finish(unit)
     for unit in sorted(changed):
         for a in running.get(unit, ()):
             sched.bind_allocation(a)
+    return True

@@ -18,6 +18,7 @@ from libs.core import (
     Policy,
     PriorityClass,
     Snapshot,
+    WorkloadShape,
     schedule,
     teams_quota,
 )
@@ -186,3 +187,29 @@ def test_a_failed_cycle_a_preemption_and_a_lost_lease_make_the_next_cycle_rebuil
     kept.forget()  # another replica led meanwhile
     kept.plan(w.snapshot(), [high], policy, 10_002.0)
     assert kept.rebuilt == "forgotten"
+
+
+def test_a_released_mig_slice_leaves_no_instance_behind_in_the_kept_scheduler() -> None:
+    """The store's snapshot holds exactly the MIG instances live allocations hold (the agent destroys one with its
+    release); a scheduler that only finished the holder would still see the instance, idle, and plan onto it."""
+    nodes = (Node(name="m", cluster="c", gpus=(
+        Gpu(uuid="M0", index=0, model="A100-SXM4-80GB", memory_mib=81_920, sharing="mig"),
+        Gpu(uuid="W1", index=1, model="A100-SXM4-80GB", memory_mib=81_920))),)
+    policy = Policy(name="default", workload=(WorkloadShape(gpus=1, gpu_milli=1000, weight=1.0),))  # a fixed mix
+    kept = KeptScheduler()
+    running: dict[str, Allocation] = {}
+    steps = [("slice", "1g.10gb", ()), ("whole", "", ()), ("again", "1g.10gb", ("slice",))]
+    for step, (job_id, profile, ended) in enumerate(steps):
+        now = 100.0 * (step + 1)
+        for gone in ended:
+            del running[gone]
+        request = JobRequest(job_id=job_id, team="a", project="p", gpus=1, submitted_at=now, mig_profile=profile)
+        snap = Snapshot(nodes=nodes, running=tuple(running.values()))
+        plan = kept.plan(snap, [request], policy, now)
+        assert same(plan, schedule(snap, [request], policy, now=now)), (step, kept.rebuilt)
+        kept.committed()
+        p = plan.placements[0]
+        running[job_id] = Allocation(job_id=job_id, team="a", node="m", gpu_uuids=p.gpu_uuids, started_at=now,
+                                     project="p", gpu_model=p.gpu_model,
+                                     mig=((p.gpu_uuids[0], p.mig),) if p.mig else ())
+    assert kept.rebuilt == "mig"
