@@ -164,6 +164,10 @@ def cmd_bench(argv: list[str]) -> int:
         from libs.bench.backlog import main as backlog_main
 
         return backlog_main(argv[1:])
+    if argv and argv[0] == "placement-cycle":
+        from libs.bench.placement_cycle import main as placement_cycle_main
+
+        return placement_cycle_main(argv[1:])
     if argv and argv[0] == "run":
         from libs.bench.run import main as run_main
 

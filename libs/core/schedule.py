@@ -13,7 +13,7 @@
 9. `_finish`: the plan: placements, preemptions, MIG reconfigurations, reservations, a reason for every job.
 
 Deterministic: the same inputs give the same plan. `Scheduler` keeps its indexes between cycles for callers that
-feed it changes (the simulator); `schedule` builds one from a snapshot.
+feed it changes (the simulator; placement, services/placement/cache.py); `schedule` builds one from a snapshot.
 """
 
 from __future__ import annotations
@@ -72,16 +72,9 @@ class Scheduler(BlockedPhases, PlacementSearch):
         self.classes_by_name = {c.name: c for c in policy.priority_classes}
         workload = workload or policy.workload
         self.workload = workload
-        shapes, gpuless = mix_probabilities(workload)
-        host = tuple(dict.fromkeys((w.cpu_milli, w.memory_mib) for _, w in shapes)) if policy.setting(
-            "w_frag") else ()
+        host, gpu_shapes, gpuless = _weighed(workload, policy)
         self.host_bit = {hm: i for i, hm in enumerate(host)}
-        gpu_shapes = tuple(
-            GpuShape(p, w.gpus, w.gpu_milli, frozenset(w.gpu_models) or None,
-                     self.host_bit.get((w.cpu_milli, w.memory_mib), 0))
-            for p, w in shapes
-        )
-        super().__init__(ClusterState(snapshot, host), policy, gpu_shapes, gpuless if gpu_shapes else 0.0)
+        super().__init__(ClusterState(snapshot, host), policy, gpu_shapes, gpuless)
         self.history = snapshot.usage
         self.held: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
@@ -111,6 +104,21 @@ class Scheduler(BlockedPhases, PlacementSearch):
                 self.bind_allocation(a)
 
     # ---- feeding changes (incremental) ---------------------------------------------------------------------
+
+    def reweigh(self, workload: tuple[WorkloadShape, ...]) -> bool:
+        """Measure fragmentation against `workload` from now on, exactly as a scheduler built with it would (a
+        caller that derives the mix from what waits, as `schedule` does, keeps its scheduler while the mix's
+        weights move). False, changing nothing, when the mix's host shapes differ from those the node groups were
+        keyed by: only a new scheduler can take that mix."""
+        workload = workload or self.policy.workload
+        host, gpu_shapes, gpuless = _weighed(workload, self.policy)
+        if host != self.state.host_shapes:
+            return False
+        if (gpu_shapes, gpuless) != (self.gpu_shapes, self.gpuless_share):
+            self.gpu_shapes, self.gpuless_share = gpu_shapes, gpuless
+            self._frag_memo.clear()  # measured against the old mix
+        self.workload = workload
+        return True
 
     def _resolve(self, name: str, value: int, preemptible: bool | None, kind: str = "") -> tuple[int, bool, float] | None:
         """(priority, preemptible, minimum runtime). A job's own flag wins; else it is preemptible only when
@@ -644,6 +652,18 @@ class Scheduler(BlockedPhases, PlacementSearch):
             cpu_milli=shape.cpu,
             memory_mib=shape.mem,
         )
+
+
+def _weighed(workload: tuple[WorkloadShape, ...], policy: Policy) -> tuple[tuple, tuple[GpuShape, ...], float]:
+    """The node keys' host shapes, the GPU shapes with their probabilities and the GPU-less share of a mix."""
+    shapes, gpuless = mix_probabilities(workload)
+    host = tuple(dict.fromkeys((w.cpu_milli, w.memory_mib) for _, w in shapes)) if policy.setting("w_frag") else ()
+    host_bit = {hm: i for i, hm in enumerate(host)}
+    gpu_shapes = tuple(
+        GpuShape(p, w.gpus, w.gpu_milli, frozenset(w.gpu_models) or None, host_bit.get((w.cpu_milli, w.memory_mib), 0))
+        for p, w in shapes
+    )
+    return host, gpu_shapes, gpuless if gpu_shapes else 0.0
 
 
 def _alternative(job: JobRequest, share: Share, prefer_shared: bool) -> tuple[JobRequest, Shape]:

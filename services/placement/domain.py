@@ -94,46 +94,78 @@ def node_topology(labels: Mapping[str, str]) -> str:
     return "/".join(v for v in (labels.get(BLOCK_LABEL, ""), labels.get(RACK_LABEL, "")) if v)
 
 
+class SnapshotMemo:
+    """The core's Node and Allocation objects of the last cycle's snapshot, by node and allocation: a row unchanged
+    since gives the same object again, so a cycle builds only what changed and whatever compares or encodes the
+    snapshot (the kept scheduler, the decision encoder) meets the same objects."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[tuple[str, str], tuple[Row, list[Row], frozenset, Node]] = {}
+        self.running: dict[str, tuple[Row, Allocation]] = {}
+
+
 def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row],
-                   usage: Iterable[Row] = ()) -> Snapshot:
+                   usage: Iterable[Row] = (), memo: SnapshotMemo | None = None) -> Snapshot:
     """MIG is dynamic here: a GPU in MIG mode has exactly the instances live allocations hold (the agent creates
     an instance with its grant and destroys it with its release), so every other slot is free to plan. A GPU
     whose NUMA node is unknown gets -1 (one group of its own). `usage`: each team's decayed GPU-seconds per model
-    (`team_usage`), fair share's history."""
+    (`team_usage`), fair share's history. `memo`: reuse the objects of rows unchanged since its last snapshot."""
     running = list(running)
     gpus = list(gpus)
     closed = closed_gpus(gpus, running)
-    by_node: dict[tuple[str, str], list[Gpu]] = defaultdict(list)
+    rows: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for g in gpus:
-        numa = g.get("numa_node")
-        by_node[(g["cluster"], g["node"])].append(
-            Gpu(uuid=g["uuid"], index=g["idx"], model=g["model"], memory_mib=g["memory_mib"],
-                healthy=g["health"] == "healthy" and g["uuid"] not in closed, sharing=g["sharing"],
-                nvlink_domain=g.get("nvlink_domain") or "", numa_node=-1 if numa is None else numa))
+        rows[(g["cluster"], g["node"])].append(g)
+    memo = memo or SnapshotMemo()
+    built_nodes, built_running = {}, {}
+    for n in nodes:
+        key = (n["cluster"], n["node"])
+        mine = rows[key]
+        shut = frozenset(g["uuid"] for g in mine if g["uuid"] in closed) if closed else frozenset()
+        hit = memo.nodes.get(key)
+        if hit is None or (hit[0] is not n and hit[0] != n) or hit[1] != mine or hit[2] != shut:
+            hit = (n, mine, shut, _node(n, mine, shut))
+        built_nodes[key] = hit
+    allocations = []
+    for r in running:
+        aid = r.get("allocation_id")
+        got = memo.running.get(aid) if aid is not None else None
+        if got is None or (got[0] is not r and got[0] != r):
+            got = (r, _allocation(r))
+        if aid is not None:
+            built_running[aid] = got
+        allocations.append(got[1])
+    memo.nodes, memo.running = built_nodes, built_running
     return Snapshot(
-        nodes=tuple(
-            Node(name=n["node"], cluster=n["cluster"], gpus=tuple(by_node[(n["cluster"], n["node"])]),
-                 schedulable=n["schedulable"], labels=tuple(sorted((n.get("labels") or {}).items())),
-                 topology=node_topology(n.get("labels") or {}),
-                 cpu_milli=n.get("cpu_milli") or 0, memory_mib=n.get("memory_mib") or 0)
-            for n in nodes
-        ),
-        running=tuple(
-            Allocation(job_id=unit_id(r["job_id"], r["replica"], is_replica_set(r)), team=r["team"], node=r["node"],
-                       gpu_uuids=tuple(r["gpu_uuids"]), started_at=r["granted_at"].timestamp(),
-                       project=r["project"], priority=r["priority"], priority_class=r["priority_class"],
-                       gpu_model=r["gpu_model"] or "", max_runtime_s=r["max_runtime_s"],
-                       # an allocation already being preempted is on its way out: never pick it again; else
-                       # the job's own word (None: its class and kind decide)
-                       preemptible=False if r["preempt_deadline"] is not None else r.get("preemptible"),
-                       cpu_milli=r.get("cpu_milli") or 0, memory_mib=r.get("memory_mib") or 0,
-                       kind=r["kind"] or "", replica_group=r["job_id"] if is_replica_set(r) else "",
-                       **_held_share(r))
-            for r in running
-        ),
+        nodes=tuple(v[3] for v in built_nodes.values()),
+        running=tuple(allocations),
         usage=tuple(UsageRecord(team=u["team"], gpu_model=u["gpu_model"], gpu_seconds=u["gpu_seconds"],
                                 as_of=u["as_of"].timestamp()) for u in usage),
     )
+
+
+def _node(n: Row, gpus: list[Row], closed: frozenset) -> Node:
+    labels = n.get("labels") or {}
+    return Node(name=n["node"], cluster=n["cluster"], gpus=tuple(
+        Gpu(uuid=g["uuid"], index=g["idx"], model=g["model"], memory_mib=g["memory_mib"],
+            healthy=g["health"] == "healthy" and g["uuid"] not in closed, sharing=g["sharing"],
+            nvlink_domain=g.get("nvlink_domain") or "", numa_node=-1 if g.get("numa_node") is None else g["numa_node"])
+        for g in gpus),
+        schedulable=n["schedulable"], labels=tuple(sorted(labels.items())), topology=node_topology(labels),
+        cpu_milli=n.get("cpu_milli") or 0, memory_mib=n.get("memory_mib") or 0)
+
+
+def _allocation(r: Row) -> Allocation:
+    return Allocation(job_id=unit_id(r["job_id"], r["replica"], is_replica_set(r)), team=r["team"], node=r["node"],
+                      gpu_uuids=tuple(r["gpu_uuids"]), started_at=r["granted_at"].timestamp(),
+                      project=r["project"], priority=r["priority"], priority_class=r["priority_class"],
+                      gpu_model=r["gpu_model"] or "", max_runtime_s=r["max_runtime_s"],
+                      # an allocation already being preempted is on its way out: never pick it again; else
+                      # the job's own word (None: its class and kind decide)
+                      preemptible=False if r["preempt_deadline"] is not None else r.get("preemptible"),
+                      cpu_milli=r.get("cpu_milli") or 0, memory_mib=r.get("memory_mib") or 0,
+                      kind=r["kind"] or "", replica_group=r["job_id"] if is_replica_set(r) else "",
+                      **_held_share(r))
 
 
 def recent_workload(shapes: Iterable[Row], limit: int = 32) -> tuple[WorkloadShape, ...]:
@@ -262,6 +294,9 @@ def pending_reasons(pending: Iterable[PendingReason], requests: Iterable[JobRequ
     out: dict[str, tuple[str, str]] = {}
     for r in pending:
         reason, message = r.reason, r.message
+        if reason != NO_NODE_MATCHES_SELECTOR:  # the common case, and the only one a driver could change
+            out[split_unit(r.job_id)[0]] = (reason, message)
+            continue
         driver = next((k.removeprefix(ISOLATION_LABEL_PREFIX) for k, _ in selectors.get(r.job_id, ())
                        if k.startswith(ISOLATION_LABEL_PREFIX)), None)
         if offered is not None and (ISOLATION_LABEL_PREFIX + str(driver), "true") in offered:
@@ -280,7 +315,21 @@ def pending_facts(pending: Iterable[PendingReason]) -> dict[str, str]:
     return {split_unit(r.job_id)[0]: facts_json(r.facts) for r in pending}
 
 
+_FACTS_JSON: dict[ReasonFacts, str] = {}
+
+
 def facts_json(f: ReasonFacts) -> str:
+    """`reason_facts_json(f)`, remembered: a backlog's jobs keep the same facts cycle after cycle (and jobs alike
+    share them), and validating and encoding each of thousands again was a large part of a cycle."""
+    text = _FACTS_JSON.get(f)
+    if text is None:
+        if len(_FACTS_JSON) > 50_000:
+            _FACTS_JSON.clear()
+        text = _FACTS_JSON[f] = reason_facts_json(f)
+    return text
+
+
+def reason_facts_json(f: ReasonFacts) -> str:
     """The core's facts as the contract says them (validated; lists cut at MAX_LISTED, their counts beside them;
     milli-GPUs as GPUs; the reservation's start as a UTC time)."""
     q, w = f.quota, f.wait
@@ -364,14 +413,15 @@ class WantedJobs:
     read then (or earlier) exactly as it is now. Rows that did not change stay the same objects from cycle to
     cycle (what RequestBuilder relies on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str = "job_id") -> None:
+        self.key = key  # the rows' id (the live allocations are kept the same way, by "allocation_id")
         self.rows: dict[str, tuple[str, Row]] = {}
         self.horizon = "0"
 
     def merge(self, ids: list[str], xids: list[str], changed: list[Row], xmin: str) -> list[Row] | None:
         """The wanted rows now, or None (and forget everything, so the next read is a full one) if a row that did
         not come back whole is not the one remembered: then the copy cannot be trusted."""
-        fresh = {r["job_id"]: r for r in changed}
+        fresh = {r[self.key]: r for r in changed}
         rows: dict[str, tuple[str, Row]] = {}
         for job_id, xid in zip(ids, xids, strict=True):
             row = fresh.get(job_id)
@@ -463,20 +513,32 @@ class DecisionEncoder:
     def __init__(self) -> None:
         self._old: dict[Any, str] = {}
         self._new: dict[Any, str] = {}
+        # the same by the very object (id -> (object, text); the entry keeps it alive, so its id stays its own):
+        # a cycle meets most objects of the last one again, and hashing a node's or a request's fields each
+        # time cost more than encoding them once
+        self._old_ids: dict[int, tuple[Any, str]] = {}
+        self._new_ids: dict[int, tuple[Any, str]] = {}
         self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
 
     def turn(self) -> None:
         self._old, self._new = self._new, {}
+        self._old_ids, self._new_ids = self._new_ids, {}
 
     def _item(self, value: Any) -> str:
+        key = id(value)
+        seen = self._new_ids.get(key) or self._old_ids.get(key)
+        if seen is not None and seen[0] is value:
+            self._new_ids[key] = seen
+            return seen[1]
         try:
             text = self._new.get(value)
             if text is None:
                 text = self._old.get(value) or codec.dumps(value)
                 self._new[value] = text
-            return text
-        except TypeError:  # not hashable
+        except TypeError:  # not hashable (nor, then, known to be immutable)
             return codec.dumps(value)
+        self._new_ids[key] = (value, text)
+        return text
 
     def _list(self, values: Iterable[Any]) -> str:
         return "[" + ",".join(self._item(v) for v in values) + "]"

@@ -60,7 +60,7 @@ from libs.contracts.events import (
     WorkReady,
 )
 from libs.contracts.work import WorkExit, WorkSpec
-from libs.core import NormalizeMemo, Placement, Preemption, codec, schedule
+from libs.core import NormalizeMemo, Placement, Preemption, codec
 from libs.observability.metrics import (
     PENDING_UNITS,
     SCHEDULING_CYCLE_SECONDS,
@@ -71,12 +71,14 @@ from libs.runtime.loops import every
 from libs.runtime.routes import Routes, idempotent, once
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
+from services.placement.cache import KeptScheduler
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
     RELEASE_AT_ONCE,
     DecisionEncoder,
     RendezvousPorts,
     RequestBuilder,
+    SnapshotMemo,
     WantedJobs,
     allocated_gpus,
     backoff_reasons,
@@ -117,12 +119,16 @@ class PlacementHandlers:
         self._recorded = 0
         self._encoder = DecisionEncoder()
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
+        self._live = WantedJobs("allocation_id")  # the live allocations, the same way
         self._requests = RequestBuilder()
         self._normalized = NormalizeMemo()  # the core's normalised requests (RequestBuilder keeps their objects)
+        self._scheduler = KeptScheduler()  # the core's Scheduler, kept between committed cycles (cache.py)
+        self._snapshots = SnapshotMemo()  # the snapshot's objects of unchanged rows, reused
         # the earliest preemption deadline the last cycle saw (None: none; False: not known yet)
         self._next_deadline: Any = False
         self._gang_due: Any = None  # when the earliest gang still waiting for its members runs out of time
         self._tracer = tracer("gpupool.placement")
+        self.phases: dict[str, float] = {}  # the last cycle's seconds per phase (load, build, core, store)
         self.rollouts = Rollouts(self)
         self.fragmentation = Fragmentation(self)
 
@@ -409,6 +415,7 @@ class PlacementHandlers:
                 # What this replica remembers writing is stale once another one leads (it may place, requeue and
                 # reset reasons meanwhile): forget it, so the first cycle after taking the lease back writes all.
                 self._reasons_written, self._last_reasons_digest, self._order_written = {}, None, None
+                self._scheduler.forget()  # and its scheduler: a new leader builds from the store
                 continue  # a follower keeps its read model current and waits for the lease
             started = time.perf_counter()
             try:
@@ -424,6 +431,7 @@ class PlacementHandlers:
             except Exception:
                 log.exception("scheduling_cycle_failed")
                 self._order_written = None  # rolled back with the cycle
+                self._scheduler.forget()
                 await asyncio.sleep(0.5)
             took = time.perf_counter() - started
 
@@ -439,8 +447,10 @@ class PlacementHandlers:
         written together (a unit the store refuses is rolled back alone, see `_apply_units`), then the changed
         pending reasons and the decision. The database constraints are the verifier: a stale placement is refused
         whole, never double-allocated. Returns the units placed, or -1 when there was nothing to schedule."""
+        t0 = time.perf_counter()
         async with self.rt.uow() as uow:
-            state = await store.load_state(uow.conn, self._wanted)
+            state = await store.load_state(uow.conn, self._wanted, self._live)
+            t1 = time.perf_counter()
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             deadlines = [r["preempt_deadline"] for r in running if r["preempt_deadline"] is not None]
             self._next_deadline = min(deadlines) if deadlines else None
@@ -468,12 +478,13 @@ class PlacementHandlers:
                 return -1
             policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
                                   self.settings.min_runtime_s, self.settings.fair_share_half_life_s)
-            snapshot, now = build_snapshot(nodes, gpus, running, state["usage"]), time.time()
+            snapshot, now = build_snapshot(nodes, gpus, running, state["usage"], self._snapshots), time.time()
             with self._tracer.start_as_current_span("scheduling cycle", attributes={
                     "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
-                plan = schedule(snapshot, requests, policy, now=now, clock=time.perf_counter, memo=self._normalized)
+                plan = self._scheduler.plan(snapshot, requests, policy, now, time.perf_counter, self._normalized)
                 span.set_attribute("gpupool.placements", len(plan.placements))
                 span.set_attribute("gpupool.preemptions", len(plan.preemptions))
+            t2 = time.perf_counter()
             if plan.preemptions:
                 await self.start_preemptions(plan.preemptions)
             units: dict[str, list[Placement]] = defaultdict(list)
@@ -492,6 +503,10 @@ class PlacementHandlers:
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
         # committed: remember what is now in the store
+        self._scheduler.committed()
+        build = self._scheduler.build_s
+        self.phases = {"load_s": t1 - t0, "build_s": build, "core_s": t2 - t1 - build,
+                       "store_s": time.perf_counter() - t2}
         self._reasons_written = reasons
         if recorded is not None:
             self._last_reasons_digest = recorded

@@ -105,12 +105,13 @@ async def add_pending(conn: asyncpg.Connection, data: JobSubmitted, traceparent:
 
 
 # The pool as a cycle reads it: nodes, GPUs, live allocations (the snapshot's parts, shared by _STATE and _POOL).
-_POOL_PARTS = """
+_NODES_GPUS = """
   'nodes', (SELECT coalesce(json_agg(n ORDER BY n.cluster, n.node), '[]')
             FROM (SELECT cluster, node, schedulable, labels, address, cpu_milli, memory_mib FROM nodes) n),
   'gpus', (SELECT coalesce(json_agg(g), '[]')
            FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing, draining, numa_node,
-                        nvlink_domain FROM gpus) g),
+                        nvlink_domain FROM gpus) g)"""
+_POOL_PARTS = _NODES_GPUS + """,
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
@@ -123,8 +124,30 @@ _POOL_PARTS = """
       FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
       WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas, p.replica_set) r)"""
 
+# The live allocations as a cycle reads them: every one's id and version (the later of the transactions that last
+# changed it and its wanted job, whose replicas it reads), whole rows only at or above the horizon ($2, LiveRows).
+_RUNNING_SINCE = """
+  'running', (SELECT json_build_object(
+      'ids', coalesce(json_agg(v.allocation_id), '[]'), 'xids', coalesce(json_agg(v.version::text), '[]'),
+      'rows', (SELECT coalesce(json_agg(r), '[]') FROM (
+          SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
+                 a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
+                 a.rendezvous_port, a.gang_wait, a.cpu_milli, a.memory_mib, a.preemptible,
+                 coalesce(p.replicas, 1) AS replicas, coalesce(p.replica_set, false) AS replica_set,
+                 array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
+                 min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
+                 array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
+                 array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
+          FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
+          WHERE a.released_at IS NULL
+            AND greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) >= $2::text::xid8
+          GROUP BY a.allocation_id, p.replicas, p.replica_set) r))
+    FROM (SELECT a.allocation_id, greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) AS version
+          FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.released_at IS NULL
+          ORDER BY a.allocation_id) v)"""
+
 _STATE = """
-SELECT json_build_object(""" + _POOL_PARTS + """,
+SELECT json_build_object(""" + _NODES_GPUS + "," + _RUNNING_SINCE + """,
   'pending', (SELECT json_build_object(
         'ids', coalesce(json_agg(q.job_id), '[]'), 'xids', coalesce(json_agg(q.changed_xid::text), '[]'),
         'rows', coalesce(json_agg(q) FILTER (WHERE q.changed_xid >= $1::text::xid8), '[]'))
@@ -180,23 +203,30 @@ async def load_pool(conn: asyncpg.Connection, since: datetime, recent: int) -> d
     return state
 
 
-async def load_state(conn: asyncpg.Connection, wanted: WantedJobs) -> dict[str, Any]:
+async def load_state(conn: asyncpg.Connection, wanted: WantedJobs,
+                     live: WantedJobs | None = None) -> dict[str, Any]:
     """Everything one scheduling cycle reads, as one statement: one consistent snapshot in one round trip (the
     cycle runs it every time it wakes, so the number of round trips is what it costs). Rows come back as dicts
     with the columns' Python types (timestamps as datetimes, double precision as floats).
 
     Of the wanted jobs only the rows changed since `wanted`'s last read come back whole (with thousands waiting,
-    reading them all every cycle was most of a cycle's cost); `state["pending"]` is the merged list. If the merge
-    finds a row it cannot account for, everything is read again."""
-    state = json.loads(await conn.fetchval(_STATE, wanted.horizon))
-    pending = state["pending"]
-    state["pending"] = pending["rows"]
+    reading them all every cycle was most of a cycle's cost); `state["pending"]` is the merged list. The same for
+    the live allocations with `live` (a `WantedJobs("allocation_id")`; without one, all are read). If a merge finds
+    a row it cannot account for, everything of it is read again."""
+    live = live if live is not None else WantedJobs("allocation_id")
+    state = json.loads(await conn.fetchval(_STATE, wanted.horizon, live.horizon))
+    pending, running = state["pending"], state["running"]
+    state["pending"], state["running"] = pending["rows"], running["rows"]
     _convert(state)
     merged = wanted.merge(pending["ids"], pending["xids"], state["pending"], state["xmin"])
     if merged is None:
         log.warning("wanted_jobs_reloaded", extra={"wanted": len(pending["ids"])})
-        return await load_state(conn, wanted)
-    state["pending"] = merged
+        return await load_state(conn, wanted, live)
+    held = live.merge(running["ids"], running["xids"], state["running"], state["xmin"])
+    if held is None:
+        log.warning("live_allocations_reloaded", extra={"live": len(running["ids"])})
+        return await load_state(conn, wanted, live)
+    state["pending"], state["running"] = merged, held
     return state
 
 

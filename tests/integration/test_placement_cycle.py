@@ -21,7 +21,6 @@ from libs.contracts.commands import GetDecision
 from libs.contracts.envelope import uuid7
 from libs.contracts.events import AllocatedGpu, GpuSpec, JobCompleted, JobSubmitted, NodeRegistered
 from libs.runtime.service import ServiceRuntime
-from services.placement import handlers as handlers_module
 from services.placement import store
 from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers
@@ -99,15 +98,15 @@ async def test_a_cycle_places_many_units_together_and_records_one_replayable_dec
 async def test_a_unit_the_store_refuses_is_left_out_and_the_others_of_its_cycle_commit(placement, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     rt, h = placement
     await want(rt, job("a"), job("b"), job("c"))
-    real_schedule = handlers_module.schedule
+    real_plan = h._scheduler.plan
     stolen: list[str] = []
 
     def schedule_then_lose_a_gpu(snapshot, pending, policy, now, clock=None, memo=None):  # type: ignore[no-untyped-def]
-        plan = real_schedule(snapshot, pending, policy, now=now, clock=clock, memo=memo)
+        plan = real_plan(snapshot, pending, policy, now, clock, memo)
         stolen.append(next(p for p in plan.placements if p.job_id == "b").gpu_uuids[0])
         return plan
 
-    monkeypatch.setattr(handlers_module, "schedule", schedule_then_lose_a_gpu)
+    monkeypatch.setattr(h._scheduler, "plan", schedule_then_lose_a_gpu)
     # another writer (a deposed leader, say) takes the GPU the plan gives "b" after the snapshot was read
     real_apply = h._apply_units
 
@@ -132,6 +131,15 @@ async def test_a_unit_the_store_refuses_is_left_out_and_the_others_of_its_cycle_
     assert await rt.pool.fetchval("SELECT satisfied FROM pending_jobs WHERE job_id = 'b'") is False
     summary = json.loads(await rt.pool.fetchval("SELECT summary FROM decisions"))
     assert {p["unit"]: p["applied"] for p in summary["placements"]} == {"a": True, "b": False, "c": True}
+    # the scheduler kept for the next cycle forgets the refused unit and learns the rival's GPU from the store:
+    # once "a" completes, "b" gets a's GPU, on the kept scheduler
+    monkeypatch.setattr(h._scheduler, "plan", real_plan)
+    monkeypatch.setattr(h, "_apply_units", real_apply)
+    freed = held["a"]
+    async with rt.uow() as uow:
+        await h._release(uow, "a", "JobCompleted", NOW, finished=True)
+    assert await h.run_cycle() == 1 and h._scheduler.rebuilt == ""
+    assert (await holdings(rt))["b"] == freed
 
 
 async def gpu_of(conn, uuid: str) -> AllocatedGpu:  # type: ignore[no-untyped-def]
