@@ -1,8 +1,8 @@
 """Micro-benchmark of the bus codec over the real envelope and event models: what one event costs to encode (the
 outbox's `to_cloudevent` + `to_json`) and to decode (a consumer's `parse_envelope` + `decode_data`, and the one-pass
 typed envelope of libs/bus/batch.py), against the same work done with the standard library's `json` or `orjson`
-(when installed), and how much of it is validation: pydantic's own (`model_construct` skips it) and the events'
-bounds walk (EventData._bounded, a Python walk over every value: events are input, libs/contracts/origins.py).
+(when installed), and how much of it is validation (`model_construct` skips it; the events' own bounds are part of
+their pydantic schema, libs/contracts/bounds.py).
 
     python -m libs.bench.codec [--n 20000]
 
@@ -12,10 +12,9 @@ Every variant is checked to give back the event it was given before it is timed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,22 +107,6 @@ def per_event_us(fn: Callable[[Any], Any], items: list[Any], n: int) -> float:
     return 1e6 * best / (rounds * len(items))
 
 
-@contextlib.contextmanager
-def bounds_walk_off(classes: list[type[EventData]]) -> Iterator[None]:
-    """The events' own bounds walk (EventData.walk_bounds) switched off, to measure its share of a decode."""
-    saved = {cls: cls.__dict__.get("walk_bounds") for cls in classes}
-    for cls in classes:
-        cls.walk_bounds = False
-    try:
-        yield
-    finally:
-        for cls, value in saved.items():
-            if value is None:
-                del cls.walk_bounds
-            else:
-                cls.walk_bounds = value
-
-
 def run(n: int) -> dict[str, dict[str, float]]:
     events = samples()
     raws = [encoders()["pydantic (to_cloudevent + to_json)"](e) for e in events]
@@ -138,9 +121,6 @@ def run(n: int) -> dict[str, dict[str, float]]:
                          if "typed" not in name}}
     result["decode"]["pydantic one pass (typed envelope)"] = per_event_us(
         lambda pair: typed[pair[0]].model_validate_json(pair[1]), list(zip(typed, raws, strict=True)), n)
-    with bounds_walk_off([type(e) for e in events]):
-        result["decode"]["pydantic, the events' bounds walk off"] = per_event_us(
-            lambda raw: decode_data(parse_envelope(raw)), raws, n)
     result["validation"] = {
         f"{type(e).__name__}.model_validate (payload only)": per_event_us(
             type(e).model_validate, [e.model_dump(mode="json")], n // 3) for e in events}

@@ -251,6 +251,12 @@ PG_TOP_STATEMENTS = """
     SELECT d.datname AS db, s.calls, s.total_exec_time, s.rows, s.wal_bytes, s.query
     FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
     ORDER BY s.total_exec_time DESC LIMIT 60"""
+# every statement, not only the top 60: how many each database ran (utility ones, BEGIN/SAVEPOINT/COMMIT, included)
+PG_CALLS_PER_DATABASE = """
+    SELECT d.datname AS db, sum(s.calls) AS calls, sum(s.calls) FILTER (WHERE s.query ILIKE '%inbox%') AS inbox,
+           sum(s.calls) FILTER (WHERE s.query ILIKE 'COMMIT%') AS commits
+    FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+    WHERE d.datname LIKE 'gpupool%' GROUP BY d.datname ORDER BY d.datname"""
 
 
 class Profiler:
@@ -297,7 +303,8 @@ class Profiler:
         rows = self._statements(PG_TOP_STATEMENTS)
         if rows:
             self.directory.mkdir(parents=True, exist_ok=True)
-            (self.directory / f"{self.label}-postgres.md").write_text(statements_table(rows, jobs))
+            (self.directory / f"{self.label}-postgres.md").write_text(
+                statements_table(rows, jobs) + calls_table(self._statements(PG_CALLS_PER_DATABASE), jobs))
 
     def _statements(self, sql: str, *, fetch: bool = True) -> list:
         """Run `sql` on the platform's PostgreSQL (any service database sees the cluster-wide statistics)."""
@@ -323,6 +330,17 @@ class Profiler:
         except Exception as exc:  # no extension (an external database): py-spy profiles still come
             print(f"[bench] --profile: no pg_stat_statements ({exc!r}); not profiling PostgreSQL", flush=True)
             return []
+
+
+def calls_table(rows: list, jobs: int) -> str:
+    """Every statement each database ran in the phase, per job: all of them, the inbox's, the commits."""
+    if not rows:
+        return ""
+    out = ["", "| database | statements per job | inbox statements per job | commits per job |", "| --- | --- | --- | --- |"]
+    per = [(r["db"], *(float(r[k] or 0) / max(jobs, 1) for k in ("calls", "inbox", "commits"))) for r in rows]
+    per.append(("all", *(sum(p[i] for p in per) for i in (1, 2, 3))))
+    out += [f"| {db} | {calls:.2f} | {inbox:.2f} | {commits:.2f} |" for db, calls, inbox, commits in per]
+    return "\n".join(out) + "\n"
 
 
 def statements_table(rows: list, jobs: int) -> str:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -60,6 +61,14 @@ MAX_MESSAGES_PER_TRANSACTION = 48
 # Opens one transaction around a fetched batch; committing happens on a clean exit, and raising from the exit
 # (a failed commit) means nothing of the batch is durable.
 BatchTransactionFactory = Callable[[], AbstractAsyncContextManager[object]]
+
+
+@runtime_checkable
+class ExpectsEvents(Protocol):
+    """A batch transaction that wants the event ids of the batch's messages before they are applied (libs.store's
+    records their inbox rows in one statement)."""
+
+    def expect_events(self, event_ids: list[str | None]) -> None: ...
 
 
 class Poison(Exception):
@@ -209,7 +218,9 @@ class EventConsumer:
         handled: list[tuple[Msg, float]] = []
         started = 0  # messages whose handling began (a failure to open the transaction starts none)
         try:
-            async with self.transaction():
+            async with self.transaction() as tx:
+                if isinstance(tx, ExpectsEvents):  # the inbox rows of the whole batch in one statement
+                    tx.expect_events([(msg.headers or {}).get(MSG_ID_HEADER) for msg in msgs])
                 for msg in msgs:
                     started += 1
                     began = time.perf_counter()

@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
 from libs.contracts import subjects
 from libs.contracts.addresses import PeerAddress
@@ -29,6 +29,7 @@ from libs.contracts.agent_events import (  # noqa: F401 (the agent's payloads ar
     WorkReady,
     WorkStarted,
 )
+from libs.contracts.bounds import BoundedModel
 from libs.contracts.envelope import CloudEvent, InvalidEnvelope, schema_of
 from libs.contracts.event_base import MAX_EVENT_NUMBER, MAX_EVENT_TEXT, AllocationSubject, EventData, Health  # noqa: F401
 from libs.contracts.labels import MAX_SELECTOR, check_labels
@@ -42,7 +43,7 @@ SharingMode = Literal["exclusive", "fractional", "mig"]
 
 
 # --- inventory --------------------------------------------------------------------------------------------------
-class NicSpec(BaseModel):
+class NicSpec(BoundedModel):
     """A node's network interface that matters to GPU work (the data plane: Ethernet and InfiniBand ports)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -52,7 +53,7 @@ class NicSpec(BaseModel):
     speed_mbps: int | None = Field(default=None, ge=0, description="Link speed; None when down or unknown")
 
 
-class VolumeSpec(BaseModel):
+class VolumeSpec(BoundedModel):
     """A filesystem the node offers work (local scratch, the root disk, a shared mount)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -62,7 +63,7 @@ class VolumeSpec(BaseModel):
     filesystem: str = Field(default="", max_length=64, description="e.g. ext4, xfs, nfs4, lustre")
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(BoundedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     uuid: str = Field(min_length=1, max_length=128)
@@ -321,7 +322,7 @@ class JobCancelled(EventData):
 
 
 # --- placement --------------------------------------------------------------------------------------------------
-class AllocatedGpu(BaseModel):
+class AllocatedGpu(BoundedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     uuid: str
@@ -390,7 +391,7 @@ class AllocationGangReady(AllocationEvent):
     ready_at: datetime
 
 
-class DecidedPlacement(BaseModel):
+class DecidedPlacement(BoundedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     unit: str = Field(description="what the core scheduled: the job, or job#replica")
@@ -401,7 +402,7 @@ class DecidedPlacement(BaseModel):
     applied: bool = Field(description="committed; false when the store refused it as stale")
 
 
-class DecidedPreemption(BaseModel):
+class DecidedPreemption(BoundedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     victim: str
@@ -641,7 +642,7 @@ class GpuSharingSet(EventData):
     set_at: datetime
 
 
-class GpuRollup(BaseModel):
+class GpuRollup(BoundedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     uuid: str

@@ -11,7 +11,9 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from libs.contracts.bounds import BoundedModel
 
 # Signals a job may ask to be stopped or warned with (names, not numbers: numbers differ between platforms).
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGKILL"]
@@ -30,7 +32,7 @@ MAX_ENV_VALUE_CHARS = 32_768
 Arg = Annotated[str, Field(max_length=MAX_ARG_CHARS)]
 
 
-class WorkLimits(BaseModel):
+class WorkLimits(BoundedModel):
     """Enforced on the node by the work's cgroup. None: no limit beyond the node's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -44,7 +46,7 @@ class WorkLimits(BaseModel):
                              description="processes and threads at once; beyond it fork/clone fails (EAGAIN)")
 
 
-class RestartPolicy(BaseModel):
+class RestartPolicy(BoundedModel):
     """What happens when an attempt fails (non-zero exit, signal, out of memory, launch failure)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -66,7 +68,7 @@ PORT_NAME = r"^[a-z][a-z0-9-]{0,14}$"
 PortName = Annotated[str, Field(pattern=PORT_NAME)]
 
 
-class HealthCheck(BaseModel):
+class HealthCheck(BoundedModel):
     """How the agent tells whether a replica serves: exactly one of `http` (GET this path on the first port, or on
     `port`; a 2xx or 3xx answer is healthy), `tcp` (a port name: healthy when it accepts a connection) or `exec` (an
     argv run on the node as the work's user with its environment: exit 0 is healthy). A replica is ready after its
@@ -99,7 +101,7 @@ class HealthCheck(BaseModel):
 METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$"  # a Prometheus metric name
 
 
-class LoadProbe(BaseModel):
+class LoadProbe(BoundedModel):
     """What the agent samples from each replica for its job's autoscaler, every `every_s`: its GPUs' mean
     utilisation (percent, from the node's telemetry) or one Prometheus metric scraped from the replica (`GET
     http://<node>:<port>/<path>`, the sum of every series of `metric`). Set by the platform from the job's
@@ -120,7 +122,7 @@ class LoadProbe(BaseModel):
         return self
 
 
-class WorkSpec(BaseModel):
+class WorkSpec(BoundedModel):
     """The work a job runs. Travels from the submission through `job.submitted` and `allocation.granted` to the
     agent of each granted node."""
 
@@ -218,7 +220,7 @@ LAUNCH_FAILURES = frozenset({"CommandNotFound", "WorkdirUnavailable", "SandboxFa
                              "DriverUnavailable", "CgroupFailed", "LaunchFailed"})
 
 
-class WorkExit(BaseModel):
+class WorkExit(BoundedModel):
     """How one attempt's work ended on one allocation; carried by `agent.work_exited` and by the release it
     causes."""
 

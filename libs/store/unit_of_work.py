@@ -14,6 +14,15 @@ so the inbox row commits or rolls back with the handler's state change and outbo
 the event, that unit of work rolls back at once and raises `AlreadyApplied` instead of running the handler's body;
 `apply_once` takes it as done (the consumer acks). A handler that returns before opening a unit of work (nothing to
 apply) records nothing, as it changes nothing.
+
+Inbox of a batch: a batched consumer names the event ids of its fetched messages (`BatchTransaction.expect_events`,
+their `Nats-Msg-Id`, which the relay sets to the event id). The first applied-once event of the batch then records
+all of them in the inbox in one statement, in the batch's transaction before any savepoint, and learns which the
+inbox held already; each event's first unit of work takes its answer from there instead of a statement of its own
+(an event held already: AlreadyApplied, before its savepoint). Rows of events that end up not recorded (their unit of
+work rolled back, their handler opened none, the message was refused) are deleted in one statement before the
+batch commits, so the inbox ends as if each event had recorded its own row. An event whose id the batch was not told
+records its row itself, as above.
 """
 
 from __future__ import annotations
@@ -111,6 +120,13 @@ async def end(pool: asyncpg.Pool, conn: asyncpg.Connection, tx: Transaction, *, 
         await pool.release(conn)
 
 
+@dataclass(slots=True)
+class _BatchInbox:
+    """One inbox consumer's rows for a batch: recorded up front (`fresh`: new now; the rest were held already)."""
+    fresh: set[str]
+    claimed: set[str]
+
+
 class BatchTransaction:
     """One database transaction around the handling of a batch of consumed messages (see the module docstring).
 
@@ -129,6 +145,8 @@ class BatchTransaction:
         # Savepoints of units of work that succeeded and are not released yet: releasing one costs a round trip,
         # so it rides along with the next savepoint's creation (or the commit, which releases everything).
         self._unreleased = 0
+        self._expected: frozenset[str] = frozenset()  # the batch's event ids (expect_events)
+        self._inbox: dict[str, _BatchInbox] = {}  # per inbox consumer, once its first event of the batch came
 
     async def __aenter__(self) -> BatchTransaction:
         self.conn, self._tx = await begin(self.pool)
@@ -141,6 +159,12 @@ class BatchTransaction:
                         tb: TracebackType | None) -> None:
         self._open = False
         _batch.reset(self._token)
+        if exc_type is None:
+            try:
+                await self._forget_unclaimed()
+            except BaseException as forget_exc:
+                await end(self.pool, self.conn, self._tx, commit=False)
+                raise forget_exc
         await end(self.pool, self.conn, self._tx, commit=exc_type is None)
         if exc_type is not None:
             return
@@ -148,6 +172,41 @@ class BatchTransaction:
             callback()
         for work in self._after_commit:
             await _run_after_commit(work)
+
+    def expect_events(self, event_ids: list[str | None]) -> None:
+        """The event ids of the batch's messages, as their publisher named them (Nats-Msg-Id): recorded in the
+        inbox together by the batch's first applied-once event (see the module docstring)."""
+        self._expected = frozenset(i for i in event_ids if i)
+
+    async def claim(self, consumer: str, event_id: str) -> bool | None:
+        """Record `event_id` for `consumer` from the batch's inbox rows. None: not one of the batch's expected
+        events (the unit of work records it itself); True: first time; False: applied already (or earlier in this
+        batch). Runs outside any open unit of work's savepoint, so the batch's rows roll back only with it."""
+        if event_id not in self._expected or len(self._expected) < 2:
+            return None
+        inbox = self._inbox.get(consumer)
+        if inbox is None:
+            # no unit of work is open here (this is a handler's first): the rows land in the batch's own
+            # transaction (or in finished units of work's savepoints, which are only ever released)
+            rows = await self.conn.fetch(
+                """INSERT INTO inbox (consumer, event_id) SELECT $1, e FROM unnest($2::text[]) AS e ORDER BY e
+                   ON CONFLICT DO NOTHING RETURNING event_id""", consumer, sorted(self._expected))
+            inbox = self._inbox[consumer] = _BatchInbox({r["event_id"] for r in rows}, set())
+        if event_id not in inbox.fresh or event_id in inbox.claimed:
+            return False
+        inbox.claimed.add(event_id)
+        return True
+
+    def unclaim(self, consumer: str, event_id: str) -> None:
+        """The unit of work that claimed `event_id` rolled back: its inbox row goes unless a later one claims it."""
+        self._inbox[consumer].claimed.discard(event_id)
+
+    async def _forget_unclaimed(self) -> None:
+        for consumer, inbox in self._inbox.items():
+            unclaimed = sorted(inbox.fresh - inbox.claimed)
+            if unclaimed:
+                await self.conn.execute("DELETE FROM inbox WHERE consumer = $1 AND event_id = ANY($2::text[])",
+                                        consumer, unclaimed)
 
     async def savepoint(self) -> None:
         await self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; " * self._unreleased + f"SAVEPOINT {_SAVEPOINT}")
@@ -191,16 +250,28 @@ class UnitOfWork:
         self._after_commit: list[AfterCommit] = []
         self._batch: BatchTransaction | None = None
         self._claim: _InboxClaim | None = None  # the event this unit of work recorded in the inbox (apply_once)
+        self._batch_claimed = False  # ... from the batch's inbox rows
         self.conn: asyncpg.Connection
 
     async def __aenter__(self) -> UnitOfWork:
         self._batch = current_batch(self._pool)
+        claim = pending_claim()
         if self._batch is not None:
+            claimed = await self._batch.claim(claim.consumer, claim.event_id) if claim is not None else None
+            if claim is not None and claimed is False:
+                raise AlreadyApplied(claim.consumer, claim.event_id)  # before its savepoint: nothing to undo
             self.conn = self._batch.conn
-            await self._batch.savepoint()  # a SAVEPOINT of the batch's transaction
+            try:
+                await self._batch.savepoint()  # a SAVEPOINT of the batch's transaction
+            except BaseException:
+                if claim is not None and claimed:
+                    self._batch.unclaim(claim.consumer, claim.event_id)
+                raise
+            if claim is not None and claimed:
+                claim.recorded, self._claim, self._batch_claimed = True, claim, True
+                return self
         else:
             self.conn, self._tx = await begin(self._pool)
-        claim = pending_claim()
         if claim is not None:
             await self._record(claim)
         return self
@@ -224,7 +295,9 @@ class UnitOfWork:
                         tb: TracebackType | None) -> None:
         if exc_type is not None and self._claim is not None:
             self._claim.recorded = False  # its inbox row rolls back too: a later unit of work of the handler records it
-            self._claim = None
+            if self._batch_claimed and self._batch is not None:
+                self._batch.unclaim(self._claim.consumer, self._claim.event_id)
+            self._claim, self._batch_claimed = None, False
         if exc_type is None and self._unwritten:
             try:
                 await self._write_outbox()

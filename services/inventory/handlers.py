@@ -488,4 +488,7 @@ def routes(h: InventoryHandlers) -> Routes:
         telemetry=idempotent(h.on_telemetry, "only a sample newer than a GPU's stored latest one changes it, and node "
                                              "state is compared with the stored state"),
         telemetry_batch=h.on_telemetry_batch,
+        # both event handlers are one unit of work and nothing else (no pool reads, RPCs or publishes): safe to apply
+        # a fetched batch in one transaction (README: "Batched event handling"); telemetry keeps its batch consumer
+        batched=True,
     )

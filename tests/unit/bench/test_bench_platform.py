@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from libs.bench import e2e as bench_platform
-from libs.bench.e2e import BEGIN, END, Profiler, markdown, pct, statements_table
+from libs.bench.e2e import BEGIN, END, Profiler, calls_table, markdown, pct, statements_table
 
 
 def result(**median_extra: float) -> dict:
@@ -82,6 +82,15 @@ def test_postgres_statements_are_charged_per_job_most_expensive_first() -> None:
     assert lines[4] == ("| gpupool_queue | 3.00 | 0.3000 | 75.0% | 1.0 | 6000 | "
                         "`INSERT INTO outbox (a \\| b) VALUES ($1)` |")
     assert lines[5].startswith("| gpupool_placement | 0.08 | 0.1000 | 25.0% | 1.0 | 0 |")
+
+
+def test_every_statement_is_counted_per_database_and_job() -> None:
+    rows = [{"db": "gpupool_placement", "calls": 4000, "inbox": 200, "commits": 300},
+            {"db": "gpupool_queue", "calls": 6000, "inbox": None, "commits": 1000}]
+    lines = calls_table(rows, jobs=1000).splitlines()
+    assert lines[3:] == ["| gpupool_placement | 4.00 | 0.20 | 0.30 |", "| gpupool_queue | 6.00 | 0.00 | 1.00 |",
+                         "| all | 10.00 | 0.20 | 1.30 |"]
+    assert calls_table([], jobs=1000) == ""
 
 
 def test_a_limited_backlog_reports_what_was_admitted_and_refused_in_both_durabilities() -> None:
