@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError, ServiceUnavailableError
 
 from libs.contracts import subjects
 from libs.contracts.subjects import STREAMS, StreamSpec
@@ -96,10 +96,14 @@ async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] = S
             try:
                 await _declare(js, spec, replicas)
                 break
-            except (NatsTimeoutError, ServiceUnavailableError, BadRequestError) as exc:
+            except (NatsTimeoutError, ServiceUnavailableError, BadRequestError, ServerError) as exc:
                 # a JetStream cluster that just formed (or lost a node) may take a while to place replicas: it
-                # times out, answers 503, or says no peer is ready yet (10005); anything else is a real error
+                # times out, answers 503, or says no peer is ready yet (10005); a server still removing a stream
+                # of that name may fail to create its store (500, 10049: seen in CI right after a delete);
+                # anything else is a real error
                 if isinstance(exc, BadRequestError) and exc.err_code != 10005:
+                    raise
+                if isinstance(exc, ServerError) and exc.err_code != 10049:
                     raise
                 if attempt == _DECLARE_TRIES:
                     raise
