@@ -14,11 +14,13 @@ from pydantic import BaseModel, Field, model_validator
 from libs.bus.rpc import request
 from libs.contracts import subjects
 from libs.contracts.api import (
+    CreatedToken,
     Explanation,
     Job,
     Pool,
     PoolFragmentation,
     SubmitResult,
+    Token,
     WhoAmI,
 )
 from libs.contracts.api_pages import (
@@ -481,25 +483,14 @@ class TokenRequest(RequestBody):
     expires_in_days: int | None = Field(default=90, ge=1, le=3650, description="null: never expires")
 
 
-class TokenView(BaseModel):
-    token_id: str
-    name: str
-    role: str
-    team: str | None
-    created_by: str
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None = None
-    last_used_at: datetime | None = None
-
-
-class NewToken(TokenView):
-    token: str = Field(description="The secret, shown only in this response")
+def _token_view(row) -> Token:  # type: ignore[no-untyped-def]
+    """A token as the API shows it (the client's model): its declared fields only, never the stored secret hash."""
+    return Token(**{k: row[k] for k in Token.model_fields if k in row.keys()})  # noqa: SIM118 (asyncpg Record)
 
 
 @router.post("/tokens", status_code=201, summary="Create an API token (the secret is shown once)", tags=["security"],
-             response_model=NewToken)
-async def create_token(body: TokenRequest, req: Request, caller: Caller) -> NewToken:
+             response_model=CreatedToken)
+async def create_token(body: TokenRequest, req: Request, caller: Caller) -> CreatedToken:
     require(caller, Action.TOKEN_MANAGE)
     if caller.scope(Action.TOKEN_MANAGE) != ANY:
         if body.team != caller.team or body.role not in TEAM_ADMIN_GRANTABLE:
@@ -516,9 +507,9 @@ async def create_token(body: TokenRequest, req: Request, caller: Caller) -> NewT
     async with req.app.state.pool.acquire() as conn, conn.transaction():
         row = await store.insert_token(conn, token_id=token_id, name=body.name, role=body.role, team=body.team,
                                        secret_hash=secret_hash, created_by=caller.subject, expires_at=expires)
-        view = TokenView(**dict(row))
+        view = _token_view(row)
         await record(req, caller, "token.create", token_id, None, view.model_dump(mode="json"), conn=conn)
-    return NewToken(**view.model_dump(), token=token)
+    return CreatedToken(**view.model_dump(), token=token)
 
 
 @router.get("/tokens", **returns(TokenPage), summary="List API tokens (never their secrets)", tags=["security"])
@@ -528,7 +519,7 @@ async def list_tokens(req: Request, caller: Caller, limit: Annotated[int, Query(
     team = None if caller.scope(Action.TOKEN_MANAGE) == ANY else caller.team
     async with req.app.state.pool.acquire() as conn:
         rows = await store.list_tokens(conn, team=team, limit=limit + 1, after=cursor)
-    return page(rows, limit, lambda r: TokenView(**dict(r)).model_dump(mode="json"), lambda t: t["token_id"])
+    return page(rows, limit, lambda r: _token_view(r).model_dump(mode="json"), lambda t: t["token_id"])
 
 
 @router.delete("/tokens/{token_id}", status_code=204, summary="Revoke an API token", tags=["security"])
