@@ -197,9 +197,41 @@ def with_problem_component(app: FastAPI) -> None:
                 extra = model.model_config.get("json_schema_extra")
                 if isinstance(extra, dict) and extra.get("examples") and model.__name__ in schemas:
                     schemas[model.__name__]["examples"] = json.loads(json.dumps(extra["examples"], default=str))
+            _no_nul_anywhere(app.openapi_schema)
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+NO_NUL = "^[^\\x00]*$"
+
+
+def _no_nul_anywhere(document: dict[str, Any]) -> None:
+    """NUL is refused everywhere a caller can put text: in the URL by `EdgeMiddleware` (400), in a body by every
+    command (`Command._no_nul_characters`, 422; PostgreSQL text cannot hold it). Every path or query parameter and
+    every component a request body reaches says so: each string without a pattern of its own (a pattern of its own
+    never admits NUL) gets `NO_NUL`, each map's keys too."""
+    schemas = document.get("components", {}).get("schemas", {})
+    todo: list[Any] = []
+    for item in document["paths"].values():
+        for operation in item.values():
+            todo += [p.get("schema", {}) for p in operation.get("parameters", ()) if p.get("in") in ("path", "query")]
+            todo += [c.get("schema", {}) for c in operation.get("requestBody", {}).get("content", {}).values()]
+    seen: set[int] = set()
+    while todo:
+        schema = todo.pop()
+        if not isinstance(schema, dict) or id(schema) in seen:
+            continue
+        seen.add(id(schema))
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/components/schemas/"):
+            todo.append(schemas.get(ref.rsplit("/", 1)[1]))
+        todo += [*schema.get("anyOf", ()), *schema.get("allOf", ()), *schema.get("properties", {}).values(),
+                 schema.get("items"), schema.get("additionalProperties")]
+        if schema.get("type") == "object" and isinstance(schema.get("additionalProperties"), dict):
+            schema.setdefault("propertyNames", {"pattern": NO_NUL})
+        if schema.get("type") == "string" and not {"pattern", "enum", "const", "format"} & set(schema):
+            schema["pattern"] = NO_NUL
 
 
 def _documented_models(app: FastAPI) -> set[type[BaseModel]]:

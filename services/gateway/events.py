@@ -28,6 +28,23 @@ router = APIRouter(prefix="/v1", responses=ERRORS)
 KEEPALIVE_S = 15.0
 BUFFER = 1000
 
+# One server-sent event, as OpenAPI 3.1 describes an event stream (`schema` is each event; OpenAPI 3.2 would call
+# it `itemSchema`): `data` is one CloudEvent in structured JSON mode, or the closing `overflow` event's detail.
+# Comments (`: keepalive`) are no events.
+SSE_EVENT: dict = {
+    "type": "object", "required": ["event", "data"],
+    "properties": {
+        "id": {"type": "string", "description": "the CloudEvent's id (empty for `overflow`)"},
+        "event": {"type": "string", "description": "the CloudEvent's type, or `overflow`: the reader fell behind "
+                                                   "and the stream ends; reconnect"},
+        "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": [
+            {"type": "object", "required": ["specversion", "id", "source", "type"],
+             "properties": {"specversion": {"const": "1.0"}, "id": {"type": "string"},
+                            "source": {"type": "string"}, "type": {"type": "string"}}},
+            {"type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}}}]}},
+    },
+}
+
 
 # Events about the pool or platform-wide policy, which every caller may read (`POOL_READ`, `TEAM_READ`). Every
 # other event is about a team's work and is shown only to those who may read that team's jobs: it must carry
@@ -84,7 +101,7 @@ class StreamSlots:
     "/events", tags=["events"], summary="Server-sent events: live CloudEvents you may see",
     response_class=StreamingResponse,
     responses={200: {"description": "text/event-stream; each event's `id` is the CloudEvent id, `event` its type",
-                     "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+                     "content": {"text/event-stream": {"schema": SSE_EVENT}}}},
 )
 async def stream_events(
     req: Request, caller: Caller,

@@ -135,8 +135,11 @@ class ScaleBody(RequestBody):
     """`replicas` scales; `command` and/or `env` update the work of a service, rolled out replica by replica (one
     extra replica first; each older one stopped only when the target count is ready without it)."""
 
-    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
-        {"replicas": 4}, {"command": ["python3", "serve.py", "--model", "v2"]}, {"env": {"MODEL": "v2"}}]}}
+    model_config = {"extra": "forbid", "json_schema_extra": {
+        "examples": [{"replicas": 4}, {"command": ["python3", "serve.py", "--model", "v2"]}, {"env": {"MODEL": "v2"}}],
+        # at least one of the three, not null: what `_something` refuses, said in the document
+        "anyOf": [{"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                  for name in ("replicas", "command", "env")]}}
     replicas: int | None = Field(default=None, ge=1, le=256)
     command: list[str] | None = Field(default=None, min_length=1, max_length=4096)
     env: dict[str, str] | None = Field(default=None, max_length=512)
@@ -240,6 +243,15 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 
+def refusals(rule: str, *reasons: str) -> dict[int | str, dict[str, Any]]:
+    """The 422 of an operation whose schema-valid requests the server may still refuse, by a rule JSON Schema
+    cannot say (across two fields or parameters, against the current time or what exists): `rule` in words, and
+    the problem `reason`s it answers with in `x-refusal-reasons` (tests/e2e/test_api_fuzz.py holds a refused
+    schema-valid request to exactly these)."""
+    return {422: {"description": f"Refused: {rule} (reason {', '.join(reasons)}); or validation failed",
+                  "content": _PROBLEM, "x-refusal-reasons": list(reasons)}}
+
+
 def returns(model: type[BaseModel], status: int = 200, *, example: Any = None, description: str | None = None,
             more: dict[int | str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Route arguments that document the success body as `model` (one named component of the OpenAPI document,
@@ -270,7 +282,14 @@ async def require_on_job(req: Request, caller: Principal, action: Action, job_id
 @router.post("/jobs", status_code=201, summary="Submit a job", tags=["jobs"],
              **returns(SubmitResult, 201, description="Submitted (or held for approval: `approval_id`)",
                        more={200: {"model": SubmitResult, "description": "Replayed: same Idempotency-Key and body "
-                                                                         "as an earlier submission"}}))
+                                                                         "as an earlier submission"},
+                             **refusals("the shape's rules across fields: a MIG slice or a GPU fraction needs "
+                                        "`gpus: 1` and no gang, not both, not `exclusive`, a fraction needs "
+                                        "`gpu_memory_mib`; a gang needs gpus == gang_nodes × gpus_per_node and no "
+                                        "replicas; replica bounds; work fields need a `command`; autoscale on a "
+                                        "metric needs a command and a port; a MIG profile some allowed model has; "
+                                        "the team must exist", "InvalidRequest", "UnknownTeam",
+                                        "UnknownPriorityClass")}))
 async def submit_job(body: JobRequestBody, req: Request, response: Response, caller: Caller,
                      idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> dict:
     require(caller, Action.JOB_SUBMIT, body.team)
@@ -489,7 +508,9 @@ def _token_view(row) -> Token:  # type: ignore[no-untyped-def]
 
 
 @router.post("/tokens", status_code=201, summary="Create an API token (the secret is shown once)", tags=["security"],
-             response_model=CreatedToken)
+             response_model=CreatedToken, responses=refusals("a team-scoped role (team-admin, member, viewer, "
+                                                             "service with a team) needs an existing `team`",
+                                                             "TeamRequired", "UnknownTeam"))
 async def create_token(body: TokenRequest, req: Request, caller: Caller) -> CreatedToken:
     require(caller, Action.TOKEN_MANAGE)
     if caller.scope(Action.TOKEN_MANAGE) != ANY:

@@ -41,7 +41,17 @@ from libs.contracts.commands import (
 )
 from services.gateway.bodies import Instant, RequestBody
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require, returns, team_filter
+from services.gateway.handlers import (
+    ERRORS,
+    ApiError,
+    Caller,
+    call,
+    record,
+    refusals,
+    require,
+    returns,
+    team_filter,
+)
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -94,7 +104,9 @@ async def list_quotas(req: Request, caller: Caller) -> dict:
     return {"items": policy["quotas"], "next": None}
 
 
-@router.put("/quotas", **returns(QuotaEntry), summary="Set one quota entry (created if missing)", tags=["quota"])
+@router.put("/quotas", **returns(QuotaEntry, more=refusals(
+    "a lending limit above the guarantee; the path's org and team must exist", "InvalidQuota", "UnknownOrg",
+    "UnknownTeam")), summary="Set one quota entry (created if missing)", tags=["quota"])
 async def set_quota(body: QuotaBody, req: Request, caller: Caller) -> dict:
     require(caller, Action.QUOTA_MANAGE)
     result = await call(req, subjects.CMD_QUOTA_SET_QUOTA, SetQuota(**body.model_dump()))
@@ -195,7 +207,8 @@ class LoanBody(RequestBody):
     reason: str = Field(min_length=1, max_length=500)
 
 
-@router.post("/quota-loans", **returns(Approval, 201), status_code=201, summary="Ask for a time-boxed quota loan (goes to approval)",
+@router.post("/quota-loans", **returns(Approval, 201, more=refusals(
+    "`until` in the future and at most 90 days ahead; `path` an existing team", "InvalidLoan", "UnknownTeam")), status_code=201, summary="Ask for a time-boxed quota loan (goes to approval)",
              tags=["approvals"])
 async def request_loan(body: LoanBody, req: Request, caller: Caller) -> dict:
     """Team admins ask for their own team; the request appears in `GET /v1/approvals` (kind `loan`) and only a
@@ -215,7 +228,8 @@ async def list_loans(req: Request, caller: Caller, active: bool = False) -> dict
     return await call(req, subjects.QUERY_QUOTA_LOANS, ListQuotaLoans(active_only=active))
 
 
-@router.put("/approval-rules/{rule}", **returns(ApprovalRuleView), summary="Set an admission rule that requires approval", tags=["approvals"])
+@router.put("/approval-rules/{rule}", **returns(ApprovalRuleView, more=refusals(
+    "`value` of the rule's kind: a number of GPUs or seconds, or an existing priority class", "InvalidRule")), summary="Set an admission rule that requires approval", tags=["approvals"])
 async def set_approval_rule(rule: ApprovalRule, body: RuleBody, req: Request, caller: Caller) -> dict:
     require(caller, Action.QUOTA_MANAGE)
     result = await call(req, subjects.CMD_QUOTA_SET_APPROVAL_RULE,

@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from libs.contracts import subjects
 from libs.contracts.api_reports import (
@@ -42,9 +42,9 @@ from libs.contracts.reports import (
     UsageReportQuery,
     WasteReportQuery,
 )
-from services.gateway.bodies import Instant, RequestBody
+from services.gateway.bodies import Instant, QueryInstant, RequestBody
 from services.gateway.domain import ANY, Action, Principal
-from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, require
+from services.gateway.handlers import ERRORS, ApiError, Caller, call, record, refusals, require
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 CSV_TYPE = "text/csv; charset=utf-8"
@@ -64,8 +64,11 @@ class CostRateBody(RequestBody):
     mig_profile: str = Field(default="", max_length=32, pattern=MIG_PROFILE_PATTERN,
                              description="a MIG profile priced per instance-hour (else: the model's GPU-hour)")
     effective_from: Instant = Field(description="with a time zone (RFC 3339), between 2000 and 2200")
-    price_per_hour: Decimal = Field(ge=0, le=1_000_000, max_digits=18, decimal_places=6, strict=False,
-                                   description="a JSON number or a decimal string")
+    price_per_hour: Annotated[Decimal, WithJsonSchema({"anyOf": [
+        {"type": "number", "minimum": 0, "maximum": 1_000_000},
+        {"type": "string", "pattern": r"^\+?0*([0-9]{1,6}(\.[0-9]{0,6})?|1000000(\.0{0,6})?|\.[0-9]{1,6})$"}]})] = Field(
+        ge=0, le=1_000_000, max_digits=18, decimal_places=6, strict=False,
+        description="a JSON number or a decimal string; at most 6 decimal places (a number with more: 422)")
 
 
 def _doc(model: type[BaseModel], csv_example: str) -> dict[int | str, dict[str, Any]]:
@@ -168,10 +171,13 @@ CAPACITY_COLUMNS = ["gpu_model", "supply_gpus", "queued_gpu_hours", "pending_gpu
                     "slope_gpus_per_day", "forecast_7d_peak_gpus", "forecast_30d_peak_gpus", "exceeds_supply_at"]
 WASTE_COLUMNS = list(IdleAllocation.model_fields)
 
-RangeFrom = Annotated[datetime | None, Query(alias="from", description=(
+RANGE_REFUSED = refusals(f"`from` at most {MAX_REPORT_DAYS} days before `to`, and before it", "InvalidRange")
+CAPACITY_REFUSED = refusals(f"`from` at most {MAX_REPORT_DAYS} days before `to`, and before it; at most "
+                            f"{MAX_CAPACITY_BUCKETS} trend buckets of `bucket_s`", "InvalidRange")
+RangeFrom = Annotated[QueryInstant | None, Query(alias="from", description=(
     f"start (inclusive); default: `to` − 7 days; at most {MAX_REPORT_DAYS} days before `to` (else 422 "
     "InvalidRange)"))]
-RangeTo = Annotated[datetime | None, Query(alias="to", description="end (exclusive); default: now")]
+RangeTo = Annotated[QueryInstant | None, Query(alias="to", description="end (exclusive); default: now")]
 GroupBy = Annotated[list[Annotated[str, Field(max_length=200)]] | None, Query(
     max_length=len(DIMENSIONS), description=f"dimensions, comma-separated or repeated: {', '.join(DIMENSIONS)}; "
                                             "empty: one total row")]
@@ -189,9 +195,9 @@ async def _grouped(req: Request, caller: Principal, subject: str, cls: type[Any]
 
 @router.get("/reports/usage", summary="GPU-hours and cost, grouped and filtered by team, project, user, kind, "
             "GPU model and sharing", tags=["reports"], response_model=None,
-            responses=_doc(UsageReport, "team,gpu_seconds,gpu_hours,cost,currency,unpriced_gpu_seconds,"
+            responses={**RANGE_REFUSED, **_doc(UsageReport, "team,gpu_seconds,gpu_hours,cost,currency,unpriced_gpu_seconds,"
                                         "avg_utilization_pct,allocations,jobs\r\nresearch,7201.0,2.000278,5.250417,"
-                                        "USD,0.0,41.0,1,1\r\n"))
+                                        "USD,0.0,41.0,1,1\r\n")})
 async def usage_report(req: Request, caller: Caller, start: RangeFrom = None, end: RangeTo = None,
                        group_by: GroupBy = None, team: Filter = None, project: Filter = None, user: Filter = None,
                        kind: Filter = None, gpu_model: Filter = None, sharing: Filter = None,
@@ -212,9 +218,9 @@ async def usage_report(req: Request, caller: Caller, start: RangeFrom = None, en
 
 @router.get("/reports/efficiency", summary="Used vs allocated GPU-hours and idle GPU-hours, by team (or any "
             "dimension)", tags=["reports"], response_model=None,
-            responses=_doc(EfficiencyReport, "team,allocated_gpu_hours,measured_gpu_hours,used_gpu_hours,"
+            responses={**RANGE_REFUSED, **_doc(EfficiencyReport, "team,allocated_gpu_hours,measured_gpu_hours,used_gpu_hours,"
                                              "idle_gpu_hours,efficiency_pct,idle_pct,telemetry_coverage_pct,"
-                                             "allocations,jobs\r\nresearch,2.0,2.0,0.82,1.0,41.0,50.0,100.0,1,1\r\n"))
+                                             "allocations,jobs\r\nresearch,2.0,2.0,0.82,1.0,41.0,50.0,100.0,1,1\r\n")})
 async def efficiency_report(req: Request, caller: Caller, start: RangeFrom = None, end: RangeTo = None,
                             group_by: GroupBy = None, team: Filter = None, project: Filter = None,
                             user: Filter = None, kind: Filter = None, gpu_model: Filter = None,
@@ -233,10 +239,10 @@ async def efficiency_report(req: Request, caller: Caller, start: RangeFrom = Non
 
 @router.get("/reports/capacity", summary="Per GPU model: demand (queued GPU-hours, waits, peak concurrency) against "
             "supply, with a trend and a forecast", tags=["reports"], response_model=None,
-            responses=_doc(CapacityReport, ",".join(CAPACITY_COLUMNS) + "\r\nH100-80GB,32,41.5,8,120,42.0,610.0,"
+            responses={**CAPACITY_REFUSED, **_doc(CapacityReport, ",".join(CAPACITY_COLUMNS) + "\r\nH100-80GB,32,41.5,8,120,42.0,610.0,"
                                            "2400.0,3100.0,30,28,14880.0,62.0,will_exceed,trend+weekly,0.3,"
-                                           "33.2,40.1,2026-04-08T00:00:00+00:00\r\n"))
-async def capacity_report(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
+                                           "33.2,40.1,2026-04-08T00:00:00+00:00\r\n")})
+async def capacity_report(req: Request, caller: Caller, start: Annotated[QueryInstant | None, Query(
         alias="from", description=f"start; default: `to` − 30 days; at most {MAX_REPORT_DAYS} days before `to` (else "
                                   "422 InvalidRange)")] = None, end: RangeTo = None,
         bucket_s: Annotated[int, Query(ge=1, le=31 * 86400, description="trend bucket, seconds; the forecast fits "
@@ -266,7 +272,7 @@ async def capacity_report(req: Request, caller: Caller, start: Annotated[datetim
 
 @router.get("/reports/waste", summary="Idle GPU-hours by team, the idle allocations by name, and orphans",
             tags=["reports"], response_model=None,
-            responses=_doc(WasteReport, ",".join(WASTE_COLUMNS) + "\r\n"))
+            responses={**RANGE_REFUSED, **_doc(WasteReport, ",".join(WASTE_COLUMNS) + "\r\n")})
 async def waste_report(req: Request, caller: Caller, start: RangeFrom = None, end: RangeTo = None,
                        team: Filter = None, project: Filter = None, user: Filter = None, kind: Filter = None,
                        gpu_model: Filter = None, sharing: Filter = None, mig_profile: Filter = None,
@@ -286,8 +292,9 @@ async def waste_report(req: Request, caller: Caller, start: RangeFrom = None, en
 
 
 @router.get("/history/jobs", summary="The jobs the platform ran: what each asked for, when it was submitted, "
-            "started and ended (the input of `gpupool history export`)", tags=["reports"], response_model=History)
-async def history_jobs(req: Request, caller: Caller, start: Annotated[datetime | None, Query(
+            "started and ended (the input of `gpupool history export`)", tags=["reports"], response_model=History,
+            responses=RANGE_REFUSED)
+async def history_jobs(req: Request, caller: Caller, start: Annotated[QueryInstant | None, Query(
         alias="from", description=f"jobs that entered the queue from here; default: `to` − 30 days; at most "
                                   f"{MAX_REPORT_DAYS} days before `to` (else 422 InvalidRange)")] = None,
         end: RangeTo = None, team: Filter = None,
@@ -310,7 +317,9 @@ async def list_cost_rates(req: Request, caller: Caller,
 
 
 @router.put("/cost-rates", summary="Set a price from a date (same model, profile and date: replaced)",
-            tags=["reports"], response_model=CostRate)
+            tags=["reports"], response_model=CostRate,
+            responses=refusals("a JSON number with more than 6 decimal places (binary floating point cannot say "
+                               "it in the schema)", "InvalidRequest"))
 async def set_cost_rate(body: CostRateBody, req: Request, caller: Caller) -> Any:
     """Admins only; audited (`cost_rate.set`, before/after) and announced as a `CostRateSet` event. A price dated in
     the past re-prices the time since then in every later report."""
@@ -326,7 +335,7 @@ async def set_cost_rate(body: CostRateBody, req: Request, caller: Caller) -> Any
 @router.delete("/cost-rates", status_code=204, summary="Withdraw a price", tags=["reports"])
 async def delete_cost_rate(req: Request, caller: Caller,
                            gpu_model: Annotated[str, Query(pattern=GPU_MODEL_PATTERN)],
-                           effective_from: Annotated[datetime, Query()],
+                           effective_from: Annotated[QueryInstant, Query()],
                            mig_profile: Annotated[str, Query(max_length=32, pattern=MIG_PROFILE_PATTERN)] = "") -> \
         Response:
     require(caller, Action.QUOTA_MANAGE)

@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from libs.contracts import subjects
 from libs.contracts.names import NAME_PATTERN
 from libs.contracts.reports import MAX_UTILIZATION_POINTS, MIN_UTILIZATION_STEP_S, UtilizationQuery
+from services.gateway.bodies import QueryInstant
 from services.gateway.domain import Action
-from services.gateway.handlers import ERRORS, ApiError, Caller, call, job_team, require
+from services.gateway.handlers import ERRORS, ApiError, Caller, call, job_team, refusals, require
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 MINUTE = timedelta(seconds=MIN_UTILIZATION_STEP_S)
@@ -69,12 +70,13 @@ class UtilizationHistory(BaseModel):
     measured_gpu_hours: float = Field(description="GPU time with a rollup, each GPU by its share")
 
 
+BUCKETS = refusals(f"window_s / step_s more than {MAX_UTILIZATION_POINTS} buckets", "InvalidRange", "InvalidStep")
 WindowS = Annotated[int | None, Query(ge=MIN_UTILIZATION_STEP_S, le=MAX_WINDOW_S,
                                       description="seconds before `to` (rounded out to whole minutes)")]
-StepS = Annotated[int | None, Query(ge=MIN_UTILIZATION_STEP_S, le=86_400, description=(
+StepS = Annotated[int | None, Query(ge=MIN_UTILIZATION_STEP_S, le=86_400, json_schema_extra={"multipleOf": MIN_UTILIZATION_STEP_S}, description=(
     "bucket length, a whole number of minutes in seconds; default: the whole minute nearest to window_s / "
     f"{DEFAULT_POINTS}; at most {MAX_UTILIZATION_POINTS} buckets"))]
-To = Annotated[datetime | None, Query(alias="to", description="end of the range; default now (a finished job: "
+To = Annotated[QueryInstant | None, Query(alias="to", description="end of the range; default now (a finished job: "
                                                               "when it finished)")]
 
 
@@ -108,7 +110,7 @@ async def _history(req: Request, start: datetime, end: datetime, step_s: int, **
 
 
 @router.get("/jobs/{job_id}/utilization", summary="A job's GPU utilization over time", tags=["jobs"],
-            response_model=UtilizationHistory)
+            response_model=UtilizationHistory, responses=BUCKETS)
 async def job_utilization(job_id: Annotated[str, Path(max_length=64)], req: Request, caller: Caller,
                           window_s: WindowS = None, step_s: StepS = None, end: To = None) -> Any:
     """The share-weighted mean utilization of every GPU the job held (all its allocations, replicas and attempts),
@@ -128,7 +130,7 @@ async def job_utilization(job_id: Annotated[str, Path(max_length=64)], req: Requ
 
 
 @router.get("/teams/{team}/utilization", summary="The utilization of every GPU a team held, over time",
-            tags=["quota"], response_model=UtilizationHistory)
+            tags=["quota"], response_model=UtilizationHistory, responses=BUCKETS)
 async def team_utilization(team: Annotated[str, Path(pattern=NAME_PATTERN)], req: Request, caller: Caller,
                            window_s: WindowS = 3600, step_s: StepS = None, end: To = None) -> Any:
     """The share-weighted mean utilization of the GPUs the team's jobs held, per bucket, with `gpus` (how many it

@@ -143,3 +143,55 @@ def test_the_schema_refuses_a_loan_for_a_whole_org_as_the_server_does() -> None:
     with pytest.raises(ValidationError):
         RequestQuotaLoan(path="default", gpu_model="*", gpus=1, until="2030-01-01T00:00:00Z", reason="r",
                          requested_by="admin")
+
+
+def test_what_the_server_enforces_is_in_the_document_or_declared_as_a_refusal() -> None:
+    """Schemathesis' positive_data_acceptance (ST202, issue #20): a schema-valid request must be accepted. What
+    JSON Schema can say is in the schema; the rules it cannot (across parameters, against now or what exists) are
+    a 422 with `x-refusal-reasons` on exactly the operations that have them."""
+    doc = document()
+    ops = {op["operationId"]: op for item in doc["paths"].values() for op in item.values()}
+    refusing = {name: op["responses"]["422"]["x-refusal-reasons"] for name, op in ops.items()
+                if "x-refusal-reasons" in op["responses"].get("422", {})}
+    assert refusing["usageReport"] == ["InvalidRange"] and refusing["historyJobs"] == ["InvalidRange"]
+    assert "UnknownTeam" in refusing["submitJob"] and refusing["requestLoan"] == ["InvalidLoan", "UnknownTeam"]
+    assert "MIG slice" in ops["submitJob"]["responses"]["422"]["description"]
+    assert "listJobs" not in refusing and "getJob" not in refusing
+    params = {p["name"]: p["schema"] for p in ops["jobUtilization"]["parameters"]}
+    assert params["step_s"]["multipleOf"] == 60  # beside anyOf [integer, null]: null has no multiple
+    # the edge refuses NUL anywhere in the URL (400): every free-text parameter says so
+    assert params["job_id"]["pattern"] == "^[^\\x00]*$"
+    team = [p for p in ops["listJobs"]["parameters"] if p["name"] == "team"][0]["schema"]
+    assert all(b.get("pattern") for b in team.get("anyOf", [team]) if b.get("type") == "string")
+    # PATCH needs one of replicas, command, env, not null
+    scale = doc["components"]["schemas"]["ScaleBody"]
+    assert [b["required"] for b in scale["anyOf"]] == [["replicas"], ["command"], ["env"]]
+    price = doc["components"]["schemas"]["CostRateBody"]["properties"]["price_per_hour"]["anyOf"][1]["pattern"]
+    assert re.search(price, "2.49") and re.search(price, "1000000") and not re.search(price, "")
+    assert not re.search(price, "1000001") and not re.search(price, "0.1234567")
+
+
+def test_each_server_sent_event_is_documented_as_what_it_carries() -> None:
+    from jsonschema import Draft202012Validator
+
+    content = document()["paths"]["/v1/events"]["get"]["responses"]["200"]["content"]["text/event-stream"]
+    event = content["schema"]
+    Draft202012Validator(event).validate({"id": "e1", "event": "io.gpupool.job.submitted.v1", "data": "{}"})
+    inner = Draft202012Validator(event["properties"]["data"]["contentSchema"])
+    assert inner.is_valid({"specversion": "1.0", "id": "e1", "source": "/gpupool/queue", "type": "x", "data": {}})
+    assert inner.is_valid({"detail": "reader fell behind; reconnect"})
+    assert not inner.is_valid({"id": "e1"})
+
+
+def test_a_whole_number_written_with_a_fraction_is_that_integer() -> None:
+    """JSON Schema's `integer` admits 2.0: the strict bodies take it, and still refuse 2.5, "2" and true."""
+    import pytest
+    from pydantic import ValidationError
+
+    from services.gateway.handlers import JobRequestBody
+
+    body = JobRequestBody.model_validate({"name": "a", "team": "t", "gpus": 116.0, "max_runtime_s": 60})
+    assert body.gpus == 116 and isinstance(body.gpus, int) and body.max_runtime_s == 60.0
+    for bad in (2.5, "2", True):
+        with pytest.raises(ValidationError):
+            JobRequestBody.model_validate({"name": "a", "team": "t", "gpus": bad})

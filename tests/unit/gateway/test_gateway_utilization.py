@@ -92,7 +92,8 @@ async def test_a_job_is_asked_for_over_its_life_and_a_finished_one_up_to_its_end
 @pytest.mark.parametrize("params, reason", [({"step_s": 90}, "InvalidStep"), ({"step_s": 30}, "InvalidRequest"),
                                             ({"window_s": 10}, "InvalidRequest"),
                                             ({"window_s": 2_000_000, "step_s": 60}, "InvalidRange"),
-                                            ({"to": "not-a-time"}, "InvalidRequest")])
+                                            ({"to": "not-a-time"}, "InvalidRequest"),
+                                            ({"to": "0.5"}, "InvalidRequest"), ({"to": "1767261600"}, "InvalidRequest")])
 async def test_bad_ranges_are_problems(app: Any, bus: Bus, params: dict, reason: str) -> None:
     bus.jobs["j1"] = job_view("j1")
     async with client(app) as api:
