@@ -105,7 +105,7 @@ def test_a_request_too_malformed_for_the_app_still_gets_a_problem_body(platform)
 
 # --- values ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field", [
-    {"gpus": True}, {"gpus": "2"}, {"gpus": 2.0}, {"gpus": 1, "exclusive": "yes"},
+    {"gpus": True}, {"gpus": "2"}, {"gpus": 2.5}, {"gpus": 1, "exclusive": "yes"},
     {"gpus": 1, "command": ["true"], "limits": {"memory_mib": "512"}},
     {"gpus": 1, "command": ["true"], "restart": {"policy": "on_failure", "attempts": True}},
     {"gpus": 1, "max_runtime_s": "60"},
@@ -113,6 +113,16 @@ def test_a_request_too_malformed_for_the_app_still_gets_a_problem_body(platform)
 def test_a_value_is_taken_only_as_its_own_json_type(admin: httpx.Client, field: dict) -> None:
     """Before: `"gpus": true` asked for 1 GPU and `"gpus": "2"` for 2."""
     is_problem(admin.post("/v1/jobs", json={"name": "loose", "team": "research", **field}), 422, "InvalidRequest")
+
+
+def test_a_whole_number_written_with_a_fraction_is_that_integer(admin: httpx.Client) -> None:
+    """JSON Schema counts 2.0 as an integer, so a schema-valid request with it is accepted (Schemathesis'
+    positive_data_acceptance): it asks for 2 GPUs, as `2` would."""
+    made = admin.post("/v1/jobs", json={"name": "whole", "team": "research", "gpus": 2.0})
+    assert made.status_code == 201, made.text
+    job_id = made.json()["job_id"]
+    assert admin.get(f"/v1/jobs/{job_id}").json()["gpus"] == 2
+    assert admin.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
 
 
 def test_dates_need_a_zone_and_a_place_in_the_calendar(admin: httpx.Client) -> None:
