@@ -111,8 +111,8 @@ _NODES_GPUS = """
   'gpus', (SELECT coalesce(json_agg(g), '[]')
            FROM (SELECT uuid, cluster, node, idx, model, memory_mib, health, sharing, draining, numa_node,
                         nvlink_domain FROM gpus) g)"""
-_POOL_PARTS = _NODES_GPUS + """,
-  'running', (SELECT coalesce(json_agg(r), '[]') FROM (
+# One live allocation as a cycle reads it (a WHERE clause may follow; `_LIVE_ROW_GROUP` closes it).
+_LIVE_ROW = """
       SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
              a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
              a.rendezvous_port, a.gang_wait, a.cpu_milli, a.memory_mib, a.preemptible,
@@ -122,26 +122,18 @@ _POOL_PARTS = _NODES_GPUS + """,
              array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
              array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
       FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
-      WHERE a.released_at IS NULL GROUP BY a.allocation_id, p.replicas, p.replica_set) r)"""
+      WHERE a.released_at IS NULL"""
+_LIVE_ROW_GROUP = " GROUP BY a.allocation_id, p.replicas, p.replica_set"
+_POOL_PARTS = _NODES_GPUS + """,
+  'running', (SELECT coalesce(json_agg(r), '[]') FROM (""" + _LIVE_ROW + _LIVE_ROW_GROUP + """) r)"""
 
 # The live allocations as a cycle reads them: every one's id and version (the later of the transactions that last
 # changed it and its wanted job, whose replicas it reads), whole rows only at or above the horizon ($2, LiveRows).
 _RUNNING_SINCE = """
   'running', (SELECT json_build_object(
       'ids', coalesce(json_agg(v.allocation_id), '[]'), 'xids', coalesce(json_agg(v.version::text), '[]'),
-      'rows', (SELECT coalesce(json_agg(r), '[]') FROM (
-          SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.node, a.granted_at, a.priority,
-                 a.priority_class, a.kind, a.preempt_deadline, a.preempted_by, a.max_runtime_s, a.rendezvous_host,
-                 a.rendezvous_port, a.gang_wait, a.cpu_milli, a.memory_mib, a.preemptible,
-                 coalesce(p.replicas, 1) AS replicas, coalesce(p.replica_set, false) AS replica_set,
-                 array_agg(g.gpu_uuid ORDER BY g.gpu_index) AS gpu_uuids, min(g.model) AS gpu_model,
-                 min(g.share_milli) AS share_milli, max(g.memory_mib) AS gpu_memory_mib,
-                 array_agg(g.mig_profile ORDER BY g.gpu_index) AS mig_profiles,
-                 array_agg(g.mig_start ORDER BY g.gpu_index) AS mig_starts
-          FROM allocations a JOIN allocation_gpus g USING (allocation_id) LEFT JOIN pending_jobs p USING (job_id)
-          WHERE a.released_at IS NULL
-            AND greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) >= $2::text::xid8
-          GROUP BY a.allocation_id, p.replicas, p.replica_set) r))
+      'rows', (SELECT coalesce(json_agg(r), '[]') FROM (""" + _LIVE_ROW + """
+            AND greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) >= $2::text::xid8""" + _LIVE_ROW_GROUP + """) r))
     FROM (SELECT a.allocation_id, greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) AS version
           FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.released_at IS NULL
           ORDER BY a.allocation_id) v)"""
