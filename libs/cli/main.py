@@ -156,6 +156,10 @@ def cmd_bench(argv: list[str]) -> int:
         from libs.bench.e2e import main as platform_main
 
         return platform_main(argv[1:])
+    if argv and argv[0] == "counts":
+        from libs.bench.counts import main as counts_main
+
+        return counts_main(argv[1:])
     if argv and argv[0] == "reclaim":
         from libs.bench.reclaim import main as reclaim_main
 
