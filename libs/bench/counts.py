@@ -1,6 +1,6 @@
 """What one job costs the platform, counted rather than timed: SQL statements per job per database (from
 pg_stat_statements), NATS messages per job per subject (every message the server routes, seen by one `>`
-subscription of the admin user), and request/reply round trips per job.
+subscription of the admin user: publishes, JetStream's deliveries to pull consumers, acks, requests and replies), and request/reply round trips per job.
 
 CPU per job is too noisy to compare on a shared machine; these counts are not: they move only when the code does.
 A fresh `gpupool up` (own NATS + PostgreSQL, pg_stat_statements loaded, telemetry every 5 s: the
@@ -38,6 +38,7 @@ PG_STATEMENTS = """
     SELECT d.datname AS db, s.query, s.calls
     FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
     WHERE d.datname LIKE 'gpupool%'"""
+DELIVERED = " (delivered to a consumer)"
 JOB_EVENT_PREFIXES = ("gpupool.job.", "gpupool.allocation.", "gpupool.usage.", "gpupool.decision.")
 
 
@@ -100,7 +101,9 @@ class Window:
         self.nc = await nats.connect(servers=self.run["nats_url"].split(","), pending_size=512 * 2**20)
 
         async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
-            self.messages[subject_class(msg.subject)] += 1
+            # a pull consumer's delivery carries the event's own subject, and the ack subject as its reply
+            delivered = (msg.reply or "").startswith("$JS.ACK.")
+            self.messages[subject_class(msg.subject) + (DELIVERED if delivered else "")] += 1
             if msg.subject.startswith(JOB_EVENT_PREFIXES):
                 self.job_event.set()
 
@@ -162,8 +165,10 @@ def summary(result: dict) -> dict:
         row["inbox"] += s["per_job"] if "inbox" in s["query"].lower() else 0.0
     msgs = result["messages"]
     rpc = {s: n for s, n in msgs.items() if s.startswith(("gpupool.cmd.", "gpupool.query."))}
-    return {"per_db": per_db, "rpc": rpc, "events": {s: n for s, n in msgs.items() if s.startswith("gpupool.")
-                                                      and s not in rpc},
+    events = {s: n for s, n in msgs.items() if s.startswith("gpupool.") and s not in rpc}
+    return {"per_db": per_db, "rpc": rpc,
+            "events": {s: n for s, n in events.items() if not s.endswith(DELIVERED)},
+            "deliveries": {s.removesuffix(DELIVERED): n for s, n in events.items() if s.endswith(DELIVERED)},
             "jetstream": {s: n for s, n in msgs.items() if s.startswith("$")},
             "inboxes": {s: n for s, n in msgs.items() if s.startswith("_INBOX")}}
 
@@ -195,6 +200,7 @@ def markdown(result: dict, command: str, top: int = 40) -> str:
 
     table("request/reply round trips (subject)", s["rpc"])
     table("events published (subject)", s["events"])
+    table("events delivered to durable consumers (subject)", s["deliveries"])
     table("JetStream API and acks (subject)", s["jetstream"])
     table("replies and pull deliveries (inbox)", s["inboxes"])
     stmts = sorted(result["statements"], key=lambda x: -x["per_job"])[:top]
