@@ -15,6 +15,10 @@ the event, that unit of work rolls back at once and raises `AlreadyApplied` inst
 `apply_once` takes it as done (the consumer acks). A handler that returns before opening a unit of work (nothing to
 apply) records nothing, as it changes nothing.
 
+Without savepoints: libs.bus.consumer first applies a batch with `optimistic` set, where units of work run straight
+in the batch's transaction (no SAVEPOINT and RELEASE per message). A unit of work that fails then `spoils` the
+batch: the consumer rolls it all back and applies it again with savepoints, so a failure still rolls back alone.
+
 Inbox of a batch: a batched consumer names the event ids of its fetched messages (`BatchTransaction.expect_events`,
 their `Nats-Msg-Id`, which the relay sets to the event id). The first applied-once event of the batch then records
 all of them in the inbox in one statement, in the batch's transaction before any savepoint, and learns which the
@@ -147,6 +151,11 @@ class BatchTransaction:
         self._unreleased = 0
         self._expected: frozenset[str] = frozenset()  # the batch's event ids (expect_events)
         self._inbox: dict[str, _BatchInbox] = {}  # per inbox consumer, once its first event of the batch came
+        # Without savepoints (set before entering; libs.bus.consumer's first try at a batch): units of work run
+        # straight in the batch's transaction, and one that fails spoils it (the consumer rolls the batch back and
+        # applies it again with savepoints)
+        self.optimistic = False
+        self.spoiled = False
 
     async def __aenter__(self) -> BatchTransaction:
         self.conn, self._tx = await begin(self.pool)
@@ -209,15 +218,23 @@ class BatchTransaction:
                                         consumer, unclaimed)
 
     async def savepoint(self) -> None:
+        if self.optimistic:
+            return
         await self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; " * self._unreleased + f"SAVEPOINT {_SAVEPOINT}")
         self._unreleased = 0
 
     def savepoint_done(self) -> None:
-        self._unreleased += 1
+        if not self.optimistic:
+            self._unreleased += 1
 
-    async def rollback_to_savepoint(self) -> None:
+    async def rollback_to_savepoint(self, *, wrote: bool = True) -> None:
         """Undo the innermost open unit of work. Unreleased savepoints at this point are of units of work nested
-        in it (a sibling's were released when this one began): release them first so the name means this one."""
+        in it (a sibling's were released when this one began): release them first so the name means this one.
+        Without savepoints there is nothing to roll back to: the batch is spoiled, unless the unit of work wrote
+        nothing (`wrote` False: its event was applied already)."""
+        if self.optimistic:
+            self.spoiled = self.spoiled or wrote
+            return
         await self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; " * self._unreleased +
                                 f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
         self._unreleased = 0
@@ -311,7 +328,8 @@ class UnitOfWork:
                     self._batch._on_commit.append(self._on_commit)
                 self._batch._after_commit.extend(self._after_commit)
             else:
-                await self._batch.rollback_to_savepoint()  # the batch's other messages stay
+                # the batch's other messages stay; an event the inbox held already wrote nothing to undo
+                await self._batch.rollback_to_savepoint(wrote=exc_type is not AlreadyApplied)
             return
         await end(self._pool, self.conn, self._tx, commit=exc_type is None)
         if exc_type is None:
