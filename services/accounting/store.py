@@ -38,21 +38,8 @@ async def upsert_job(conn: asyncpg.Connection, data: JobSubmitted, user: str) ->
         data.gang_nodes, data.gpus_per_node, data.replicas, data.max_runtime_s)
 
 
-async def job_user(conn: asyncpg.Connection, job_id: str) -> str:
-    return await conn.fetchval("SELECT user_name FROM jobs WHERE job_id = $1", job_id) or "unknown"
-
-
 async def job_kind(conn: asyncpg.Connection, job_id: str) -> str:
     return await conn.fetchval("SELECT kind FROM jobs WHERE job_id = $1", job_id) or "unknown"
-
-
-async def release_context(conn: asyncpg.Connection, job_id: str, allocation_id: str) -> tuple[str, str | None, str]:
-    """(user, kind recorded at the grant or None if accounting never saw it, the job's kind) in one round trip."""
-    row = await conn.fetchrow(
-        """SELECT (SELECT user_name FROM jobs WHERE job_id = $1) AS user_name,
-                  (SELECT kind FROM gpu_intervals WHERE allocation_id = $2 LIMIT 1) AS interval_kind,
-                  (SELECT kind FROM jobs WHERE job_id = $1) AS job_kind""", job_id, allocation_id)
-    return row["user_name"] or "unknown", row["interval_kind"], row["job_kind"] or "unknown"
 
 
 async def interval_kind(conn: asyncpg.Connection, allocation_id: str) -> str | None:
@@ -101,14 +88,24 @@ def allocation_lock_key(allocation_id: str) -> int:
                           signed=True)
 
 
-async def lock_allocation(conn: asyncpg.Connection, data: AllocationEvent) -> bool:
+async def lock_allocation(conn: asyncpg.Connection, data: AllocationEvent) -> asyncpg.Record:
     """For an allocation event: the node's lock shared (see lock_node) and, without waiting, the allocation's own
-    lock. False: another transaction holds the allocation (another replica's batch is applying its grant or its
-    release): waiting for it could close a cycle with that batch (each holding one allocation's new rows and
-    wanting the other's), so the caller retries instead. Within one batch the lock is its own, so never False."""
-    return await conn.fetchval(
-        "SELECT pg_try_advisory_xact_lock($2) FROM (SELECT pg_advisory_xact_lock_shared($1)) AS node",
-        node_lock_key(data.cluster, data.node), allocation_lock_key(data.allocation_id))
+    lock; `locked` False: another transaction holds the allocation (another replica's batch is applying its grant
+    or its release): waiting for it could close a cycle with that batch (each holding one allocation's new rows and
+    wanting the other's), so the caller retries instead. Within one batch the lock is its own, so never False.
+
+    In the same round trip, what the handlers read next: the job's `user_name` ("unknown" if accounting never saw
+    it submitted), its `job_kind` (likewise), and the `interval_kind` recorded at the grant (None: no interval rows
+    in the statement's snapshot, taken before the node's lock was granted; a grant committed meanwhile is found by
+    insert_intervals, which then inserts nothing)."""
+    return await conn.fetchrow(
+        """SELECT pg_try_advisory_xact_lock($2) AS locked,
+                  coalesce((SELECT user_name FROM jobs WHERE job_id = $3), 'unknown') AS user_name,
+                  coalesce((SELECT kind FROM jobs WHERE job_id = $3), 'unknown') AS job_kind,
+                  (SELECT kind FROM gpu_intervals WHERE allocation_id = $4 LIMIT 1) AS interval_kind
+           FROM (SELECT pg_advisory_xact_lock_shared($1)) AS node""",
+        node_lock_key(data.cluster, data.node), allocation_lock_key(data.allocation_id), data.job_id,
+        data.allocation_id)
 
 
 async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
@@ -120,38 +117,36 @@ async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, u
              released_at, reason) for slot, g in enumerate(data.gpus)]
     if not rows:
         return False
-    # one statement: nothing is written if the allocation's rows exist already (a redelivered grant)
+    # one statement: nothing is written if the allocation's rows exist already (a redelivered grant); each row's
+    # utilization from the rollups already stored for its GPU over the interval (covered µs, × utilization, idle)
     inserted = await conn.fetchval(
         """WITH ins AS (
              INSERT INTO gpu_intervals (allocation_id, slot, gpu_uuid, gpu_index, job_id, team, project, user_name,
                                         kind, cluster, node, gpu_model, share_milli, mig_profile, sharing,
-                                        granted_at, released_at, release_reason)
+                                        granted_at, released_at, release_reason, covered_us, util_us, idle_us)
              SELECT $1::text, s.slot, s.uuid, s.idx, $5::text, $6::text, $7::text, $8::text, $9::text, $10::text,
-                    $11::text, s.model, s.share, s.mig, s.sharing, $16::timestamptz, $17::timestamptz, $18::text
+                    $11::text, s.model, s.share, s.mig, s.sharing, $16::timestamptz, $17::timestamptz, $18::text,
+                    coalesce(u.cov, 0), coalesce(u.util, 0), coalesce(u.idle, 0)
              FROM unnest($2::int[], $3::text[], $4::int[], $12::text[], $13::int[], $14::text[], $15::text[])
                   AS s(slot, uuid, idx, model, share, mig, sharing)
+             LEFT JOIN LATERAL (
+                  SELECT SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
+                         SUM(CASE WHEN r.util_avg_pct <= $19 THEN x.ov ELSE 0 END) AS idle
+                  FROM gpu_rollups r
+                  CROSS JOIN LATERAL (SELECT acct_us(GREATEST($16::timestamptz, r.window_start),
+                                                     LEAST(COALESCE($17::timestamptz, r.window_end), r.window_end))
+                                             ::double precision AS ov) x
+                  WHERE r.gpu_uuid = s.uuid AND r.window_end > $16::timestamptz
+                    AND ($17::timestamptz IS NULL OR r.window_start < $17::timestamptz)) u ON true
              WHERE NOT EXISTS (SELECT 1 FROM gpu_intervals WHERE allocation_id = $1::text)
              ON CONFLICT DO NOTHING  -- rows another transaction is inserting: wait for it, then leave them
              RETURNING 1)
            SELECT count(*) FROM ins""",
         data.allocation_id, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], data.job_id,
         data.team, data.project, user, kind, data.cluster, data.node, [r[11] for r in rows],
-        [r[12] for r in rows], [r[13] for r in rows], [r[14] for r in rows], granted_at, released_at, reason)
-    if not inserted:
-        return False
-    await conn.execute(
-        """UPDATE gpu_intervals g SET covered_us = x.cov, util_us = x.util, idle_us = x.idle
-           FROM (SELECT i.slot, SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
-                        SUM(CASE WHEN r.util_avg_pct <= $2 THEN x.ov ELSE 0 END) AS idle
-                 FROM gpu_intervals i
-                 JOIN gpu_rollups r ON r.gpu_uuid = i.gpu_uuid AND r.window_end > i.granted_at
-                                   AND (i.released_at IS NULL OR r.window_start < i.released_at)
-                 CROSS JOIN LATERAL (SELECT acct_us(GREATEST(i.granted_at, r.window_start),
-                                                    LEAST(COALESCE(i.released_at, r.window_end), r.window_end))
-                                            ::double precision AS ov) x
-                 WHERE i.allocation_id = $1 GROUP BY i.slot) x
-           WHERE g.allocation_id = $1 AND g.slot = x.slot""", data.allocation_id, idle_util_pct)
-    return True
+        [r[12] for r in rows], [r[13] for r in rows], [r[14] for r in rows], granted_at, released_at, reason,
+        idle_util_pct)
+    return bool(inserted)
 
 
 async def close_intervals(conn: asyncpg.Connection, allocation_id: str, released_at: datetime, reason: str,

@@ -55,11 +55,11 @@ class FakeAccountingStore(FakeStore):
             if w["job_id"] == job_id and w["ended_at"] is None:
                 w.update(ended_at=max(at, w["entered_at"]), outcome=outcome)
 
-    async def lock_allocation(self, conn: Any, data: Any) -> bool:
-        return data.allocation_id not in self.busy
-
-    async def job_user(self, conn: Any, job_id: str) -> str:
-        return self.jobs.get(job_id, {}).get("user") or "unknown"
+    async def lock_allocation(self, conn: Any, data: Any) -> dict[str, Any]:
+        job = self.jobs.get(data.job_id, {})
+        interval = self.intervals.get(data.allocation_id)
+        return {"locked": data.allocation_id not in self.busy, "user_name": job.get("user") or "unknown",
+                "job_kind": job.get("kind") or "unknown", "interval_kind": interval["kind"] if interval else None}
 
     async def insert_intervals(self, conn: Any, data: Any, *, user: str, kind: str, granted_at: datetime,
                                released_at: datetime | None, reason: str | None, idle_util_pct: float) -> bool:
@@ -68,11 +68,6 @@ class FakeAccountingStore(FakeStore):
         self.intervals[data.allocation_id] = {"gpus": len(data.gpus), "kind": kind, "granted_at": granted_at,
                                               "released_at": released_at, "reason": reason}
         return True
-
-    async def release_context(self, conn: Any, job_id: str, allocation_id: str) -> tuple[str, str | None, str]:
-        job = self.jobs.get(job_id, {})
-        interval = self.intervals.get(allocation_id)
-        return job.get("user") or "unknown", interval["kind"] if interval else None, job.get("kind") or "unknown"
 
     async def close_intervals(self, conn: Any, allocation_id: str, released_at: datetime, reason: str,
                               idle_util_pct: float) -> int:
