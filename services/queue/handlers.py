@@ -330,7 +330,7 @@ class QueueHandlers:
                 log.info("allocation_for_non_pending_job", extra={"job_id": data.job_id,
                                                                   "state": row["state"] if row else None})
                 return
-            self.backlog.granted()
+            uow.after_commit(self._granted)  # counted once durable: a batch applied again counts it once
             if row["work"] is not None:  # running once the agent says the process started
                 await self._set_state(uow, row, "launching", "AllocationGranted", at=data.granted_at,
                                       message=f"starting on {data.node}", allocation_id=data.allocation_id,
@@ -341,6 +341,9 @@ class QueueHandlers:
                                   node=data.node, cluster=data.cluster)
             await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
                                       node=data.node, started_at=data.granted_at, team=row["team"]))
+
+    async def _granted(self) -> None:
+        self.backlog.granted()
 
     async def on_work_started(self, event: CloudEvent, data: WorkStarted) -> None:
         """The agent started the work (the first gang member's start is the job's)."""
