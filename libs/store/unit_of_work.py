@@ -48,6 +48,19 @@ from libs.observability.tracing import current_traceparent
 log = logging.getLogger(__name__)
 
 AfterCommit = Callable[[], Awaitable[object]]
+OutboxRow = tuple[str, str, bytes, str | None]  # event id, subject, payload, traceparent
+
+
+def outbox_cte(first: int) -> str:
+    """A data-modifying CTE body inserting outbox rows, in order, from four array parameters starting at `$first`
+    (`outbox_args`): a store function adds `o AS (...)` to its statement for a unit of work's `take_outbox()`."""
+    return f"""INSERT INTO outbox (event_id, subject, payload, traceparent)
+               SELECT e, s, p, t FROM unnest(${first}::text[], ${first + 1}::text[], ${first + 2}::bytea[],
+                                             ${first + 3}::text[]) WITH ORDINALITY AS r(e, s, p, t, n) ORDER BY n"""
+
+
+def outbox_args(rows: list[OutboxRow]) -> list[list]:  # type: ignore[type-arg]
+    return [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]]
 
 _batch: contextvars.ContextVar[BatchTransaction | None] = contextvars.ContextVar("gpupool_batch_tx", default=None)
 _SAVEPOINT = "gpupool_uow"
@@ -263,7 +276,7 @@ class UnitOfWork:
         self._source = source
         self._on_commit = on_commit
         self._emitted: list[CloudEvent] = []
-        self._unwritten: list[tuple[str, str, bytes, str | None]] = []  # outbox rows not yet inserted
+        self._unwritten: list[OutboxRow] = []  # outbox rows not yet inserted
         self._after_commit: list[AfterCommit] = []
         self._batch: BatchTransaction | None = None
         self._claim: _InboxClaim | None = None  # the event this unit of work recorded in the inbox (apply_once)
@@ -363,6 +376,14 @@ class UnitOfWork:
         self._emitted.append(event)
         return event
 
+    def take_outbox(self) -> list[OutboxRow]:
+        """The events emitted so far and not written yet, handed to the caller's next statement to insert with its
+        own change (`outbox_cte`): the change and its events in one round trip. The caller must run that statement
+        in this unit of work; what is emitted after it is written at the end, as usual (in emit order: the outbox's
+        `seq` follows the inserts)."""
+        rows, self._unwritten = self._unwritten, []
+        return rows
+
     async def _write_outbox(self) -> None:
         rows, self._unwritten = self._unwritten, []
         if len(rows) == 1:
@@ -370,11 +391,7 @@ class UnitOfWork:
                 "INSERT INTO outbox (event_id, subject, payload, traceparent) VALUES ($1, $2, $3, $4)", *rows[0])
             return
         # WITH ORDINALITY: seq follows emit order, which is the order the relay publishes in
-        await self.conn.execute(
-            """INSERT INTO outbox (event_id, subject, payload, traceparent)
-               SELECT e, s, p, t FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[])
-                   WITH ORDINALITY AS r(e, s, p, t, n) ORDER BY n""",
-            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
+        await self.conn.execute(outbox_cte(1), *outbox_args(rows))
 
     async def first_time(self, consumer: str, event_id: str) -> bool:
         """Record (consumer, event id) in the inbox. False means this event was already applied: skip it.
