@@ -152,26 +152,23 @@ async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, u
 async def close_intervals(conn: asyncpg.Connection, allocation_id: str, released_at: datetime, reason: str,
                           idle_util_pct: float) -> int:
     """Mark the allocation's open GPU rows released. Rollups stored while they were open were counted up to their
-    window's end; take back the part after the release. Returns how many rows were closed."""
+    window's end; take back the part after the release, in the same statement. Returns how many rows were
+    closed."""
     slots = await conn.fetch(
-        """UPDATE gpu_intervals SET released_at = GREATEST($2, granted_at), release_reason = $3
-           WHERE allocation_id = $1 AND released_at IS NULL RETURNING slot""", allocation_id, released_at, reason)
-    if not slots:
-        return 0
-    await conn.execute(
-        """UPDATE gpu_intervals g SET covered_us = GREATEST(0, g.covered_us - x.cov),
-                                      util_us = GREATEST(0, g.util_us - x.util),
-                                      idle_us = GREATEST(0, g.idle_us - x.idle)
-           FROM (SELECT i.slot, SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
-                        SUM(CASE WHEN r.util_avg_pct <= $3 THEN x.ov ELSE 0 END) AS idle
-                 FROM gpu_intervals i
-                 JOIN gpu_rollups r ON r.gpu_uuid = i.gpu_uuid AND r.window_end > i.released_at
-                                   AND r.window_end > i.granted_at
-                 CROSS JOIN LATERAL (SELECT acct_us(GREATEST(r.window_start, i.granted_at, i.released_at),
-                                                    r.window_end)::double precision AS ov) x
-                 WHERE i.allocation_id = $1 AND i.slot = ANY($2::int[]) GROUP BY i.slot) x
-           WHERE g.allocation_id = $1 AND g.slot = x.slot""",
-        allocation_id, [r["slot"] for r in slots], idle_util_pct)
+        """UPDATE gpu_intervals g SET released_at = GREATEST($2, g.granted_at), release_reason = $3,
+                  (covered_us, util_us, idle_us) = (
+                      SELECT GREATEST(0, g.covered_us - coalesce(SUM(x.ov), 0)),
+                             GREATEST(0, g.util_us - coalesce(SUM(x.ov * r.util_avg_pct), 0)),
+                             GREATEST(0, g.idle_us - coalesce(SUM(CASE WHEN r.util_avg_pct <= $4 THEN x.ov ELSE 0 END),
+                                                              0))
+                      FROM gpu_rollups r
+                      CROSS JOIN LATERAL (SELECT acct_us(GREATEST(r.window_start, g.granted_at,
+                                                                  GREATEST($2, g.granted_at)),
+                                                         r.window_end)::double precision AS ov) x
+                      WHERE r.gpu_uuid = g.gpu_uuid AND r.window_end > GREATEST($2, g.granted_at)
+                        AND r.window_end > g.granted_at)
+           WHERE g.allocation_id = $1 AND g.released_at IS NULL RETURNING g.slot""",
+        allocation_id, released_at, reason, idle_util_pct)
     return len(slots)
 
 
