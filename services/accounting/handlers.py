@@ -106,9 +106,8 @@ class AccountingHandlers:
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
         """A job entered the queue (first submission, approval, or requeue): a wait starts now."""
         async with self.rt.uow() as uow:
-            await store.upsert_job(uow.conn, data, data.submitted_by or "unknown")
-            await store.open_wait(uow.conn, job_id=data.job_id, entered_at=event.time, team=data.team,
-                                  demand_milli=demand_milli(data), gpu_model=requested_model(data))
+            await store.job_submitted(uow.conn, data, data.submitted_by or "unknown", entered_at=event.time,
+                                      demand_milli=demand_milli(data), gpu_model=requested_model(data))
 
     async def on_job_cancelled(self, event: CloudEvent, data: JobCancelled) -> None:
         async with self.rt.uow() as uow:

@@ -19,23 +19,31 @@ COLUMNS: dict[str, str] = {"team": "team", "project": "project", "user": "user_n
 
 
 # --- jobs and queue waits ------------------------------------------------------------------------------------------
-async def upsert_job(conn: asyncpg.Connection, data: JobSubmitted, user: str) -> None:
-    """The job's submitter and what it asks for (a later submission, e.g. after a scale, updates the request)."""
+async def job_submitted(conn: asyncpg.Connection, data: JobSubmitted, user: str, *, entered_at: datetime,
+                        demand_milli: int, gpu_model: str) -> None:
+    """The job's submitter and what it asks for (a later submission, e.g. after a scale, updates the request), and
+    a wait starting at `entered_at` unless the job is already waiting (a repeated submission event changes
+    nothing): one statement, two tables."""
     await conn.execute(
-        """INSERT INTO jobs (job_id, team, project, user_name, kind, submitted_at, name, priority, priority_class,
-                             gpus, gpu_models, gpu_fraction_milli, mig_profile, gang_nodes, gpus_per_node, replicas,
-                             max_runtime_s)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)
-           ON CONFLICT (job_id) DO UPDATE SET user_name = CASE WHEN EXCLUDED.user_name = 'unknown'
-                                                               THEN jobs.user_name ELSE EXCLUDED.user_name END,
-               name = EXCLUDED.name, priority = EXCLUDED.priority, priority_class = EXCLUDED.priority_class,
-               gpus = EXCLUDED.gpus, gpu_models = EXCLUDED.gpu_models,
-               gpu_fraction_milli = EXCLUDED.gpu_fraction_milli, mig_profile = EXCLUDED.mig_profile,
-               gang_nodes = EXCLUDED.gang_nodes, gpus_per_node = EXCLUDED.gpus_per_node,
-               replicas = EXCLUDED.replicas, max_runtime_s = EXCLUDED.max_runtime_s""",
+        """WITH j AS (
+             INSERT INTO jobs (job_id, team, project, user_name, kind, submitted_at, name, priority, priority_class,
+                               gpus, gpu_models, gpu_fraction_milli, mig_profile, gang_nodes, gpus_per_node,
+                               replicas, max_runtime_s)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)
+             ON CONFLICT (job_id) DO UPDATE SET user_name = CASE WHEN EXCLUDED.user_name = 'unknown'
+                                                                 THEN jobs.user_name ELSE EXCLUDED.user_name END,
+                 name = EXCLUDED.name, priority = EXCLUDED.priority, priority_class = EXCLUDED.priority_class,
+                 gpus = EXCLUDED.gpus, gpu_models = EXCLUDED.gpu_models,
+                 gpu_fraction_milli = EXCLUDED.gpu_fraction_milli, mig_profile = EXCLUDED.mig_profile,
+                 gang_nodes = EXCLUDED.gang_nodes, gpus_per_node = EXCLUDED.gpus_per_node,
+                 replicas = EXCLUDED.replicas, max_runtime_s = EXCLUDED.max_runtime_s)
+           INSERT INTO queue_waits (job_id, entered_at, team, demand_milli, gpu_model)
+           SELECT $1::text, $18::timestamptz, $2::text, $19::bigint, $20::text
+           WHERE NOT EXISTS (SELECT 1 FROM queue_waits WHERE job_id = $1::text AND ended_at IS NULL)
+           ON CONFLICT DO NOTHING""",
         data.job_id, data.team, data.project, user, data.kind, data.submitted_at, data.name, data.priority,
         data.priority_class, data.gpus, list(data.gpu_models), data.gpu_fraction_milli, data.mig_profile,
-        data.gang_nodes, data.gpus_per_node, data.replicas, data.max_runtime_s)
+        data.gang_nodes, data.gpus_per_node, data.replicas, data.max_runtime_s, entered_at, demand_milli, gpu_model)
 
 
 async def job_kind(conn: asyncpg.Connection, job_id: str) -> str:
@@ -45,17 +53,6 @@ async def job_kind(conn: asyncpg.Connection, job_id: str) -> str:
 async def interval_kind(conn: asyncpg.Connection, allocation_id: str) -> str | None:
     """The job kind recorded when the allocation was granted; None if accounting never saw the grant."""
     return await conn.fetchval("SELECT kind FROM gpu_intervals WHERE allocation_id = $1 LIMIT 1", allocation_id)
-
-
-async def open_wait(conn: asyncpg.Connection, *, job_id: str, entered_at: datetime, team: str, demand_milli: int,
-                    gpu_model: str) -> bool:
-    """Start a wait unless the job is already waiting (a repeated submission event changes nothing)."""
-    inserted = await conn.fetchval(
-        """INSERT INTO queue_waits (job_id, entered_at, team, demand_milli, gpu_model)
-           SELECT $1::text, $2::timestamptz, $3::text, $4::bigint, $5::text
-           WHERE NOT EXISTS (SELECT 1 FROM queue_waits WHERE job_id = $1::text AND ended_at IS NULL)
-           ON CONFLICT DO NOTHING RETURNING 1""", job_id, entered_at, team, demand_milli, gpu_model)
-    return inserted is not None
 
 
 async def close_wait(conn: asyncpg.Connection, job_id: str, at: datetime, outcome: str,

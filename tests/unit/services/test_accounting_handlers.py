@@ -38,16 +38,12 @@ class FakeAccountingStore(FakeStore):
         self.rates: dict[tuple[str, str, datetime], dict[str, Any]] = {}
         self.busy: set[str] = set()  # allocations another transaction holds
 
-    async def upsert_job(self, conn: Any, data: JobSubmitted, user: str) -> None:
+    async def job_submitted(self, conn: Any, data: JobSubmitted, user: str, *, entered_at: datetime,
+                            demand_milli: int, gpu_model: str) -> None:
         self.jobs[data.job_id] = {"user": user, "kind": data.kind}
-
-    async def open_wait(self, conn: Any, *, job_id: str, entered_at: datetime, team: str, demand_milli: int,
-                        gpu_model: str) -> bool:
-        if any(w["job_id"] == job_id and w["ended_at"] is None for w in self.waits):
-            return False
-        self.waits.append({"job_id": job_id, "entered_at": entered_at, "demand_milli": demand_milli,
-                           "ended_at": None, "outcome": None})
-        return True
+        if not any(w["job_id"] == data.job_id and w["ended_at"] is None for w in self.waits):
+            self.waits.append({"job_id": data.job_id, "entered_at": entered_at, "demand_milli": demand_milli,
+                               "ended_at": None, "outcome": None})
 
     async def close_wait(self, conn: Any, job_id: str, at: datetime, outcome: str, gpu_model: str | None = None) \
             -> None:
