@@ -173,7 +173,32 @@ def summary(result: dict) -> dict:
             "inboxes": {s: n for s, n in msgs.items() if s.startswith("_INBOX")}}
 
 
-def markdown(result: dict, command: str, top: int = 40) -> str:
+def comparison(before: dict, after: dict, label: str) -> list[str]:
+    """Per database and per subject, `before` (an earlier run's `--json`, `label` says which) beside this run."""
+    b, a = summary(before), summary(after)
+    f = lambda x: f"{x:.2f}"  # noqa: E731
+    lines = [f"### Against {label}", "", f"Per job, {before['admitted']} jobs then, {after['admitted']} now "
+             "(statements that depend on how messages batch, BEGIN/COMMIT and the inbox's, move a little from run "
+             "to run).", "", "| database | statements before | after | commits before | after |",
+             "| --- | --- | --- | --- | --- |"]
+    zero = {"statements": 0.0, "commits": 0.0}
+    for db in sorted(set(b["per_db"]) | set(a["per_db"])):
+        x, y = b["per_db"].get(db, zero), a["per_db"].get(db, zero)
+        lines.append(f"| {db} | {f(x['statements'])} | {f(y['statements'])} | {f(x['commits'])} | "
+                     f"{f(y['commits'])} |")
+    total = lambda s, k: sum(r[k] for r in s["per_db"].values())  # noqa: E731
+    lines += [f"| **all** | **{f(total(b, 'statements'))}** | **{f(total(a, 'statements'))}** | "
+              f"**{f(total(b, 'commits'))}** | **{f(total(a, 'commits'))}** |", "",
+              "| messages per job | before | after |", "| --- | --- | --- |"]
+    for kind, title in (("rpc", "request/reply round trips"), ("events", "events published"),
+                        ("deliveries", "deliveries to durable consumers"), ("jetstream", "JetStream API and acks"),
+                        ("inboxes", "replies and pull deliveries")):
+        lines.append(f"| {title} | {f(sum(b[kind].values()))} | {f(sum(a[kind].values()))} |")
+    return lines + [""]
+
+
+def markdown(result: dict, command: str, top: int = 40, before: dict | None = None,
+             before_label: str = "") -> str:
     s = summary(result)
     f = lambda x: f"{x:.2f}"  # noqa: E731
     lines = [BEGIN, "## What one job costs, counted (`gpupool bench counts`)", "",
@@ -191,6 +216,8 @@ def markdown(result: dict, command: str, top: int = 40) -> str:
         total = [total[0] + row["statements"], total[1] + row["commits"], total[2] + row["inbox"]]
         lines.append(f"| {db} | {f(row['statements'])} | {f(row['commits'])} | {f(row['inbox'])} |")
     lines += [f"| **all** | **{f(total[0])}** | **{f(total[1])}** | **{f(total[2])}** |", ""]
+    if before is not None:
+        lines += comparison(before, result, before_label)
 
     def table(title: str, rows: dict[str, float]) -> None:
         nonlocal lines
@@ -221,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0, help="the idle window measuring the background")
     parser.add_argument("--durable", action="store_true", help="PostgreSQL with fsync on (counts do not change)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw counts here")
+    parser.add_argument("--compare", type=Path, default=None, metavar="JSON",
+                        help="an earlier run's --json: its figures beside this run's, per database and per kind")
+    parser.add_argument("--compare-label", default="the earlier run", help="what --compare's run was (a commit)")
     parser.add_argument("--write", type=Path, nargs="?", const=Path("docs/benchmarks.md"), default=None,
                         metavar="FILE", help="replace this section of FILE (default docs/benchmarks.md)")
     args = parser.parse_args(argv)
@@ -231,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     command = "gpupool bench counts " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = markdown(result, command.strip())
+    before = json.loads(args.compare.read_text()) if args.compare else None
+    text = markdown(result, command.strip(), before=before, before_label=args.compare_label)
     if args.write:
         benchdoc.write_section(args.write, BEGIN, END, text)
     print(text)

@@ -65,3 +65,13 @@ def test_the_section_carries_its_markers_the_command_and_the_totals() -> None:
     assert "| queue | 3.50 | 2.00 | 1.00 |" in text
     assert "| **all** | **4.50** | **2.00** | **1.00** |" in text
     assert "| `gpupool.job.submitted` | 2.00 |" in text  # the deliveries table
+
+
+def test_a_comparison_puts_an_earlier_run_beside_this_one() -> None:
+    before = result()
+    after = result() | {"statements": [{"db": "queue", "query": "COMMIT", "per_job": 1.0}]}
+    text = markdown(after, "gpupool bench counts", before=before, before_label="commit abc")
+    assert "### Against commit abc" in text
+    assert "| queue | 3.50 | 1.00 | 2.00 | 1.00 |" in text
+    assert "| accounting | 1.00 | 0.00 | 0.00 | 0.00 |" in text  # gone from the later run: shown as none
+    assert "| deliveries to durable consumers | 2.00 | 2.00 |" in text
