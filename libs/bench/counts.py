@@ -1,8 +1,10 @@
 """What one job costs the platform, counted rather than timed: SQL statements per job per database (from
 pg_stat_statements), NATS messages per job per subject (every message the server routes, seen by one `>`
-subscription of the admin user: publishes, JetStream's deliveries to pull consumers, acks, requests and replies), and request/reply round trips per job.
+subscription of the admin user: publishes, JetStream's deliveries to pull consumers, acks, requests and replies),
+and request/reply round trips per job.
 
-CPU per job is too noisy to compare on a shared machine; these counts are not: they move only when the code does.
+CPU per job is too noisy to compare on a shared machine; these counts are not: they move with the code, and only a
+little with timing (how many messages a consumer's fetch brings together sets its BEGIN/COMMIT and inbox statements).
 A fresh `gpupool up` (own NATS + PostgreSQL, pg_stat_statements loaded, telemetry every 5 s: the
 nodes' heartbeat, seldom enough to stay a small background) runs two windows:
 
