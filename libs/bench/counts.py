@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(measure(platform.run, args.jobs, args.clients, args.idle_s))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    command = "gpupool bench counts " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "gpupool bench counts " + shlex.join(argv if argv is not None else sys.argv[1:])
     before = json.loads(args.compare.read_text()) if args.compare else None
     text = markdown(result, command.strip(), before=before, before_label=args.compare_label)
     if args.write:
