@@ -292,10 +292,17 @@ class EventConsumer:
                                                                    "error": repr(exc.__cause__ or exc)[:300]})
             return False
         except Exception as exc:
+            self._count_redeliveries(msgs)
             await self._not_committed(msgs, exc)
             return True
+        self._count_redeliveries(msgs)
         await self._ack_committed(handled)
         return True
+
+    def _count_redeliveries(self, msgs: list[Msg]) -> None:
+        redelivered = sum(1 for msg in msgs if msg.metadata.num_delivered > 1)
+        if redelivered:
+            BUS_REDELIVERIES.labels(consumer=self.spec.durable).inc(redelivered)
 
     async def _ack_committed(self, handled: list[tuple[Msg, float]]) -> None:
         for msg, took in handled:
@@ -325,7 +332,7 @@ class EventConsumer:
         was settled here (dead-lettered, or nak'd for a retry). With `settle` False nothing is settled: a failure
         raises `_Replay` (from it) instead."""
         consumer = self.spec.durable
-        if msg.metadata.num_delivered > 1:
+        if settle and msg.metadata.num_delivered > 1:  # unsettled: counted once settled (a batch may be applied again)
             BUS_REDELIVERIES.labels(consumer=consumer).inc()
         with handling_span(
             self._tracer, f"consume {msg.subject}", msg.headers, trace.SpanKind.CONSUMER,
