@@ -118,8 +118,8 @@ class AccountingHandlers:
         async with self.rt.uow() as uow:
             user = (await _lock_allocation(uow.conn, data))["user_name"]
             await store.insert_intervals(uow.conn, data, user=user, kind=data.kind, granted_at=data.granted_at,
-                                         released_at=None, reason=None, idle_util_pct=self.idle_pct)
-            await store.close_wait(uow.conn, data.job_id, data.granted_at, "granted", dominant_model(data))
+                                         released_at=None, reason=None, idle_util_pct=self.idle_pct,
+                                         wait_granted=dominant_model(data))  # and the queue wait ends
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
         """Close the allocation's GPU rows and write its ledger row, exactly once whatever is redelivered (inbox,

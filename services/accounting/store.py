@@ -107,17 +107,27 @@ async def lock_allocation(conn: asyncpg.Connection, data: AllocationEvent) -> as
 
 async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
                            granted_at: datetime, released_at: datetime | None, reason: str | None,
-                           idle_util_pct: float) -> bool:
-    """The allocation's per-GPU rows, with utilization from rollups already stored. False: they existed."""
+                           idle_util_pct: float, wait_granted: str | None = None) -> bool:
+    """The allocation's per-GPU rows, with utilization from rollups already stored. False: they existed.
+    `wait_granted` (the GPU model): the same statement also ends the job's queue wait at `granted_at` with
+    outcome "granted" (close_wait), whether or not the rows existed."""
     rows = [(data.allocation_id, slot, g.uuid, g.index, data.job_id, data.team, data.project, user, kind,
              data.cluster, data.node, g.model, g.share_milli, g.mig_profile or "", sharing_of(g), granted_at,
              released_at, reason) for slot, g in enumerate(data.gpus)]
     if not rows:
+        if wait_granted is not None:
+            await close_wait(conn, data.job_id, granted_at, "granted", wait_granted)
         return False
+    wait = ""
+    if wait_granted is not None:
+        wait = """w AS (UPDATE queue_waits SET ended_at = GREATEST($16::timestamptz, entered_at), outcome = 'granted',
+                                        gpu_model = COALESCE($20::text, gpu_model)
+                    WHERE job_id = $5::text AND ended_at IS NULL),
+               """
     # one statement: nothing is written if the allocation's rows exist already (a redelivered grant); each row's
     # utilization from the rollups already stored for its GPU over the interval (covered µs, × utilization, idle)
     inserted = await conn.fetchval(
-        """WITH ins AS (
+        f"""WITH {wait}ins AS (
              INSERT INTO gpu_intervals (allocation_id, slot, gpu_uuid, gpu_index, job_id, team, project, user_name,
                                         kind, cluster, node, gpu_model, share_milli, mig_profile, sharing,
                                         granted_at, released_at, release_reason, covered_us, util_us, idle_us)
@@ -142,7 +152,7 @@ async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, u
         data.allocation_id, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], data.job_id,
         data.team, data.project, user, kind, data.cluster, data.node, [r[11] for r in rows],
         [r[12] for r in rows], [r[13] for r in rows], [r[14] for r in rows], granted_at, released_at, reason,
-        idle_util_pct)
+        idle_util_pct, *([wait_granted] if wait_granted is not None else []))
     return bool(inserted)
 
 

@@ -58,7 +58,10 @@ class FakeAccountingStore(FakeStore):
                 "job_kind": job.get("kind") or "unknown", "interval_kind": interval["kind"] if interval else None}
 
     async def insert_intervals(self, conn: Any, data: Any, *, user: str, kind: str, granted_at: datetime,
-                               released_at: datetime | None, reason: str | None, idle_util_pct: float) -> bool:
+                               released_at: datetime | None, reason: str | None, idle_util_pct: float,
+                               wait_granted: str | None = None) -> bool:
+        if wait_granted is not None:
+            await self.close_wait(conn, data.job_id, granted_at, "granted", wait_granted)
         if data.allocation_id in self.intervals:
             return False
         self.intervals[data.allocation_id] = {"gpus": len(data.gpus), "kind": kind, "granted_at": granted_at,
