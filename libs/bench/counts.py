@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -158,14 +159,32 @@ async def measure(run: dict, jobs: int, clients: int, idle_s: float) -> dict:
     }
 
 
+def median_of(results: list[dict]) -> dict:
+    """Several runs' results as one: each statement's and each subject's per-job figure the median over the runs (a
+    run that did not see it counts 0); the rest from the first run, with the admitted jobs summed."""
+    if len(results) == 1:
+        return results[0]
+    keys = {(s["db"], s["query"]) for r in results for s in r["statements"]}
+    per = [{(s["db"], s["query"]): s["per_job"] for s in r["statements"]} for r in results]
+    subjects = {k for r in results for k in r["messages"]}
+    return results[0] | {
+        "runs": len(results), "admitted": sum(r["admitted"] for r in results),
+        "statements": [{"db": db, "query": q, "per_job": statistics.median(p.get((db, q), 0.0) for p in per)}
+                       for db, q in sorted(keys)],
+        "messages": {k: statistics.median(r["messages"].get(k, 0.0) for r in results) for k in sorted(subjects)}}
+
+
 def summary(result: dict) -> dict:
     """Per database: statements, commits and inbox statements per job; per subject: messages per job; round trips."""
     per_db: dict[str, dict[str, float]] = {}
     for s in result["statements"]:
-        row = per_db.setdefault(s["db"], {"statements": 0.0, "commits": 0.0, "inbox": 0.0})
-        row["statements"] += s["per_job"]
-        row["commits"] += s["per_job"] if s["query"].upper().startswith("COMMIT") else 0.0
-        row["inbox"] += s["per_job"] if "inbox" in s["query"].lower() else 0.0
+        row = per_db.setdefault(s["db"], {"statements": 0.0, "commits": 0.0, "inbox": 0.0, "rest": 0.0})
+        query, n = s["query"].upper(), s["per_job"]
+        row["statements"] += n
+        row["commits"] += n if query.startswith("COMMIT") else 0.0
+        row["inbox"] += n if "INBOX" in query else 0.0
+        # what does not depend on how messages batch: all but transaction control and the inbox
+        row["rest"] += 0.0 if query.startswith(("BEGIN", "COMMIT", "ROLLBACK")) or "INBOX" in query else n
     msgs = result["messages"]
     rpc = {s: n for s, n in msgs.items() if s.startswith(("gpupool.cmd.", "gpupool.query."))}
     events = {s: n for s, n in msgs.items() if s.startswith("gpupool.") and s not in rpc}
@@ -182,16 +201,16 @@ def comparison(before: dict, after: dict, label: str) -> list[str]:
     f = lambda x: f"{x:.2f}"  # noqa: E731
     lines = [f"### Against {label}", "", f"Per job, {before['admitted']} jobs then, {after['admitted']} now "
              "(statements that depend on how messages batch, BEGIN/COMMIT and the inbox's, move a little from run "
-             "to run).", "", "| database | statements before | after | commits before | after |",
-             "| --- | --- | --- | --- | --- |"]
-    zero = {"statements": 0.0, "commits": 0.0}
+             "to run; the rest moves much less: of it, only the outbox relay's few statements per published batch do).", "",
+             "| database | statements before | after | commits before | after | the rest before | after |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    keys = ("statements", "commits", "rest")
+    zero = dict.fromkeys(keys, 0.0)
     for db in sorted(set(b["per_db"]) | set(a["per_db"])):
         x, y = b["per_db"].get(db, zero), a["per_db"].get(db, zero)
-        lines.append(f"| {db} | {f(x['statements'])} | {f(y['statements'])} | {f(x['commits'])} | "
-                     f"{f(y['commits'])} |")
+        lines.append(f"| {db} | " + " | ".join(f"{f(x[k])} | {f(y[k])}" for k in keys) + " |")
     total = lambda s, k: sum(r[k] for r in s["per_db"].values())  # noqa: E731
-    lines += [f"| **all** | **{f(total(b, 'statements'))}** | **{f(total(a, 'statements'))}** | "
-              f"**{f(total(b, 'commits'))}** | **{f(total(a, 'commits'))}** |", "",
+    lines += ["| **all** | " + " | ".join(f"**{f(total(b, k))}** | **{f(total(a, k))}**" for k in keys) + " |", "",
               "| messages per job | before | after |", "| --- | --- | --- |"]
     for kind, title in (("rpc", "request/reply round trips"), ("events", "events published"),
                         ("deliveries", "deliveries to durable consumers"), ("jetstream", "JetStream API and acks"),
@@ -204,21 +223,24 @@ def markdown(result: dict, command: str, top: int = 40, before: dict | None = No
              before_label: str = "") -> str:
     s = summary(result)
     f = lambda x: f"{x:.2f}"  # noqa: E731
+    up = "`gpupool up`" if result.get("durable") else "`gpupool up --unsafe-fast`"
+    n = result.get("runs", 1)
+    runs = f"{n} fresh {up} (per-job figures: medians over them)" if n > 1 else f"a fresh {up}"
+    first = " (the first run's)" if n > 1 else ""
     lines = [BEGIN, "## What one job costs, counted (`gpupool bench counts`)", "",
-             f"`{command}` — a fresh `gpupool up --unsafe-fast` with pg_stat_statements, telemetry every 5 s; "
-             f"{result['admitted']} one-GPU jobs from {result['clients']} concurrent clients through the HTTP API, "
-             f"each completed once started, counted until released and accounted ({result['window_s']} s), less "
-             f"the background of an idle window of {result['idle_s']} s "
+             f"`{command}` — {runs} with pg_stat_statements, telemetry every 5 s; "
+             f"{result['jobs']} one-GPU jobs from {result['clients']} concurrent clients through the HTTP API, "
+             f"each completed once started, counted until released and accounted{first} ({result['window_s']} s), "
+             f"less the background of an idle window of {result['idle_s']} s "
              f"({result['background_per_s']['statements']:.1f} statements/s, "
              f"{result['background_per_s']['messages']:.1f} messages/s). Machine: {benchdoc.machine()}.", "",
-             "| database | statements per job | commits per job | inbox statements per job |",
-             "| --- | --- | --- | --- |"]
-    total = [0.0, 0.0, 0.0]
+             "| database | statements per job | commits per job | inbox statements per job | the rest: not BEGIN, "
+             "COMMIT or inbox |", "| --- | --- | --- | --- | --- |"]
+    keys = ("statements", "commits", "inbox", "rest")
     for db in sorted(s["per_db"]):
-        row = s["per_db"][db]
-        total = [total[0] + row["statements"], total[1] + row["commits"], total[2] + row["inbox"]]
-        lines.append(f"| {db} | {f(row['statements'])} | {f(row['commits'])} | {f(row['inbox'])} |")
-    lines += [f"| **all** | **{f(total[0])}** | **{f(total[1])}** | **{f(total[2])}** |", ""]
+        lines.append(f"| {db} | " + " | ".join(f(s["per_db"][db][k]) for k in keys) + " |")
+    lines += ["| **all** | " + " | ".join(f"**{f(sum(r[k] for r in s['per_db'].values()))}**" for k in keys) + " |",
+              ""]
     if before is not None:
         lines += comparison(before, result, before_label)
 
@@ -248,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=300, help="one-GPU jobs submitted (default 300)")
     parser.add_argument("--clients", type=int, default=8, help="concurrent submitters (default 8)")
+    parser.add_argument("--runs", type=int, default=1, help="fresh platforms to count on (medians; default 1)")
     parser.add_argument("--idle-s", type=float, default=10.0, help="the idle window measuring the background")
     parser.add_argument("--durable", action="store_true", help="PostgreSQL with fsync on (counts do not change)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw counts here")
@@ -258,9 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="FILE", help="replace this section of FILE (default docs/benchmarks.md)")
     args = parser.parse_args(argv)
     extra = PG_PROFILE_SETTINGS + ("--telemetry-interval", "5") + (() if args.durable else ("--unsafe-fast",))
-    with tempfile.TemporaryDirectory(prefix="gpupool-counts-") as tmp, Platform(Path(tmp), extra=extra) as platform:
-        time.sleep(3)  # registrations and the first cycles settle before the idle window
-        result = asyncio.run(measure(platform.run, args.jobs, args.clients, args.idle_s))
+    results = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="gpupool-counts-") as tmp, \
+                Platform(Path(tmp), extra=extra) as platform:
+            time.sleep(3)  # registrations and the first cycles settle before the idle window
+            results.append(asyncio.run(measure(platform.run, args.jobs, args.clients, args.idle_s)))
+    result = median_of(results) | {"durable": args.durable}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     command = "gpupool bench counts " + shlex.join(argv if argv is not None else sys.argv[1:])

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from libs.bench.counts import BEGIN, DELIVERED, END, Counts, markdown, subject_class, summary
+from libs.bench.counts import BEGIN, DELIVERED, END, Counts, markdown, median_of, subject_class, summary
 
 
 @pytest.mark.parametrize(("subject", "folded"), [
@@ -49,8 +49,8 @@ def result() -> dict:
 
 def test_the_summary_sums_per_database_and_tells_round_trips_publishes_and_deliveries_apart() -> None:
     s = summary(result())
-    assert s["per_db"]["queue"] == {"statements": 3.5, "commits": 2.0, "inbox": 1.0}
-    assert s["per_db"]["accounting"] == {"statements": 1.0, "commits": 0.0, "inbox": 0.0}
+    assert s["per_db"]["queue"] == {"statements": 3.5, "commits": 2.0, "inbox": 1.0, "rest": 0.5}
+    assert s["per_db"]["accounting"] == {"statements": 1.0, "commits": 0.0, "inbox": 0.0, "rest": 0.0}
     assert s["rpc"] == {"gpupool.cmd.queue.submit_job": 1.0}
     assert s["events"] == {"gpupool.job.submitted": 1.0}
     assert s["deliveries"] == {"gpupool.job.submitted": 2.0}
@@ -62,8 +62,8 @@ def test_the_section_carries_its_markers_the_command_and_the_totals() -> None:
     text = markdown(result(), "gpupool bench counts --jobs 2")
     assert text.startswith(BEGIN) and text.endswith(END)
     assert "`gpupool bench counts --jobs 2`" in text
-    assert "| queue | 3.50 | 2.00 | 1.00 |" in text
-    assert "| **all** | **4.50** | **2.00** | **1.00** |" in text
+    assert "| queue | 3.50 | 2.00 | 1.00 | 0.50 |" in text
+    assert "| **all** | **4.50** | **2.00** | **1.00** | **0.50** |" in text
     assert "| `gpupool.job.submitted` | 2.00 |" in text  # the deliveries table
 
 
@@ -72,6 +72,17 @@ def test_a_comparison_puts_an_earlier_run_beside_this_one() -> None:
     after = result() | {"statements": [{"db": "queue", "query": "COMMIT", "per_job": 1.0}]}
     text = markdown(after, "gpupool bench counts", before=before, before_label="commit abc")
     assert "### Against commit abc" in text
-    assert "| queue | 3.50 | 1.00 | 2.00 | 1.00 |" in text
-    assert "| accounting | 1.00 | 0.00 | 0.00 | 0.00 |" in text  # gone from the later run: shown as none
+    assert "| queue | 3.50 | 1.00 | 2.00 | 1.00 | 0.50 | 0.00 |" in text
+    assert "| accounting | 1.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 |" in text  # gone from the later run: none
     assert "| deliveries to durable consumers | 2.00 | 2.00 |" in text
+
+
+def test_several_runs_are_their_medians_a_statement_one_run_missed_counting_zero() -> None:
+    runs = [result() | {"statements": [{"db": "queue", "query": "COMMIT", "per_job": x}],
+                        "messages": {"gpupool.job.submitted": x}} for x in (1.0, 5.0, 2.0)]
+    runs[1]["statements"].append({"db": "queue", "query": "SELECT 1", "per_job": 9.0})
+    merged = median_of(runs)
+    assert merged["runs"] == 3 and merged["admitted"] == 6
+    assert {(s["query"], s["per_job"]) for s in merged["statements"]} == {("COMMIT", 2.0), ("SELECT 1", 0.0)}
+    assert merged["messages"] == {"gpupool.job.submitted": 2.0}
+    assert "3 fresh `gpupool up --unsafe-fast` (per-job figures: medians over them)" in markdown(merged, "c")
