@@ -226,11 +226,11 @@ def markdown(result: dict, command: str, top: int = 40, before: dict | None = No
     up = "`gpupool up`" if result.get("durable") else "`gpupool up --unsafe-fast`"
     n = result.get("runs", 1)
     runs = f"{n} fresh {up} (per-job figures: medians over them)" if n > 1 else f"a fresh {up}"
-    first = " (the first run's)" if n > 1 else ""
+    first = " in the first run" if n > 1 else ""
     lines = [BEGIN, "## What one job costs, counted (`gpupool bench counts`)", "",
              f"`{command}` — {runs} with pg_stat_statements, telemetry every 5 s; "
              f"{result['jobs']} one-GPU jobs from {result['clients']} concurrent clients through the HTTP API, "
-             f"each completed once started, counted until released and accounted{first} ({result['window_s']} s), "
+             f"each completed once started, counted until released and accounted ({result['window_s']} s{first}), "
              f"less the background of an idle window of {result['idle_s']} s "
              f"({result['background_per_s']['statements']:.1f} statements/s, "
              f"{result['background_per_s']['messages']:.1f} messages/s). Machine: {benchdoc.machine()}.", "",
