@@ -4,7 +4,7 @@
   gpupool down     stop a platform started by `gpupool up`
   gpupool status   where the running platform is and whether every service is ready
   gpupool sim      trace-replay simulator on the scheduling core (`gpupool sim --help`)
-  gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench run`, `bench inventory`, `bench reclaim`, `bench replay`, core/simulator)
+  gpupool bench    benchmarks; writes docs/benchmarks.md (`bench platform`, `bench counts`, `bench run`, `bench inventory`, `bench reclaim`, `bench replay`, core/simulator)
   gpupool agent    the node agent: real NVML, or `--simulate N` nodes for development and load
   gpupool schemas  write the JSON Schema of every event type to a folder
   gpupool check    verify the platform's invariants from its stores and streams, read-only (`gpupool check --help`)
@@ -156,6 +156,10 @@ def cmd_bench(argv: list[str]) -> int:
         from libs.bench.e2e import main as platform_main
 
         return platform_main(argv[1:])
+    if argv and argv[0] == "counts":
+        from libs.bench.counts import main as counts_main
+
+        return counts_main(argv[1:])
     if argv and argv[0] == "reclaim":
         from libs.bench.reclaim import main as reclaim_main
 

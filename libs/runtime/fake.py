@@ -142,6 +142,10 @@ class FakeUnitOfWork:
     def after_commit(self, work: Callable[[], Awaitable[object]]) -> None:
         self._after_commit.append(work)
 
+    def take_outbox(self) -> list[Any]:
+        """Nothing to hand over: the fake stores write no outbox rows; emitted events reach `rt.outbox` at the end."""
+        return []
+
     async def emit(self, data: EventData) -> CloudEvent:
         event = data.to_cloudevent(self._rt.source)
         self._emitted.append(Emitted(subject_for(data), event, data))

@@ -15,6 +15,10 @@ the event, that unit of work rolls back at once and raises `AlreadyApplied` inst
 `apply_once` takes it as done (the consumer acks). A handler that returns before opening a unit of work (nothing to
 apply) records nothing, as it changes nothing.
 
+Without savepoints: libs.bus.consumer first applies a batch with `optimistic` set, where units of work run straight
+in the batch's transaction (no SAVEPOINT and RELEASE per message). A unit of work that fails then `spoils` the
+batch: the consumer rolls it all back and applies it again with savepoints, so a failure still rolls back alone.
+
 Inbox of a batch: a batched consumer names the event ids of its fetched messages (`BatchTransaction.expect_events`,
 their `Nats-Msg-Id`, which the relay sets to the event id). The first applied-once event of the batch then records
 all of them in the inbox in one statement, in the batch's transaction before any savepoint, and learns which the
@@ -44,6 +48,19 @@ from libs.observability.tracing import current_traceparent
 log = logging.getLogger(__name__)
 
 AfterCommit = Callable[[], Awaitable[object]]
+OutboxRow = tuple[str, str, bytes, str | None]  # event id, subject, payload, traceparent
+
+
+def outbox_cte(first: int) -> str:
+    """A data-modifying CTE body inserting outbox rows, in order, from four array parameters starting at `$first`
+    (`outbox_args`): a store function adds `o AS (...)` to its statement for a unit of work's `take_outbox()`."""
+    return f"""INSERT INTO outbox (event_id, subject, payload, traceparent)
+               SELECT e, s, p, t FROM unnest(${first}::text[], ${first + 1}::text[], ${first + 2}::bytea[],
+                                             ${first + 3}::text[]) WITH ORDINALITY AS r(e, s, p, t, n) ORDER BY n"""
+
+
+def outbox_args(rows: list[OutboxRow]) -> list[list]:  # type: ignore[type-arg]
+    return [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]]
 
 _batch: contextvars.ContextVar[BatchTransaction | None] = contextvars.ContextVar("gpupool_batch_tx", default=None)
 _SAVEPOINT = "gpupool_uow"
@@ -147,6 +164,11 @@ class BatchTransaction:
         self._unreleased = 0
         self._expected: frozenset[str] = frozenset()  # the batch's event ids (expect_events)
         self._inbox: dict[str, _BatchInbox] = {}  # per inbox consumer, once its first event of the batch came
+        # Without savepoints (set before entering; libs.bus.consumer's first try at a batch): units of work run
+        # straight in the batch's transaction, and one that fails spoils it (the consumer rolls the batch back and
+        # applies it again with savepoints)
+        self.optimistic = False
+        self.spoiled = False
 
     async def __aenter__(self) -> BatchTransaction:
         self.conn, self._tx = await begin(self.pool)
@@ -209,15 +231,23 @@ class BatchTransaction:
                                         consumer, unclaimed)
 
     async def savepoint(self) -> None:
+        if self.optimistic:
+            return
         await self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; " * self._unreleased + f"SAVEPOINT {_SAVEPOINT}")
         self._unreleased = 0
 
     def savepoint_done(self) -> None:
-        self._unreleased += 1
+        if not self.optimistic:
+            self._unreleased += 1
 
-    async def rollback_to_savepoint(self) -> None:
+    async def rollback_to_savepoint(self, *, wrote: bool = True) -> None:
         """Undo the innermost open unit of work. Unreleased savepoints at this point are of units of work nested
-        in it (a sibling's were released when this one began): release them first so the name means this one."""
+        in it (a sibling's were released when this one began): release them first so the name means this one.
+        Without savepoints there is nothing to roll back to: the batch is spoiled, unless the unit of work wrote
+        nothing (`wrote` False: its event was applied already)."""
+        if self.optimistic:
+            self.spoiled = self.spoiled or wrote
+            return
         await self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; " * self._unreleased +
                                 f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
         self._unreleased = 0
@@ -246,7 +276,7 @@ class UnitOfWork:
         self._source = source
         self._on_commit = on_commit
         self._emitted: list[CloudEvent] = []
-        self._unwritten: list[tuple[str, str, bytes, str | None]] = []  # outbox rows not yet inserted
+        self._unwritten: list[OutboxRow] = []  # outbox rows not yet inserted
         self._after_commit: list[AfterCommit] = []
         self._batch: BatchTransaction | None = None
         self._claim: _InboxClaim | None = None  # the event this unit of work recorded in the inbox (apply_once)
@@ -311,7 +341,8 @@ class UnitOfWork:
                     self._batch._on_commit.append(self._on_commit)
                 self._batch._after_commit.extend(self._after_commit)
             else:
-                await self._batch.rollback_to_savepoint()  # the batch's other messages stay
+                # the batch's other messages stay; an event the inbox held already wrote nothing to undo
+                await self._batch.rollback_to_savepoint(wrote=exc_type is not AlreadyApplied)
             return
         await end(self._pool, self.conn, self._tx, commit=exc_type is None)
         if exc_type is None:
@@ -345,6 +376,14 @@ class UnitOfWork:
         self._emitted.append(event)
         return event
 
+    def take_outbox(self) -> list[OutboxRow]:
+        """The events emitted so far and not written yet, handed to the caller's next statement to insert with its
+        own change (`outbox_cte`): the change and its events in one round trip. The caller must run that statement
+        in this unit of work; what is emitted after it is written at the end, as usual (in emit order: the outbox's
+        `seq` follows the inserts)."""
+        rows, self._unwritten = self._unwritten, []
+        return rows
+
     async def _write_outbox(self) -> None:
         rows, self._unwritten = self._unwritten, []
         if len(rows) == 1:
@@ -352,11 +391,7 @@ class UnitOfWork:
                 "INSERT INTO outbox (event_id, subject, payload, traceparent) VALUES ($1, $2, $3, $4)", *rows[0])
             return
         # WITH ORDINALITY: seq follows emit order, which is the order the relay publishes in
-        await self.conn.execute(
-            """INSERT INTO outbox (event_id, subject, payload, traceparent)
-               SELECT e, s, p, t FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[])
-                   WITH ORDINALITY AS r(e, s, p, t, n) ORDER BY n""",
-            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
+        await self.conn.execute(outbox_cte(1), *outbox_args(rows))
 
     async def first_time(self, consumer: str, event_id: str) -> bool:
         """Record (consumer, event id) in the inbox. False means this event was already applied: skip it.

@@ -75,9 +75,12 @@ class AllocationBusy(Busy):
     naks it) rather than waited for, since that wait can deadlock the two batches."""
 
 
-async def _lock_allocation(conn: Any, data: AllocationGranted | AllocationReleased) -> None:
-    if not await store.lock_allocation(conn, data):
+async def _lock_allocation(conn: Any, data: AllocationGranted | AllocationReleased) -> Any:
+    """The allocation's locks (store.lock_allocation), and the job's user and kinds read with them."""
+    context = await store.lock_allocation(conn, data)
+    if not context["locked"]:
         raise AllocationBusy(f"allocation {data.allocation_id} is being applied by another transaction")
+    return context
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -103,9 +106,8 @@ class AccountingHandlers:
     async def on_job_submitted(self, event: CloudEvent, data: JobSubmitted) -> None:
         """A job entered the queue (first submission, approval, or requeue): a wait starts now."""
         async with self.rt.uow() as uow:
-            await store.upsert_job(uow.conn, data, data.submitted_by or "unknown")
-            await store.open_wait(uow.conn, job_id=data.job_id, entered_at=event.time, team=data.team,
-                                  demand_milli=demand_milli(data), gpu_model=requested_model(data))
+            await store.job_submitted(uow.conn, data, data.submitted_by or "unknown", entered_at=event.time,
+                                      demand_milli=demand_milli(data), gpu_model=requested_model(data))
 
     async def on_job_cancelled(self, event: CloudEvent, data: JobCancelled) -> None:
         async with self.rt.uow() as uow:
@@ -114,11 +116,10 @@ class AccountingHandlers:
     # --- allocations: the ledger ------------------------------------------------------------------------------------
     async def on_allocation_granted(self, event: CloudEvent, data: AllocationGranted) -> None:
         async with self.rt.uow() as uow:
-            user = await store.job_user(uow.conn, data.job_id)
-            await _lock_allocation(uow.conn, data)
+            user = (await _lock_allocation(uow.conn, data))["user_name"]
             await store.insert_intervals(uow.conn, data, user=user, kind=data.kind, granted_at=data.granted_at,
-                                         released_at=None, reason=None, idle_util_pct=self.idle_pct)
-            await store.close_wait(uow.conn, data.job_id, data.granted_at, "granted", dominant_model(data))
+                                         released_at=None, reason=None, idle_util_pct=self.idle_pct,
+                                         wait_granted=dominant_model(data))  # and the queue wait ends
 
     async def on_allocation_released(self, event: CloudEvent, data: AllocationReleased) -> None:
         """Close the allocation's GPU rows and write its ledger row, exactly once whatever is redelivered (inbox,
@@ -126,8 +127,8 @@ class AccountingHandlers:
         milli_us = gpu_milli_us(data)
         model = dominant_model(data)
         async with self.rt.uow() as uow:
-            await _lock_allocation(uow.conn, data)
-            user, kind, job_kind = await store.release_context(uow.conn, data.job_id, data.allocation_id)
+            context = await _lock_allocation(uow.conn, data)
+            user, kind, job_kind = context["user_name"], context["interval_kind"], context["job_kind"]
             if kind is None:  # granted before accounting listened: the release alone says enough
                 kind = job_kind
                 if not await store.insert_intervals(uow.conn, data, user=user, kind=kind,

@@ -19,56 +19,40 @@ COLUMNS: dict[str, str] = {"team": "team", "project": "project", "user": "user_n
 
 
 # --- jobs and queue waits ------------------------------------------------------------------------------------------
-async def upsert_job(conn: asyncpg.Connection, data: JobSubmitted, user: str) -> None:
-    """The job's submitter and what it asks for (a later submission, e.g. after a scale, updates the request)."""
+async def job_submitted(conn: asyncpg.Connection, data: JobSubmitted, user: str, *, entered_at: datetime,
+                        demand_milli: int, gpu_model: str) -> None:
+    """The job's submitter and what it asks for (a later submission, e.g. after a scale, updates the request), and
+    a wait starting at `entered_at` unless the job is already waiting (a repeated submission event changes
+    nothing): one statement, two tables."""
     await conn.execute(
-        """INSERT INTO jobs (job_id, team, project, user_name, kind, submitted_at, name, priority, priority_class,
-                             gpus, gpu_models, gpu_fraction_milli, mig_profile, gang_nodes, gpus_per_node, replicas,
-                             max_runtime_s)
-           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)
-           ON CONFLICT (job_id) DO UPDATE SET user_name = CASE WHEN EXCLUDED.user_name = 'unknown'
-                                                               THEN jobs.user_name ELSE EXCLUDED.user_name END,
-               name = EXCLUDED.name, priority = EXCLUDED.priority, priority_class = EXCLUDED.priority_class,
-               gpus = EXCLUDED.gpus, gpu_models = EXCLUDED.gpu_models,
-               gpu_fraction_milli = EXCLUDED.gpu_fraction_milli, mig_profile = EXCLUDED.mig_profile,
-               gang_nodes = EXCLUDED.gang_nodes, gpus_per_node = EXCLUDED.gpus_per_node,
-               replicas = EXCLUDED.replicas, max_runtime_s = EXCLUDED.max_runtime_s""",
+        """WITH j AS (
+             INSERT INTO jobs (job_id, team, project, user_name, kind, submitted_at, name, priority, priority_class,
+                               gpus, gpu_models, gpu_fraction_milli, mig_profile, gang_nodes, gpus_per_node,
+                               replicas, max_runtime_s)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)
+             ON CONFLICT (job_id) DO UPDATE SET user_name = CASE WHEN EXCLUDED.user_name = 'unknown'
+                                                                 THEN jobs.user_name ELSE EXCLUDED.user_name END,
+                 name = EXCLUDED.name, priority = EXCLUDED.priority, priority_class = EXCLUDED.priority_class,
+                 gpus = EXCLUDED.gpus, gpu_models = EXCLUDED.gpu_models,
+                 gpu_fraction_milli = EXCLUDED.gpu_fraction_milli, mig_profile = EXCLUDED.mig_profile,
+                 gang_nodes = EXCLUDED.gang_nodes, gpus_per_node = EXCLUDED.gpus_per_node,
+                 replicas = EXCLUDED.replicas, max_runtime_s = EXCLUDED.max_runtime_s)
+           INSERT INTO queue_waits (job_id, entered_at, team, demand_milli, gpu_model)
+           SELECT $1::text, $18::timestamptz, $2::text, $19::bigint, $20::text
+           WHERE NOT EXISTS (SELECT 1 FROM queue_waits WHERE job_id = $1::text AND ended_at IS NULL)
+           ON CONFLICT DO NOTHING""",
         data.job_id, data.team, data.project, user, data.kind, data.submitted_at, data.name, data.priority,
         data.priority_class, data.gpus, list(data.gpu_models), data.gpu_fraction_milli, data.mig_profile,
-        data.gang_nodes, data.gpus_per_node, data.replicas, data.max_runtime_s)
-
-
-async def job_user(conn: asyncpg.Connection, job_id: str) -> str:
-    return await conn.fetchval("SELECT user_name FROM jobs WHERE job_id = $1", job_id) or "unknown"
+        data.gang_nodes, data.gpus_per_node, data.replicas, data.max_runtime_s, entered_at, demand_milli, gpu_model)
 
 
 async def job_kind(conn: asyncpg.Connection, job_id: str) -> str:
     return await conn.fetchval("SELECT kind FROM jobs WHERE job_id = $1", job_id) or "unknown"
 
 
-async def release_context(conn: asyncpg.Connection, job_id: str, allocation_id: str) -> tuple[str, str | None, str]:
-    """(user, kind recorded at the grant or None if accounting never saw it, the job's kind) in one round trip."""
-    row = await conn.fetchrow(
-        """SELECT (SELECT user_name FROM jobs WHERE job_id = $1) AS user_name,
-                  (SELECT kind FROM gpu_intervals WHERE allocation_id = $2 LIMIT 1) AS interval_kind,
-                  (SELECT kind FROM jobs WHERE job_id = $1) AS job_kind""", job_id, allocation_id)
-    return row["user_name"] or "unknown", row["interval_kind"], row["job_kind"] or "unknown"
-
-
 async def interval_kind(conn: asyncpg.Connection, allocation_id: str) -> str | None:
     """The job kind recorded when the allocation was granted; None if accounting never saw the grant."""
     return await conn.fetchval("SELECT kind FROM gpu_intervals WHERE allocation_id = $1 LIMIT 1", allocation_id)
-
-
-async def open_wait(conn: asyncpg.Connection, *, job_id: str, entered_at: datetime, team: str, demand_milli: int,
-                    gpu_model: str) -> bool:
-    """Start a wait unless the job is already waiting (a repeated submission event changes nothing)."""
-    inserted = await conn.fetchval(
-        """INSERT INTO queue_waits (job_id, entered_at, team, demand_milli, gpu_model)
-           SELECT $1::text, $2::timestamptz, $3::text, $4::bigint, $5::text
-           WHERE NOT EXISTS (SELECT 1 FROM queue_waits WHERE job_id = $1::text AND ended_at IS NULL)
-           ON CONFLICT DO NOTHING RETURNING 1""", job_id, entered_at, team, demand_milli, gpu_model)
-    return inserted is not None
 
 
 async def close_wait(conn: asyncpg.Connection, job_id: str, at: datetime, outcome: str,
@@ -101,82 +85,97 @@ def allocation_lock_key(allocation_id: str) -> int:
                           signed=True)
 
 
-async def lock_allocation(conn: asyncpg.Connection, data: AllocationEvent) -> bool:
+async def lock_allocation(conn: asyncpg.Connection, data: AllocationEvent) -> asyncpg.Record:
     """For an allocation event: the node's lock shared (see lock_node) and, without waiting, the allocation's own
-    lock. False: another transaction holds the allocation (another replica's batch is applying its grant or its
-    release): waiting for it could close a cycle with that batch (each holding one allocation's new rows and
-    wanting the other's), so the caller retries instead. Within one batch the lock is its own, so never False."""
-    return await conn.fetchval(
-        "SELECT pg_try_advisory_xact_lock($2) FROM (SELECT pg_advisory_xact_lock_shared($1)) AS node",
-        node_lock_key(data.cluster, data.node), allocation_lock_key(data.allocation_id))
+    lock; `locked` False: another transaction holds the allocation (another replica's batch is applying its grant
+    or its release): waiting for it could close a cycle with that batch (each holding one allocation's new rows and
+    wanting the other's), so the caller retries instead. Within one batch the lock is its own, so never False.
+
+    In the same round trip, what the handlers read next: the job's `user_name` ("unknown" if accounting never saw
+    it submitted), its `job_kind` (likewise), and the `interval_kind` recorded at the grant (None: no interval rows
+    in the statement's snapshot, taken before the node's lock was granted; a grant committed meanwhile is found by
+    insert_intervals, which then inserts nothing)."""
+    return await conn.fetchrow(
+        """SELECT pg_try_advisory_xact_lock($2) AS locked,
+                  coalesce((SELECT user_name FROM jobs WHERE job_id = $3), 'unknown') AS user_name,
+                  coalesce((SELECT kind FROM jobs WHERE job_id = $3), 'unknown') AS job_kind,
+                  (SELECT kind FROM gpu_intervals WHERE allocation_id = $4 LIMIT 1) AS interval_kind
+           FROM (SELECT pg_advisory_xact_lock_shared($1)) AS node""",
+        node_lock_key(data.cluster, data.node), allocation_lock_key(data.allocation_id), data.job_id,
+        data.allocation_id)
 
 
 async def insert_intervals(conn: asyncpg.Connection, data: AllocationEvent, *, user: str, kind: str,
                            granted_at: datetime, released_at: datetime | None, reason: str | None,
-                           idle_util_pct: float) -> bool:
-    """The allocation's per-GPU rows, with utilization from rollups already stored. False: they existed."""
+                           idle_util_pct: float, wait_granted: str | None = None) -> bool:
+    """The allocation's per-GPU rows, with utilization from rollups already stored. False: they existed.
+    `wait_granted` (the GPU model): the same statement also ends the job's queue wait at `granted_at` with
+    outcome "granted" (close_wait), whether or not the rows existed."""
     rows = [(data.allocation_id, slot, g.uuid, g.index, data.job_id, data.team, data.project, user, kind,
              data.cluster, data.node, g.model, g.share_milli, g.mig_profile or "", sharing_of(g), granted_at,
              released_at, reason) for slot, g in enumerate(data.gpus)]
     if not rows:
+        if wait_granted is not None:
+            await close_wait(conn, data.job_id, granted_at, "granted", wait_granted)
         return False
-    # one statement: nothing is written if the allocation's rows exist already (a redelivered grant)
+    wait = ""
+    if wait_granted is not None:
+        wait = """w AS (UPDATE queue_waits SET ended_at = GREATEST($16::timestamptz, entered_at), outcome = 'granted',
+                                        gpu_model = COALESCE($20::text, gpu_model)
+                    WHERE job_id = $5::text AND ended_at IS NULL),
+               """
+    # one statement: nothing is written if the allocation's rows exist already (a redelivered grant); each row's
+    # utilization from the rollups already stored for its GPU over the interval (covered µs, × utilization, idle)
     inserted = await conn.fetchval(
-        """WITH ins AS (
+        f"""WITH {wait}ins AS (
              INSERT INTO gpu_intervals (allocation_id, slot, gpu_uuid, gpu_index, job_id, team, project, user_name,
                                         kind, cluster, node, gpu_model, share_milli, mig_profile, sharing,
-                                        granted_at, released_at, release_reason)
+                                        granted_at, released_at, release_reason, covered_us, util_us, idle_us)
              SELECT $1::text, s.slot, s.uuid, s.idx, $5::text, $6::text, $7::text, $8::text, $9::text, $10::text,
-                    $11::text, s.model, s.share, s.mig, s.sharing, $16::timestamptz, $17::timestamptz, $18::text
+                    $11::text, s.model, s.share, s.mig, s.sharing, $16::timestamptz, $17::timestamptz, $18::text,
+                    coalesce(u.cov, 0), coalesce(u.util, 0), coalesce(u.idle, 0)
              FROM unnest($2::int[], $3::text[], $4::int[], $12::text[], $13::int[], $14::text[], $15::text[])
                   AS s(slot, uuid, idx, model, share, mig, sharing)
+             LEFT JOIN LATERAL (
+                  SELECT SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
+                         SUM(CASE WHEN r.util_avg_pct <= $19 THEN x.ov ELSE 0 END) AS idle
+                  FROM gpu_rollups r
+                  CROSS JOIN LATERAL (SELECT acct_us(GREATEST($16::timestamptz, r.window_start),
+                                                     LEAST(COALESCE($17::timestamptz, r.window_end), r.window_end))
+                                             ::double precision AS ov) x
+                  WHERE r.gpu_uuid = s.uuid AND r.window_end > $16::timestamptz
+                    AND ($17::timestamptz IS NULL OR r.window_start < $17::timestamptz)) u ON true
              WHERE NOT EXISTS (SELECT 1 FROM gpu_intervals WHERE allocation_id = $1::text)
              ON CONFLICT DO NOTHING  -- rows another transaction is inserting: wait for it, then leave them
              RETURNING 1)
            SELECT count(*) FROM ins""",
         data.allocation_id, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], data.job_id,
         data.team, data.project, user, kind, data.cluster, data.node, [r[11] for r in rows],
-        [r[12] for r in rows], [r[13] for r in rows], [r[14] for r in rows], granted_at, released_at, reason)
-    if not inserted:
-        return False
-    await conn.execute(
-        """UPDATE gpu_intervals g SET covered_us = x.cov, util_us = x.util, idle_us = x.idle
-           FROM (SELECT i.slot, SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
-                        SUM(CASE WHEN r.util_avg_pct <= $2 THEN x.ov ELSE 0 END) AS idle
-                 FROM gpu_intervals i
-                 JOIN gpu_rollups r ON r.gpu_uuid = i.gpu_uuid AND r.window_end > i.granted_at
-                                   AND (i.released_at IS NULL OR r.window_start < i.released_at)
-                 CROSS JOIN LATERAL (SELECT acct_us(GREATEST(i.granted_at, r.window_start),
-                                                    LEAST(COALESCE(i.released_at, r.window_end), r.window_end))
-                                            ::double precision AS ov) x
-                 WHERE i.allocation_id = $1 GROUP BY i.slot) x
-           WHERE g.allocation_id = $1 AND g.slot = x.slot""", data.allocation_id, idle_util_pct)
-    return True
+        [r[12] for r in rows], [r[13] for r in rows], [r[14] for r in rows], granted_at, released_at, reason,
+        idle_util_pct, *([wait_granted] if wait_granted is not None else []))
+    return bool(inserted)
 
 
 async def close_intervals(conn: asyncpg.Connection, allocation_id: str, released_at: datetime, reason: str,
                           idle_util_pct: float) -> int:
     """Mark the allocation's open GPU rows released. Rollups stored while they were open were counted up to their
-    window's end; take back the part after the release. Returns how many rows were closed."""
+    window's end; take back the part after the release, in the same statement. Returns how many rows were
+    closed."""
     slots = await conn.fetch(
-        """UPDATE gpu_intervals SET released_at = GREATEST($2, granted_at), release_reason = $3
-           WHERE allocation_id = $1 AND released_at IS NULL RETURNING slot""", allocation_id, released_at, reason)
-    if not slots:
-        return 0
-    await conn.execute(
-        """UPDATE gpu_intervals g SET covered_us = GREATEST(0, g.covered_us - x.cov),
-                                      util_us = GREATEST(0, g.util_us - x.util),
-                                      idle_us = GREATEST(0, g.idle_us - x.idle)
-           FROM (SELECT i.slot, SUM(x.ov) AS cov, SUM(x.ov * r.util_avg_pct) AS util,
-                        SUM(CASE WHEN r.util_avg_pct <= $3 THEN x.ov ELSE 0 END) AS idle
-                 FROM gpu_intervals i
-                 JOIN gpu_rollups r ON r.gpu_uuid = i.gpu_uuid AND r.window_end > i.released_at
-                                   AND r.window_end > i.granted_at
-                 CROSS JOIN LATERAL (SELECT acct_us(GREATEST(r.window_start, i.granted_at, i.released_at),
-                                                    r.window_end)::double precision AS ov) x
-                 WHERE i.allocation_id = $1 AND i.slot = ANY($2::int[]) GROUP BY i.slot) x
-           WHERE g.allocation_id = $1 AND g.slot = x.slot""",
-        allocation_id, [r["slot"] for r in slots], idle_util_pct)
+        """UPDATE gpu_intervals g SET released_at = GREATEST($2, g.granted_at), release_reason = $3,
+                  (covered_us, util_us, idle_us) = (
+                      SELECT GREATEST(0, g.covered_us - coalesce(SUM(x.ov), 0)),
+                             GREATEST(0, g.util_us - coalesce(SUM(x.ov * r.util_avg_pct), 0)),
+                             GREATEST(0, g.idle_us - coalesce(SUM(CASE WHEN r.util_avg_pct <= $4 THEN x.ov ELSE 0 END),
+                                                              0))
+                      FROM gpu_rollups r
+                      CROSS JOIN LATERAL (SELECT acct_us(GREATEST(r.window_start, g.granted_at,
+                                                                  GREATEST($2, g.granted_at)),
+                                                         r.window_end)::double precision AS ov) x
+                      WHERE r.gpu_uuid = g.gpu_uuid AND r.window_end > GREATEST($2, g.granted_at)
+                        AND r.window_end > g.granted_at)
+           WHERE g.allocation_id = $1 AND g.released_at IS NULL RETURNING g.slot""",
+        allocation_id, released_at, reason, idle_util_pct)
     return len(slots)
 
 

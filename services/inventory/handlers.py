@@ -315,11 +315,10 @@ class InventoryHandlers:
         """Forget the allocation; a GPU that waited for it to change its sharing mode switches now."""
         async with self.rt.uow() as uow:
             now = utcnow()
-            for g in await store.drained_sharing(uow.conn, data.allocation_id):
+            for g in await store.release(uow.conn, data.allocation_id, data.released_at):
                 await uow.emit(GpuSharingSet(cluster=g["cluster"], node=g["node"], gpu_uuid=g["uuid"],
                                              gpu_index=g["idx"], mode=g["sharing"],
                                              set_by=g["sharing_set_by"] or "", set_at=now))
-            await store.unhold(uow.conn, data.allocation_id, data.released_at)
 
     # --- operators: cordon / drain / uncordon, sharing, health ----------------------------------------------------
     async def _resolve(self, conn, ref: NodeRef) -> tuple[str, str] | Reply:  # type: ignore[no-untyped-def]

@@ -324,36 +324,37 @@ async def set_sharing_target(conn: asyncpg.Connection, uuid: str, mode: str, by:
                        uuid, mode, by, at)
 
 
-async def drained_sharing(conn: asyncpg.Connection, allocation_id: str) -> list[asyncpg.Record]:
-    """GPUs of a just-released allocation that waited to change their sharing mode and hold nothing now: switched
-    to their target in this statement. Returns (uuid, cluster, node, idx, sharing, sharing_set_by)."""
-    return await conn.fetch(
-        """UPDATE gpus g SET sharing = g.sharing_target, sharing_target = NULL
-           FROM (SELECT unnest(gpu_uuids) AS uuid FROM held_allocations WHERE allocation_id = $1) r
-           WHERE g.uuid = r.uuid AND g.sharing_target IS NOT NULL
-             AND NOT EXISTS (SELECT 1 FROM held_gpus h WHERE h.gpu_uuid = g.uuid AND h.allocation_id <> $1)
-           RETURNING g.uuid, g.cluster, g.node, g.idx, g.sharing, g.sharing_set_by""", allocation_id)
-
-
 # --- allocations, as placement announced them ------------------------------------------------------------------
 async def hold(conn: asyncpg.Connection, allocation_id: str, job_id: str, team: str, cluster: str, node: str,
                gpu_uuids: list[str], granted_at: datetime) -> None:
-    """Remember a live allocation, unless its release already arrived (events can be redelivered late)."""
-    inserted = await conn.fetchval(
-        """INSERT INTO held_allocations (allocation_id, job_id, team, cluster, node, gpu_uuids, granted_at)
-           SELECT $1,$2,$3,$4,$5,$6,$7 WHERE NOT EXISTS (SELECT 1 FROM released_allocations WHERE allocation_id = $1)
-           ON CONFLICT DO NOTHING RETURNING 1""", allocation_id, job_id, team, cluster, node, gpu_uuids, granted_at)
-    if inserted:
-        await conn.execute("INSERT INTO held_gpus (gpu_uuid, allocation_id) SELECT u, $2 FROM unnest($1::text[]) u "
-                           "ON CONFLICT DO NOTHING", gpu_uuids, allocation_id)
+    """Remember a live allocation and its GPUs, unless its release already arrived (events can be redelivered
+    late). One statement: the GPUs' rows come from the allocation's row only if it was inserted now."""
+    await conn.execute(
+        """WITH a AS (
+             INSERT INTO held_allocations (allocation_id, job_id, team, cluster, node, gpu_uuids, granted_at)
+             SELECT $1,$2,$3,$4,$5,$6,$7
+             WHERE NOT EXISTS (SELECT 1 FROM released_allocations WHERE allocation_id = $1)
+             ON CONFLICT DO NOTHING RETURNING allocation_id)
+           INSERT INTO held_gpus (gpu_uuid, allocation_id) SELECT u, a.allocation_id FROM a, unnest($6::text[]) u
+           ON CONFLICT DO NOTHING""", allocation_id, job_id, team, cluster, node, gpu_uuids, granted_at)
 
 
-async def unhold(conn: asyncpg.Connection, allocation_id: str, at: datetime) -> None:
-    await conn.execute("DELETE FROM held_allocations WHERE allocation_id = $1", allocation_id)
-    await conn.execute("INSERT INTO released_allocations (allocation_id, released_at) VALUES ($1, $2) "
-                       "ON CONFLICT DO NOTHING", allocation_id, at)
-    await conn.execute("UPDATE orphans SET resolved_at = $2 WHERE allocation_id = $1 AND resolved_at IS NULL",
-                       allocation_id, at)
+async def release(conn: asyncpg.Connection, allocation_id: str, at: datetime) -> list[asyncpg.Record]:
+    """Forget a released allocation (its GPUs' rows go with it), remember that it was released (a late grant is
+    then not held again), resolve its orphans, and switch the allocation's GPUs that waited to change their sharing
+    mode and hold nothing else now to their target, all in one statement. Every part reads the snapshot from before
+    the statement, so the GPUs are those the allocation held. Returns the switched GPUs (uuid, cluster, node, idx,
+    sharing, sharing_set_by)."""
+    return await conn.fetch(
+        """WITH forgotten AS (DELETE FROM held_allocations WHERE allocation_id = $1),
+                released AS (INSERT INTO released_allocations (allocation_id, released_at) VALUES ($1, $2)
+                             ON CONFLICT DO NOTHING),
+                resolved AS (UPDATE orphans SET resolved_at = $2 WHERE allocation_id = $1 AND resolved_at IS NULL)
+           UPDATE gpus g SET sharing = g.sharing_target, sharing_target = NULL
+           FROM (SELECT unnest(gpu_uuids) AS uuid FROM held_allocations WHERE allocation_id = $1) r
+           WHERE g.uuid = r.uuid AND g.sharing_target IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM held_gpus h WHERE h.gpu_uuid = g.uuid AND h.allocation_id <> $1)
+           RETURNING g.uuid, g.cluster, g.node, g.idx, g.sharing, g.sharing_set_by""", allocation_id, at)
 
 
 async def forget_released(conn: asyncpg.Connection, before: datetime) -> None:

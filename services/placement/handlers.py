@@ -224,9 +224,10 @@ class PlacementHandlers:
         when the agent reports the work's cgroup empty (`on_work_exited`), unless the node is gone."""
         if reason in RELEASE_AT_ONCE:
             released = await store.release(uow.conn, job_id, reason, at, **which)
-        else:
-            released = await store.release(uow.conn, job_id, reason, at, with_work=False, **which)
-            await self._stop(uow, job_id, reason, at, **which)
+        else:  # in one statement: those without work released, those with work asked to stop
+            released, stopping = await store.release_or_stop(uow.conn, job_id, reason, at,
+                                                             max_grace_s=self.settings.max_stop_grace_s, **which)
+            await self._announce_stopping(uow, job_id, reason, stopping)
         await self._announce_releases(uow, job_id, reason, released)
         return len(released)
 
@@ -247,6 +248,9 @@ class PlacementHandlers:
         which = {k: v for k, v in which.items() if k in ("replica", "min_replica", "allocation_id")}
         stopping = await store.request_stop(uow.conn, job_id, reason, at,
                                             max_grace_s=self.settings.max_stop_grace_s, **which)
+        return await self._announce_stopping(uow, job_id, reason, stopping)
+
+    async def _announce_stopping(self, uow, job_id: str, reason: str, stopping) -> int:  # type: ignore[no-untyped-def]
         for alloc, gpus in stopping:
             await uow.emit(AllocationPreempting(
                 allocation_id=alloc["allocation_id"], job_id=job_id, replica=alloc["replica"], team=alloc["team"],

@@ -383,6 +383,26 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
     (`claim_jobs`) until it commits, and the release's statement, which starts after that, then sees the
     allocations the cycle wrote. In one statement they would be invisible to it, and a job cancelled while
     being placed would keep its GPUs."""
+    released, _ = await _release(conn, job_id, reason, at, replica, min_replica, allocation_id, finished, with_work,
+                                 exit, None)
+    return released
+
+
+async def release_or_stop(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, *, max_grace_s: float,
+                          replica: int | None = None, min_replica: int | None = None,
+                          allocation_id: str | None = None, finished: bool = False) -> tuple[Released, Released]:
+    """`release` of the allocations that run no work and `request_stop` of those that do, in the same statement
+    (the two touch disjoint rows): (released, asked to stop)."""
+    return await _release(conn, job_id, reason, at, replica, min_replica, allocation_id, finished, False, None,
+                          max_grace_s)
+
+
+Released = list[tuple[asyncpg.Record, list[AllocatedGpu]]]
+
+
+async def _release(conn: asyncpg.Connection, job_id: str, reason: str, at: datetime, replica: int | None,
+                   min_replica: int | None, allocation_id: str | None, finished: bool, with_work: bool | None,
+                   exit: str | None, stop_grace_s: float | None) -> tuple[Released, Released]:
     await conn.execute("SELECT 1 FROM pending_jobs WHERE job_id = $1 FOR UPDATE", job_id)
     rows = await conn.fetch(
         f"""WITH a AS (
@@ -390,7 +410,7 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
                 WHERE job_id = $1 AND released_at IS NULL AND ($4::int IS NULL OR replica = $4)
                   AND ($5::int IS NULL OR replica >= $5) AND ($6::text IS NULL OR allocation_id = $6)
                   AND ($8::bool IS NULL OR (work IS NOT NULL) = $8)
-                RETURNING {_ALLOCATION}),
+                RETURNING {_ALLOCATION}, preempt_deadline),
             g AS (
                 UPDATE allocation_gpus SET live = false FROM a WHERE allocation_gpus.allocation_id = a.allocation_id
                 RETURNING allocation_gpus.allocation_id, {_HELD}),
@@ -404,16 +424,31 @@ async def release(conn: asyncpg.Connection, job_id: str, reason: str, at: dateti
                           / coalesce((SELECT half_life_s FROM fair_share_config), 604800)) + EXCLUDED.gpu_seconds,
                       as_of = greatest(t.as_of, EXCLUDED.as_of)),
             f AS (INSERT INTO finished_jobs (job_id) SELECT $1 WHERE $7 ON CONFLICT DO NOTHING),
-            d AS (DELETE FROM pending_jobs WHERE $7 AND job_id = $1)
-            SELECT a.*, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile, g.mig_start
-            FROM a LEFT JOIN g USING (allocation_id) ORDER BY a.replica, a.allocation_id, g.index""",
-        job_id, at, reason, replica, min_replica, allocation_id, finished, with_work, exit)
-    out: list[tuple[asyncpg.Record, list[AllocatedGpu]]] = []
+            d AS (DELETE FROM pending_jobs WHERE $7 AND job_id = $1),
+            s AS (  -- with a grace ($10): ask those that run work to stop, as request_stop does
+                UPDATE allocations SET preempt_reason = $3,
+                       preempt_deadline = least(coalesce(preempt_deadline, 'infinity'::timestamptz),
+                           $2::timestamptz + make_interval(
+                               secs => least(coalesce((work::jsonb->>'stop_grace_s')::float8, 30), $10::float8)))
+                WHERE $10::float8 IS NOT NULL AND job_id = $1 AND released_at IS NULL AND work IS NOT NULL
+                  AND ($4::int IS NULL OR replica = $4) AND ($5::int IS NULL OR replica >= $5)
+                  AND ($6::text IS NULL OR allocation_id = $6)
+                RETURNING {_ALLOCATION}, preempt_deadline)
+            SELECT false AS stopping, a.*, g.uuid, g.index, g.model, g.share_milli, g.memory_mib, g.mig_profile,
+                   g.mig_start
+            FROM a LEFT JOIN g USING (allocation_id)
+            UNION ALL
+            SELECT true, s.*, h.uuid, h.index, h.model, h.share_milli, h.memory_mib, h.mig_profile, h.mig_start
+            FROM s LEFT JOIN (SELECT allocation_id, {_HELD} FROM allocation_gpus) h USING (allocation_id)
+            ORDER BY stopping, replica, allocation_id, index""",
+        job_id, at, reason, replica, min_replica, allocation_id, finished, with_work, exit, stop_grace_s)
+    out: tuple[Released, Released] = ([], [])
     for row in rows:
-        if not out or out[-1][0]["allocation_id"] != row["allocation_id"]:
-            out.append((row, []))
+        into = out[1] if row["stopping"] else out[0]
+        if not into or into[-1][0]["allocation_id"] != row["allocation_id"]:
+            into.append((row, []))
         if row["uuid"] is not None:
-            out[-1][1].append(AllocatedGpu(**{k: row[k] for k in _HELD_FIELDS}))
+            into[-1][1].append(AllocatedGpu(**{k: row[k] for k in _HELD_FIELDS}))
     return out
 
 

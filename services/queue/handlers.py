@@ -28,6 +28,7 @@ from libs.contracts.events import (
     AllocationPreempting,
     AllocationReleased,
     ApprovalDecided,
+    EventData,
     JobCancelled,
     JobCompleted,
     JobScaled,
@@ -262,31 +263,32 @@ class QueueHandlers:
             if not can_transition(row["state"], target):
                 return Reply.refused(refuse_transition(job_id, row["state"], target))
             with self._step(f"job {target}", row):
-                updated = await self._set_state(uow, row, target, reason, at=now, message=message)
-                if target == "completed":
-                    await uow.emit(JobCompleted(job_id=job_id, team=row["team"], completed_at=now))
-                else:
-                    await uow.emit(JobCancelled(job_id=job_id, team=row["team"], reason=message or reason,
-                                                cancelled_at=now))
+                finished = (JobCompleted(job_id=job_id, team=row["team"], completed_at=now) if target == "completed"
+                            else JobCancelled(job_id=job_id, team=row["team"], reason=message or reason,
+                                              cancelled_at=now))
+                updated = await self._set_state(uow, row, target, reason, at=now, message=message, then=finished)
         log.info("job_finished", extra={"job_id": job_id, "state": target})
         return Reply.success(store.view_data(updated))
 
     async def _set_state(self, uow, row, target: str, reason: str, *, at, message: str | None = None,  # type: ignore[no-untyped-def]
-                         **fields):
-        """One transition of the state machine: the row, its history entry and its JobStateChanged event, in the
-        caller's transaction. Returns the updated job."""
-        updated = await store.set_state(uow.conn, row["job_id"], row["state"], target, reason, at=at,
-                                        message=message, **fields)
-        JOB_TRANSITIONS.labels(to_state=target, reason=reason.split(":")[0]).inc()
-        if target in ("launching", "running") and row["state"] == "pending":
-            QUEUE_WAIT_SECONDS.labels(team=row["team"], priority_class=row["priority_class"]).observe(
-                max(0.0, (at - row["submitted_at"]).total_seconds()))
+                         then: EventData | None = None, **fields):
+        """One transition of the state machine: the row, its history entry and its JobStateChanged event (and
+        `then`, the event the transition means, emitted after it), in the caller's transaction and in one
+        statement. Returns the updated job."""
         requeue = target == "pending" and row["state"] in store.REQUEUED_FROM
         if target in TERMINAL and row.get("autoscale") is not None:
             await store.forget_load(uow.conn, row["job_id"])
         await uow.emit(JobStateChanged(
             job_id=row["job_id"], team=row["team"], project=row["project"], kind=row["kind"], previous=row["state"],
             current=target, reason=reason, message=message, attempts=row["attempts"] + (1 if requeue else 0), at=at))
+        if then is not None:
+            await uow.emit(then)
+        updated = await store.set_state(uow.conn, row["job_id"], row["state"], target, reason, at=at,
+                                        message=message, outbox=uow.take_outbox(), **fields)
+        JOB_TRANSITIONS.labels(to_state=target, reason=reason.split(":")[0]).inc()
+        if target in ("launching", "running") and row["state"] == "pending":
+            QUEUE_WAIT_SECONDS.labels(team=row["team"], priority_class=row["priority_class"]).observe(
+                max(0.0, (at - row["submitted_at"]).total_seconds()))
         return updated
 
     async def report_queue_depth(self) -> None:
@@ -330,7 +332,7 @@ class QueueHandlers:
                 log.info("allocation_for_non_pending_job", extra={"job_id": data.job_id,
                                                                   "state": row["state"] if row else None})
                 return
-            self.backlog.granted()
+            uow.after_commit(self._granted)  # counted once durable: a batch applied again counts it once
             if row["work"] is not None:  # running once the agent says the process started
                 await self._set_state(uow, row, "launching", "AllocationGranted", at=data.granted_at,
                                       message=f"starting on {data.node}", allocation_id=data.allocation_id,
@@ -338,9 +340,12 @@ class QueueHandlers:
                 return
             await self._set_state(uow, row, "running", "AllocationGranted",
                                   at=data.granted_at, message=None, allocation_id=data.allocation_id,
-                                  node=data.node, cluster=data.cluster)
-            await uow.emit(JobStarted(job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
+                                  node=data.node, cluster=data.cluster, then=JobStarted(
+                                      job_id=data.job_id, allocation_id=data.allocation_id, cluster=data.cluster,
                                       node=data.node, started_at=data.granted_at, team=row["team"]))
+
+    async def _granted(self) -> None:
+        self.backlog.granted()
 
     async def on_work_started(self, event: CloudEvent, data: WorkStarted) -> None:
         """The agent started the work (the first gang member's start is the job's)."""

@@ -12,6 +12,7 @@ from libs.contracts.autoscale import AutoscalePolicy
 from libs.contracts.commands import JobView
 from libs.contracts.work import WorkSpec
 from libs.observability.tracing import trace_id_of
+from libs.store.unit_of_work import OutboxRow, outbox_args, outbox_cte
 
 _COLUMNS = ("job_id, name, team, project, kind, priority_class, priority, attempts, gang_nodes, gpus_per_node, "
             "replicas, max_runtime_s, gpus, gpu_models, state, submitted_at, "
@@ -109,8 +110,11 @@ REQUEUED_FROM = ("launching", "running", "preempting")
 
 
 async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target: str, reason: str, *,
-                    at: datetime, message: str | None = None, **fields: Any) -> asyncpg.Record:
-    """The transition and its history entry in one statement (one round trip); returns the updated job."""
+                    at: datetime, message: str | None = None, outbox: list[OutboxRow] | None = None,
+                    **fields: Any) -> asyncpg.Record:
+    """The transition, its history entry and `outbox` (a unit of work's `take_outbox()`: the events announcing it)
+    in one statement (one round trip); returns the updated job. The job's row is locked already (`get_job`), so
+    the update finds it and the events are never written without it."""
     sets = ["state = $2", "message = $3", "reason = $5"]
     args: list[Any] = [job_id, target, message, current, reason]
     if target == "running":
@@ -131,10 +135,14 @@ async def set_state(conn: asyncpg.Connection, job_id: str, current: str, target:
         if column in fields:
             sets.append(f"{column} = ${len(args) + 1}")
             args.append(fields[column])
+    events = ""
+    if outbox:
+        events = f", o AS ({outbox_cte(len(args) + 1)})"
+        args += outbox_args(outbox)
     return await conn.fetchrow(
         f"""WITH u AS (UPDATE jobs SET {', '.join(sets)} WHERE job_id = $1 RETURNING {_COLUMNS}),
                  h AS (INSERT INTO job_history (job_id, from_state, to_state, reason)
-                       SELECT job_id, $4::text, $2::text, $5::text FROM u)
+                       SELECT job_id, $4::text, $2::text, $5::text FROM u){events}
             SELECT * FROM u""", *args)
 
 

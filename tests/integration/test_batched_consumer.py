@@ -202,7 +202,7 @@ async def test_a_poison_message_in_the_middle_of_a_batch_is_dead_lettered_and_th
 
 async def test_a_transient_failure_in_a_batch_rolls_back_only_that_message_and_it_applies_on_redelivery(
         db: asyncpg.Pool, js: JetStreamContext) -> None:
-    failures = {"j-1": 1}
+    failures = {"j-1": 2}  # the batch's first try, without savepoints, then its second, with them
 
     async def fail_once(uow: UnitOfWork, data: JobSubmitted) -> None:
         await uow.conn.execute("INSERT INTO effects (event_id, job_id, txid) VALUES ('x', 'partial', 0)")
@@ -221,6 +221,39 @@ async def test_a_transient_failure_in_a_batch_rolls_back_only_that_message_and_i
     assert sorted(r["event_id"] for r in rows) == sorted(ids)
     assert await db.fetchval("SELECT count(*) FROM effects WHERE job_id = 'partial'") == 3  # not 4
     assert await dlq_subjects_and_reasons(js) == []
+
+
+async def test_a_batch_where_nothing_fails_runs_no_savepoint(db: asyncpg.Pool, js: JetStreamContext) -> None:
+    """Savepoints are only for a batch where something failed: a row written under a savepoint carries its
+    subtransaction's id as xmin, so every row carrying its top-level transaction's id shows none was taken."""
+    await publish_jobs(js, [f"j-{n}" for n in range(5)])
+    consumer = EventConsumer(js, spec("clean"), applier(db, "clean"), transaction=lambda: CountingBatch(db))
+    await run_consumer(js, consumer, lambda: settled(js, "clean"), "all acked")
+    rows = await db.fetch("SELECT job_id, txid, xmin::text::bigint AS xmin FROM effects ORDER BY n")
+    assert [r["job_id"] for r in rows] == [f"j-{n}" for n in range(5)]
+    assert len({r["txid"] for r in rows}) == 1 and CountingBatch.opened == CountingBatch.committed == 1
+    assert all(r["xmin"] == r["txid"] % 2**32 for r in rows)
+
+
+async def test_a_failure_without_savepoints_applies_the_batch_again_with_them(
+        db: asyncpg.Pool, js: JetStreamContext) -> None:
+    """The same check the other way round: after a failure the batch is applied again with a savepoint per message
+    (each row its own subtransaction's xmin), still in one commit."""
+    failures = {"j-2": 1}
+
+    async def fail_once(uow: UnitOfWork, data: JobSubmitted) -> None:
+        if failures.get(data.job_id):
+            failures[data.job_id] -= 1
+            await uow.conn.execute("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$")
+
+    await publish_jobs(js, [f"j-{n}" for n in range(4)])
+    consumer = EventConsumer(js, spec("again"), applier(db, "again", before_effect=fail_once),
+                             transaction=lambda: CountingBatch(db))
+    await run_consumer(js, consumer, lambda: settled(js, "again"), "all acked")
+    rows = await db.fetch("SELECT job_id, txid, xmin::text::bigint AS xmin FROM effects ORDER BY n")
+    assert [r["job_id"] for r in rows] == [f"j-{n}" for n in range(4)]  # in order, none nak'd
+    assert CountingBatch.opened == 2 and CountingBatch.committed == 1 and len({r["txid"] for r in rows}) == 1
+    assert all(r["xmin"] != r["txid"] % 2**32 for r in rows)
 
 
 async def test_a_failing_commit_acks_nothing_and_the_redelivered_batch_applies_once(

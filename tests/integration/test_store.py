@@ -30,7 +30,7 @@ from libs.runtime.routes import Routes, once
 from libs.store.database import create_pool
 from libs.store.migrations import Migration, MigrationError, load_migrations, migrate, store_migrations
 from libs.store.outbox_relay import OutboxRelay
-from libs.store.unit_of_work import BatchTransaction, UnitOfWork
+from libs.store.unit_of_work import BatchTransaction, UnitOfWork, outbox_args, outbox_cte
 
 pytestmark = pytest.mark.integration
 
@@ -205,6 +205,22 @@ async def test_a_committed_unit_of_work_stores_the_state_change_and_the_event_to
     assert row["traceparent"].split("-")[1] == trace_id == event.traceparent.split("-")[1]
     assert row["published_at"] is None
     assert await db.fetchval("SELECT count(*) FROM widgets") == 1
+
+
+async def test_events_taken_by_a_statement_are_written_by_it_once_and_in_emit_order(db: asyncpg.Pool) -> None:
+    """take_outbox(): a state change and the events announcing it in one statement; what is emitted after it is
+    written at the end as usual, after them in the outbox's order (the relay's)."""
+    commits: list[int] = []
+    async with UnitOfWork(db, "/gpupool/queue", on_commit=lambda: commits.append(1)) as uow:
+        first, second = await uow.emit(job("j-1")), await uow.emit(job("j-2"))
+        await uow.conn.execute(f"WITH w AS (INSERT INTO widgets (id, size) VALUES ('w1', 1)), o AS ({outbox_cte(1)}) "
+                               "SELECT 1", *outbox_args(uow.take_outbox()))
+        assert await uow.conn.fetchval("SELECT count(*) FROM outbox") == 2  # with the widget, in its statement
+        assert uow.take_outbox() == []  # taken once
+        third = await uow.emit(job("j-3"))
+    rows = await db.fetch("SELECT event_id FROM outbox ORDER BY seq")
+    assert [r["event_id"] for r in rows] == [first.id, second.id, third.id]
+    assert commits == [1] and await db.fetchval("SELECT count(*) FROM widgets") == 1
 
 
 async def test_a_unit_of_work_that_emits_nothing_does_not_wake_the_relay(db: asyncpg.Pool) -> None:

@@ -38,16 +38,12 @@ class FakeAccountingStore(FakeStore):
         self.rates: dict[tuple[str, str, datetime], dict[str, Any]] = {}
         self.busy: set[str] = set()  # allocations another transaction holds
 
-    async def upsert_job(self, conn: Any, data: JobSubmitted, user: str) -> None:
+    async def job_submitted(self, conn: Any, data: JobSubmitted, user: str, *, entered_at: datetime,
+                            demand_milli: int, gpu_model: str) -> None:
         self.jobs[data.job_id] = {"user": user, "kind": data.kind}
-
-    async def open_wait(self, conn: Any, *, job_id: str, entered_at: datetime, team: str, demand_milli: int,
-                        gpu_model: str) -> bool:
-        if any(w["job_id"] == job_id and w["ended_at"] is None for w in self.waits):
-            return False
-        self.waits.append({"job_id": job_id, "entered_at": entered_at, "demand_milli": demand_milli,
-                           "ended_at": None, "outcome": None})
-        return True
+        if not any(w["job_id"] == data.job_id and w["ended_at"] is None for w in self.waits):
+            self.waits.append({"job_id": data.job_id, "entered_at": entered_at, "demand_milli": demand_milli,
+                               "ended_at": None, "outcome": None})
 
     async def close_wait(self, conn: Any, job_id: str, at: datetime, outcome: str, gpu_model: str | None = None) \
             -> None:
@@ -55,24 +51,22 @@ class FakeAccountingStore(FakeStore):
             if w["job_id"] == job_id and w["ended_at"] is None:
                 w.update(ended_at=max(at, w["entered_at"]), outcome=outcome)
 
-    async def lock_allocation(self, conn: Any, data: Any) -> bool:
-        return data.allocation_id not in self.busy
-
-    async def job_user(self, conn: Any, job_id: str) -> str:
-        return self.jobs.get(job_id, {}).get("user") or "unknown"
+    async def lock_allocation(self, conn: Any, data: Any) -> dict[str, Any]:
+        job = self.jobs.get(data.job_id, {})
+        interval = self.intervals.get(data.allocation_id)
+        return {"locked": data.allocation_id not in self.busy, "user_name": job.get("user") or "unknown",
+                "job_kind": job.get("kind") or "unknown", "interval_kind": interval["kind"] if interval else None}
 
     async def insert_intervals(self, conn: Any, data: Any, *, user: str, kind: str, granted_at: datetime,
-                               released_at: datetime | None, reason: str | None, idle_util_pct: float) -> bool:
+                               released_at: datetime | None, reason: str | None, idle_util_pct: float,
+                               wait_granted: str | None = None) -> bool:
+        if wait_granted is not None:
+            await self.close_wait(conn, data.job_id, granted_at, "granted", wait_granted)
         if data.allocation_id in self.intervals:
             return False
         self.intervals[data.allocation_id] = {"gpus": len(data.gpus), "kind": kind, "granted_at": granted_at,
                                               "released_at": released_at, "reason": reason}
         return True
-
-    async def release_context(self, conn: Any, job_id: str, allocation_id: str) -> tuple[str, str | None, str]:
-        job = self.jobs.get(job_id, {})
-        interval = self.intervals.get(allocation_id)
-        return job.get("user") or "unknown", interval["kind"] if interval else None, job.get("kind") or "unknown"
 
     async def close_intervals(self, conn: Any, allocation_id: str, released_at: datetime, reason: str,
                               idle_util_pct: float) -> int:

@@ -77,7 +77,7 @@ class FakeInventoryStore(FakeStore):
         if allocation_id not in self.released:  # a late grant after its release is not held again
             self.held.setdefault(allocation_id, list(gpu_uuids))
 
-    async def drained_sharing(self, conn: Any, allocation_id: str) -> list[dict[str, Any]]:
+    async def release(self, conn: Any, allocation_id: str, at: datetime) -> list[dict[str, Any]]:
         still = {u for a, uuids in self.held.items() if a != allocation_id for u in uuids}
         switched = []
         for uuid in self.held.get(allocation_id, []):
@@ -85,11 +85,9 @@ class FakeInventoryStore(FakeStore):
             if g["sharing_target"] is not None and uuid not in still:
                 g.update(sharing=g["sharing_target"], sharing_target=None)
                 switched.append(dict(g))
-        return switched
-
-    async def unhold(self, conn: Any, allocation_id: str, at: datetime) -> None:
         self.held.pop(allocation_id, None)
         self.released.add(allocation_id)
+        return switched
 
 
 @pytest.fixture

@@ -80,6 +80,13 @@ class FakePlacementStore(FakeStore):
             stopping.append((dict(a), list(a["gpus"])))
         return stopping
 
+    async def release_or_stop(self, conn: Any, job_id: str, reason: str, at: datetime, *, max_grace_s: float,
+                              replica: int | None = None, min_replica: int | None = None,
+                              allocation_id: str | None = None, finished: bool = False) -> tuple[list, list]:
+        which = {"replica": replica, "min_replica": min_replica, "allocation_id": allocation_id}
+        stopping = await self.request_stop(conn, job_id, reason, at, max_grace_s=max_grace_s, **which)
+        return await self.release(conn, job_id, reason, at, finished=finished, with_work=False, **which), stopping
+
     async def allocation(self, conn: Any, allocation_id: str) -> dict[str, Any] | None:
         a = self.allocations.get(allocation_id)
         if a is None:
