@@ -285,34 +285,50 @@ def pending_reasons(pending: Iterable[PendingReason], requests: Iterable[JobRequ
     snapshot's), a unit whose driver some schedulable node offers keeps the core's reason: the labels its
     submitter asked for are what no node has."""
     pending = list(pending)
-    selectors: dict[str, tuple[tuple[str, str], ...]] = {}
-    offered: set[tuple[str, str]] | None = None
-    if any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending):
-        selectors = {q.job_id: q.node_selector for q in requests if q.node_selector}
-        if nodes is not None:
-            offered = {kv for n in nodes if n.schedulable for kv in n.labels if kv[0].startswith(ISOLATION_LABEL_PREFIX)}
-    out: dict[str, tuple[str, str]] = {}
-    for r in pending:
+    shown = ShownReason(pending, requests, nodes)
+    return {split_unit(r.job_id)[0]: shown(r) for r in pending}
+
+
+class ShownReason:
+    """`pending_reasons` for one unit at a time: what `explain` shows for a unit's core reason, given the cycle's
+    requests and nodes (read only when some unit's reason is `NoNodeMatchesSelector`)."""
+
+    def __init__(self, pending: Iterable[PendingReason], requests: Iterable[JobRequest],
+                 nodes: Iterable[Node] | None = None) -> None:
+        self.selectors: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.offered: set[tuple[str, str]] | None = None
+        if any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending):
+            self.selectors = {q.job_id: q.node_selector for q in requests if q.node_selector}
+            if nodes is not None:
+                self.offered = {kv for n in nodes if n.schedulable for kv in n.labels
+                                if kv[0].startswith(ISOLATION_LABEL_PREFIX)}
+
+    def __call__(self, r: PendingReason) -> tuple[str, str]:
         reason, message = r.reason, r.message
         if reason != NO_NODE_MATCHES_SELECTOR:  # the common case, and the only one a driver could change
-            out[split_unit(r.job_id)[0]] = (reason, message)
-            continue
-        driver = next((k.removeprefix(ISOLATION_LABEL_PREFIX) for k, _ in selectors.get(r.job_id, ())
+            return reason, message
+        driver = next((k.removeprefix(ISOLATION_LABEL_PREFIX) for k, _ in self.selectors.get(r.job_id, ())
                        if k.startswith(ISOLATION_LABEL_PREFIX)), None)
-        if offered is not None and (ISOLATION_LABEL_PREFIX + str(driver), "true") in offered:
+        if self.offered is not None and (ISOLATION_LABEL_PREFIX + str(driver), "true") in self.offered:
             driver = None
-        if reason == NO_NODE_MATCHES_SELECTOR and driver is not None:
+        if driver is not None:
             reason = NO_NODE_OFFERS_ISOLATION
             message = (f"its work runs with isolation {driver!r}, and no schedulable node offers it: none has the "
                        f"label {ISOLATION_LABEL_PREFIX}{driver}=true, which a node's agent registers for each driver "
                        f"it can run")
-        out[split_unit(r.job_id)[0]] = (reason, message)
-    return out
+        return reason, message
 
 
 def pending_facts(pending: Iterable[PendingReason]) -> dict[str, str]:
     """Each wanted job's reason facts as `explain` returns them (`PendingFacts` JSON), one per job like its reason."""
-    return {split_unit(r.job_id)[0]: facts_json(r.facts) for r in pending}
+    texts: dict[int, tuple[ReasonFacts, str]] = {}  # by the very object: jobs answered alike share their facts
+    out: dict[str, str] = {}
+    for r in pending:
+        hit = texts.get(id(r.facts))
+        if hit is None:
+            hit = texts[id(r.facts)] = (r.facts, facts_json(r.facts))
+        out[split_unit(r.job_id)[0]] = hit[1]
+    return out
 
 
 _FACTS_JSON: dict[ReasonFacts, str] = {}
@@ -519,10 +535,12 @@ class DecisionEncoder:
         self._old_ids: dict[int, tuple[Any, str]] = {}
         self._new_ids: dict[int, tuple[Any, str]] = {}
         self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
+        self._last_list: tuple[tuple | None, str] = (None, "")  # the last list encoded (kept alive) and its text
 
     def turn(self) -> None:
         self._old, self._new = self._new, {}
         self._old_ids, self._new_ids = self._new_ids, {}
+        self._last_list = (None, "")
 
     def _item(self, value: Any) -> str:
         key = id(value)
@@ -540,8 +558,22 @@ class DecisionEncoder:
         self._new_ids[key] = (value, text)
         return text
 
-    def _list(self, values: Iterable[Any]) -> str:
-        return "[" + ",".join(self._item(v) for v in values) + "]"
+    def _list(self, values: tuple) -> str:
+        if values is self._last_list[0]:  # a plan's reasons: its JSON and its digest encode them both
+            return self._last_list[1]
+        new_ids, old_ids, parts = self._new_ids, self._old_ids, []
+        for v in values:  # `_item`, its common case (an object met before) inline: 10,000s of them a cycle
+            seen = new_ids.get(id(v))
+            if seen is None or seen[0] is not v:
+                seen = old_ids.get(id(v))
+                if seen is None or seen[0] is not v:
+                    parts.append(self._item(v))
+                    continue
+                new_ids[id(v)] = seen
+            parts.append(seen[1])
+        text = "[" + ",".join(parts) + "]"
+        self._last_list = (values, text)
+        return text
 
     def _compose(self, value: Any, lists: dict[str, tuple]) -> str:
         text = codec.dumps(value)
