@@ -92,6 +92,7 @@ async def fill(pool, nodes: int, running: int, waiting: int) -> list[str]:  # ty
 async def measure(nodes: int, running: int, waiting: int, turnovers: int, nats_url: str, dsn: str) -> dict:
     from libs.contracts.envelope import utcnow
     from libs.runtime.service import ServiceRuntime
+    from services.placement.bootstrap import tune_collector
     from services.placement.config import PlacementSettings
     from services.placement.handlers import PlacementHandlers
 
@@ -99,6 +100,7 @@ async def measure(nodes: int, running: int, waiting: int, turnovers: int, nats_u
                                  instance="bench-placement-cycle", cycle_interval_s=3600)
     rt = ServiceRuntime("placement", settings, migrations_package="services.placement")
     await rt.start()
+    tune_collector()  # as the service does once started
     try:
         t = time.perf_counter()
         ones = await fill(rt.pool, nodes, running, waiting)
