@@ -119,6 +119,7 @@ class PlacementHandlers:
         self._encoder = DecisionEncoder()
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
         self._live = WantedJobs("allocation_id")  # the live allocations, the same way
+        self._pool = WantedJobs("key")  # the nodes with their GPUs, the same way
         self._requests = RequestBuilder()
         self._normalized = NormalizeMemo()  # the core's normalised requests (RequestBuilder keeps their objects)
         self._scheduler = KeptScheduler()  # the core's Scheduler, kept between committed cycles (cache.py)
@@ -449,7 +450,7 @@ class PlacementHandlers:
         whole, never double-allocated. Returns the units placed, or -1 when there was nothing to schedule."""
         t0 = time.perf_counter()
         async with self.rt.uow() as uow:
-            state = await store.load_state(uow.conn, self._wanted, self._live)
+            state = await store.load_state(uow.conn, self._wanted, self._live, self._pool)
             t1 = time.perf_counter()
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             deadlines = [r["preempt_deadline"] for r in running if r["preempt_deadline"] is not None]
