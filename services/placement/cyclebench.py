@@ -86,6 +86,10 @@ async def fill(pool, nodes: int, running: int, waiting: int) -> list[str]:  # ty
         for i in range(waiting):
             gpus = 8 if i % 50 == 0 else 4 if i % 20 == 0 else 2 if i % 10 == 0 else 1
             await store.add_pending(conn, job(f"wait-{i:05d}", i, gpus, NOW + timedelta(seconds=i)), None)
+    async with pool.acquire() as conn:
+        # the planner's statistics, as autovacuum gathers them soon after tables grow this much: without, the
+        # cycle's read is planned for empty tables (nested loops over thousands of rows)
+        await conn.execute("ANALYZE")
     return ones
 
 
