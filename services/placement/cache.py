@@ -51,6 +51,7 @@ class KeptScheduler:
         self.rebuilt = ""  # why the last cycle built a new scheduler ("" when it kept one)
         self.build_s = 0.0  # the last cycle's time to build or update the scheduler
         self._reasons = SameReasons()
+        self._specs: dict[str, tuple] = {}  # each request's workload spec (mix_of's memo)
 
     def forget(self) -> None:
         """Never trust the kept scheduler again (an error, another replica led meanwhile)."""
@@ -61,7 +62,7 @@ class KeptScheduler:
              clock: Callable[[], float] | None = None, memo: NormalizeMemo | None = None) -> Plan:
         """`libs.core.schedule(snapshot, requests, policy, now, clock, memo)`, on the kept scheduler when it can be."""
         started = clock() if clock is not None else 0.0
-        workload = policy.workload or (mix_of(requests, policy) if policy.setting("w_frag") else ())
+        workload = policy.workload or (mix_of(requests, policy, self._specs) if policy.setting("w_frag") else ())
         running = by_unit(snapshot.running)
         kept, self._kept, self._in_flight = self._kept, None, None  # trusted again only after a commit
         why = self._lost if kept is None else _why_rebuild(kept, snapshot, policy)

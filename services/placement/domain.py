@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import ipaddress
-import json
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import uuid4
 
 from libs.contracts.events import AllocatedGpu, DecidedPlacement, GpuSpec
 from libs.contracts.fleet import BLOCK_LABEL, RACK_LABEL
@@ -34,7 +32,6 @@ from libs.core import (
     Snapshot,
     UsageRecord,
     WorkloadShape,
-    codec,
     workload_from_counts,
 )
 from libs.core import mig as migcat
@@ -102,6 +99,30 @@ class SnapshotMemo:
     def __init__(self) -> None:
         self.nodes: dict[tuple[str, str], tuple[Row, list[Row], frozenset, Node]] = {}
         self.running: dict[str, tuple[Row, Allocation]] = {}
+        self._gpus: tuple[list[Row], set[str], dict[str, str]] = ([], set(), {})  # rows, draining, modes
+        self._misfits: dict[int, tuple[Row, tuple[str, ...]]] = {}  # by live allocation row: GPUs it closes
+
+    def closed_gpus(self, gpus: list[Row], running: list[Row]) -> set[str]:
+        """`closed_gpus(gpus, running)`, looking again only at the rows that changed: while every GPU row is the
+        one it was last time (the pool and live allocations are read only where they changed, `WantedJobs`), a
+        live allocation's row closes the GPUs it closed then."""
+        if not _same_rows(gpus, self._gpus[0]):
+            self._gpus = (gpus, {g["uuid"] for g in gpus if g.get("draining")}, {g["uuid"]: g["sharing"] for g in gpus})
+            self._misfits = {}
+        _, closed, mode = self._gpus
+        closed, known, misfits = set(closed), self._misfits, {}
+        for r in running:
+            hit = known.get(id(r))
+            if hit is None or hit[0] is not r:
+                hit = (r, misfit_gpus(r, mode))
+            misfits[id(r)] = hit
+            closed.update(hit[1])
+        self._misfits = misfits
+        return closed
+
+
+def _same_rows(a: list[Row], b: list[Row]) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row],
@@ -112,11 +133,11 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     (`team_usage`), fair share's history. `memo`: reuse the objects of rows unchanged since its last snapshot."""
     running = list(running)
     gpus = list(gpus)
-    closed = closed_gpus(gpus, running)
+    memo = memo or SnapshotMemo()
+    closed = memo.closed_gpus(gpus, running)
     rows: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for g in gpus:
         rows[(g["cluster"], g["node"])].append(g)
-    memo = memo or SnapshotMemo()
     built_nodes, built_running = {}, {}
     for n in nodes:
         key = (n["cluster"], n["node"])
@@ -196,13 +217,16 @@ def closed_gpus(gpus: Iterable[Row], running: Iterable[Row]) -> set[str]:
     closed = {g["uuid"] for g in gpus if g.get("draining")}
     mode = {g["uuid"]: g["sharing"] for g in gpus}
     for r in running:
-        share = "mig" if any(p is not None for p in r["mig_profiles"]) else (
-            "fraction" if r["share_milli"] < 1000 else "whole")
-        for uuid in r["gpu_uuids"]:
-            m = mode.get(uuid)
-            if (m == "mig") != (share == "mig") or (m == "exclusive" and share == "fraction"):
-                closed.add(uuid)
+        closed.update(misfit_gpus(r, mode))
     return closed
+
+
+def misfit_gpus(r: Row, mode: Mapping[str, str]) -> tuple[str, ...]:
+    """The GPUs a live allocation's row holds in a way their sharing mode (`mode`: uuid -> mode) does not allow."""
+    share = "mig" if any(p is not None for p in r["mig_profiles"]) else (
+        "fraction" if r["share_milli"] < 1000 else "whole")
+    return tuple(u for u in r["gpu_uuids"] if ((m := mode.get(u)) == "mig") != (share == "mig")
+                 or (m == "exclusive" and share == "fraction"))
 
 
 def _held_share(r: Row) -> dict[str, Any]:
@@ -518,87 +542,6 @@ def workload_environment(gpus: list[AllocatedGpu], allocation_id: str | None = N
         if fractions[0].memory_mib:
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={fractions[0].memory_mib}M"
     return env
-
-
-class DecisionEncoder:
-    """`codec.dumps` of a cycle's input and plan, exactly (same text, same digests), reusing the JSON of the items
-    seen in recent cycles: the pool, what runs and the backlog barely change from one cycle to the next, and
-    encoding them again was most of what recording a decision cost. Call `turn()` after each recorded cycle: what
-    that cycle did not use is forgotten."""
-
-    def __init__(self) -> None:
-        self._old: dict[Any, str] = {}
-        self._new: dict[Any, str] = {}
-        # the same by the very object (id -> (object, text); the entry keeps it alive, so its id stays its own):
-        # a cycle meets most objects of the last one again, and hashing a node's or a request's fields each
-        # time cost more than encoding them once
-        self._old_ids: dict[int, tuple[Any, str]] = {}
-        self._new_ids: dict[int, tuple[Any, str]] = {}
-        self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
-        self._last_list: tuple[tuple | None, str] = (None, "")  # the last list encoded (kept alive) and its text
-
-    def turn(self) -> None:
-        self._old, self._new = self._new, {}
-        self._old_ids, self._new_ids = self._new_ids, {}
-        self._last_list = (None, "")
-
-    def _item(self, value: Any) -> str:
-        key = id(value)
-        seen = self._new_ids.get(key) or self._old_ids.get(key)
-        if seen is not None and seen[0] is value:
-            self._new_ids[key] = seen
-            return seen[1]
-        try:
-            text = self._new.get(value)
-            if text is None:
-                text = self._old.get(value) or codec.dumps(value)
-                self._new[value] = text
-        except TypeError:  # not hashable (nor, then, known to be immutable)
-            return codec.dumps(value)
-        self._new_ids[key] = (value, text)
-        return text
-
-    def _list(self, values: tuple) -> str:
-        if values is self._last_list[0]:  # a plan's reasons: its JSON and its digest encode them both
-            return self._last_list[1]
-        new_ids, old_ids, parts = self._new_ids, self._old_ids, []
-        for v in values:  # `_item`, its common case (an object met before) inline: 10,000s of them a cycle
-            seen = new_ids.get(id(v))
-            if seen is None or seen[0] is not v:
-                seen = old_ids.get(id(v))
-                if seen is None or seen[0] is not v:
-                    parts.append(self._item(v))
-                    continue
-                new_ids[id(v)] = seen
-            parts.append(seen[1])
-        text = "[" + ",".join(parts) + "]"
-        self._last_list = (values, text)
-        return text
-
-    def _compose(self, value: Any, lists: dict[str, tuple]) -> str:
-        text = codec.dumps(value)
-        for name, values in lists.items():
-            text = text.replace(json.dumps(self._token + name), self._list(values), 1)
-        return text
-
-    def input_json(self, snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> str:
-        """codec.dumps({"snapshot": snapshot, "pending": tuple(pending), "policy": policy, "now": now})."""
-        lists: dict[str, tuple] = {"nodes": snapshot.nodes, "pending": tuple(pending)}
-        swap: dict[str, Any] = {"nodes": self._token + "nodes"}
-        if snapshot.running:  # an empty field equal to its default is left out of the encoding
-            lists["running"], swap["running"] = snapshot.running, self._token + "running"
-        return self._compose({"snapshot": dataclasses.replace(snapshot, **swap), "pending": self._token + "pending",
-                              "policy": policy, "now": now}, lists)
-
-    def plan_json(self, plan: Plan) -> str:
-        """codec.dumps(plan)."""
-        return self._compose(dataclasses.replace(plan, pending=self._token + "pending"), {"pending": plan.pending})
-
-    def plan_digest(self, plan: Plan) -> str:
-        """codec.plan_digest(plan)."""
-        parts = (codec.dumps(plan.placements), self._list(plan.pending), codec.dumps(plan.preemptions),
-                 codec.dumps(plan.mig_reconfigs), codec.dumps(plan.reservations))
-        return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()
 
 
 # --- allocations that run work: released by the end of the work, not by a decision --------------------------------

@@ -75,7 +75,6 @@ from services.placement.cache import KeptScheduler
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
     RELEASE_AT_ONCE,
-    DecisionEncoder,
     RendezvousPorts,
     RequestBuilder,
     SnapshotMemo,
@@ -94,6 +93,7 @@ from services.placement.domain import (
     split_unit,
     workload_environment,
 )
+from services.placement.encoder import DecisionEncoder
 from services.placement.fragmentation import Fragmentation
 from services.placement.reasons import ReasonRows, Written, same_reasons
 from services.placement.reporting import report_holdings, report_plan
@@ -542,11 +542,11 @@ class PlacementHandlers:
         recorded, None if nothing was."""
         if not plan.placements and not plan.preemptions and same_reasons(plan.pending, self._last_reasons):
             return None
-        inputs = self._encoder.input_json(snapshot, requests, policy, now)
+        encoded = self._encoder.input_json(snapshot, requests, policy, now).encode()  # once: digest and gzip
         cycle_id = uuid7()
         decided = SchedulingCycleDecided(
             cycle_id=cycle_id, decided_at=utcnow(), policy=policy.name,
-            input_digest=hashlib.sha256(inputs.encode()).hexdigest(), plan_digest=self._encoder.plan_digest(plan),
+            input_digest=hashlib.sha256(encoded).hexdigest(), plan_digest=self._encoder.plan_digest(plan),
             versions={"policy_revision": policy_revision or 0, "nodes": len(snapshot.nodes),
                       "gpus": sum(len(n.gpus) for n in snapshot.nodes), "running": len(snapshot.running),
                       "pending_units": len(requests)},
@@ -557,7 +557,7 @@ class PlacementHandlers:
         await store.record_decision(
             uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
             input_digest=decided.input_digest, plan_digest=decided.plan_digest,
-            input_gz=gzip.compress(inputs.encode(), compresslevel=1), plan_json=self._encoder.plan_json(plan),
+            input_gz=gzip.compress(encoded, compresslevel=1), plan_json=self._encoder.plan_json(plan),
             summary=decided.model_dump_json(),
             keep=self.settings.decision_retention if self._recorded % PRUNE_EVERY == 0 else None)
         await uow.emit(decided)
