@@ -61,10 +61,19 @@ def render(result: dict) -> str:
         "placement's process spent on the cycle (PostgreSQL's own is not in it): on a shared machine the wall "
         "time also counts waiting for a CPU.",
         "",
-        f"Machine: {machine()}.",
+        f"Machine: {machine()}; 1-minute load average {_load(result)}.",
         END,
     ]
     return "\n".join(lines)
+
+
+def _load(result: dict) -> str:
+    """The machine's 1-minute load average when the turnovers began and ended: above its CPU count, the wall time
+    of a cycle also counts waiting for a CPU (the CPU column does not)."""
+    if "load_avg" not in result:
+        return "not measured"
+    first, last = result["load_avg"]
+    return f"{first:.1f} at the first cycle, {last:.1f} at the last"
 
 
 def main(argv: list[str] | None = None) -> int:

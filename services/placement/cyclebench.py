@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -111,6 +112,7 @@ async def measure(nodes: int, running: int, waiting: int, turnovers: int, nats_u
         ones = await fill(rt.pool, nodes, running, waiting)
         filled_s = time.perf_counter() - t
         h = PlacementHandlers(rt, settings)
+        started_load = os.getloadavg()[0]  # the machine's other work: on a busy one a cycle waits for a CPU
         t, cpu = time.perf_counter(), time.process_time()
         first = await h.run_cycle()
         cold = {"total_s": time.perf_counter() - t, "cpu_s": time.process_time() - cpu, **h.phases, "placed": first}
@@ -127,6 +129,7 @@ async def measure(nodes: int, running: int, waiting: int, turnovers: int, nats_u
             rows.append({"next_job_s": done - t, "cycle_s": done - released, "cpu_s": time.process_time() - cpu,
                          **h.phases})
         return {"nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "running": running, "waiting": waiting,
+                "load_avg": [round(started_load, 2), round(os.getloadavg()[0], 2)],
                 "fill_s": round(filled_s, 1), "cold": cold, "turnovers": turnovers, "placed": placed,
                 "steady": {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {},
                 "steady_p90": {k: sorted(r[k] for r in rows)[int(0.9 * (len(rows) - 1))] for k in rows[0]}
