@@ -53,8 +53,8 @@ def render(result: dict) -> str:
         f"Freed GPU to its next job (release committed → cycle committed): median {ms(steady['next_job_s'])} ms; "
         f"{result['placed']} of {result['turnovers']} freed GPUs were given a job.",
         "",
-        "Phases: *load*, the cycle's one snapshot statement (nodes and GPUs read whole; wanted jobs and live "
-        "allocations only where changed) and its decoding; *build*, the core's `Scheduler` built, or the one kept from "
+        "Phases: *load*, the cycle's one snapshot statement (nodes with their GPUs, wanted jobs and live "
+        "allocations read whole only where changed) and its decoding; *build*, the core's `Scheduler` built, or the one kept from "
         "the last committed cycle brought up to date (services/placement/README.md, **The kept scheduler**); "
         "*core*, the snapshot's objects, the units, the fragmentation mix and the core's cycle; *store*, the "
         "placements, reasons, queue order and the recorded decision, to the commit; *CPU*, the CPU time "
