@@ -5,10 +5,10 @@ Starts its own PostgreSQL and NATS (libs.devstack, unsafe-fast PostgreSQL settin
 its events would (nodes and GPUs registered, jobs wanted, allocations written by the store's own statements) with
 N nodes × 8 GPUs, R running allocations that fill every GPU, and W waiting jobs; then runs placement's own cycle
 (`PlacementHandlers.run_cycle`) and times its phases (`PlacementHandlers.phases`: the snapshot's load, the core's
-build of its indexes, the core's cycle, the plan's store). After a first, cold cycle it turns jobs over: one
-running one-GPU job completes (placement's own release path) and the next cycle must give the freed GPU to a
-waiting job; the time from the release's commit to the cycle's commit is the freed GPU's "next job" time without
-the loop's gather wait. No services or agents run: this measures placement's cycle alone.
+build of its indexes, the core's cycle, the plan's store) and the CPU time placement's process spent on it. After a
+first, cold cycle it turns jobs over: one running one-GPU job completes (placement's own release path) and the next
+cycle must give the freed GPU to a waiting job; the time from the release's commit to the cycle's commit is the
+freed GPU's "next job" time without the loop's gather wait. No services or agents run: this measures placement's cycle alone.
 
 With `--write` the result replaces its section of docs/benchmarks.md; without, it only prints.
 """
@@ -41,28 +41,39 @@ def render(result: dict) -> str:
         f"waiting jobs. A cold first cycle, then {result['turnovers']} turnovers: a running one-GPU job completes "
         "and the next cycle gives its GPU to a waiting job (no services, agents or gather wait: the cycle alone).",
         "",
-        "| cycle | total ms | load ms | build ms | core ms | store ms |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| cycle | total ms | load ms | build ms | core ms | store ms | CPU ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         f"| cold (first) | {ms(cold['total_s'])} | {ms(cold['load_s'])} | {ms(cold['build_s'])} | "
-        f"{ms(cold['core_s'])} | {ms(cold['store_s'])} |",
+        f"{ms(cold['core_s'])} | {ms(cold['store_s'])} | {ms(cold['cpu_s'])} |",
         f"| turnover, median | {ms(steady['cycle_s'])} | {ms(steady['load_s'])} | {ms(steady['build_s'])} | "
-        f"{ms(steady['core_s'])} | {ms(steady['store_s'])} |",
+        f"{ms(steady['core_s'])} | {ms(steady['store_s'])} | {ms(steady['cpu_s'])} |",
         f"| turnover, p90 | {ms(p90['cycle_s'])} | {ms(p90['load_s'])} | {ms(p90['build_s'])} | "
-        f"{ms(p90['core_s'])} | {ms(p90['store_s'])} |",
+        f"{ms(p90['core_s'])} | {ms(p90['store_s'])} | {ms(p90['cpu_s'])} |",
         "",
         f"Freed GPU to its next job (release committed → cycle committed): median {ms(steady['next_job_s'])} ms; "
         f"{result['placed']} of {result['turnovers']} freed GPUs were given a job.",
         "",
-        "Phases: *load*, the cycle's one snapshot statement (nodes and GPUs read whole; wanted jobs and live "
-        "allocations only where changed) and its decoding; *build*, the core's `Scheduler` built, or the one kept from "
+        "Phases: *load*, the cycle's one snapshot statement (nodes with their GPUs, wanted jobs and live "
+        "allocations read whole only where changed) and its decoding; *build*, the core's `Scheduler` built, or the one kept from "
         "the last committed cycle brought up to date (services/placement/README.md, **The kept scheduler**); "
         "*core*, the snapshot's objects, the units, the fragmentation mix and the core's cycle; *store*, the "
-        "placements, reasons, queue order and the recorded decision, to the commit.",
+        "placements, reasons, queue order and the recorded decision, to the commit; *CPU*, the CPU time "
+        "placement's process spent on the cycle (PostgreSQL's own is not in it): on a shared machine the wall "
+        "time also counts waiting for a CPU.",
         "",
-        f"Machine: {machine()}.",
+        f"Machine: {machine()}; 1-minute load average {_load(result)}.",
         END,
     ]
     return "\n".join(lines)
+
+
+def _load(result: dict) -> str:
+    """The machine's 1-minute load average when the turnovers began and ended: above its CPU count, the wall time
+    of a cycle also counts waiting for a CPU (the CPU column does not)."""
+    if "load_avg" not in result:
+        return "not measured"
+    first, last = result["load_avg"]
+    return f"{first:.1f} at the first cycle, {last:.1f} at the last"
 
 
 def main(argv: list[str] | None = None) -> int:

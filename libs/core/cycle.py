@@ -44,12 +44,13 @@ def workload_from_counts(counts: Mapping[tuple, float], limit: int = 32,
     return tuple(out)
 
 
-def derive_workload(jobs: Iterable[JobRequest], limit: int = 32) -> tuple[WorkloadShape, ...]:
+def derive_workload(jobs: Iterable[JobRequest], limit: int = 32,
+                    spec_of: Callable[[JobRequest], tuple | None] = job_spec) -> tuple[WorkloadShape, ...]:
     """The workload mix of `jobs` (`workload_from_counts` over their `job_spec`s), each spec with the median CPU
     and memory its jobs ask for."""
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for j in jobs:
-        spec = job_spec(j)
+        spec = spec_of(j)
         if spec is not None:
             groups.setdefault(spec, []).append((j.cpu_milli, j.memory_mib))
     hosts = {}
@@ -90,21 +91,41 @@ def typical_requests(counts: Mapping[tuple, float], limit: int = 64,
     return tuple(out)
 
 
-def derive_typical(jobs: Iterable[JobRequest], limit: int = 64) -> tuple[WorkloadShape, ...]:
+def derive_typical(jobs: Iterable[JobRequest], limit: int = 64,
+                   spec_of: Callable[[JobRequest], tuple] = request_spec) -> tuple[WorkloadShape, ...]:
     """The typical-request mix of `jobs`: `typical_requests` over their `request_spec`s."""
     counts: dict[tuple, int] = {}
     for j in jobs:
-        spec = request_spec(j)
+        spec = spec_of(j)
         counts[spec] = counts.get(spec, 0) + 1
     return typical_requests(counts, limit)
 
 
-def mix_of(jobs: Iterable[JobRequest], policy: Policy) -> tuple[WorkloadShape, ...]:
+def mix_of(jobs: Iterable[JobRequest], policy: Policy,
+           memo: dict[str, tuple] | None = None) -> tuple[WorkloadShape, ...]:
     """The workload mix `policy` scores fragmentation against, derived from `jobs` by its rule: FGD's typical
-    requests (`typical_mix`) or the most common GPU shapes (`derive_workload`)."""
-    if policy.setting("typical_mix"):
-        return derive_typical(jobs, 2 * policy.max_workload_shapes)
-    return derive_workload(jobs, policy.max_workload_shapes)
+    requests (`typical_mix`) or the most common GPU shapes (`derive_workload`). `memo`, a dict the caller keeps
+    across calls: each job's spec by its id, used again for the very same request object (the same mix)."""
+    typical = bool(policy.setting("typical_mix"))
+    spec_of: Callable[[JobRequest], tuple | None] = request_spec if typical else job_spec
+    if memo is not None:
+        spec_of = _remembered(spec_of, memo)
+    if typical:
+        return derive_typical(jobs, 2 * policy.max_workload_shapes, spec_of)  # type: ignore[arg-type]
+    return derive_workload(jobs, policy.max_workload_shapes, spec_of)
+
+
+def _remembered(spec_of: Callable[[JobRequest], tuple | None],
+                memo: dict[str, tuple]) -> Callable[[JobRequest], tuple | None]:
+    if len(memo) > 200_000:
+        memo.clear()
+
+    def spec(job: JobRequest) -> tuple | None:
+        hit = memo.get(job.job_id)
+        if hit is None or hit[0] is not job or hit[1] is not spec_of:
+            hit = memo[job.job_id] = (job, spec_of, spec_of(job))
+        return hit[2]
+    return spec
 
 
 def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:

@@ -79,19 +79,30 @@ class Preemptor:
     place: Callable[[], list[Take] | None]
 
 
+_BY_TEAM = object()  # find_victims' memo: the candidates by team
+
+
 def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
                  taken: set[str], policy: Policy, now: float, memo: dict | None = None) -> Victims | NotYet | NoVictims:
     """Decide victims (never act) among `candidates` (running work preemptible now), none of `taken` (victims
     and jobs placed earlier in the cycle): same team and lower priority, or borrowers when the job's team is
     within its guarantee. Never a victim of higher priority than the preemptor. NoVictims: no set of victims
     makes room. `memo` (one cycle's, the same `candidates` and `now` throughout): the candidates of one kind of search,
-    kept while nothing was placed, chosen or borrowed since."""
+    kept while nothing was placed, chosen or borrowed since, and the candidates by team (without a reclaim, only
+    the preemptor's own team's work can be chosen)."""
     st = state
     job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
     if memo is not None and job.job_id not in st.running:
         key = (job.team, prio, reclaim, None if shape.kind == CPU_KIND else allowed, len(taken), ledger.version)
         hit = memo.get(key)
         if hit is None:
+            if not reclaim:  # only its own team's work can be a victim: look at that alone (same order)
+                by_team = memo.get(_BY_TEAM)
+                if by_team is None:
+                    by_team = memo[_BY_TEAM] = {}
+                    for rj in candidates:
+                        by_team.setdefault(rj.team, []).append(rj)
+                candidates = by_team.get(job.team, ())
             hit = memo[key] = _candidates(st, candidates, pre, ledger, taken, policy, now)
     else:
         hit = _candidates(st, candidates, pre, ledger, taken, policy, now)

@@ -23,6 +23,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from operator import attrgetter
 
 from libs.core.blocked import BlockedPhases
 from libs.core.context import CycleContext
@@ -58,6 +59,8 @@ from libs.core.state import ClusterState, RunningJob, Take
 INF = math.inf
 _OVER_QUOTA = QuotaFacts("", "", "over_quota")  # refused without a refusal to name (never expected)
 
+
+_SUBMITTED = attrgetter("submitted_at", "job_id")  # the order of one team's jobs within a priority
 
 class Scheduler(BlockedPhases, PlacementSearch):
     """Scheduling state that outlives one cycle. `schedule()` is the one-shot form.
@@ -242,9 +245,10 @@ class Scheduler(BlockedPhases, PlacementSearch):
         ctx.eligible_victims = self._preemptible_now(now)
         ctx.epoch = self._epoch(ctx)
         jobs_in_order = self._order(ctx)
+        laps = ctx.laps
         while True:
-            if ctx.laps:
-                ctx.laps.to("order")
+            if laps and laps.cur != "order":  # (switching to the phase it is in changes no total)
+                laps.to("order")
             job = next(jobs_in_order, None)
             if job is None:
                 break
@@ -326,13 +330,13 @@ class Scheduler(BlockedPhases, PlacementSearch):
         by_prio: dict[int, dict[str, list[JobRequest]]] = {}
         for j in valid:
             by_prio.setdefault(meta[j.job_id][1], {}).setdefault(j.team, []).append(j)
+        share_of, hist, heappush, heappop = self._share, ctx.hist, heapq.heappush, heapq.heappop
         for prio in sorted(by_prio, reverse=True):
-            queues = {t: deque(sorted(js, key=lambda j: (j.submitted_at, j.job_id)))
-                      for t, js in by_prio[prio].items()}
-            heap = [(self._share(t, ctx.hist), q[0].submitted_at, q[0].job_id, t) for t, q in queues.items()]
+            queues = {t: deque(sorted(js, key=_SUBMITTED)) for t, js in by_prio[prio].items()}
+            heap = [(share_of(t, hist), q[0].submitted_at, q[0].job_id, t) for t, q in queues.items()]
             heapq.heapify(heap)
             while heap:
-                share, _, _, team = heapq.heappop(heap)
+                share, _, _, team = heappop(heap)
                 q = queues[team]
                 while True:
                     job = q.popleft()
@@ -340,10 +344,11 @@ class Scheduler(BlockedPhases, PlacementSearch):
                     yield job
                     if not q:
                         break
-                    s = self._share(team, ctx.hist) if ctx.placed_last else share
-                    nxt = (s, q[0].submitted_at, q[0].job_id, team)
+                    s = share_of(team, hist) if ctx.placed_last else share
+                    head = q[0]
+                    nxt = (s, head.submitted_at, head.job_id, team)
                     if heap and heap[0] < nxt:  # another team is next; else this one goes on, no heap round trip
-                        heapq.heappush(heap, nxt)
+                        heappush(heap, nxt)
                         break
                     share = s
 
@@ -351,7 +356,8 @@ class Scheduler(BlockedPhases, PlacementSearch):
         """One job, or, when a job just like it (`_like`) was turned away while nothing has changed since, its
         answer again: with a deep queue most jobs are the same few asks, and each would only meet the memos the
         first left (quota, placement, reasons, preemption searches), so the answer is the same, reached sooner."""
-        key = self._like(ctx, job)
+        known = None if ctx.head_of_line or ctx.reserved else self._like_ids.get(job.job_id)
+        key = known[1] if known is not None and known[0] is job else self._like(ctx, job)  # `_like`, its common case
         epoch = ctx.epoch
         if key is not None:
             hit = ctx.like_memo.get(key)

@@ -2,6 +2,8 @@
 loop. Any number of replicas may run: all consume events into the shared read model, only the lease holder runs
 scheduling cycles."""
 
+import gc
+
 from libs.bus.lease import LeaderLease
 from libs.contracts import subjects
 from libs.runtime.routes import Routes
@@ -9,6 +11,20 @@ from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
 from services.placement.handlers import PlacementHandlers, routes
+
+# A cycle over a deep backlog allocates hundreds of thousands of short-lived objects (rows, requests, reasons): with
+# the default gen-0 threshold of 700 the collector ran about 60 times a cycle, and the full collections that follow
+# walked every object placement keeps between cycles (the kept scheduler, its read models) — some 40 ms of each
+# turnover cycle at 1,024 nodes and 10,000 waiting jobs (`gpupool bench placement-cycle`). As inventory does.
+GC_THRESHOLD = (50_000, 20, 100)
+
+
+def tune_collector() -> None:
+    """Start-up's objects (modules, schemas, pools) live for the whole run: never scan them again; and collect
+    young objects less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 async def main() -> None:
@@ -34,4 +50,5 @@ async def main() -> None:
     runtime.background(handlers.scheduling_loop(), "scheduling-loop")
     runtime.background(handlers.fragmentation.gauges_forever(), "fragmentation-gauges")
     runtime.on_shutdown(lease.stop)
+    tune_collector()
     await runtime.run_until_signalled()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from libs.core import Allocation, JobRequest, NormalizeMemo, Plan, Policy, Scheduler, Snapshot, mix_of
+from services.placement.reasons import SameReasons
 
 
 def by_unit(running: Iterable[Allocation]) -> dict[str, tuple[Allocation, ...]]:
@@ -49,6 +50,8 @@ class KeptScheduler:
         self._lost = "none yet"  # why none is kept: "none yet", "not committed", "preempted", "forgotten"
         self.rebuilt = ""  # why the last cycle built a new scheduler ("" when it kept one)
         self.build_s = 0.0  # the last cycle's time to build or update the scheduler
+        self._reasons = SameReasons()
+        self._specs: dict[str, tuple] = {}  # each request's workload spec (mix_of's memo)
 
     def forget(self) -> None:
         """Never trust the kept scheduler again (an error, another replica led meanwhile)."""
@@ -59,7 +62,7 @@ class KeptScheduler:
              clock: Callable[[], float] | None = None, memo: NormalizeMemo | None = None) -> Plan:
         """`libs.core.schedule(snapshot, requests, policy, now, clock, memo)`, on the kept scheduler when it can be."""
         started = clock() if clock is not None else 0.0
-        workload = policy.workload or (mix_of(requests, policy) if policy.setting("w_frag") else ())
+        workload = policy.workload or (mix_of(requests, policy, self._specs) if policy.setting("w_frag") else ())
         running = by_unit(snapshot.running)
         kept, self._kept, self._in_flight = self._kept, None, None  # trusted again only after a commit
         why = self._lost if kept is None else _why_rebuild(kept, snapshot, policy)
@@ -76,7 +79,7 @@ class KeptScheduler:
         if memo is not None:
             sched.norm_cache = memo.for_policy(policy)
         self.rebuilt, self.build_s = why, (clock() - started) if clock is not None else 0.0
-        plan = sched.cycle(requests, now)
+        plan = self._reasons.same(sched.cycle(requests, now))
         if _keepable(plan):
             self._in_flight = _Kept(sched, snapshot.nodes, policy, running,
                                     frozenset(p.job_id for p in plan.placements))
@@ -128,3 +131,4 @@ def _feed(sched: Scheduler, kept: _Kept, running: dict[str, tuple[Allocation, ..
         for a in running.get(unit, ()):
             sched.bind_allocation(a)
     return True
+

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import ipaddress
-import json
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import uuid4
 
 from libs.contracts.events import AllocatedGpu, DecidedPlacement, GpuSpec
 from libs.contracts.fleet import BLOCK_LABEL, RACK_LABEL
@@ -34,7 +32,6 @@ from libs.core import (
     Snapshot,
     UsageRecord,
     WorkloadShape,
-    codec,
     workload_from_counts,
 )
 from libs.core import mig as migcat
@@ -102,6 +99,30 @@ class SnapshotMemo:
     def __init__(self) -> None:
         self.nodes: dict[tuple[str, str], tuple[Row, list[Row], frozenset, Node]] = {}
         self.running: dict[str, tuple[Row, Allocation]] = {}
+        self._gpus: tuple[list[Row], set[str], dict[str, str]] = ([], set(), {})  # rows, draining, modes
+        self._misfits: dict[int, tuple[Row, tuple[str, ...]]] = {}  # by live allocation row: GPUs it closes
+
+    def closed_gpus(self, gpus: list[Row], running: list[Row]) -> set[str]:
+        """`closed_gpus(gpus, running)`, looking again only at the rows that changed: while every GPU row is the
+        one it was last time (the pool and live allocations are read only where they changed, `WantedJobs`), a
+        live allocation's row closes the GPUs it closed then."""
+        if not _same_rows(gpus, self._gpus[0]):
+            self._gpus = (gpus, {g["uuid"] for g in gpus if g.get("draining")}, {g["uuid"]: g["sharing"] for g in gpus})
+            self._misfits = {}
+        _, closed, mode = self._gpus
+        closed, known, misfits = set(closed), self._misfits, {}
+        for r in running:
+            hit = known.get(id(r))
+            if hit is None or hit[0] is not r:
+                hit = (r, misfit_gpus(r, mode))
+            misfits[id(r)] = hit
+            closed.update(hit[1])
+        self._misfits = misfits
+        return closed
+
+
+def _same_rows(a: list[Row], b: list[Row]) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[Row],
@@ -112,11 +133,11 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     (`team_usage`), fair share's history. `memo`: reuse the objects of rows unchanged since its last snapshot."""
     running = list(running)
     gpus = list(gpus)
-    closed = closed_gpus(gpus, running)
+    memo = memo or SnapshotMemo()
+    closed = memo.closed_gpus(gpus, running)
     rows: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for g in gpus:
         rows[(g["cluster"], g["node"])].append(g)
-    memo = memo or SnapshotMemo()
     built_nodes, built_running = {}, {}
     for n in nodes:
         key = (n["cluster"], n["node"])
@@ -196,13 +217,16 @@ def closed_gpus(gpus: Iterable[Row], running: Iterable[Row]) -> set[str]:
     closed = {g["uuid"] for g in gpus if g.get("draining")}
     mode = {g["uuid"]: g["sharing"] for g in gpus}
     for r in running:
-        share = "mig" if any(p is not None for p in r["mig_profiles"]) else (
-            "fraction" if r["share_milli"] < 1000 else "whole")
-        for uuid in r["gpu_uuids"]:
-            m = mode.get(uuid)
-            if (m == "mig") != (share == "mig") or (m == "exclusive" and share == "fraction"):
-                closed.add(uuid)
+        closed.update(misfit_gpus(r, mode))
     return closed
+
+
+def misfit_gpus(r: Row, mode: Mapping[str, str]) -> tuple[str, ...]:
+    """The GPUs a live allocation's row holds in a way their sharing mode (`mode`: uuid -> mode) does not allow."""
+    share = "mig" if any(p is not None for p in r["mig_profiles"]) else (
+        "fraction" if r["share_milli"] < 1000 else "whole")
+    return tuple(u for u in r["gpu_uuids"] if ((m := mode.get(u)) == "mig") != (share == "mig")
+                 or (m == "exclusive" and share == "fraction"))
 
 
 def _held_share(r: Row) -> dict[str, Any]:
@@ -285,34 +309,50 @@ def pending_reasons(pending: Iterable[PendingReason], requests: Iterable[JobRequ
     snapshot's), a unit whose driver some schedulable node offers keeps the core's reason: the labels its
     submitter asked for are what no node has."""
     pending = list(pending)
-    selectors: dict[str, tuple[tuple[str, str], ...]] = {}
-    offered: set[tuple[str, str]] | None = None
-    if any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending):
-        selectors = {q.job_id: q.node_selector for q in requests if q.node_selector}
-        if nodes is not None:
-            offered = {kv for n in nodes if n.schedulable for kv in n.labels if kv[0].startswith(ISOLATION_LABEL_PREFIX)}
-    out: dict[str, tuple[str, str]] = {}
-    for r in pending:
+    shown = ShownReason(pending, requests, nodes)
+    return {split_unit(r.job_id)[0]: shown(r) for r in pending}
+
+
+class ShownReason:
+    """`pending_reasons` for one unit at a time: what `explain` shows for a unit's core reason, given the cycle's
+    requests and nodes (read only when some unit's reason is `NoNodeMatchesSelector`)."""
+
+    def __init__(self, pending: Iterable[PendingReason], requests: Iterable[JobRequest],
+                 nodes: Iterable[Node] | None = None) -> None:
+        self.selectors: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.offered: set[tuple[str, str]] | None = None
+        if any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending):
+            self.selectors = {q.job_id: q.node_selector for q in requests if q.node_selector}
+            if nodes is not None:
+                self.offered = {kv for n in nodes if n.schedulable for kv in n.labels
+                                if kv[0].startswith(ISOLATION_LABEL_PREFIX)}
+
+    def __call__(self, r: PendingReason) -> tuple[str, str]:
         reason, message = r.reason, r.message
         if reason != NO_NODE_MATCHES_SELECTOR:  # the common case, and the only one a driver could change
-            out[split_unit(r.job_id)[0]] = (reason, message)
-            continue
-        driver = next((k.removeprefix(ISOLATION_LABEL_PREFIX) for k, _ in selectors.get(r.job_id, ())
+            return reason, message
+        driver = next((k.removeprefix(ISOLATION_LABEL_PREFIX) for k, _ in self.selectors.get(r.job_id, ())
                        if k.startswith(ISOLATION_LABEL_PREFIX)), None)
-        if offered is not None and (ISOLATION_LABEL_PREFIX + str(driver), "true") in offered:
+        if self.offered is not None and (ISOLATION_LABEL_PREFIX + str(driver), "true") in self.offered:
             driver = None
-        if reason == NO_NODE_MATCHES_SELECTOR and driver is not None:
+        if driver is not None:
             reason = NO_NODE_OFFERS_ISOLATION
             message = (f"its work runs with isolation {driver!r}, and no schedulable node offers it: none has the "
                        f"label {ISOLATION_LABEL_PREFIX}{driver}=true, which a node's agent registers for each driver "
                        f"it can run")
-        out[split_unit(r.job_id)[0]] = (reason, message)
-    return out
+        return reason, message
 
 
 def pending_facts(pending: Iterable[PendingReason]) -> dict[str, str]:
     """Each wanted job's reason facts as `explain` returns them (`PendingFacts` JSON), one per job like its reason."""
-    return {split_unit(r.job_id)[0]: facts_json(r.facts) for r in pending}
+    texts: dict[int, tuple[ReasonFacts, str]] = {}  # by the very object: jobs answered alike share their facts
+    out: dict[str, str] = {}
+    for r in pending:
+        hit = texts.get(id(r.facts))
+        if hit is None:
+            hit = texts[id(r.facts)] = (r.facts, facts_json(r.facts))
+        out[split_unit(r.job_id)[0]] = hit[1]
+    return out
 
 
 _FACTS_JSON: dict[ReasonFacts, str] = {}
@@ -502,71 +542,6 @@ def workload_environment(gpus: list[AllocatedGpu], allocation_id: str | None = N
         if fractions[0].memory_mib:
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={fractions[0].memory_mib}M"
     return env
-
-
-class DecisionEncoder:
-    """`codec.dumps` of a cycle's input and plan, exactly (same text, same digests), reusing the JSON of the items
-    seen in recent cycles: the pool, what runs and the backlog barely change from one cycle to the next, and
-    encoding them again was most of what recording a decision cost. Call `turn()` after each recorded cycle: what
-    that cycle did not use is forgotten."""
-
-    def __init__(self) -> None:
-        self._old: dict[Any, str] = {}
-        self._new: dict[Any, str] = {}
-        # the same by the very object (id -> (object, text); the entry keeps it alive, so its id stays its own):
-        # a cycle meets most objects of the last one again, and hashing a node's or a request's fields each
-        # time cost more than encoding them once
-        self._old_ids: dict[int, tuple[Any, str]] = {}
-        self._new_ids: dict[int, tuple[Any, str]] = {}
-        self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
-
-    def turn(self) -> None:
-        self._old, self._new = self._new, {}
-        self._old_ids, self._new_ids = self._new_ids, {}
-
-    def _item(self, value: Any) -> str:
-        key = id(value)
-        seen = self._new_ids.get(key) or self._old_ids.get(key)
-        if seen is not None and seen[0] is value:
-            self._new_ids[key] = seen
-            return seen[1]
-        try:
-            text = self._new.get(value)
-            if text is None:
-                text = self._old.get(value) or codec.dumps(value)
-                self._new[value] = text
-        except TypeError:  # not hashable (nor, then, known to be immutable)
-            return codec.dumps(value)
-        self._new_ids[key] = (value, text)
-        return text
-
-    def _list(self, values: Iterable[Any]) -> str:
-        return "[" + ",".join(self._item(v) for v in values) + "]"
-
-    def _compose(self, value: Any, lists: dict[str, tuple]) -> str:
-        text = codec.dumps(value)
-        for name, values in lists.items():
-            text = text.replace(json.dumps(self._token + name), self._list(values), 1)
-        return text
-
-    def input_json(self, snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> str:
-        """codec.dumps({"snapshot": snapshot, "pending": tuple(pending), "policy": policy, "now": now})."""
-        lists: dict[str, tuple] = {"nodes": snapshot.nodes, "pending": tuple(pending)}
-        swap: dict[str, Any] = {"nodes": self._token + "nodes"}
-        if snapshot.running:  # an empty field equal to its default is left out of the encoding
-            lists["running"], swap["running"] = snapshot.running, self._token + "running"
-        return self._compose({"snapshot": dataclasses.replace(snapshot, **swap), "pending": self._token + "pending",
-                              "policy": policy, "now": now}, lists)
-
-    def plan_json(self, plan: Plan) -> str:
-        """codec.dumps(plan)."""
-        return self._compose(dataclasses.replace(plan, pending=self._token + "pending"), {"pending": plan.pending})
-
-    def plan_digest(self, plan: Plan) -> str:
-        """codec.plan_digest(plan)."""
-        parts = (codec.dumps(plan.placements), self._list(plan.pending), codec.dumps(plan.preemptions),
-                 codec.dumps(plan.mig_reconfigs), codec.dumps(plan.reservations))
-        return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()
 
 
 # --- allocations that run work: released by the end of the work, not by a decision --------------------------------

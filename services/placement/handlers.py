@@ -60,7 +60,7 @@ from libs.contracts.events import (
     WorkReady,
 )
 from libs.contracts.work import WorkExit, WorkSpec
-from libs.core import NormalizeMemo, Placement, Preemption, codec
+from libs.core import NormalizeMemo, PendingReason, Placement, Preemption
 from libs.observability.metrics import (
     PENDING_UNITS,
     SCHEDULING_CYCLE_SECONDS,
@@ -75,7 +75,6 @@ from services.placement.cache import KeptScheduler
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
     RELEASE_AT_ONCE,
-    DecisionEncoder,
     RendezvousPorts,
     RequestBuilder,
     SnapshotMemo,
@@ -89,14 +88,14 @@ from services.placement.domain import (
     gang_start_due,
     offered_models,
     on_work_end,
-    pending_facts,
-    pending_reasons,
     queue_order,
     replica_back_off,
     split_unit,
     workload_environment,
 )
+from services.placement.encoder import DecisionEncoder
 from services.placement.fragmentation import Fragmentation
+from services.placement.reasons import ReasonRows, Written, same_reasons
 from services.placement.reporting import report_holdings, report_plan
 from services.placement.rollouts import Rollouts
 
@@ -113,13 +112,14 @@ class PlacementHandlers:
         self.settings = settings
         self.lease = lease
         self._kick = asyncio.Event()
-        self._last_reasons_digest: str | None = None
-        self._reasons_written: dict[str, tuple[str, str, str | None]] = {}
+        self._last_reasons: tuple[PendingReason, ...] | None = None  # those of the last recorded decision
+        self._reasons = ReasonRows()  # what this replica wrote for `explain`
         self._order_written: tuple[str, ...] | None = None  # the queue order last written (None: not known)
         self._recorded = 0
         self._encoder = DecisionEncoder()
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
         self._live = WantedJobs("allocation_id")  # the live allocations, the same way
+        self._pool = WantedJobs("key")  # the nodes with their GPUs, the same way
         self._requests = RequestBuilder()
         self._normalized = NormalizeMemo()  # the core's normalised requests (RequestBuilder keeps their objects)
         self._scheduler = KeptScheduler()  # the core's Scheduler, kept between committed cycles (cache.py)
@@ -418,7 +418,8 @@ class PlacementHandlers:
                 took = 0.0
                 # What this replica remembers writing is stale once another one leads (it may place, requeue and
                 # reset reasons meanwhile): forget it, so the first cycle after taking the lease back writes all.
-                self._reasons_written, self._last_reasons_digest, self._order_written = {}, None, None
+                self._reasons.forget()
+                self._last_reasons, self._order_written = None, None
                 self._scheduler.forget()  # and its scheduler: a new leader builds from the store
                 continue  # a follower keeps its read model current and waits for the lease
             started = time.perf_counter()
@@ -453,7 +454,7 @@ class PlacementHandlers:
         whole, never double-allocated. Returns the units placed, or -1 when there was nothing to schedule."""
         t0 = time.perf_counter()
         async with self.rt.uow() as uow:
-            state = await store.load_state(uow.conn, self._wanted, self._live)
+            state = await store.load_state(uow.conn, self._wanted, self._live, self._pool)
             t1 = time.perf_counter()
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             deadlines = [r["preempt_deadline"] for r in running if r["preempt_deadline"] is not None]
@@ -477,7 +478,9 @@ class PlacementHandlers:
             if not requests:
                 PENDING_UNITS.clear()
                 if backing_off:  # nothing else to place: still say why these wait
-                    self._reasons_written.update(await self._write_reasons(uow, backoff_reasons(backing_off)))
+                    rows = self._reasons.rows((), (), None, backoff_reasons(backing_off))
+                    await self._write_reasons(uow, rows)
+                    self._reasons.written.update(rows)
                 await self._write_order(uow, ())
                 return -1
             policy = build_policy(self.settings.policy, state["classes"], state["quotas"], state["teams"],
@@ -500,9 +503,8 @@ class PlacementHandlers:
                                               ) if units else []
             applied = {u.unit for u in written}
             report_plan(plan)
-            reasons = await self._write_reasons(uow, {  # for `explain`
-                **pending_reasons(plan.pending, requests, snapshot.nodes), **backoff_reasons(backing_off)},
-                pending_facts(plan.pending))
+            reasons = self._reasons.rows(plan.pending, requests, snapshot.nodes, backoff_reasons(backing_off))
+            await self._write_reasons(uow, reasons)  # for `explain`
             await self._write_order(uow, queue_order(plan.pending))
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
@@ -511,9 +513,9 @@ class PlacementHandlers:
         build = self._scheduler.build_s
         self.phases = {"load_s": t1 - t0, "build_s": build, "core_s": t2 - t1 - build,
                        "store_s": time.perf_counter() - t2}
-        self._reasons_written = reasons
+        self._reasons.committed(reasons)
         if recorded is not None:
-            self._last_reasons_digest = recorded
+            self._last_reasons = recorded
             self._encoder.turn()
         for u in written:
             SCHEDULING_DECISIONS.labels(outcome="placed").inc()
@@ -521,15 +523,12 @@ class PlacementHandlers:
                                           "nodes": sorted({a[6] for a in u.allocations})})
         return len(applied)
 
-    async def _write_reasons(self, uow, reasons: dict[str, tuple[str, str]],  # type: ignore[no-untyped-def]
-                             facts: dict[str, str] | None = None) -> dict[str, tuple[str, str, str | None]]:
-        """Write only the pending reasons (and their facts, JSON) that changed: a backlog keeps the same reasons
-        cycle after cycle. Returns every reason with its facts, as now written."""
-        now = {j: (r, m, (facts or {}).get(j)) for j, (r, m) in reasons.items()}
-        changed = [(j, *v) for j, v in now.items() if self._reasons_written.get(j) != v]
+    async def _write_reasons(self, uow, rows: dict[str, Written]) -> None:  # type: ignore[no-untyped-def]
+        """Write only the pending reasons (and their facts, JSON) that changed since this replica last wrote them
+        (`ReasonRows`): a backlog keeps the same reasons cycle after cycle. In one statement."""
+        changed = self._reasons.changed(rows)
         if changed:
             await store.record_pending_reasons(uow.conn, changed)
-        return now
 
     async def _write_order(self, uow, order: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
         """Keep the order this cycle tried the waiting jobs in (explain's position), when it changed. A cycle that
@@ -539,19 +538,19 @@ class PlacementHandlers:
             self._order_written = order
 
     async def _record_decision(self, uow, snapshot, requests, policy, now: float, plan, applied: set[str],  # type: ignore[no-untyped-def]
-                               policy_revision: int | None) -> str | None:
+                               policy_revision: int | None) -> tuple[PendingReason, ...] | None:
         """Publish what the cycle decided with the versions it read, and keep its whole input so the cycle can be
         scheduled again (in the cycle's transaction: recorded exactly when its placements commit). A cycle that
         only repeats the previous one's reasons is not recorded (an idle queue would otherwise write one every
-        tick). Returns the digest of the reasons recorded, None if nothing was."""
-        reasons_digest = codec.reasons_digest(plan)
-        if not plan.placements and not plan.preemptions and reasons_digest == self._last_reasons_digest:
+        tick; compared as `codec.reasons_digest` would: job, reason and message, in order). Returns the reasons
+        recorded, None if nothing was."""
+        if not plan.placements and not plan.preemptions and same_reasons(plan.pending, self._last_reasons):
             return None
-        inputs = self._encoder.input_json(snapshot, requests, policy, now)
+        encoded = self._encoder.input_json(snapshot, requests, policy, now).encode()  # once: digest and gzip
         cycle_id = uuid7()
         decided = SchedulingCycleDecided(
             cycle_id=cycle_id, decided_at=utcnow(), policy=policy.name,
-            input_digest=hashlib.sha256(inputs.encode()).hexdigest(), plan_digest=self._encoder.plan_digest(plan),
+            input_digest=hashlib.sha256(encoded).hexdigest(), plan_digest=self._encoder.plan_digest(plan),
             versions={"policy_revision": policy_revision or 0, "nodes": len(snapshot.nodes),
                       "gpus": sum(len(n.gpus) for n in snapshot.nodes), "running": len(snapshot.running),
                       "pending_units": len(requests)},
@@ -562,12 +561,12 @@ class PlacementHandlers:
         await store.record_decision(
             uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
             input_digest=decided.input_digest, plan_digest=decided.plan_digest,
-            input_gz=gzip.compress(inputs.encode(), compresslevel=1), plan_json=self._encoder.plan_json(plan),
+            input_gz=gzip.compress(encoded, compresslevel=1), plan_json=self._encoder.plan_json(plan),
             summary=decided.model_dump_json(),
             keep=self.settings.decision_retention if self._recorded % PRUNE_EVERY == 0 else None)
         await uow.emit(decided)
         self._recorded += 1
-        return reasons_digest
+        return plan.pending
 
     async def start_preemptions(self, preemptions: tuple[Preemption, ...]) -> None:
         """Decide was the core's job; acting is ours: each victim gets the checkpoint signal now and loses its GPUs

@@ -129,17 +129,45 @@ _POOL_PARTS = _NODES_GPUS + """,
 
 # The live allocations as a cycle reads them: every one's id and version (the later of the transactions that last
 # changed it and its wanted job, whose replicas it reads), whole rows only at or above the horizon ($2, LiveRows).
+# The versions are worked out once (the join with the wanted jobs was half of this read when done twice).
 _RUNNING_SINCE = """
-  'running', (SELECT json_build_object(
-      'ids', coalesce(json_agg(v.allocation_id), '[]'), 'xids', coalesce(json_agg(v.version::text), '[]'),
+  'running', (WITH v AS MATERIALIZED (
+      SELECT a.allocation_id, greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) AS version
+      FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.released_at IS NULL)
+    SELECT json_build_object(
+      'ids', coalesce(json_agg(v.allocation_id ORDER BY v.allocation_id), '[]'),
+      'xids', coalesce(json_agg(v.version::text ORDER BY v.allocation_id), '[]'),
       'rows', (SELECT coalesce(json_agg(r), '[]') FROM (""" + _LIVE_ROW + """
-            AND greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) >= $2::text::xid8""" + _LIVE_ROW_GROUP + """) r))
-    FROM (SELECT a.allocation_id, greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) AS version
-          FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.released_at IS NULL
-          ORDER BY a.allocation_id) v)"""
+            AND a.allocation_id IN (SELECT allocation_id FROM v WHERE version >= $2::text::xid8)""" + \
+            _LIVE_ROW_GROUP + """) r))
+    FROM v)"""
+
+# The pool as a cycle reads it: every node's key and version (the latest transaction that changed the node or one
+# of its GPUs, with its GPU count: a GPU that moved to another node changes the count of the one it left), and
+# whole nodes, each with its GPUs, only at or above the horizon ($3, `WantedJobs("key")`). Versions are bigints:
+# max() over xid8 needs PostgreSQL 16.
+_NODES_SINCE = """
+  'nodes', (WITH v AS (
+      SELECT n.cluster, n.node, greatest(n.changed_xid::text::bigint, max(g.changed_xid::text::bigint)) AS xid,
+             count(g.uuid) AS n_gpus
+      FROM nodes n LEFT JOIN gpus g USING (cluster, node) GROUP BY n.cluster, n.node)
+    SELECT json_build_object(
+      'ids', coalesce(json_agg(v.cluster || chr(31) || v.node ORDER BY v.cluster, v.node), '[]'),
+      'xids', coalesce(json_agg(v.xid::text || ':' || v.n_gpus ORDER BY v.cluster, v.node), '[]'),
+      'rows', (SELECT coalesce(json_agg(r), '[]') FROM (
+          SELECT n.cluster || chr(31) || n.node AS key, n.cluster, n.node, n.schedulable, n.labels, n.address,
+                 n.cpu_milli, n.memory_mib,
+                 coalesce(json_agg(json_build_object(
+                     'uuid', g.uuid, 'cluster', g.cluster, 'node', g.node, 'idx', g.idx, 'model', g.model,
+                     'memory_mib', g.memory_mib, 'health', g.health, 'sharing', g.sharing, 'draining', g.draining,
+                     'numa_node', g.numa_node, 'nvlink_domain', g.nvlink_domain) ORDER BY g.idx, g.uuid)
+                   FILTER (WHERE g.uuid IS NOT NULL), '[]') AS gpus
+          FROM v JOIN nodes n USING (cluster, node) LEFT JOIN gpus g USING (cluster, node)
+          WHERE v.xid >= $3::text::bigint GROUP BY n.cluster, n.node) r))
+    FROM v)"""
 
 _STATE = """
-SELECT json_build_object(""" + _NODES_GPUS + "," + _RUNNING_SINCE + """,
+SELECT json_build_object(""" + _NODES_SINCE + "," + _RUNNING_SINCE + """,
   'pending', (SELECT json_build_object(
         'ids', coalesce(json_agg(q.job_id), '[]'), 'xids', coalesce(json_agg(q.changed_xid::text), '[]'),
         'rows', coalesce(json_agg(q) FILTER (WHERE q.changed_xid >= $1::text::xid8), '[]'))
@@ -195,8 +223,8 @@ async def load_pool(conn: asyncpg.Connection, since: datetime, recent: int) -> d
     return state
 
 
-async def load_state(conn: asyncpg.Connection, wanted: WantedJobs,
-                     live: WantedJobs | None = None) -> dict[str, Any]:
+async def load_state(conn: asyncpg.Connection, wanted: WantedJobs, live: WantedJobs | None = None,
+                     pool: WantedJobs | None = None) -> dict[str, Any]:
     """Everything one scheduling cycle reads, as one statement: one consistent snapshot in one round trip (the
     cycle runs it every time it wakes, so the number of round trips is what it costs). Rows come back as dicts
     with the columns' Python types (timestamps as datetimes, double precision as floats).
@@ -204,21 +232,29 @@ async def load_state(conn: asyncpg.Connection, wanted: WantedJobs,
     Of the wanted jobs only the rows changed since `wanted`'s last read come back whole (with thousands waiting,
     reading them all every cycle was most of a cycle's cost); `state["pending"]` is the merged list. The same for
     the live allocations with `live` (a `WantedJobs("allocation_id")`; without one, all are read). If a merge finds
-    a row it cannot account for, everything of it is read again."""
+    a row it cannot account for, everything of it is read again. And the same for the nodes with `pool` (a
+    `WantedJobs("key")`): a node comes back whole, with its GPUs (`gpus`), only when it or one of its GPUs changed;
+    `state["gpus"]` lists the GPUs of every node."""
     live = live if live is not None else WantedJobs("allocation_id")
-    state = json.loads(await conn.fetchval(_STATE, wanted.horizon, live.horizon))
-    pending, running = state["pending"], state["running"]
+    pool = pool if pool is not None else WantedJobs("key")
+    state = json.loads(await conn.fetchval(_STATE, wanted.horizon, live.horizon, pool.horizon))
+    pending, running, nodes = state["pending"], state["running"], state["nodes"]
     state["pending"], state["running"] = pending["rows"], running["rows"]
     _convert(state)
     merged = wanted.merge(pending["ids"], pending["xids"], state["pending"], state["xmin"])
     if merged is None:
         log.warning("wanted_jobs_reloaded", extra={"wanted": len(pending["ids"])})
-        return await load_state(conn, wanted, live)
+        return await load_state(conn, wanted, live, pool)
     held = live.merge(running["ids"], running["xids"], state["running"], state["xmin"])
     if held is None:
         log.warning("live_allocations_reloaded", extra={"live": len(running["ids"])})
-        return await load_state(conn, wanted, live)
-    state["pending"], state["running"] = merged, held
+        return await load_state(conn, wanted, live, pool)
+    known = pool.merge(nodes["ids"], nodes["xids"], nodes["rows"], state["xmin"])
+    if known is None:
+        log.warning("pool_reloaded", extra={"nodes": len(nodes["ids"])})
+        return await load_state(conn, wanted, live, pool)
+    state["pending"], state["running"], state["nodes"] = merged, held, known
+    state["gpus"] = [g for n in known for g in n["gpus"]]
     return state
 
 

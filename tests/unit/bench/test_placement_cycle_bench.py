@@ -27,8 +27,12 @@ def test_a_fleet_the_allocations_cannot_fill_exactly_is_refused(allocations: int
 
 
 def test_the_report_names_every_phase() -> None:
-    phases = {"load_s": 0.1, "build_s": 0.02, "core_s": 0.2, "store_s": 0.3}
+    phases = {"load_s": 0.1, "build_s": 0.02, "core_s": 0.2, "store_s": 0.3, "cpu_s": 0.4}
     text = render({"nodes": 4, "running": 20, "waiting": 10, "turnovers": 2, "placed": 2,
                    "cold": {"total_s": 1.0, **phases}, "steady": {"cycle_s": 0.6, "next_job_s": 0.65, **phases},
                    "steady_p90": {"cycle_s": 0.7, "next_job_s": 0.75, **phases}})
-    assert "| turnover, median | 600 | 100 | 20 | 200 | 300 |" in text and "median 650 ms; 2 of 2" in text
+    assert "| turnover, median | 600 | 100 | 20 | 200 | 300 | 400 |" in text and "load average not measured" in text
+    loaded = render({"nodes": 4, "running": 20, "waiting": 10, "turnovers": 2, "placed": 2, "load_avg": [3.25, 4.0],
+                     "cold": {"total_s": 1.0, **phases}, "steady": {"cycle_s": 0.6, "next_job_s": 0.65, **phases},
+                     "steady_p90": {"cycle_s": 0.7, "next_job_s": 0.75, **phases}})
+    assert "load average 3.2 at the first cycle, 4.0 at the last" in loaded and "median 650 ms; 2 of 2" in text

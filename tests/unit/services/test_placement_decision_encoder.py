@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from libs.core import codec, schedule
-from services.placement.domain import DecisionEncoder, build_policy, build_requests, build_snapshot
+from services.placement.domain import build_policy, build_requests, build_snapshot
+from services.placement.encoder import DecisionEncoder
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 GPUS = [{"uuid": f"G-{n}-{i}", "cluster": "c", "node": f"n{n}", "idx": i, "model": model, "memory_mib": mem,

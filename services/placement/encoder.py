@@ -1,0 +1,93 @@
+"""A recorded decision's JSON (`libs.core.codec`'s text, exactly), made cheaply from one cycle to the next."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+from uuid import uuid4
+
+from libs.core import JobRequest, Plan, Policy, Snapshot, codec
+
+
+class DecisionEncoder:
+    """`codec.dumps` of a cycle's input and plan, exactly (same text, same digests), reusing the JSON of the items
+    seen in recent cycles: the pool, what runs and the backlog barely change from one cycle to the next, and
+    encoding them again was most of what recording a decision cost. Call `turn()` after each recorded cycle: what
+    that cycle did not use is forgotten."""
+
+    def __init__(self) -> None:
+        self._old: dict[Any, str] = {}
+        self._new: dict[Any, str] = {}
+        # the same by the very object (id -> (object, text); the entry keeps it alive, so its id stays its own):
+        # a cycle meets most objects of the last one again, and hashing a node's or a request's fields each
+        # time cost more than encoding them once
+        self._old_ids: dict[int, tuple[Any, str]] = {}
+        self._new_ids: dict[int, tuple[Any, str]] = {}
+        self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
+        self._last_list: tuple[tuple | None, str] = (None, "")  # the last list encoded (kept alive) and its text
+
+    def turn(self) -> None:
+        self._old, self._new = self._new, {}
+        self._old_ids, self._new_ids = self._new_ids, {}
+        self._last_list = (None, "")
+
+    def _item(self, value: Any) -> str:
+        key = id(value)
+        seen = self._new_ids.get(key) or self._old_ids.get(key)
+        if seen is not None and seen[0] is value:
+            self._new_ids[key] = seen
+            return seen[1]
+        try:
+            text = self._new.get(value)
+            if text is None:
+                text = self._old.get(value) or codec.dumps(value)
+                self._new[value] = text
+        except TypeError:  # not hashable (nor, then, known to be immutable)
+            return codec.dumps(value)
+        self._new_ids[key] = (value, text)
+        return text
+
+    def _list(self, values: tuple) -> str:
+        if values is self._last_list[0]:  # a plan's reasons: its JSON and its digest encode them both
+            return self._last_list[1]
+        new_ids, old_ids, parts = self._new_ids, self._old_ids, []
+        for v in values:  # `_item`, its common case (an object met before) inline: 10,000s of them a cycle
+            seen = new_ids.get(id(v))
+            if seen is None or seen[0] is not v:
+                seen = old_ids.get(id(v))
+                if seen is None or seen[0] is not v:
+                    parts.append(self._item(v))
+                    continue
+                new_ids[id(v)] = seen
+            parts.append(seen[1])
+        text = "[" + ",".join(parts) + "]"
+        self._last_list = (values, text)
+        return text
+
+    def _compose(self, value: Any, lists: dict[str, tuple]) -> str:
+        text = codec.dumps(value)
+        for name, values in lists.items():
+            text = text.replace(json.dumps(self._token + name), self._list(values), 1)
+        return text
+
+    def input_json(self, snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> str:
+        """codec.dumps({"snapshot": snapshot, "pending": tuple(pending), "policy": policy, "now": now})."""
+        lists: dict[str, tuple] = {"nodes": snapshot.nodes, "pending": tuple(pending)}
+        swap: dict[str, Any] = {"nodes": self._token + "nodes"}
+        if snapshot.running:  # an empty field equal to its default is left out of the encoding
+            lists["running"], swap["running"] = snapshot.running, self._token + "running"
+        return self._compose({"snapshot": dataclasses.replace(snapshot, **swap), "pending": self._token + "pending",
+                              "policy": policy, "now": now}, lists)
+
+    def plan_json(self, plan: Plan) -> str:
+        """codec.dumps(plan)."""
+        return self._compose(dataclasses.replace(plan, pending=self._token + "pending"), {"pending": plan.pending})
+
+    def plan_digest(self, plan: Plan) -> str:
+        """codec.plan_digest(plan)."""
+        parts = (codec.dumps(plan.placements), self._list(plan.pending), codec.dumps(plan.preemptions),
+                 codec.dumps(plan.mig_reconfigs), codec.dumps(plan.reservations))
+        return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()

@@ -1,0 +1,112 @@
+"""A cycle's pending reasons against the last cycle's: what `explain` shows is written only where it changed.
+
+With thousands of jobs waiting, nearly all of them wait for the same reason, with the same facts, cycle after
+cycle. `SameReasons` hands a plan's unchanged reasons back as last plan's very objects, so whatever reads them
+next (the reasons written here, the recorded decision's encoding) knows an unchanged one by its identity.
+`ReasonRows` keeps the (reason, message, facts JSON) this replica last wrote for each wanted job, and gives a cycle
+only the rows that differ from them, for one statement; after a reset (a replica that did not lead a while: another
+one may have written meanwhile) it gives them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from libs.core import JobRequest, Node, PendingReason, Plan
+from libs.core.plan import ReasonFacts
+from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
+from services.placement.domain import ShownReason, facts_json, split_unit
+
+Written = tuple[str, str, "str | None"]  # (reason, message, facts JSON) as pending_jobs holds them
+
+
+class SameReasons:
+    """Gives a plan's pending reasons back as the very objects of the last plan where they are equal: a unit that
+    waits for the same reason with the same facts as last cycle gets last cycle's `PendingReason`, and equal facts
+    are one `ReasonFacts` object from cycle to cycle. The plan is equal (same values, same order); what reads
+    it after — the recorded decision's encoding, the facts' JSON, the reasons written for `explain` — then knows
+    an unchanged reason by its identity, without hashing or comparing 10,000 of them field by field each cycle."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, PendingReason] = {}
+        self._facts: dict[ReasonFacts, ReasonFacts] = {}  # the facts the last plan used, each one object
+
+    def same(self, plan: Plan) -> Plan:
+        last, known = self._last, self._facts
+        seen: dict[int, tuple[ReasonFacts, ReasonFacts]] = {}  # id -> (the object, keeping its id its own; canon)
+        facts: dict[ReasonFacts, ReasonFacts] = {}
+        out: list[PendingReason] = []
+        for r in plan.pending:
+            f = r.facts
+            hit = seen.get(id(f))
+            if hit is None:  # once per facts object: the core shares one among the jobs it answered alike
+                canon = facts.get(f) or known.get(f) or f
+                facts[canon] = canon
+                seen[id(f)] = hit = (f, canon)
+            canon = hit[1]
+            prev = last.get(r.job_id)
+            if prev is not None and prev.facts is canon and prev.reason == r.reason and prev.message == r.message:
+                r = prev
+            elif canon is not f:
+                r = PendingReason(r.job_id, r.reason, r.message, canon)
+            out.append(r)
+        self._last, self._facts = {r.job_id: r for r in out}, facts
+        return replace(plan, pending=tuple(out))
+
+
+class ReasonRows:
+    """What this replica wrote to `pending_jobs` (reason, message, facts) for each wanted job, as of the last
+    committed cycle, and which rows a new cycle changes. A unit's row is remembered by its `PendingReason` object
+    (the same one as last cycle's when `SameReasons` found it unchanged), so an unchanged backlog costs a lookup
+    per job, not a message and facts compared field by field."""
+
+    def __init__(self) -> None:
+        self.written: dict[str, Written] = {}
+        self._by_object: dict[int, tuple[PendingReason, Written]] = {}  # the last cycle's rows, by reason object
+
+    def forget(self) -> None:
+        """The store may hold other reasons than these (another replica led meanwhile): the next cycle writes all."""
+        self.written = {}
+
+    def rows(self, pending: Iterable[PendingReason], requests: Iterable[JobRequest], nodes: Iterable[Node] | None,
+             extra: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Written]:
+        """Each wanted job's row as `explain` shows it: `domain.pending_reasons` with `domain.pending_facts` (a job
+        of several units has its last unit's), then `extra`'s reasons (jobs backing off; no facts)."""
+        pending = tuple(pending)
+        shown = ShownReason(pending, requests, nodes)
+        known, by_object = self._by_object, {}
+        facts: dict[int, tuple[ReasonFacts, str]] = {}
+        out: dict[str, Written] = {}
+        for r in pending:
+            hit = known.get(id(r))
+            if hit is None or hit[0] is not r or r.reason == NO_NODE_MATCHES_SELECTOR:
+                f = facts.get(id(r.facts))
+                if f is None:
+                    f = facts[id(r.facts)] = (r.facts, facts_json(r.facts))
+                hit = (r, (*shown(r), f[1]))
+            by_object[id(r)] = hit
+            out[split_unit(r.job_id)[0]] = hit[1]
+        self._by_object = by_object
+        for job_id, (reason, message) in (extra or {}).items():
+            row = out.get(job_id)
+            out[job_id] = (reason, message, row[2] if row is not None else None)
+        return out
+
+    def changed(self, rows: Mapping[str, Written]) -> list[tuple[str, str, str, str | None]]:
+        """The rows that differ from what was written: (job_id, reason, message, facts JSON)."""
+        written = self.written
+        return [(j, *v) for j, v in rows.items() if written.get(j) != v]
+
+    def committed(self, rows: dict[str, Written]) -> None:
+        """The cycle that wrote `rows`' changes committed: they are what the store holds."""
+        self.written = rows
+
+
+def same_reasons(now: tuple[PendingReason, ...], before: tuple[PendingReason, ...] | None) -> bool:
+    """Whether two plans' pending reasons say the same: each job's reason and message, in the same order (what
+    `codec.reasons_digest` covers), told by identity first (`SameReasons`)."""
+    if before is None or len(now) != len(before):
+        return False
+    return all(a is b or (a.job_id, a.reason, a.message) == (b.job_id, b.reason, b.message)
+               for a, b in zip(now, before, strict=True))
