@@ -67,7 +67,7 @@ class Deadband:
     is sent once it adds up, never lost in steps below the band)."""
 
     heartbeat_s: float = 5.0
-    util_pct: float = 5.0
+    util_pct: float = 10.0
     memory_mib: float = 512.0
     temperature_c: float = 3.0
     power_w: float = 25.0
@@ -86,11 +86,13 @@ def _moved(a: float | None, b: float | None, band: float) -> bool:
 def gpu_changed(sent: GpuSample, now: GpuSample, band: Deadband) -> bool:
     """Whether `now` differs from the GPU's last sent sample enough to be sent: a gauge beyond its band, or any change
     of what health, placement or accounting act on at once (health, its reasons, Xids, ECC counters, retired pages,
-    throttling, the process count, utilisation appearing or vanishing)."""
+    the process count, a reading appearing or vanishing). Throttle reasons alone wait for the heartbeat: a power cap
+    flickers on and off every few seconds under load, and inventory treats throttling as an operating condition, not
+    a fault (a thermal slowdown moves the temperature and the agent's health reasons, which are sent at once)."""
     return (bool(now.xid_events) or now.health != sent.health or now.health_reasons != sent.health_reasons
             or now.ecc_volatile_sbe != sent.ecc_volatile_sbe or now.ecc_volatile_dbe != sent.ecc_volatile_dbe
             or now.retired_pages_pending != sent.retired_pages_pending
-            or now.process_count != sent.process_count or now.throttle_reasons != sent.throttle_reasons
+            or now.process_count != sent.process_count
             or _moved(sent.utilization_gpu_pct, now.utilization_gpu_pct, band.util_pct)
             or _moved(sent.utilization_memory_pct, now.utilization_memory_pct, band.util_pct)
             or _moved(sent.memory_used_mib, now.memory_used_mib, band.memory_mib)
