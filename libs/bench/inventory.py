@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,25 +101,38 @@ class Level:
 
 
 def agent_samples(ports: list[int]) -> tuple[float, float]:
-    """GPU samples the agents took so far: (sent, left out as unchanged), from their /metrics."""
-    sent = unchanged = 0.0
-    for port in ports:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == "gpupool_agent_telemetry_samples_total":
-                    if s.labels.get("outcome") == "sent":
-                        sent += s.value
+    """GPU samples the agents took so far: (sent, left out as unchanged), from their /metrics. A simulated fleet's
+    page is large (DCGM series of hundreds of nodes) and its agents busy: read them all at once, patiently."""
+    def one(port: int) -> tuple[float, float]:
+        sent = unchanged = 0.0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as resp:
+            for raw in resp:  # only our two lines: parsing the whole page would cost more than the agents
+                if raw.startswith(b"gpupool_agent_telemetry_samples_total{"):
+                    value = float(raw.rsplit(b" ", 1)[1])
+                    if b'outcome="sent"' in raw:
+                        sent += value
                     else:
-                        unchanged += s.value
-    return sent, unchanged
+                        unchanged += value
+        return sent, unchanged
+
+    with ThreadPoolExecutor(max_workers=max(1, len(ports))) as pool:
+        counts = list(pool.map(one, ports))
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def counted(url: str) -> tuple[float, float]:
+    """Inventory's GPU samples so far: (applied, left out by agents as unchanged and counted as held)."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return (values.get("gpupool_inventory_gpu_samples_total", 0.0),
+            values.get("gpupool_inventory_gpu_samples_held_total", 0.0))
 
 
 def metrics(url: str) -> tuple[float, list[tuple[float, float]]]:
@@ -340,10 +354,11 @@ class _LevelRun:
         # rate (sent or left out as unchanged), or until its rate stops rising (its capacity on this machine).
         target = level.gpus / level.interval_s
         rates: list[float] = []
-        seq = sum(agent_samples(self.agent_ports))
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        seq = sum(counted(url))
         while time.monotonic() < deadline:
             time.sleep(3)
-            now_seq = sum(agent_samples(self.agent_ports))
+            now_seq = sum(counted(url))
             rates.append((now_seq - seq) / 3)
             seq = now_seq
             if rates[-1] >= 0.95 * target or (len(rates) >= 4 and rates[-1] <= 1.02 * max(rates[-3:-1])):
