@@ -20,9 +20,9 @@ def agent_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
                 "HTTP_PORT": str(args.http_port)}
     if args.nats_url:
         settings["NATS_URL"] = args.nats_url
-    if args.heartbeat is not None:
+    if getattr(args, "heartbeat", None) is not None:
         settings["HEARTBEAT_S"] = str(args.heartbeat)
-    if args.background:
+    if getattr(args, "background", ""):
         settings["SIM_BACKGROUND"] = args.background
     if args.simulate:
         settings.update(BACKEND="sim", SIM_FLEET=";".join([f"{args.model}*{args.gpus_per_node}"] * args.simulate),
