@@ -2,17 +2,19 @@
 
 For each fleet size: a fresh embedded NATS (JetStream) and PostgreSQL, the inventory service as its own process,
 and `gpupool agent --simulate` processes (8 GPUs per node, one sample per node per interval) publishing real
-telemetry to JetStream. After every node registered and a warm-up, a window is measured:
+telemetry to JetStream, sampling by change (`--heartbeat`, 0: every sample sent) with a simulated load on the
+GPUs (`--background`). After every node registered and a warm-up, a window is measured:
 
-  published   GPU samples/s the fleet put on GPUPOOL_TELEMETRY (stream sequence delta × GPUs per node)
+  sampled     GPU samples/s the agents took (their gpupool_agent_telemetry_samples_total), and the share sent
+  published   GPU samples/s the agents put on GPUPOOL_TELEMETRY (the rest were left out as unchanged)
   ingested    GPU samples/s inventory applied (its gpupool_inventory_gpu_samples_total counter)
   lag         age of a sample when its batch committed (inventory's gpupool_inventory_sample_lag_seconds
               histogram, p50/p99 interpolated within buckets)
   backlog     messages not yet delivered to inventory's consumer at the start and end of the window
   CPU, memory per component (psutil: CPU seconds over the window / wall seconds; peak RSS)
 
-"Keeps up" means ingested ≥ 98 % of published, the backlog did not grow by more than one interval's worth, and lag
-p99 stayed under 5 s. Only inventory consumes telemetry here (no reclamation, no other service), and everything —
+"Keeps up" means the agents sampled ≥ 95 % of the fleet every interval, inventory ingested ≥ 98 % of what was
+published, the backlog did not grow by more than one interval's worth, and lag p99 stayed under 5 s. Only inventory consumes telemetry here (no reclamation, no other service), and everything —
 agents, NATS, PostgreSQL, inventory — shares the same machine.
 """
 
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +48,9 @@ BEGIN, END = "<!-- inventory-benchmark:begin -->", "<!-- inventory-benchmark:end
 GPUS_PER_NODE = 8
 STREAM = "GPUPOOL_TELEMETRY"
 CONSUMER = "inventory-telemetry"
+# a busy fleet: half the GPUs training, a quarter serving, some notebooks, a tenth free (an idle fleet would make
+# sampling by change look better than it is)
+DEFAULT_BACKGROUND = "training=0.5,inference=0.25,dev=0.15"
 
 
 @dataclass
@@ -55,6 +61,7 @@ class Scrape:
     published_seq: int
     pending: int
     cpu: dict[str, dict[int, float]]
+    taken: tuple[float, float] = (0.0, 0.0)  # GPU samples the agents took so far: (sent, left out as unchanged)
 
 
 @dataclass
@@ -75,6 +82,10 @@ class Level:
     registered_s: float = 0.0
     note: str = ""
     catch_up: dict[str, float] = field(default_factory=dict)
+    heartbeat_s: float = 5.0  # the agents' sampling by change (0: every sample sent)
+    background: str = ""  # the simulated load on the fleet's GPUs (agent --background)
+    taken_per_s: float = 0.0  # GPU samples/s the agents took (sent or left out as unchanged)
+    sent_share: float = 1.0  # of those, the share sent
 
     def cpu_us_per_gpu_sample(self, component: str) -> float:
         """CPU microseconds `component` spent per GPU sample ingested: what the fleet costs it, far less sensitive to
@@ -84,8 +95,44 @@ class Level:
     @property
     def keeps_up(self) -> bool:
         grew = self.backlog_end - self.backlog_start
+        cadence = not self.taken_per_s or self.taken_per_s >= 0.95 * self.gpus / self.interval_s  # 0: not measured
         return (self.ingested_per_s >= 0.98 * self.published_per_s and grew <= self.nodes
-                and self.lag_p99_s < 5.0)
+                and self.lag_p99_s < 5.0 and cadence)
+
+
+def agent_samples(ports: list[int]) -> tuple[float, float]:
+    """GPU samples the agents took so far: (sent, left out as unchanged), from their /metrics. A simulated fleet's
+    page is large (DCGM series of hundreds of nodes) and its agents busy: read them all at once, patiently."""
+    def one(port: int) -> tuple[float, float]:
+        sent = unchanged = 0.0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as resp:
+            for raw in resp:  # only our two lines: parsing the whole page would cost more than the agents
+                if raw.startswith(b"gpupool_agent_telemetry_samples_total{"):
+                    value = float(raw.rsplit(b" ", 1)[1])
+                    if b'outcome="sent"' in raw:
+                        sent += value
+                    else:
+                        unchanged += value
+        return sent, unchanged
+
+    with ThreadPoolExecutor(max_workers=max(1, len(ports))) as pool:
+        counts = list(pool.map(one, ports))
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def counted(url: str) -> tuple[float, float]:
+    """Inventory's GPU samples so far: (applied, left out by agents as unchanged and counted as held)."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return (values.get("gpupool_inventory_gpu_samples_total", 0.0),
+            values.get("gpupool_inventory_gpu_samples_held_total", 0.0))
 
 
 def metrics(url: str) -> tuple[float, list[tuple[float, float]]]:
@@ -214,11 +261,12 @@ def _agent_priority(nice: int):  # type: ignore[no-untyped-def]
 
 
 def run_level(gpus: int, *, interval_s: float, nodes_per_agent: int, warmup_s: float, window_s: float,
-              catch_up_s: float = 0.0, agent_nice: int = 0, keep: Path | None = None,
-              say=print) -> Level:  # type: ignore[no-untyped-def]
+              catch_up_s: float = 0.0, agent_nice: int = 0, keep: Path | None = None, heartbeat_s: float = 5.0,
+              background: str = "", say=print) -> Level:  # type: ignore[no-untyped-def]
     nodes = max(1, gpus // GPUS_PER_NODE)
     agents = max(1, math.ceil(nodes / nodes_per_agent))
-    level = Level(gpus=nodes * GPUS_PER_NODE, nodes=nodes, agents=agents, interval_s=interval_s)
+    level = Level(gpus=nodes * GPUS_PER_NODE, nodes=nodes, agents=agents, interval_s=interval_s,
+                  heartbeat_s=heartbeat_s, background=background)
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-inventory-") as tmp:
         data = Path(tmp) if keep is None else keep / f"{level.gpus}-gpus"
         data.mkdir(parents=True, exist_ok=True)
@@ -268,12 +316,15 @@ class _LevelRun:
         self.started = time.monotonic()
         level, agents = self.level, self.level.agents
         share = [level.nodes // agents + (1 if k < level.nodes % agents else 0) for k in range(agents)]
+        self.agent_ports = [free_port() for _ in share]
         for k, n in enumerate(share):
             with open(self.logs / f"agent-{k}.log", "ab") as log:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "libs.cli.main", "agent", "--simulate", str(n), "--prefix",
                      f"b{k}-node", "--seed", str(k), "--interval", str(level.interval_s), "--nats-url",
-                     self.nats.url, "--log-level", "WARNING"],
+                     self.nats.url, "--log-level", "WARNING", "--http-port", str(self.agent_ports[k]),
+                     "--heartbeat", str(level.heartbeat_s), *(["--background", level.background]
+                                                              if level.background else [])],
                     env={**self.base, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, preexec_fn=_agent_priority(self.agent_nice)))
 
@@ -299,14 +350,15 @@ class _LevelRun:
                 raise RuntimeError(f"a process exited early; logs in {self.logs}")
             time.sleep(1)
         # Registered in inventory is not yet reporting: an agent whose registration request timed out in the
-        # start-up herd retries (with back-off) before it samples. Wait until the fleet publishes its full
-        # rate, or until its rate stops rising (it is at its capacity on this machine).
-        target = level.nodes / level.interval_s
+        # start-up herd retries (with back-off) before it samples. Wait until the fleet samples at its full
+        # rate (sent or left out as unchanged), or until its rate stops rising (its capacity on this machine).
+        target = level.gpus / level.interval_s
         rates: list[float] = []
-        seq, _ = asyncio.run(stream_state(self.nats.url))
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        seq = sum(counted(url))
         while time.monotonic() < deadline:
             time.sleep(3)
-            now_seq, _ = asyncio.run(stream_state(self.nats.url))
+            now_seq = sum(counted(url))
             rates.append((now_seq - seq) / 3)
             seq = now_seq
             if rates[-1] >= 0.95 * target or (len(rates) >= 4 and rates[-1] <= 1.02 * max(rates[-3:-1])):
@@ -316,7 +368,8 @@ class _LevelRun:
     def _scrape(self, groups: dict[str, list[int]]) -> Scrape:
         samples, buckets = metrics(f"http://127.0.0.1:{self.port}/metrics")
         seq, pending = asyncio.run(stream_state(self.nats.url))
-        return Scrape(time.monotonic(), samples, buckets, seq, pending, cpu_seconds(groups))
+        return Scrape(time.monotonic(), samples, buckets, seq, pending, cpu_seconds(groups),
+                      agent_samples(self.agent_ports))
 
     def measure(self, window_s: float) -> None:
         level = self.level
@@ -332,16 +385,21 @@ class _LevelRun:
         last = self._scrape(groups)
         wall = last.at - first.at
         level.window_s = wall
-        level.published_per_s = (last.published_seq - first.published_seq) * GPUS_PER_NODE / wall
         level.ingested_per_s = (last.gpu_samples - first.gpu_samples) / wall
         level.lag_p50_s = quantile(first.lag_buckets, last.lag_buckets, 0.50)
         level.lag_p99_s = quantile(first.lag_buckets, last.lag_buckets, 0.99)
         level.backlog_start, level.backlog_end = first.pending, last.pending
         level.cpu_pct = {k: 100 * cpu_used(first.cpu.get(k, {}), last.cpu[k]) / wall for k in last.cpu}
         level.rss_mib = peak
+        sent, unchanged = (b - a for a, b in zip(first.taken, last.taken, strict=True))
+        level.taken_per_s = (sent + unchanged) / wall
+        # GPU samples on the bus: the agents' count (a node's message carries only its GPUs that changed, or all of
+        # them at its heartbeat), not the stream's messages × 8
+        level.published_per_s = sent / wall
+        level.sent_share = sent / (sent + unchanged) if sent + unchanged else 1.0
         expected = level.nodes * GPUS_PER_NODE / level.interval_s
-        if level.published_per_s < 0.95 * expected:
-            level.note = (f"the simulated fleet itself published only {level.published_per_s:,.0f} of the "
+        if level.taken_per_s < 0.95 * expected:
+            level.note = (f"the simulated fleet itself sampled only {level.taken_per_s:,.0f} of the "
                           f"{expected:,.0f} GPU samples/s asked for")
         self.say(f"[bench] {level.gpus} GPUs: published {level.published_per_s:,.0f}/s, ingested "
                  f"{level.ingested_per_s:,.0f}/s, lag p99 {level.lag_p99_s:.2f} s, backlog {level.backlog_start} → "
@@ -399,6 +457,35 @@ def _catch_up(lv: Level) -> str:
             f"{c['seconds']:.0f} s, {c['inventory_cpu_pct']:.0f} % CPU)")
 
 
+def _verdict(levels: list[Level], cpus: int | None) -> str:
+    """The plain answer: does the largest fleet measured keep up, with sampling by change and without, and what
+    inventory alone drains."""
+    largest = max(lv.gpus for lv in levels)
+    top = [lv for lv in levels if lv.gpus == largest]
+    sustained = [lv for lv in levels if lv.keeps_up]
+    parts = []
+    for lv in top:
+        how = f"sampling by change (heartbeat {lv.heartbeat_s:g} s)" if lv.heartbeat_s else "every sample sent"
+        parts.append(f"{largest:,} GPUs every second with {how}: "
+                     + (f"**kept up** ({lv.ingested_per_s:,.0f} GPU samples/s ingested, lag p99 {lv.lag_p99_s:.2f} s)"
+                        if lv.keeps_up else "**did not keep up** on this machine"))
+    verdict = f"On this {cpus}-core machine, with everything on it: " + "; ".join(parts) + "."
+    if not all(lv.keeps_up for lv in top):
+        best = max(sustained, key=lambda lv: lv.gpus, default=None)
+        verdict += (f" The largest fleet that kept up here was {best.gpus:,} GPUs "
+                    f"({'heartbeat ' + format(best.heartbeat_s, 'g') + ' s' if best.heartbeat_s else 'every sample'})."
+                    if best is not None else " No measured fleet size kept up.")
+    caught = [lv for lv in levels if lv.catch_up]
+    if caught:
+        ref = max(caught, key=lambda lv: (lv.gpus, lv.catch_up["gpu_samples_per_s"]))
+        rate = ref.catch_up["gpu_samples_per_s"]
+        verdict += (f" With the fleet stopped, inventory alone drained a {ref.gpus:,}-GPU fleet's backlog at "
+                    f"{rate:,.0f} GPU samples/s using {ref.catch_up['inventory_cpu_pct']:.0f} % of one core — "
+                    f"{'enough' if rate >= largest else 'not enough'} for {largest:,} GPUs every second with every "
+                    "sample sent, once the agents run on their own nodes, as they do in a real fleet.")
+    return verdict
+
+
 def markdown(levels: list[Level], command: str, load_before: tuple[float, float, float],
              agent_nice: int = 0, note: str = "") -> str:
     cpus = os.cpu_count()
@@ -408,22 +495,26 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
         "",
         f"`{command}` — for each fleet size a fresh embedded NATS + PostgreSQL, the inventory service (one process) "
         f"and `gpupool agent --simulate` processes (8 × H100 per node, one sample per node per "
-        f"{levels[0].interval_s:g} s) publishing to JetStream; after all nodes registered and a warm-up, a "
+        f"{levels[0].interval_s:g} s, sampled by change unless the heartbeat is off) publishing to JetStream; after "
+        "all nodes registered and a warm-up, a "
         f"{levels[0].window_s:.0f} s window is measured (agents at nice {agent_nice}); then inventory is stopped while the fleet "
         "keeps reporting, the fleet is stopped, and inventory restarted drains the backlog with the machine to itself "
         f"(catch-up). Machine: {benchdoc.machine()}; load average before the run "
         f"{load_before[0]:.1f} (other work shares this machine). Agents, NATS, PostgreSQL and inventory all run on "
         "it, and only inventory consumes telemetry.",
         "",
-        "| GPUs (nodes) | published GPU samples/s | ingested GPU samples/s | lag p50 | lag p99 | backlog start → end "
+        "| GPUs (nodes) | heartbeat | sampled GPU samples/s (sent) | published GPU samples/s | ingested GPU "
+        "samples/s | lag p50 | lag p99 | backlog start → end "
         "| keeps up | CPU % inventory / PostgreSQL / NATS / agents | CPU µs per GPU sample inventory / PostgreSQL / "
         "NATS / agents | peak RSS MiB inventory / PostgreSQL | catch-up: inventory alone drains |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for lv in levels:
         c, r = lv.cpu_pct, lv.rss_mib
         lines.append(
-            f"| {lv.gpus:,} ({lv.nodes:,}) | {lv.published_per_s:,.0f} | {lv.ingested_per_s:,.0f} | "
+            f"| {lv.gpus:,} ({lv.nodes:,}) | {f'{lv.heartbeat_s:g} s' if lv.heartbeat_s else 'off'} | "
+            f"{lv.taken_per_s:,.0f} ({100 * lv.sent_share:.0f} %) | {lv.published_per_s:,.0f} | "
+            f"{lv.ingested_per_s:,.0f} | "
             f"{lv.lag_p50_s:.2f} s | {lv.lag_p99_s:.2f} s | {lv.backlog_start:,} → {lv.backlog_end:,} | "
             f"{'yes' if lv.keeps_up else '**no**'} | {c.get('inventory', 0):.0f} / {c.get('postgresql', 0):.0f} / "
             f"{c.get('nats', 0):.0f} / {c.get('agents', 0):.0f} | "
@@ -432,27 +523,8 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
             f"{r.get('postgresql', 0):.0f} | {_catch_up(lv)} |")
     lines.append("")
     notes = [f"- {lv.gpus:,} GPUs: {lv.note}." for lv in levels if lv.note]
-    sustained = [lv for lv in levels if lv.keeps_up]
-    best = max(sustained, key=lambda lv: lv.ingested_per_s) if sustained else None
-    target = next((lv for lv in levels if lv.gpus >= 10_000), None)
-    if target is not None and target.keeps_up:
-        verdict = (f"At {target.gpus:,} GPUs every second inventory kept up on this {cpus}-core machine: "
-                   f"{target.ingested_per_s:,.0f} GPU samples/s ingested, lag p99 {target.lag_p99_s:.2f} s.")
-    elif best is not None:
-        verdict = (f"**This {cpus}-core machine does not sustain 10,000 GPUs every second with everything on it.** "
-                   f"The largest fleet that kept up here was {best.gpus:,} GPUs ({best.ingested_per_s:,.0f} GPU "
-                   f"samples/s ingested, lag p99 {best.lag_p99_s:.2f} s).")
-    else:
-        verdict = f"**No measured fleet size kept up on this {cpus}-core machine.**"
-    caught = [lv for lv in levels if lv.catch_up]
-    if caught:
-        ref = max(caught, key=lambda lv: lv.gpus)  # the largest fleet's backlog is the most telling
-        rate = ref.catch_up["gpu_samples_per_s"]
-        verdict += (f" With the fleet stopped, inventory alone drained the {ref.gpus:,}-GPU fleet's backlog at "
-                    f"{rate:,.0f} GPU samples/s using {ref.catch_up['inventory_cpu_pct']:.0f} % of one core — "
-                    f"{'enough' if rate >= 10_000 else 'not enough'} for 10,000 GPUs every second once the agents "
-                    "run on their own nodes, as they do in a real fleet.")
-    lines += [verdict, *([""] + notes if notes else []), *(["", note] if note else []), "",
+    lines.append(_verdict(levels, cpus))
+    lines += [*([""] + notes if notes else []), *(["", note] if note else []), "",
               "Inventory applies each fetched batch (up to 256 node samples) in one transaction: lock the batch's "
               "nodes, read their GPUs' health state and previous sample, then one statement writes each GPU's "
               "latest sample and adds it to its open minute's sums on the same row (a finished minute moves to the "
@@ -460,6 +532,14 @@ def markdown(levels: list[Level], command: str, load_before: tuple[float, float,
               "its batch committed, so it includes time queued in JetStream; the backlog is what JetStream holds "
               "for inventory's consumer. CPU per GPU sample is each component's CPU time over the window divided by "
               "the GPU samples ingested.",
+              "",
+              "Sampling by change (agent `HEARTBEAT_S`, `DEADBAND_*`; services/agent/README.md): a node's message "
+              "carries only the GPUs whose values moved beyond the deadband since they were last sent, and every "
+              "GPU at the heartbeat; inventory counts a left-out sample as the GPU's previous values in the rollups "
+              "(its `gpupool_inventory_gpu_samples_held_total`). The simulated fleet carries a background load "
+              f"(`{levels[0].background or 'none: every GPU idle'}`: shares of the GPUs training, serving, in "
+              "notebooks; the rest free) so the deadband is measured on a busy fleet, not an idle one; heartbeat "
+              "`off` is the worst case, every sample sent.",
               END]
     return "\n".join(lines)
 
@@ -474,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, nargs="+", default=[10_000, 5_000, 2_500],
                         help="fleet sizes to measure, in GPUs (8 per node)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between a node's samples")
+    parser.add_argument("--heartbeat", type=float, nargs="+", default=[5.0],
+                        help="the agents' sampling by change: longest silence in seconds, one level per value and "
+                             "fleet size (0: every sample sent, the worst case)")
+    parser.add_argument("--background", default=DEFAULT_BACKGROUND,
+                        help="simulated load on the fleet's GPUs, KIND=SHARE,... (agent --background; '' : all idle)")
     parser.add_argument("--nodes-per-agent", type=int, default=320, help="simulated nodes per agent process")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds after registration before measuring")
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured")
@@ -501,8 +586,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     load = os.getloadavg()
     levels = [run_level(g, interval_s=args.interval, nodes_per_agent=args.nodes_per_agent, warmup_s=args.warmup,
-                        window_s=args.window, catch_up_s=args.catch_up, agent_nice=args.agent_nice, keep=args.keep)
-              for g in args.gpus]
+                        window_s=args.window, catch_up_s=args.catch_up, agent_nice=args.agent_nice, keep=args.keep,
+                        heartbeat_s=hb, background=args.background)
+              for g in args.gpus for hb in args.heartbeat]
     shown, raw = [], list(argv if argv is not None else sys.argv[1:])
     while raw:  # where the report and raw results go, and the note's text, say nothing about the measurement
         arg = raw.pop(0)

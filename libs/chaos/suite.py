@@ -79,7 +79,9 @@ class Platform:
         self.out = open(self.data_dir / "up.out", "wb")  # noqa: SIM115
         argv = [sys.executable, "-m", "libs.cli.main", "up", "--port", "0", "--data-dir", str(self.data_dir),
                 "--fleet", FLEET, "--telemetry-interval", "1", "--placement-replicas", "2",
-                "--log-level", self.log_level, "--env", f"inventory:NODE_LOST_AFTER_S={NODE_LOST_AFTER_S}"]
+                "--log-level", self.log_level, "--env", f"inventory:NODE_LOST_AFTER_S={NODE_LOST_AFTER_S}",
+                # agents sample by change: send at least every third of that, so only a real silence is a loss
+                "--env", f"agent:HEARTBEAT_S={NODE_LOST_AFTER_S / 3:g}"]
         argv += ["--env", f"agent:SIM_NODE_PREFIX={self.node_prefix}"]
         for item in self.extra_env:
             argv += ["--env", item]

@@ -20,6 +20,10 @@ def agent_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
                 "HTTP_PORT": str(args.http_port)}
     if args.nats_url:
         settings["NATS_URL"] = args.nats_url
+    if getattr(args, "heartbeat", None) is not None:
+        settings["HEARTBEAT_S"] = str(args.heartbeat)
+    if getattr(args, "background", ""):
+        settings["SIM_BACKGROUND"] = args.background
     if args.simulate:
         settings.update(BACKEND="sim", SIM_FLEET=";".join([f"{args.model}*{args.gpus_per_node}"] * args.simulate),
                         SIM_NODE_PREFIX=args.prefix, SEED=str(args.seed))
@@ -56,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
     p.add_argument("--nats-url", default=default_nats_url(),
                    help="NATS server (default $GPUPOOL_NATS_URL, else the running `gpupool up`)")
+    p.add_argument("--heartbeat", type=float, default=None, metavar="S",
+                   help="sampling by change: send a node's sample when a GPU moved beyond the deadband or S seconds "
+                        "after the last one sent (default the agent's HEARTBEAT_S, 5); 0: send every sample")
+    p.add_argument("--background", default="", metavar="KIND=SHARE,...",
+                   help="simulated load on unallocated GPUs, e.g. training=0.4,inference=0.3,dev=0.2 (the rest free)")
     p.add_argument("--http-port", type=int, default=0, help="/metrics port (0: a free one)")
     p.add_argument("--log-level", default="WARNING")
     return p

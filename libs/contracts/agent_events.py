@@ -186,3 +186,8 @@ class TelemetrySampled(EventData):
     network_rx_mbps: float | None = Field(default=None, ge=0, le=1e9, description="All reported interfaces, received")
     network_tx_mbps: float | None = Field(default=None, ge=0, le=1e9, description="All reported interfaces, sent")
     storage_used_gib: float | None = Field(default=None, ge=0, le=1e9, description="All reported volumes, used")
+    interval_s: float | None = Field(default=None, gt=0, le=86_400, description=(
+        "The agent's sampling interval, when it samples by change: a sample left out within `heartbeat_s` means "
+        "the GPUs' values did not move beyond its deadband (inventory counts the last sent ones for those seconds)"))
+    heartbeat_s: float | None = Field(default=None, gt=0, le=86_400, description=(
+        "The longest the agent stays silent while sampling by change; absent: every sample is sent"))

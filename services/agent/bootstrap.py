@@ -21,7 +21,7 @@ from libs.observability.logging import setup_logging
 from libs.observability.tracing import enter_background, setup_tracing
 from libs.runtime.http import OpsEndpoint
 from services.agent.config import AgentSettings
-from services.agent.domain import network_environment, simulated_address
+from services.agent.domain import Deadband, network_environment, simulated_address
 from services.agent.handlers import NodeAgent, telemetry_buffer
 from services.agent.mps import MpsControl
 from services.agent.nvml_sim import SimulatedNvml
@@ -29,6 +29,13 @@ from services.agent.nvml_types import NvmlBackend
 from services.agent.work import WorkRunner
 
 log = logging.getLogger(__name__)
+
+
+def deadband(settings: AgentSettings) -> Deadband:
+    """Sampling by change, from the settings (HEARTBEAT_S 0: every sample is sent)."""
+    return Deadband(heartbeat_s=settings.heartbeat_s, util_pct=settings.deadband_util_pct,
+                    memory_mib=settings.deadband_memory_mib, temperature_c=settings.deadband_temperature_c,
+                    power_w=settings.deadband_power_w)
 
 
 def build_backends(settings: AgentSettings) -> list[tuple[str, NvmlBackend]]:
@@ -175,7 +182,8 @@ async def main() -> None:
                         workloads=workloads, fraction_policy=settings.fraction_policy,
                         stop_grace_s=settings.fraction_stop_grace_s, apply_mig=settings.apply_mig,
                         buffer=buffers[id(connections[node])], resync_s=settings.resync_s,
-                        address=addresses[node], labels=labels.get(node))
+                        address=addresses[node], labels=labels.get(node), deadband=deadband(settings),
+                        background=settings.sim_background)
               for node, backend in backends]
     if settings.run_work:
         for agent in agents:

@@ -68,6 +68,18 @@ class AgentSettings(BaseSettings):
     sim_mig: str = Field(default="", description="Simulated GPU models that start in MIG mode (comma-separated)")
 
     interval_s: float = Field(default=1.0, gt=0, description="Seconds between telemetry samples")
+    heartbeat_s: float = Field(default=5.0, ge=0, le=3600, description=(
+        "Sampling by change: a node's sample is sent only when some GPU moved beyond the deadband below (or its "
+        "health, Xids, ECC counters, throttling or process count changed), or this long after the last one sent "
+        "(keep it under inventory's NODE_LOST_AFTER_S / 2 and ROLLUP_LATE_S); 0: every sample is sent"))
+    deadband_util_pct: float = Field(default=5.0, ge=0, le=100, description="GPU or memory-bandwidth "
+                                     "utilisation change (points) that is sent at once")
+    deadband_memory_mib: float = Field(default=512.0, ge=0, description="Framebuffer use change (MiB) sent at once")
+    deadband_temperature_c: float = Field(default=3.0, ge=0, description="Temperature change (°C) sent at once")
+    deadband_power_w: float = Field(default=25.0, ge=0, description="Power draw change (W) sent at once")
+    sim_background: str = Field(default="", pattern=r"^([a-z]+=[0-9.]+)?(,[a-z]+=[0-9.]+)*$", description=(
+        "Simulated load on GPUs no allocation holds, as shares of the fleet's GPUs, e.g. "
+        "'training=0.4,inference=0.3,dev=0.2' (the rest stay free): a load test's fleet looks like a busy one"))
     buffer_mib: int = Field(default=32, ge=1, le=4096, description="Telemetry kept through a bus outage (MiB, "
                                                                      "the oldest dropped beyond it)")
     fraction_policy: Literal["auto", "report", "stop"] = Field(

@@ -7,7 +7,8 @@ import ipaddress
 import json
 import math
 import re
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
@@ -35,10 +36,12 @@ _NO_HOST = NodeSample()
 
 
 def telemetry(cluster: str, node: str, samples: list[GpuSample], at: float,
-              host: NodeSample | None = None) -> TelemetrySampled:
+              host: NodeSample | None = None, cadence: tuple[float, float] | None = None) -> TelemetrySampled:
+    """`cadence`: (interval, heartbeat) of an agent sampling by change (`telemetry_due`); None: every sample sent."""
     h = host or _NO_HOST
     return TelemetrySampled(
         cluster=cluster, node=node, sampled_at=datetime.fromtimestamp(at, UTC),
+        interval_s=cadence[0] if cadence else None, heartbeat_s=cadence[1] if cadence else None,
         cpu_util_pct=h.cpu_util_pct, memory_used_mib=h.memory_used_mib, network_rx_mbps=h.network_rx_mbps,
         network_tx_mbps=h.network_tx_mbps, storage_used_gib=h.storage_used_gib,
         gpus=[GpuTelemetry(
@@ -56,8 +59,64 @@ def _pct(value: float | None) -> float:
     return 0.0 if value is None else max(0.0, min(100.0, value))
 
 
+# --- sampling by change -------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Deadband:
+    """When a node's sample is worth sending (`telemetry_due`). `heartbeat_s` 0 turns sampling by change off: every
+    sample is sent. The thresholds are per GPU, against the values of its last *sent* sample (so a slow drift
+    is sent once it adds up, never lost in steps below the band)."""
+
+    heartbeat_s: float = 5.0
+    util_pct: float = 10.0
+    memory_mib: float = 512.0
+    temperature_c: float = 3.0
+    power_w: float = 25.0
+
+    @property
+    def on(self) -> bool:
+        return self.heartbeat_s > 0
+
+
+def _moved(a: float | None, b: float | None, band: float) -> bool:
+    if a is None or b is None:
+        return a is not b
+    return abs(a - b) >= band
+
+
+def gpu_changed(sent: GpuSample, now: GpuSample, band: Deadband) -> bool:
+    """Whether `now` differs from the GPU's last sent sample enough to be sent: a gauge beyond its band, or any change
+    of what health, placement or accounting act on at once (health, its reasons, Xids, ECC counters, retired pages,
+    the process count, a reading appearing or vanishing). Throttle reasons alone wait for the heartbeat: a power cap
+    flickers on and off every few seconds under load, and inventory treats throttling as an operating condition, not
+    a fault (a thermal slowdown moves the temperature and the agent's health reasons, which are sent at once)."""
+    return (bool(now.xid_events) or now.health != sent.health or now.health_reasons != sent.health_reasons
+            or now.ecc_volatile_sbe != sent.ecc_volatile_sbe or now.ecc_volatile_dbe != sent.ecc_volatile_dbe
+            or now.retired_pages_pending != sent.retired_pages_pending
+            or now.process_count != sent.process_count
+            or _moved(sent.utilization_gpu_pct, now.utilization_gpu_pct, band.util_pct)
+            or _moved(sent.utilization_memory_pct, now.utilization_memory_pct, band.util_pct)
+            or _moved(sent.memory_used_mib, now.memory_used_mib, band.memory_mib)
+            or _moved(sent.temperature_c, now.temperature_c, band.temperature_c)
+            or _moved(sent.power_w, now.power_w, band.power_w))
+
+
+def telemetry_due(sent: Mapping[str, GpuSample], heartbeat_at: float | None, now: list[GpuSample], at: float,
+                  band: Deadband, interval_s: float) -> list[GpuSample] | None:
+    """Which of the node's GPU samples taken at `at` go on the bus (None: the node sends nothing this interval).
+    Every GPU when sampling by change is off, for the first sample, and once the heartbeat is due (`heartbeat_at`:
+    when the last whole sample was taken; due within half an interval, so a heartbeat of 5 intervals is every 5th
+    sample, not every 6th). Otherwise only the GPUs that moved beyond the deadband since their last sent sample
+    (`sent`, by uuid), or that were never sent. A GPU left out means "unchanged": inventory counts its last sent
+    values for the seconds they held."""
+    if not band.on or heartbeat_at is None or at - heartbeat_at >= band.heartbeat_s - interval_s / 2:
+        return now
+    changed = [s for s in now if (last := sent.get(s.uuid)) is None or gpu_changed(last, s, band)]
+    return changed or None
+
+
 def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float, *, event_id: str, source: str,
-                   now: datetime, host: NodeSample | None = None, traceparent: str | None = None) -> bytes:
+                   now: datetime, host: NodeSample | None = None, traceparent: str | None = None,
+                   cadence: tuple[float, float] | None = None) -> bytes:
     """The CloudEvent of `telemetry(...)` as JSON bytes, built from plain values instead of through the pydantic
     models: a simulated fleet sends ~10,000 GPU samples a second and building and dumping the models was a third
     of its CPU. Same document as `telemetry(...).to_cloudevent(...).to_json()` (a unit test holds them equal);
@@ -78,7 +137,9 @@ def telemetry_json(cluster: str, node: str, samples: list[GpuSample], at: float,
             "cpu_util_pct": _float(h.cpu_util_pct),
             "memory_used_mib": None if h.memory_used_mib is None else int(h.memory_used_mib), "gpus": gpus,
             "network_rx_mbps": _float(h.network_rx_mbps), "network_tx_mbps": _float(h.network_tx_mbps),
-            "storage_used_gib": _float(h.storage_used_gib)}
+            "storage_used_gib": _float(h.storage_used_gib),
+            "interval_s": float(cadence[0]) if cadence else None,
+            "heartbeat_s": float(cadence[1]) if cadence else None}
     event = {"specversion": "1.0", "id": event_id, "source": source, "type": TelemetrySampled.event_type,
              "subject": node, "time": _iso(now), "datacontenttype": "application/json",
              "dataschema": schema_of(TelemetrySampled.event_type), "data": data}
@@ -445,3 +506,19 @@ def replica_utilization(gpus: Iterable[str], utilization: dict[str, float | None
     if not values or any(v is None for v in values):
         return None
     return sum(v for v in values if v is not None) / len(values)
+
+
+def background_load(spec: str, uuids: list[str], seed: int) -> dict[str, str]:
+    """Which of a simulated node's GPUs carry a background workload (`SIM_BACKGROUND`, e.g.
+    'training=0.4,inference=0.3,dev=0.2': shares of the fleet's GPUs; the rest stay free), chosen by a stable hash
+    of the seed and GPU so every run of a fleet looks the same."""
+    shares = [(kind, float(share)) for kind, share in (p.split("=", 1) for p in spec.split(",") if "=" in p)]
+    out: dict[str, str] = {}
+    for uuid in uuids:
+        u = (zlib.crc32(f"{seed}/{uuid}/background".encode()) % 10_000) / 10_000
+        for kind, share in shares:
+            if u < share:
+                out[uuid] = kind
+                break
+            u -= share
+    return out

@@ -43,12 +43,15 @@ from libs.core import mig as migcat
 from libs.observability.tracing import current_traceparent, handling_span, inject_headers, tracer
 from services.agent.dcgm_metrics import DcgmMetrics, default_metrics
 from services.agent.domain import (
+    Deadband,
     LiveAllocation,
     attribute_by_cgroup,
+    background_load,
     fraction_action,
     fraction_violations,
     plan_mig,
     share_limits,
+    telemetry_due,
     telemetry_json,
     wanted_mig,
 )
@@ -69,6 +72,9 @@ FRACTION_EXCEEDED = Counter("gpupool_agent_fraction_exceeded_total",
                             "Processes found over their fraction's memory limit, by the action taken", ["action"])
 PROCESSES_KILLED = Counter("gpupool_agent_processes_killed_total",
                            "Processes stopped for exceeding their fraction that needed SIGKILL after the grace")
+TELEMETRY_SAMPLES = Counter("gpupool_agent_telemetry_samples_total", "GPU samples taken: sent, or left out as "
+                            "unchanged (sampling by change)", ["outcome"])
+SAMPLES_SENT, SAMPLES_UNCHANGED = TELEMETRY_SAMPLES.labels("sent"), TELEMETRY_SAMPLES.labels("unchanged")
 SNAPSHOT_PAGES = 50  # at most 50,000 live allocations read at start
 
 
@@ -196,7 +202,12 @@ class NodeAgent:
                  metrics: DcgmMetrics | None = None, workloads: dict[str, str] | None = None, *,
                  fraction_policy: Literal["auto", "report", "stop"] = "auto", stop_grace_s: float = 10.0,
                  apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0,
-                 address: str = "", labels: dict[str, str] | None = None) -> None:
+                 address: str = "", labels: dict[str, str] | None = None, deadband: Deadband | None = None,
+                 background: str = "") -> None:
+        self.deadband = deadband if deadband is not None else Deadband(heartbeat_s=0.0)  # default: every sample
+        self.background = background  # simulated load on GPUs no allocation holds (a load test's busy fleet)
+        self._sent: dict[str, GpuSample] = {}  # each GPU's last sent sample (sampling by change)
+        self._heartbeat_at: float | None = None  # when the last whole sample (every GPU) was taken
         self.address = address  # where this node's peers reach it (registered; a gang's rendezvous)
         self.labels = dict(labels or {})  # registered as the node's labels (its rack, block, ...)
         self.workloads = workloads or {}  # job kind → simulated workload on its GPUs
@@ -237,6 +248,10 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.backend.open()
+        if self.background and isinstance(self.backend, SimulatedNvml):
+            uuids = [g.uuid for g in self.backend.node_info().gpus]
+            for uuid, kind in background_load(self.background, uuids, zlib.crc32(self.node.encode())).items():
+                self.backend.set_workload(uuid, kind)
         if self.work is not None:  # which NUMA node each GPU is on, for the work's GPUPOOL_NUMA_NODES
             self.work.gpu_numa = {g.uuid: g.numa_node for g in self.backend.node_info().gpus
                                   if g.numa_node is not None}
@@ -350,6 +365,11 @@ class NodeAgent:
         self.update_metrics(samples)
         if self.work is not None:
             self.work.loads.observe(samples)
+        at = time.time()
+        due = telemetry_due(self._sent, self._heartbeat_at, samples, at, self.deadband, self.interval_s)
+        SAMPLES_UNCHANGED.inc(len(samples) - len(due or ()))
+        if due is None:
+            return  # unchanged within the deadband: inventory counts the last sent values for this interval
         try:
             host = self.backend.node_sample()
         except Exception as exc:  # the node's own facts must never stop GPU telemetry
@@ -357,10 +377,16 @@ class NodeAgent:
             host = None
         event_id = uuid7()
         headers = inject_headers({MSG_ID_HEADER: event_id, "Content-Type": "application/cloudevents+json"})
-        payload = telemetry_json(self.cluster, self.node, samples, time.time(), event_id=event_id, source=SOURCE,
-                                 now=utcnow(), host=host, traceparent=headers.get("traceparent"))
+        cadence = (self.interval_s, self.deadband.heartbeat_s) if self.deadband.on else None
+        payload = telemetry_json(self.cluster, self.node, due, at, event_id=event_id, source=SOURCE,
+                                 now=utcnow(), host=host, traceparent=headers.get("traceparent"), cadence=cadence)
         if await self.buffer.send(subjects.telemetry(self.cluster, self.node), payload, headers):
             self.samples_sent += 1
+        # the buffer keeps what the bus could not take, so the sample counts as sent either way
+        self._sent.update((s.uuid, s) for s in due)
+        if len(due) == len(samples):
+            self._heartbeat_at = at
+        SAMPLES_SENT.inc(len(due))
 
     def update_metrics(self, samples: list[GpuSample]) -> None:
         """DCGM-named gauges on /metrics, labelled with this node's name as `Hostname`."""

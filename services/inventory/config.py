@@ -12,8 +12,9 @@ class InventorySettings(ServiceSettings):
 
     node_lost_after_s: float = Field(
         default=15.0, gt=0,
-        description="A ready node that has not reported for this long is declared lost (the agent sends a sample "
-                    "every interval: its heartbeat); also how fresh a sample must be to count a GPU as in use")
+        description="A ready node that has not reported for this long is declared lost (an agent sampling by change "
+                    "sends at least every HEARTBEAT_S: keep this at least twice that); also how fresh a sample must "
+                    "be to count a GPU as in use")
     node_sweep_interval_s: float = Field(default=1.0, gt=0, description="Seconds between node-lost sweeps")
 
     # the GPU health state machine (services/inventory/domain.py)

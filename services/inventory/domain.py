@@ -4,6 +4,7 @@ when a node is lost and when it is back, one-minute rollups, orphans, and the po
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -204,6 +205,34 @@ _MINUTE = timedelta(seconds=ROLLUP_WINDOW_S)
 def minute_of(at: datetime) -> int:
     """Which rollup minute a sample taken `at` belongs to (the same minutes as store.apply_samples)."""
     return (at - _EPOCH) // _MINUTE
+
+
+def held_samples(previous_at: datetime | None, at: datetime, interval_s: float | None,
+                 heartbeat_s: float | None) -> tuple[int, int]:
+    """The samples an agent sampling by change left out between a GPU's previous sample and this one (taken `at`):
+    each repeated the previous values (they moved less than the deadband), so the rollups count those values once
+    per left-out interval, as if they had been sent. Returns (how many fall in the previous sample's minute, how
+    many in this sample's minute); a left-out sample in a minute between them (a heartbeat over a minute) is not
+    counted. A gap longer than the heartbeat is a silent agent, not an unchanged GPU: only a heartbeat's worth is
+    counted. None/0 interval (an agent that sends every sample) or no previous sample: (0, 0)."""
+    if previous_at is None or not interval_s:
+        return 0, 0
+    # plain seconds since 1970: its minutes are the rollups' minutes (2000-01-01 is a whole minute), and float
+    # arithmetic is several times cheaper than datetime's for the thousands of samples a second this sees
+    p, t = previous_at.timestamp(), at.timestamp()
+    left_out = int((t - p) / interval_s + 0.5) - 1
+    if heartbeat_s:
+        left_out = min(left_out, int(heartbeat_s / interval_s + 0.5) - 1)
+    if left_out <= 0:
+        return 0, 0
+    old_minute, new_minute = p // ROLLUP_WINDOW_S, t // ROLLUP_WINDOW_S
+    if old_minute == new_minute:
+        return 0, left_out
+
+    def before(boundary: float) -> int:  # left-out samples (previous_at + k·interval, k ≥ 1) before `boundary`
+        return min(left_out, max(0, math.ceil((boundary - p) / interval_s - 1e-6) - 1))
+
+    return before((old_minute + 1) * ROLLUP_WINDOW_S), left_out - before(new_minute * ROLLUP_WINDOW_S)
 
 
 def gpu_rollup(row: Mapping[str, Any]) -> GpuRollup:

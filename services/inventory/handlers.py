@@ -56,6 +56,7 @@ from services.inventory.domain import (
     allocation_without_process,
     assess,
     gpu_rollup,
+    held_samples,
     lost_cutoff,
     minute_of,
     moves,
@@ -74,6 +75,8 @@ CONSUMER = "inventory"
 SAMPLE_LAG = Histogram("gpupool_inventory_sample_lag_seconds", "Age of a node's telemetry sample when applied",
                        buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30, 60, 120, 300))
 GPU_SAMPLES = Counter("gpupool_inventory_gpu_samples_total", "GPU samples applied (new, not replayed)")
+GPU_SAMPLES_HELD = Counter("gpupool_inventory_gpu_samples_held_total", "GPU samples an agent sampling by change left "
+                           "out as unchanged, counted in the rollups with the previous values")
 
 
 def _health(row) -> GpuHealth:  # type: ignore[no-untyped-def]
@@ -149,16 +152,17 @@ class InventoryHandlers:
             await store.touch_nodes(uow.conn, [
                 (k[0], k[1], d.sampled_at, d.cpu_util_pct, d.memory_used_mib, d.network_rx_mbps, d.network_tx_mbps,
                  d.storage_used_gib) for k in sorted(nodes) for d in (newest_by_node[k],)])
-            samples = sorted(((d.sampled_at, d.cluster, d.node, g) for _, d in batch if (d.cluster, d.node) in nodes
-                              for g in d.gpus), key=lambda s: s[0])
+            samples = sorted(((d.sampled_at, d.cluster, d.node, g, d) for _, d in batch
+                              if (d.cluster, d.node) in nodes for g in d.gpus), key=lambda s: s[0])
             gpus = await store.batch_gpus(uow.conn, sorted({s[3].uuid for s in samples}))
             # samples to apply, in rounds of at most one per GPU (more only when a node's backlog is in the batch)
-            rounds: list[tuple[list[store.SampleRow], list[str]]] = []
+            rounds: list[tuple[list[store.SampleRow], list[tuple[str, int]]]] = []
             taken: dict[str, int] = {}
+            held_total = 0
             health: dict[str, tuple[GpuHealth, bool]] = {}
             counters: dict[str, tuple[datetime | None, int | None, int | None]] = {
                 u: (r["sampled_at"], r["ecc_volatile_sbe"], r["ecc_volatile_dbe"]) for u, r in gpus.items()}
-            for at, cluster, node, sample in samples:
+            for at, cluster, node, sample, sampled in samples:
                 row = gpus.get(sample.uuid)
                 if row is None or row["cluster"] != cluster or row["node"] != node:
                     continue  # a GPU the node never registered (or one that moved): nothing to attach it to
@@ -169,9 +173,11 @@ class InventoryHandlers:
                 k = taken[sample.uuid] = taken.get(sample.uuid, -1) + 1
                 if k == len(rounds):
                     rounds.append(([], []))
-                rounds[k][0].append(store.sample_row(at, sample))
+                held_before, held = held_samples(last_at, at, sampled.interval_s, sampled.heartbeat_s)
+                rounds[k][0].append(store.sample_row(at, sample, held))
+                held_total += held_before + held
                 if last_at is not None and minute_of(last_at) != minute_of(at):
-                    rounds[k][1].append(sample.uuid)
+                    rounds[k][1].append((sample.uuid, held_before))
                 signal = assess(sample, sbe, dbe, self.rules)
                 known = health.get(sample.uuid)
                 if not moves(known[0].state if known else row["state"], signal):
@@ -192,6 +198,7 @@ class InventoryHandlers:
                 await store.save_gpu_health(uow.conn, dirty)
         self.samples_applied += applied
         GPU_SAMPLES.inc(applied)
+        GPU_SAMPLES_HELD.inc(held_total)
         done = utcnow()
         for _, d in batch:
             SAMPLE_LAG.observe(max(0.0, (done - d.sampled_at).total_seconds()))

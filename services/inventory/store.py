@@ -111,14 +111,16 @@ async def save_gpu_health(conn: asyncpg.Connection, rows: list[tuple]) -> None:
 
 
 # One GPU sample as apply_samples takes it (columns in this order).
+# The last number: how many left-out samples (sampling by change, domain.held_samples) repeated the GPU's previous
+# values in this sample's minute.
 SampleRow = tuple[str, datetime, float, float, int, float | None, float | None, int | None, int, int, int | None, str,
-                  int]
+                  int, int]
 
 
-def sample_row(at: datetime, s: GpuTelemetry) -> SampleRow:
+def sample_row(at: datetime, s: GpuTelemetry, held: int = 0) -> SampleRow:
     return (s.uuid, at, s.utilization_gpu_pct, s.utilization_memory_pct, s.memory_used_mib, s.temperature_c,
             s.power_w, s.sm_clock_mhz, s.ecc_volatile_sbe, s.ecc_volatile_dbe,
-            s.xid_events[-1] if s.xid_events else None, ",".join(s.throttle_reasons), s.process_count)
+            s.xid_events[-1] if s.xid_events else None, ",".join(s.throttle_reasons), s.process_count, held)
 
 
 _ROLLUP_ADD = """ON CONFLICT (uuid, window_start) DO UPDATE SET samples = r.samples + EXCLUDED.samples,
@@ -130,34 +132,46 @@ _ROLLUP_ADD = """ON CONFLICT (uuid, window_start) DO UPDATE SET samples = r.samp
                WHERE NOT r.emitted"""  # a minute already emitted is closed and takes nothing more
 
 
-async def apply_samples(conn: asyncpg.Connection, rows: list[SampleRow], rolled: list[str]) -> None:
+async def apply_samples(conn: asyncpg.Connection, rows: list[SampleRow], rolled: list[tuple[str, int]]) -> None:
     """New GPU samples, at most one per GPU (each newer than its GPU's stored one; the caller holds their nodes'
     locks), in one statement. Each GPU's latest row takes the sample (keeping since when the GPU has run processes,
     and when it last did) and adds it to the sums of its open minute, kept on that row. `rolled`: the GPUs whose
     sample starts a later minute than their previous one — the minute their row holds is over, and moves to
-    gpu_rollups first. (A row's open minute is always that of its `sampled_at`, or none once the rollup pass took it:
+    gpu_rollups first — each with how many left-out samples repeated its previous values before that minute ended
+    (sampling by change); a row's own held count adds the previous values that many times to this sample's minute. (A row's open minute is always that of its `sampled_at`, or none once the rollup pass took it:
     the caller knows from the previous sample which rows roll over, so no other row is read.)"""
     await conn.execute(
         f"""WITH finished AS (
                INSERT INTO gpu_rollups AS r (uuid, window_start, cluster, node, idx, samples, util_sum, util_max,
                                              mem_sum, mem_max, power_sum, power_n, temp_max, procs_max)
-               SELECT l.uuid, l.win_start, g.cluster, g.node, g.idx, l.win_samples, l.win_util_sum, l.win_util_max,
-                      l.win_mem_sum, l.win_mem_max, l.win_power_sum, l.win_power_n, l.win_temp_max, l.win_procs_max
+               SELECT l.uuid, l.win_start, g.cluster, g.node, g.idx, l.win_samples + f.held,
+                      l.win_util_sum + f.held * l.utilization_gpu_pct, l.win_util_max,
+                      l.win_mem_sum + f.held * l.memory_used_mib, l.win_mem_max,
+                      l.win_power_sum + f.held * coalesce(l.power_w, 0),
+                      l.win_power_n + f.held * (l.power_w IS NOT NULL)::int, l.win_temp_max, l.win_procs_max
                FROM gpu_telemetry_latest l JOIN gpus g USING (uuid)
-               WHERE l.uuid = ANY($14::text[]) AND l.win_start IS NOT NULL
+                    JOIN unnest($15::text[], $16::int[]) AS f(uuid, held) USING (uuid)
+               WHERE l.win_start IS NOT NULL
                {_ROLLUP_ADD})
            INSERT INTO gpu_telemetry_latest AS l (uuid, sampled_at, utilization_gpu_pct, utilization_memory_pct,
                memory_used_mib, temperature_c, power_w, sm_clock_mhz, ecc_volatile_sbe, ecc_volatile_dbe, xid_last,
                throttle_reasons, process_count, procs_since, last_process_at, win_start, win_samples, win_util_sum,
                win_util_max, win_mem_sum, win_mem_max, win_power_sum, win_power_n, win_temp_max, win_procs_max)
-           SELECT uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid,
+           SELECT u.uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid,
                   coalesce(string_to_array(nullif(throttle, ''), ','), '{{}}'), procs,
                   CASE WHEN procs > 0 THEN at END, CASE WHEN procs > 0 THEN at END,
-                  date_bin('1 minute', at, timestamptz '2000-01-01 00:00:00+00'), 1, util, util, mem, mem,
-                  coalesce(power, 0), (power IS NOT NULL)::int, temp, procs
+                  date_bin('1 minute', at, timestamptz '2000-01-01 00:00:00+00'),
+                  1 + held, util + held * coalesce(p.utilization_gpu_pct, 0), greatest(util, p.utilization_gpu_pct),
+                  mem + held * coalesce(p.memory_used_mib, 0), greatest(mem, p.memory_used_mib),
+                  coalesce(power, 0) + held * coalesce(p.power_w, 0),
+                  (power IS NOT NULL)::int + held * (p.power_w IS NOT NULL)::int,
+                  greatest(temp, p.temperature_c), greatest(procs, p.process_count)
            FROM unnest($1::text[], $2::timestamptz[], $3::float8[], $4::float8[], $5::int[], $6::float8[],
-                       $7::float8[], $8::int[], $9::bigint[], $10::bigint[], $11::int[], $12::text[], $13::int[])
-                AS u(uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid, throttle, procs)
+                       $7::float8[], $8::int[], $9::bigint[], $10::bigint[], $11::int[], $12::text[], $13::int[],
+                       $14::int[])
+                AS u(uuid, at, util, mutil, mem, temp, power, clock, sbe, dbe, xid, throttle, procs, held)
+                -- the previous sample (before this statement), repeated `held` times by an agent sampling by change
+                LEFT JOIN gpu_telemetry_latest p ON p.uuid = u.uuid AND u.held > 0
            ON CONFLICT (uuid) DO UPDATE SET sampled_at = EXCLUDED.sampled_at,
                utilization_gpu_pct = EXCLUDED.utilization_gpu_pct,
                utilization_memory_pct = EXCLUDED.utilization_memory_pct,
@@ -191,7 +205,7 @@ async def apply_samples(conn: asyncpg.Connection, rows: list[SampleRow], rolled:
                                     THEN greatest(l.win_procs_max, EXCLUDED.win_procs_max)
                                     ELSE EXCLUDED.win_procs_max END
            WHERE l.sampled_at < EXCLUDED.sampled_at""",
-        *map(list, zip(*rows, strict=True)), rolled)
+        *map(list, zip(*rows, strict=True)), [r[0] for r in rolled], [r[1] for r in rolled])
 
 
 async def mark_lost(conn: asyncpg.Connection, cutoff: datetime, now: datetime) -> list[asyncpg.Record]:

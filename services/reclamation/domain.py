@@ -25,6 +25,23 @@ def is_busy(max_util_pct: float, threshold_pct: float) -> bool:
     return max_util_pct > threshold_pct
 
 
+def observation(samples: Iterable[GpuTelemetry], gpu_uuids: Iterable[str],
+                threshold_pct: float) -> tuple[float, float, bool] | None:
+    """(mean, max, busy) of an allocation from one node sample, or None when the sample says nothing certain. An
+    agent sampling by change leaves out GPUs that did not move (and sends them all at its heartbeat): a sample
+    where a GPU present is busy proves the allocation busy, but one whose present GPUs are idle proves nothing
+    while one of its GPUs is missing — that GPU may be busy and steady. Idleness is judged on whole samples."""
+    samples = list(samples)
+    util = allocation_utilization(samples, gpu_uuids)
+    if util is None:
+        return None
+    mean, peak = util
+    busy = is_busy(peak, threshold_pct)
+    if not busy and not set(gpu_uuids) <= {s.uuid for s in samples}:
+        return None
+    return mean, peak, busy
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     action: str  # "warn" | "reclaim" | "clear" | "none"

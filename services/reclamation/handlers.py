@@ -36,10 +36,9 @@ from services.reclamation.config import ReclamationSettings
 from services.reclamation.domain import (
     RECLAIM_REASONS,
     abnormal_release,
-    allocation_utilization,
     busy_threshold,
-    is_busy,
     judge,
+    observation,
     quarantines,
 )
 
@@ -71,12 +70,10 @@ class ReclamationHandlers:
         observations = []
         async with self.rt.uow() as uow:
             for tracker in await store.tracked_on_node(uow.conn, data.cluster, data.node):
-                util = allocation_utilization(data.gpus, tracker["gpu_uuids"])
-                if util is None:
-                    continue
-                mean, peak = util
                 threshold = busy_threshold(self.policies.get(tracker["kind"]), self.settings.busy_util_pct)
-                observations.append((tracker["allocation_id"], mean, peak, is_busy(peak, threshold)))
+                seen = observation(data.gpus, tracker["gpu_uuids"], threshold)
+                if seen is not None:
+                    observations.append((tracker["allocation_id"], *seen))
             await store.observe(uow.conn, data.sampled_at, observations)
 
     async def on_node_lost(self, event: CloudEvent, data: NodeLost) -> None:

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.e2e
 FLEET_NODES = 2
 NODES = ("sim-node-0", "sim-node-1")
 UP_ARGS = ["--fleet", "L40S*4;L40S*4",
-           "--env", "inventory:NODE_LOST_AFTER_S=4", "--env", "inventory:STRIKE_GAP_S=1",
+           "--env", "inventory:NODE_LOST_AFTER_S=4", "--env", "agent:HEARTBEAT_S=1",  # under half of it
+           "--env", "inventory:STRIKE_GAP_S=1",
            "--env", "inventory:SUSPECT_STRIKES=3", "--env", "inventory:SUSPECT_CLEAR_S=3",
            "--env", "inventory:RECHECK_AFTER_S=3", "--env", "inventory:PROBATION_S=3",
            "--env", "inventory:MAINTENANCE_INTERVAL_S=1", "--env", "inventory:ROLLUP_LATE_S=1",

@@ -19,6 +19,8 @@ FLEET_NODES = 2
 UP_ARGS = ["--fleet", "L40S*4;L40S*4",
            "--env", "agent:SIM_WORKLOADS=dev=idle,training=training,inference=inference,batch=training",
            "--env", "reclamation:SWEEP_INTERVAL_S=0.5", "--env", "inventory:NODE_LOST_AFTER_S=3",
+           # a node is lost after 3 s: its agent, sampling by change, must send at least every second
+           "--env", "agent:HEARTBEAT_S=1",
            "--env", "inventory:NODE_SWEEP_INTERVAL_S=0.5", "--env", "queue:REQUEUE_BACKOFF_S=2"]
 
 

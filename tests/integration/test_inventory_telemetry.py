@@ -162,3 +162,52 @@ async def test_bad_messages_in_the_telemetry_stream_are_dead_lettered_and_the_go
     async with rt.pool.acquire() as conn:
         assert await conn.fetchval("SELECT utilization_gpu_pct FROM gpu_telemetry_latest WHERE uuid = 'GPU-p-0'") \
             == 20.0
+
+
+def by_change(s: TelemetrySampled, gpus: list[int] | None = None) -> TelemetrySampled:
+    """As an agent sampling by change sends it (every second, heartbeat 5 s): only the listed GPUs."""
+    kept = s.gpus if gpus is None else [g for g in s.gpus if g.index in gpus]
+    return s.model_copy(update={"interval_s": 1.0, "heartbeat_s": 5.0, "gpus": kept})
+
+
+async def test_samples_an_agent_left_out_as_unchanged_count_in_the_rollups_with_the_previous_values(
+        inventory) -> None:  # type: ignore[no-untyped-def]
+    """Sampling by change: a GPU left out of a node's messages repeated its last sent values, and its minutes count
+    them for every left-out second (split at the minute boundary); a silence past the heartbeat counts only a
+    heartbeat's worth, and an agent that sends every sample (no interval in its messages) gets nothing added. One
+    batch, so a GPU's several samples go through several rounds of the statement."""
+    rt, handlers = inventory
+    await register(rt, "h")
+    await register(rt, "e", gpus=1)
+    minute = (datetime.now(UTC) - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    at = {s: minute + timedelta(seconds=s) for s in (52, 54, 57, 59, 62, 90)}
+    await handlers.on_telemetry_batch(as_batch([
+        by_change(sample("h", at[52], 10.0)),  # both GPUs
+        by_change(sample("h", at[54], 40.0), [1]),  # GPU 1 moved (held 10 at :53); GPU 0 unchanged
+        by_change(sample("h", at[57], 70.0)),  # heartbeat: GPU 0 held 10 for :53-:56, GPU 1 held 40 for :55-:56
+        by_change(sample("h", at[59], 20.0), [0]),  # GPU 0 held 70 at :58
+        by_change(sample("h", at[62], 30.0)),  # heartbeat: GPU 0 held 20 for :60-:61; GPU 1 held 70 for :58-:61,
+        #                                        two seconds in each minute
+        by_change(sample("h", at[90], 50.0)),  # after a silence: only a heartbeat's worth held (4 × 30)
+        sample("e", at[52], 10.0, gpus=1), sample("e", at[57], 70.0, gpus=1),  # an agent sending every sample
+    ]))
+    assert handlers.samples_applied == 2 + 1 + 2 + 1 + 2 + 2 + 2
+    async with rt.pool.acquire() as conn:
+        rows = await conn.fetch(
+            """SELECT uuid, window_start, samples, util_sum, util_max, power_n FROM gpu_rollups
+               UNION ALL
+               SELECT uuid, win_start, win_samples, win_util_sum, win_util_max, win_power_n
+               FROM gpu_telemetry_latest WHERE win_start IS NOT NULL ORDER BY uuid, window_start""")
+    next_minute = minute + timedelta(minutes=1)
+    assert [tuple(r) for r in rows] == [
+        ("GPU-e-0", minute, 2, 80.0, 70.0, 2),  # nothing added between :52 and :57
+        # every second from :52 to :59 counted once: 5 × 10, 2 × 70, 20
+        ("GPU-h-0", minute, 8, 10.0 * 5 + 70.0 * 2 + 20.0, 70.0, 8),
+        # :60-:61 held 20, :62 30 and 4 held, :90 50
+        ("GPU-h-0", next_minute, 8, 20.0 * 2 + 30.0 * 5 + 50.0, 50.0, 8),
+        ("GPU-h-1", minute, 8, 10.0 * 2 + 40.0 * 3 + 70.0 * 3, 70.0, 8),
+        ("GPU-h-1", next_minute, 8, 70.0 * 2 + 30.0 * 5 + 50.0, 70.0, 8),
+    ]
+    emitted = {(e.node, e.window_start): {g.uuid: g for g in e.gpus} for e in await handlers.close_rollups()}
+    assert emitted[("h", minute)]["GPU-h-0"].samples == 8
+    assert emitted[("h", minute)]["GPU-h-0"].utilization_avg_pct == pytest.approx(210.0 / 8)

@@ -24,6 +24,7 @@ from libs.contracts.events import (
     subject_for,
 )
 from libs.runtime.fake import FakeRuntime
+from services.agent.domain import Deadband
 from services.agent.handlers import NodeAgent, allocation_route, route
 from services.agent.nvml_sim import SimulatedNvml
 
@@ -107,3 +108,29 @@ async def test_telemetry_goes_to_jetstream_and_waits_in_the_buffer_while_it_is_a
     rt.nc.js.down = True
     await node.sample_once()
     assert node.samples_sent == 1 and len(node.buffer) == 1 and len(rt.nc.js.published) == 1
+
+
+async def test_sampling_by_change_sends_only_moved_gpus_and_every_gpu_at_the_heartbeat(  # type: ignore[no-untyped-def]
+        agent, clock, monkeypatch) -> None:
+    rt, node, backend = agent
+    node.deadband = Deadband(heartbeat_s=5.0)
+    now = [1_000.0]
+    monkeypatch.setattr("services.agent.handlers.time.time", lambda: now[0])
+    free, busy = (g.uuid for g in backend.node_info().gpus)
+
+    async def tick() -> list[str]:
+        before = len(rt.nc.js.published)
+        now[0] += 1.0
+        clock.advance(1.0)
+        await node.sample_once()
+        docs = [json.loads(p)["data"] for _, p, _ in rt.nc.js.published[before:]]
+        assert all((d["interval_s"], d["heartbeat_s"]) == (1.0, 5.0) for d in docs)
+        return [g["uuid"] for d in docs for g in d["gpus"]]
+
+    assert await tick() == [free, busy]  # the first sample: every GPU
+    for _ in range(2):
+        assert await tick() == []  # both idle and steady: nothing on the bus
+    backend.set_workload(busy, "training")  # its memory ramps at once, its utilisation rises
+    assert await tick() == [busy]
+    assert free not in await tick()  # still idle: not sent until its heartbeat...
+    assert await tick() == [free, busy]  # ... the 5th second after the last whole sample: every GPU goes

@@ -34,14 +34,22 @@ def test_keeping_up_needs_the_rate_a_flat_backlog_and_a_short_lag() -> None:
     assert not level(ingested_per_s=9_000.0).keeps_up
     assert not level(backlog_end=10 + 1_251).keeps_up
     assert not level(lag_p99_s=6.0).keeps_up
+    # the agents must keep their cadence: GPU samples taken (sent or left out as unchanged) ≈ the fleet per interval
+    assert level(taken_per_s=9_600.0, published_per_s=5_000.0, ingested_per_s=5_000.0).keeps_up
+    assert not level(taken_per_s=6_000.0, published_per_s=3_000.0, ingested_per_s=3_000.0).keeps_up
 
 
-def test_the_report_says_plainly_when_10k_gpus_are_not_sustained(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    levels = [level(ingested_per_s=6_000.0, backlog_end=50_000, lag_p99_s=40.0), level(gpus=5_000, nodes=625)]
-    text = markdown(levels, "gpupool bench inventory --gpus 10000 5000", (1.0, 1.0, 1.0))
+def test_the_report_says_plainly_when_the_largest_fleet_is_not_sustained(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    levels = [level(ingested_per_s=6_000.0, backlog_end=50_000, lag_p99_s=40.0, taken_per_s=10_000.0,
+                    sent_share=0.55),
+              level(heartbeat_s=0.0, ingested_per_s=4_000.0, lag_p99_s=60.0), level(gpus=5_000, nodes=625)]
+    text = markdown(levels, "gpupool bench inventory --gpus 10000 5000 --heartbeat 5 0", (1.0, 1.0, 1.0))
     assert text.startswith(BEGIN) and text.endswith(END)
-    assert "does not sustain 10,000 GPUs" in text and "was 5,000 GPUs" in text
-    assert "| 10,000 (1,250) | 10,000 | 6,000 |" in text and "**no**" in text
+    assert ("10,000 GPUs every second with sampling by change (heartbeat 5 s): **did not keep up**" in text
+            and "10,000 GPUs every second with every sample sent: **did not keep up**" in text)
+    assert "The largest fleet that kept up here was 5,000 GPUs (heartbeat 5 s)" in text
+    assert "| 10,000 (1,250) | 5 s | 10,000 (55 %) | 10,000 | 6,000 |" in text and "**no**" in text
+    assert "| 10,000 (1,250) | off |" in text
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nother section\n")
     write_section(doc, text)

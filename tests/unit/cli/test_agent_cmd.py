@@ -18,3 +18,7 @@ def test_agent_settings_for_a_simulated_fleet_and_for_a_real_node() -> None:
                                                   http_port=0, nats_url=None, node="gpu-17"), base={})
     assert real["GPUPOOL_AGENT_BACKEND"] == "real" and real["GPUPOOL_AGENT_NODE"] == "gpu-17"
     assert "GPUPOOL_AGENT_SIM_FLEET" not in real
+    assert "GPUPOOL_AGENT_HEARTBEAT_S" not in env and "GPUPOOL_AGENT_SIM_BACKGROUND" not in env  # agent defaults
+    loaded = agent_cmd.agent_env(agent_cmd.build_parser().parse_args(
+        ["--simulate", "2", "--heartbeat", "0", "--background", "training=0.5,dev=0.2"]), base={})
+    assert (loaded["GPUPOOL_AGENT_HEARTBEAT_S"], loaded["GPUPOOL_AGENT_SIM_BACKGROUND"]) == ("0.0", "training=0.5,dev=0.2")

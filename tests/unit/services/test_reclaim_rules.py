@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.reclamation.domain import judge
+from libs.contracts.events import GpuTelemetry
+from services.reclamation.domain import judge, observation
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 DEV = {"kind": "dev", "idle_after_s": 600.0, "idle_util_pct": 5.0, "grace_s": 120.0, "enforce_max_runtime": True}
@@ -74,3 +75,18 @@ def test_abnormal_release_thresholds_and_quarantine_are_rules_of_the_domain() ->
     assert busy_threshold({"idle_util_pct": 5.0}, 10.0) == 5.0 and busy_threshold(None, 10.0) == 10.0
     assert quarantines("quarantined", "healthy") and not quarantines("probation", "failed")
     assert quarantines(None, "failed") and not quarantines(None, "degraded")
+
+
+def _gpu(uuid: str, util: float) -> GpuTelemetry:
+    return GpuTelemetry(uuid=uuid, index=0, utilization_gpu_pct=util, utilization_memory_pct=0.0, memory_used_mib=0,
+                        memory_total_mib=81559)
+
+
+def test_a_sample_missing_an_allocations_gpu_proves_it_busy_but_never_idle() -> None:
+    """Agents sampling by change leave steady GPUs out between heartbeats: idleness is judged on whole samples."""
+    whole = [_gpu("a", 2.0), _gpu("b", 60.0), _gpu("other", 0.0)]
+    assert observation(whole, ["a", "b"], 10.0) == (31.0, 60.0, True)
+    assert observation([_gpu("a", 2.0), _gpu("b", 4.0)], ["a", "b"], 10.0) == (3.0, 4.0, False)
+    assert observation([_gpu("b", 60.0)], ["a", "b"], 10.0) == (60.0, 60.0, True)  # b alone proves it busy
+    assert observation([_gpu("a", 2.0)], ["a", "b"], 10.0) is None  # b left out: it may be busy and steady
+    assert observation([_gpu("other", 90.0)], ["a", "b"], 10.0) is None
