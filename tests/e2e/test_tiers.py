@@ -51,6 +51,7 @@ UP_ARGS = ["--fleet", "H100-80GB*4;H100-80GB*4",
            "--env", "placement:PREEMPTION_GRACE_S=3", "--env", "placement:MIN_RUNTIME_S=0",
            # a node silent for 10 s is lost (one member's loss stops its gang), requeued after 1 s
            "--env", "inventory:NODE_LOST_AFTER_S=10", "--env", "inventory:NODE_SWEEP_INTERVAL_S=0.5",
+           "--env", "agent:HEARTBEAT_S=2",  # well under the loss time, and fresh utilisation for autoscaling
            "--env", "reclamation:SWEEP_INTERVAL_S=0.5", "--env", "queue:REQUEUE_BACKOFF_S=1"]
 
 # Each member: rank 0 listens at PET_MASTER_ADDR:PET_MASTER_PORT, the others connect and send their rank and
