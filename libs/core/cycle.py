@@ -77,7 +77,7 @@ def typical_requests(counts: Mapping[tuple, float], limit: int = 64,
     most common requests until they cover `coverage` of all jobs (at most `limit`; 0: no limit), each weighted by
     its probability — its count over all jobs. The rarer requests' probability is not handed to the common ones
     (the weights sum to about `coverage`; the rest counts for nothing), and requests without GPUs stay in: FGD
-    counts every free GPU of a node as lost to them. Rare big shapes fall out of this mix."""
+    counts every free GPU of a node as lost to them. Rare big shapes follow at weight 0 (`_rare_tail`)."""
     total = float(sum(counts.values()))
     out: list[WorkloadShape] = []
     covered = 0.0
@@ -88,7 +88,19 @@ def typical_requests(counts: Mapping[tuple, float], limit: int = 64,
         out.append(WorkloadShape(gpus=gpus, gpu_milli=milli, weight=n / total, cpu_milli=cpu, memory_mib=mem,
                                  gpu_models=models, mig_profile=prof))
         covered += n
-    return tuple(out)
+    return tuple(out) + _rare_tail(counts, {(w.gpus, w.gpu_milli, w.gpu_models, w.mig_profile, w.cpu_milli,
+                                             w.memory_mib) for w in out})
+
+
+def _rare_tail(counts: Mapping[tuple, float], kept: set) -> tuple[WorkloadShape, ...]:
+    """The rarer whole-GPU requests left out of the typical mix, at weight 0: they count for nothing in the
+    fragmentation score, as in FGD, but the scheduler still knows them, and the last node able to run one is not
+    broken by smaller work that fits elsewhere (`Policy.scarce_hosts`)."""
+    return tuple(
+        WorkloadShape(gpus=gpus, gpu_milli=WHOLE, weight=0.0, cpu_milli=cpu, memory_mib=mem, gpu_models=models)
+        for gpus, milli, models, prof, cpu, mem in sorted(counts)
+        if gpus > 0 and milli >= WHOLE and not prof and (gpus, milli, models, prof, cpu, mem) not in kept
+    )
 
 
 def derive_typical(jobs: Iterable[JobRequest], limit: int = 64,

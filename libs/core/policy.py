@@ -106,29 +106,35 @@ _PRESETS: dict[str, dict] = {
     "fifo": dict(
         order="fifo", fit="first", head_of_line=True, preemption=False, backfill=False,
         w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score", typical_mix=False,
+        scarce_hosts=0,
     ),
     # Priority then submit time; the node (and GPU) left with the least free capacity; no preemption.
     "best-fit": dict(
         order="priority", fit="score", head_of_line=False, preemption=False, backfill=False,
         w_binpack=1.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score", typical_mix=False,
+        scarce_hosts=0,
     ),
     # gpupool: priority -> fair share -> submit -> id; fragmentation scored as FGD's artifact scores it (whole
     # numbers, int(sigmoid(fall of the expected fragmentation in GPUs) x 100), ties to the lowest node index, which
-    # packs), topology as a tie-break inside one whole point; reservations with backfill; preemption within teams
-    # and to reclaim guarantees.
+    # packs) against FGD's typical requests; the last node able to run a shape of the workload (`scarce_hosts`) is
+    # not broken by smaller work that fits elsewhere; topology as a tie-break inside one whole point;
+    # reservations with backfill; preemption within teams and to reclaim guarantees.
     "default": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="index", typical_mix=False,
+        w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="index", typical_mix=True,
+        scarce_hosts=2,
     ),
     # FGD as published: as default without the topology weight, and fragmentation measured against FGD's typical
     # requests (exact requests covering 95% of the jobs, CPU-only ones included) instead of every GPU shape.
     "fgd": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
         w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=1.0, frag_ties="index", typical_mix=True,
+        scarce_hosts=0,
     ),
     "spread": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
         w_binpack=0.0, w_spread=1.0, w_topology=0.3, w_frag=0.0, frag_ties="score", typical_mix=False,
+        scarce_hosts=0,
     ),
 }
 
@@ -154,6 +160,10 @@ class Policy:
     # exact requests covering 95% of the jobs with CPU-only ones, each by its share of all jobs — FGD's published
     # fill, but rare big shapes drop out and whole nodes are no longer kept for them.
     typical_mix: bool | None = None
+    # Scarce hosts: when at most this many nodes can run a whole-GPU shape of the workload now (rare shapes too),
+    # smaller work that fits on another node does not take the last of them (a preference before the score, not a
+    # hold: work that fits nowhere else still goes there). 0: off.
+    scarce_hosts: int | None = None
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
     quotas: QuotaTree = field(default_factory=QuotaTree)
     strict_quota: bool = False  # True: a team without quota entries may not borrow at all

@@ -78,6 +78,7 @@ class Scheduler(BlockedPhases, PlacementSearch):
         host, gpu_shapes, gpuless = _weighed(workload, policy)
         self.host_bit = {hm: i for i, hm in enumerate(host)}
         super().__init__(ClusterState(snapshot, host), policy, gpu_shapes, gpuless)
+        self.protect_scarce(workload)
         self.history = snapshot.usage
         self.held: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
@@ -120,6 +121,8 @@ class Scheduler(BlockedPhases, PlacementSearch):
         if (gpu_shapes, gpuless) != (self.gpu_shapes, self.gpuless_share):
             self.gpu_shapes, self.gpuless_share = gpu_shapes, gpuless
             self._frag_memo.clear()  # measured against the old mix
+        if workload != self.workload:
+            self.protect_scarce(workload)
         self.workload = workload
         return True
 
@@ -663,6 +666,7 @@ class Scheduler(BlockedPhases, PlacementSearch):
 def _weighed(workload: tuple[WorkloadShape, ...], policy: Policy) -> tuple[tuple, tuple[GpuShape, ...], float]:
     """The node keys' host shapes, the GPU shapes with their probabilities and the GPU-less share of a mix."""
     shapes, gpuless = mix_probabilities(workload)
+    shapes = [(p, w) for p, w in shapes if w.weight > 0]  # weight 0: known to `scarce_hosts`, scored as nothing
     host = tuple(dict.fromkeys((w.cpu_milli, w.memory_mib) for _, w in shapes)) if policy.setting("w_frag") else ()
     host_bit = {hm: i for i, hm in enumerate(host)}
     gpu_shapes = tuple(

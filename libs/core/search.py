@@ -59,7 +59,74 @@ class PlacementSearch:
                 self._model_mem[g.model] = max(self._model_mem.get(g.model, 0), g.memory_mib)
         self._empty: dict[int, tuple] = {}  # node class -> its free state when nothing runs there
         self._class_nodes: dict[int, list[int]] | None = None  # node class -> [schedulable nodes, others]
+        self._scarce: dict[int, tuple[tuple, ...]] = {}  # node class -> scarce shapes it could run (`scarce_hosts`)
         self._cache_settings()
+
+    # ---- scarce hosts ---------------------------------------------------------------------------------------
+
+    def protect_scarce(self, workload) -> None:
+        """Remember, per node class, the workload's whole-GPU shapes (however rare: the typical mix carries its
+        rare tail at weight 0) that an empty node of the class could run (`Policy.scarce_hosts`)."""
+        self._scarce = {}
+        if not self.policy.setting("scarce_hosts"):
+            return
+        shapes = []
+        for w in workload:
+            if w.gpus > 0 and not w.mig_profile and w.gpu_milli >= WHOLE:
+                s = (w.gpus, frozenset(w.gpu_models) or None, w.cpu_milli, w.memory_mib)
+                if s not in shapes:
+                    shapes.append(s)
+        shapes.sort(key=lambda s: -s[0])  # the biggest first: a search stops at shapes no bigger than its job
+        for c in self.state.classes:
+            mine = tuple(s for s in shapes if _could_run(c, s))
+            if mine:
+                self._scarce[c.id] = mine
+
+    def _hosts_now(self, s: tuple, limit: int) -> int:
+        """How many nodes could run scarce shape `s` now, counted up to `limit` + 1."""
+        n = 0
+        gpus = s[0]
+        for cid, by_free in self.state.by_free.items():
+            if s not in self._scarce.get(cid, ()):
+                continue
+            cls = self.state.classes[cid]
+            groups = self.state.groups[cid]
+            for count, keys in by_free.items():
+                if count < gpus:
+                    continue
+                for key in keys:
+                    for idx in groups[key]:
+                        if _can_run_now(cls, key[0], self.state.nodes[idx], 0, 0, s):
+                            n += 1
+                            if n > limit:
+                                return n
+        return n
+
+    def _breaks_scarce(self, cid: int, dyn: tuple, rep, choice: Choice, shape: Shape, hosts: dict) -> bool:
+        """Taking `choice` on `rep` leaves it unable to run a shape of the workload that it can run now and that at
+        most `scarce_hosts` nodes can run now (`hosts`: this search's counts so far). Work at least as big as the
+        shape (more GPUs on the node, or as many with as much CPU and memory) is not held back by it."""
+        cls = self.state.classes[cid]
+        limit = self._scarce_limit
+        after = None
+        for s in self._scarce[cid]:
+            if shape.per_node >= s[0]:
+                if shape.per_node > s[0]:
+                    break
+                if shape.cpu >= s[2] and shape.mem >= s[3]:
+                    continue  # the job is itself at least this shape
+            if not _can_run_now(cls, dyn, rep, 0, 0, s):
+                continue
+            if after is None:
+                after = apply_choice(cls, dyn, choice, shape)
+            if _can_run_now(cls, after, rep, shape.cpu, shape.mem, s):
+                continue
+            n = hosts.get(s)
+            if n is None:
+                n = hosts[s] = self._hosts_now(s, limit)
+            if n <= limit:
+                return True
+        return False
 
     def _empty_dyn(self, cid: int) -> tuple:
         got = self._empty.get(cid)
@@ -200,6 +267,7 @@ class PlacementSearch:
         self._w_topology = p.setting("w_topology")
         self._max_candidates = p.max_candidates
         self._frag_index = p.setting("frag_ties") == "index"
+        self._scarce_limit = p.setting("scarce_hosts")
         self._mode_v = self._mode()
 
     def _mode(self) -> str:
@@ -279,6 +347,8 @@ class PlacementSearch:
         seen = 0
         kids = self.state.key_ids
         memo = self._choose_memo
+        scarce = self._scarce
+        hosts: dict = {}
         for cid in self._classes_for(shape, allowed):
             groups = self.state.groups.get(cid, {})
             if shape.kind == WHOLE_KIND:
@@ -300,13 +370,15 @@ class PlacementSearch:
                 if rep is None:
                     continue
                 if mode == "first":
-                    k = (0.0, -rep.idx)
+                    k = (1, 0.0, -rep.idx)
                     if best_key is None or k > best_key:
                         best_key, best = k, (rep.idx, cands[0])
                     continue
                 self.n_scored += 1
+                guard = cid in scarce
                 for c in cands:
-                    k = (self._score(cid, dyn, mask, rep, c, shape, domain, pack), -rep.idx)
+                    k = (0 if guard and self._breaks_scarce(cid, dyn, rep, c, shape, hosts) else 1,
+                         self._score(cid, dyn, mask, rep, c, shape, domain, pack), -rep.idx)
                     if best_key is None or k > best_key:
                         best_key, best = k, (rep.idx, c)
                 seen += 1
@@ -548,3 +620,25 @@ def _by_block(able: dict[str, list[int]]) -> dict[str, list[int]]:
         if sep:
             out.setdefault(block, []).extend(v)
     return out
+
+
+def _could_run(cls, s: tuple) -> bool:
+    """An empty node of class `cls` could run scarce shape `s` = (GPUs, models or None, CPU, memory)."""
+    gpus, models, cpu, mem = s
+    if (cls.cpu_cap and cls.cpu_cap < cpu) or (cls.mem_cap and cls.mem_cap < mem):
+        return False
+    return sum(1 for st in cls.gpus if st[5] and st[2] != MIG and (models is None or st[0] in models)) >= gpus
+
+
+def _can_run_now(cls, dyn: tuple, ns, cpu_used: int, mem_used: int, s: tuple) -> bool:
+    """Node `ns` (free state `dyn`), after `cpu_used`/`mem_used` more are taken, can run scarce shape `s` now."""
+    gpus, models, cpu, mem = s
+    if not ns.host_fits(cpu + cpu_used, mem + mem_used):
+        return False
+    n = 0
+    for st, d in zip(cls.gpus, dyn, strict=True):
+        if d is None or st[2] == MIG or (models is not None and st[0] not in models):
+            continue
+        if (d if st[2] != FRACTIONAL else d[0]) == WHOLE:
+            n += 1
+    return n >= gpus

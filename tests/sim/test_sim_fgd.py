@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from libs.core import Gpu, Node
+from libs.core import Gpu, Node, Policy, mix_of
 from libs.sim import engine, fgd, traces
 from libs.sim.traces import Task
 
@@ -43,12 +43,16 @@ def test_the_fill_scores_against_the_task_lists_mix_by_the_policys_rule() -> Non
     nodes = [Node("n", "c", tuple(Gpu(f"g{i}", i, "G2", 16384) for i in range(8)), cpu_milli=64000,
                   memory_mib=262144)]
     reqs = [t.request(t.name, 0.0, "fill") for t in tasks]
-    by_count = engine.fill_scheduler(nodes, "default", reqs).workload
-    # default: GPU shapes by count, not by GPU demand (d would weigh 32, b 60); the rare 8-GPU one stays in
-    assert [(s.gpus, s.gpu_milli, s.weight) for s in by_count] == [(1, 500, 60.0), (2, 1000, 30.0), (8, 1000, 4.0)]
-    typical = engine.fill_scheduler(nodes, "fgd", reqs).workload
-    # fgd: FGD's typical pods, CPU-only ones included, until 95% of the tasks are covered (here 96%)
-    assert [(s.gpus, s.gpu_milli, s.weight) for s in typical] == [(1, 500, 0.6), (2, 1000, 0.3), (0, 0, 0.06)]
+    # a policy without FGD's typical requests: GPU shapes by count, not by GPU demand (d would weigh 32, b 60); the
+    # rare 8-GPU one stays in
+    mix = mix_of(reqs, Policy(name="best-fit"))
+    assert [(s.gpus, s.gpu_milli, s.weight) for s in mix] == [(1, 500, 60.0), (2, 1000, 30.0), (8, 1000, 4.0)]
+    for policy in ("fgd", "default"):
+        typical = engine.fill_scheduler(nodes, policy, reqs).workload
+        # FGD's typical pods, CPU-only ones included, until 95% of the tasks are covered (here 96%); the rare
+        # 8-GPU request follows at weight 0 (scored as nothing; `scarce_hosts` knows it)
+        assert [(s.gpus, s.gpu_milli, s.weight) for s in typical] == [(1, 500, 0.6), (2, 1000, 0.3), (0, 0, 0.06),
+                                                                      (8, 1000, 0.0)]
 
 
 def test_fgd_best_fit_takes_the_fullest_node_and_inside_it_the_fullest_gpu_that_fits() -> None:

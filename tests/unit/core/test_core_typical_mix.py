@@ -17,13 +17,14 @@ def test_the_most_common_requests_until_they_cover_95_percent_and_the_rest_count
     jobs = ([job(f"a{i}", 1) for i in range(60)] + [job(f"c{i}", 0, cpu_milli=4000) for i in range(36)]
             + [job(f"r{i}", 8) for i in range(4)])
     mix = derive_typical(jobs)
-    assert [(w.gpus, w.cpu_milli, w.weight) for w in mix] == [(1, 0, 0.6), (0, 4000, 0.36)]  # 96% covered
-    assert [(w.gpus, w.weight) for w in derive_typical(jobs, limit=1)] == [(1, 0.6)]
+    # 96% covered; the rare 8-GPU request follows at weight 0: scored as nothing, known to `scarce_hosts`
+    assert [(w.gpus, w.cpu_milli, w.weight) for w in mix] == [(1, 0, 0.6), (0, 4000, 0.36), (8, 0, 0.0)]
+    assert [(w.gpus, w.weight) for w in derive_typical(jobs, limit=1)] == [(1, 0.6), (8, 0.0)]
     gpu, gpuless = mix_probabilities(mix)
-    assert [(p, w.gpus) for p, w in gpu] == [(0.6, 1)] and gpuless == pytest.approx(0.36)  # not renormalised
-    # the policy decides the rule: by default every GPU shape by count, the rare 8-GPU one included
-    assert [(w.gpus, w.weight) for w in mix_of(jobs, Policy())] == [(1, 60.0), (8, 4.0)]
-    assert mix_of(jobs, Policy(name="fgd")) == mix
+    assert [(p, w.gpus) for p, w in gpu] == [(0.6, 1), (0.0, 8)] and gpuless == pytest.approx(0.36)  # not renormalised
+    # the policy decides the rule: FGD's typical requests for default and fgd; by count, every GPU shape, for others
+    assert mix_of(jobs, Policy()) == mix_of(jobs, Policy(name="fgd")) == mix
+    assert [(w.gpus, w.weight) for w in mix_of(jobs, Policy(name="spread"))] == [(1, 60.0), (8, 4.0)]
 
 
 def test_counts_are_normalised_and_the_gauge_weighs_gpu_shapes_among_themselves() -> None:
