@@ -31,5 +31,7 @@ def test_every_reclaim_reason_is_counted_from_zero() -> None:
     from services.reclamation.domain import RECLAIM_REASONS
     from services.reclamation.handlers import RECLAIMS  # noqa: F401 (defining it registers the series)
 
-    assert {r: value("gpupool_reclaims_total", reason=r) for r in RECLAIM_REASONS} == dict.fromkeys(
-        RECLAIM_REASONS, 0.0)
+    # every reason has its series as soon as the module is imported (a dashboard shows 0, not "No data"); other
+    # tests in the same process may have counted reclaims since, so the check is that each exists, not its value
+    got = {r: value("gpupool_reclaims_total", reason=r) for r in RECLAIM_REASONS}
+    assert None not in got.values(), got
