@@ -10,13 +10,14 @@ A number with no fraction (`2.0`) is the integer it equals, as JSON Schema has i
 `2.0`, and JSON itself has one number type); `2.5` for an integer field is still refused.
 
 Query parameters documented as `date-time` take only RFC 3339 text (`QueryInstant`): pydantic would otherwise read
-`?to=0.5` as a Unix timestamp, which the document does not allow.
+`?to=0.5` as a Unix timestamp, which the document does not allow. They lie between 2000 and 2200 too; one without
+a zone is read as UTC.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -61,5 +62,10 @@ def _rfc3339_text(value: Any) -> Any:
     return value
 
 
+def _query_calendar(value: datetime) -> datetime:
+    """A query's date in the calendar bodies accept; one without a zone is read as UTC (as reports always did)."""
+    return in_calendar(value if value.tzinfo is not None else value.replace(tzinfo=UTC))
+
+
 Instant = Annotated[AwareDatetime, Field(strict=False), AfterValidator(in_calendar)]
-QueryInstant = Annotated[datetime, BeforeValidator(_rfc3339_text)]
+QueryInstant = Annotated[datetime, BeforeValidator(_rfc3339_text), AfterValidator(_query_calendar)]

@@ -175,9 +175,10 @@ RANGE_REFUSED = refusals(f"`from` at most {MAX_REPORT_DAYS} days before `to`, an
 CAPACITY_REFUSED = refusals(f"`from` at most {MAX_REPORT_DAYS} days before `to`, and before it; at most "
                             f"{MAX_CAPACITY_BUCKETS} trend buckets of `bucket_s`", "InvalidRange")
 RangeFrom = Annotated[QueryInstant | None, Query(alias="from", description=(
-    f"start (inclusive); default: `to` − 7 days; at most {MAX_REPORT_DAYS} days before `to` (else 422 "
-    "InvalidRange)"))]
-RangeTo = Annotated[QueryInstant | None, Query(alias="to", description="end (exclusive); default: now")]
+    f"start (inclusive), between 2000 and 2200; default: `to` − 7 days; at most {MAX_REPORT_DAYS} days before "
+    "`to` (else 422 InvalidRange)"))]
+RangeTo = Annotated[QueryInstant | None, Query(alias="to", description=(
+    "end (exclusive), between 2000 and 2200; default: now"))]
 GroupBy = Annotated[list[Annotated[str, Field(max_length=200)]] | None, Query(
     max_length=len(DIMENSIONS), description=f"dimensions, comma-separated or repeated: {', '.join(DIMENSIONS)}; "
                                             "empty: one total row")]
