@@ -91,7 +91,7 @@ async def fill(pool, nodes: int, running: int, waiting: int) -> list[str]:  # ty
     async with pool.acquire() as conn:
         # the planner's statistics, as autovacuum gathers them soon after tables grow this much: without, the
         # cycle's read is planned for empty tables (nested loops over thousands of rows)
-        await conn.execute("ANALYZE")
+        await store.analyze(conn)
     return ones
 
 

@@ -748,3 +748,9 @@ async def list_decisions(conn: asyncpg.Connection, *, limit: int, before: str | 
 async def get_decision(conn: asyncpg.Connection, cycle_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow("SELECT cycle_id, summary, input_gz, plan_json FROM decisions WHERE cycle_id = $1",
                                cycle_id)
+
+
+async def analyze(conn: asyncpg.Connection) -> None:
+    """Gather the planner's statistics now (autovacuum does so soon after tables grow; a benchmark that has just
+    filled them must not have its reads planned for empty tables)."""
+    await conn.execute("ANALYZE")
