@@ -44,24 +44,27 @@ jobs of this replay (`engine.replay(..., policy_overrides={"reclaim_min_runtime_
 | 1800 | 927 | 319 / 536 | 140,652 | 0.850 | 23.2% | 41.6 |
 | 0, with a 10% deficit threshold (a trial, not kept) | 1,043 | 95 / 299 | 128,718 | 0.884 | 18.3% | 45.8 |
 
-On the whole replay (the table above, last row) 600 s is mixed: 17% fewer reclaims, a 2% lower mean JCT and
-steadier guarantees (10% of hours below 0.8 instead of 18%), but 21% more work thrown away (each victim is
-older when it goes: 1,148 GPU-hours against 950). An earlier core (before this table was regenerated on
-2026-12-02) gave about as many reclaims and a 7% higher mean JCT with it; core changes made since then
-moved both rows (not bisected; this session's speed-ups leave the plans of the first 3,000 jobs identical). The number of reclaims mostly follows the number of times borrowers start
-on capacity a waiting team is guaranteed, not when they are taken back, so `default` keeps the core's 0 (no
-work thrown away for it) and the knob stays for operators who value steadier guarantees over lost work. The
-Jain index barely moves in any of these; the hourly ratios do.
+On the whole replay (the table above, last row) 600 s is mixed: 6% fewer reclaims (2,963 against 3,153), a mean
+JCT 0.9% higher, as many hours below 0.8 (16.9%), and the work reclaims throw away up by half (847 GPU-hours
+against 573: each victim is older when it goes) while all preemptions together throw away 14% less (1,231
+against 1,424). Both rows moved against the previous table (3,001 reclaims, JCT 276,099 s): `default` now scores
+against FGD's typical requests with scarce hosts (docs/sim.md), and earlier core changes were not bisected. The
+number of reclaims mostly follows the number of times borrowers start on capacity a waiting team is guaranteed,
+not when they are taken back, so `default` keeps the core's 0 (no work thrown away for it) and the knob stays for
+operators who value steadier guarantees over lost work. The Jain index barely moves in any of these; the hourly
+ratios do.
 
 Replay speed: plans are unchanged by the speed-ups (the pinned replay and a plan-equality test hold): admission
 and the guarantee test are remembered per quota-ledger version, a job just like one turned away with nothing
 changed since gets that answer again, preemption searches skip nodes (and quotas) where no set of victims could
 make room, preemption candidates are kept per cycle, a quota preemption search first tries every candidate
 gone at once (one placement trial instead of up to 256 when nothing can help: 10,731 of 31,813 searches on the
-first 3,000 jobs), and the ledger sums siblings' lending once per version. `default` still needs about 2.8x
-`best-fit`'s CPU here (3.1x before the last two): it runs more cycles (each preemption reruns the cycle at once)
-and does quota admission, FGD scoring and preemption searches that `best-fit` does not. The table above was run
-on a machine busy with other work (wall far above CPU): its CPU column is the fairer figure."""
+first 3,000 jobs), the ledger sums siblings' lending once per version, the deep-queue walk does less per job,
+and a preemption search with no reclaim possible looks at the preemptor's own team only. `default` still needs
+2.6x `best-fit`'s CPU here (2.8x in the previous table, 3.1x before that; the target is 2x): it runs about 1.45x
+the cycles (each preemption reruns the cycle at once) and a job that misses the answer of one just like it costs
+about 5x a `best-fit` miss (quota admission, diagnosis, preemption searches). The CPU column is the fairer
+figure when the machine is shared."""
 
 
 def build_parser() -> argparse.ArgumentParser:
