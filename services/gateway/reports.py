@@ -333,10 +333,13 @@ async def set_cost_rate(body: CostRateBody, req: Request, caller: Caller) -> Any
     return result["after"]
 
 
-@router.delete("/cost-rates", status_code=204, summary="Withdraw a price", tags=["reports"])
+@router.delete("/cost-rates", status_code=204, summary="Withdraw a price", tags=["reports"],
+               responses=refusals("`effective_from` between 2000 and 2200 (the dates a price may have)",
+                                  "InvalidRequest"))
 async def delete_cost_rate(req: Request, caller: Caller,
                            gpu_model: Annotated[str, Query(pattern=GPU_MODEL_PATTERN)],
-                           effective_from: Annotated[QueryInstant, Query()],
+                           effective_from: Annotated[QueryInstant, Query(
+                               description="the price's date, between 2000 and 2200")],
                            mig_profile: Annotated[str, Query(max_length=32, pattern=MIG_PROFILE_PATTERN)] = "") -> \
         Response:
     require(caller, Action.QUOTA_MANAGE)
