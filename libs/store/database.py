@@ -154,3 +154,8 @@ def _query_span(record: Any) -> None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, type(record.exception).__name__))
         span.record_exception(record.exception)
     span.end(end_time=end)
+
+
+# PostgreSQL rolled the transaction back to resolve a deadlock or a serialization conflict: transient, a caller may
+# run it again (libs/runtime/loops.py does for periodic steps)
+CONFLICT_ERRORS: tuple[type[BaseException], ...] = (asyncpg.exceptions.TransactionRollbackError,)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import nats
 import pytest
-from support import finish_all, submit, wait_state
+from support import eventually, finish_all, submit, wait_state
 
 from libs.contracts import subjects
 from libs.observability.tracing import remote_parent
@@ -144,7 +144,9 @@ def test_a_preempted_job_keeps_its_trace_linked_to_the_cycle_that_preempted_it(o
         trace_id = wait_state(api, victim, "running", timeout=60)["trace_id"]
         submit(api, "traced-preemptor", "research", 8, priority_class="production-inference", kind="inference",
                gpu_models=["L40S"])
-        wait_state(api, victim, "preempting", timeout=60)
+        # `sleep` ends on SIGTERM at once, so `preempting` may last milliseconds: wait for it in the history
+        eventually(lambda: any(h["to"] == "preempting" for h in api.get(f"/v1/jobs/{victim}").json()["history"]),
+                   "the victim's preemption", timeout=60, interval=0.1)
         steps = {("gpupool-queue", "job preempting"), ("gpupool-agent", "stop work")}
         spans = _closed_trace(trace_id, lambda spans: steps <= {(s["service"], s["name"]) for s in spans})
         finish_all(api)
