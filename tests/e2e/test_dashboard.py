@@ -49,8 +49,10 @@ pytestmark = pytest.mark.e2e
 
 FLEET_NODES = LOCAL_NODES
 UP_ARGS = ["--fleet", LOCAL_FLEET, "--telemetry-interval", "2", "--env", f"agent:SIM_WORKLOADS={WORKLOADS}",
-           # one-minute rollups closed a second after their minute, not ten: utilization charts fill sooner
-           "--env", "inventory:ROLLUP_LATE_S=1", "--env", "inventory:MAINTENANCE_INTERVAL_S=1"]
+           # one-minute rollups closed three seconds after their minute, not ten: utilization charts fill sooner;
+           # agents send every sample (a heartbeat of one sampling interval), and a rollup waits longer than that
+           "--env", "agent:HEARTBEAT_S=2",
+           "--env", "inventory:ROLLUP_LATE_S=3", "--env", "inventory:MAINTENANCE_INTERVAL_S=1"]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = os.environ.get("GPUPOOL_DASHBOARD_ARTIFACTS") == "1"
 BENCH_BEGIN, BENCH_END = "<!-- dashboard-benchmark:begin -->", "<!-- dashboard-benchmark:end -->"

@@ -16,6 +16,7 @@ FLEET_NODES = 1
 UP_ARGS = ["--fleet", "L40S*6",
            "--env", "agent:SIM_WORKLOADS=dev=idle,training=training,inference=inference,batch=training",
            "--env", "inventory:MAINTENANCE_INTERVAL_S=1", "--env", "inventory:ROLLUP_LATE_S=2",
+           "--env", "agent:HEARTBEAT_S=1",  # a rollup closes later than a held sample can arrive
            "--env", "reclamation:SWEEP_INTERVAL_S=0.5"]
 
 
