@@ -497,6 +497,12 @@ def test_reports_draw_charts_and_download_the_gateways_csv(page, platform, fleet
     expect(page.locator('[data-stat="efficiency"]')).to_be_visible()
 
 
+# A simulated GPU running real work shows that work's CPU use as its load: a sleeping job reads 0%, so the job
+# spins a little every second (a few percent of a core) for its utilization to be measurably above zero.
+BUSY_THEN_IDLE = ("echo printed-by-the-work; while :; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; "
+                  "sleep 1; done")
+
+
 def measured(doc: dict) -> int:
     return sum(1 for p in doc["points"] if p["utilization_pct"] is not None)
 
@@ -512,7 +518,7 @@ def test_job_and_team_pages_chart_utilization_beside_the_jobs_output(page, platf
     with platform.client() as api:
         response = api.post("/v1/jobs", json={"name": "printer", "team": "default", "gpus": 1, "gpu_models": ["L40S"],
                                               "kind": "batch", "stop_grace_s": 1, "command": [
-                                                  "sh", "-c", "echo printed-by-the-work; sleep 600"]})
+                                                  "sh", "-c", BUSY_THEN_IDLE]})
         assert response.status_code == 201, response.text
         job_id = response.json()["job_id"]
         try:

@@ -307,8 +307,10 @@ async def test_a_service_comes_up_behind_its_health_check_and_a_killed_replica_i
                 os.kill(pid, signal.SIGKILL)
                 await eventually_async(lambda: watcher.of(victim["allocation_id"])[-2:] == ["unready", "ready"],
                                        "the killed replica unready, then ready again", timeout=60)
-                again = {e["replica"]: e for e in ready_endpoints(api, job_id)}
-                same = again[victim["replica"]]
+                # the API's endpoint list follows the same events a moment later than this watcher
+                same = await eventually_async(
+                    lambda: {e["replica"]: e for e in ready_endpoints(api, job_id)}.get(victim["replica"]),
+                    "the restarted replica listed ready by the API", timeout=30)
                 # restarted on the same allocation, at the same endpoint
                 assert (same["allocation_id"], same["url"]) == (victim["allocation_id"], victim["url"])
                 assert fetch(same["url"]) == f"replica {victim['replica']} restarts 1 version 1"
