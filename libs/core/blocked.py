@@ -171,6 +171,8 @@ def _considered(ctx: CycleContext, facts: ReasonFacts, n: int) -> ReasonFacts:
     """`facts` with `victims_considered=n`. Blocked jobs of one kind share one facts object (the reasons' memo),
     so the copy is made once per cycle (`dataclasses.replace` on the 27 fields was a tenth of a deep queue's
     cycle); keyed by identity, the original kept alive beside it so the id is never reused."""
+    if facts.victims_considered == n:  # most searches weigh nobody: the facts say so already
+        return facts
     key = (id(facts), n)
     hit = ctx.considered.get(key)
     if hit is None or hit[0] is not facts:

@@ -580,13 +580,16 @@ class PlacementSearch:
                                                          **ask, **self._census(shape, sid, allowed))
         if reserved:
             opened = list(reserved)
-            for i in opened:
-                st.set_hidden(i, False)
-            mark = st.mark()
-            fits = self._place(job, shape, sid, allowed)
-            st.rollback(mark)
-            for i in opened:
-                st.set_hidden(i, True)
+            if shape.members == 1:  # one node: it fits a held one (none other fits), no trial placement needed
+                fits = any(self._fits_node(i, shape, sid, allowed) for i in opened)
+            else:
+                for i in opened:
+                    st.set_hidden(i, False)
+                mark = st.mark()
+                fits = bool(self._place(job, shape, sid, allowed))
+                st.rollback(mark)
+                for i in opened:
+                    st.set_hidden(i, True)
             if fits:
                 holders = tuple(sorted({reserved[i][0] for i in opened}))
                 return RESERVED_FOR_GANG, ReasonFacts(cause="reserved", holders=holders, **ask)
