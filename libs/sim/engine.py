@@ -92,6 +92,9 @@ def never_fit(nodes: list[Node], jobs: list[SimJob]) -> set[str]:
     return out
 
 
+FINISH, ARRIVAL, WAKE = 0, 1, 2  # replay events, in this order at one instant
+
+
 def gpus_of(r: JobRequest) -> float:
     """The GPUs a request asks for (a fraction by its share, a MIG slice as 1/7)."""
     return r.gpu_fraction_milli / WHOLE if r.gpu_fraction_milli else (1 / 7 if r.mig_profile else r.gpus)
@@ -110,7 +113,7 @@ def replay(nodes: list[Node], jobs: list[SimJob], policy_name: str, *, cycle_int
 class _ReplayRun:
     """One replay in phases: set up (the jobs that can ever fit, guarantees split by demand, the scheduler), then
     per step `_intake` (finishes and arrivals up to the next cycle), `_cycle` (plans applied: placements start,
-    victims requeue; rerun at once after a preemption) and `_sample`, and at the end `result`."""
+    victims requeue, their preemptor starts a cycle later) and `_sample`, and at the end `result`."""
 
     def __init__(self, nodes: list[Node], jobs: list[SimJob], policy_name: str, cycle_interval: float,
                  frag_samples: int, policy_overrides: dict | None, fair_window_s: float) -> None:
@@ -140,10 +143,10 @@ class _ReplayRun:
         self.meter = FragMeter(self.ledger, workload_of(reqs))  # one measure for every policy: the trace's shapes
         self.by_id = {j.job_id: j for j in jobs}
         self.requests = {j.job_id: j.request for j in jobs}
-        self.events: list[tuple[float, int, int, str, int]] = []  # (time, kind 0=finish 1=arrival, seq, job, gen)
+        self.events: list[tuple[float, int, int, str, int]] = []  # (time, FINISH/ARRIVAL/WAKE, seq, job, gen)
         self.seq = 0
         for j in sorted(jobs, key=lambda j: (j.submit, j.job_id)):
-            self.events.append((j.submit, 1, self.seq, j.job_id, 0))
+            self.events.append((j.submit, ARRIVAL, self.seq, j.job_id, 0))
             self.seq += 1
         heapq.heapify(self.events)
         self.gen: Counter = Counter()
@@ -194,7 +197,9 @@ class _ReplayRun:
         events, requests = self.events, self.requests
         while events and events[0][0] <= horizon:
             t, kind, _, job_id, g = heapq.heappop(events)
-            if kind == 0:
+            if kind == WAKE:
+                continue
+            if kind == FINISH:
                 if self.gen[job_id] != g or job_id not in self.started:
                     continue
                 self._stop(job_id, t)
@@ -207,36 +212,39 @@ class _ReplayRun:
         return freed
 
     def _cycle(self, now: float) -> bool:
-        """A scheduling cycle, rerun at once (up to 4 times) while it preempts; True when the last one placed."""
+        """One scheduling cycle, its plan applied; True when it placed. Victims leave at once and requeue; their
+        preemptor starts at the next cycle, one interval later (a wake-up is queued for it), on the nodes the core
+        holds for it meanwhile: on the platform, victims get a grace period to checkpoint and the cycle after
+        their exit places the preemptor. (Rerunning the cycle at once, as before, started it with no delay.)"""
         requests = self.requests
-        for _ in range(4):
-            plan = self.sched.cycle(list(self.pending.values()), now)
-            self.cycles += 1
-            self.ledger.apply(plan, requests)
-            for p in plan.placements:
-                if p.job_id in self.pending:
-                    del self.pending[p.job_id]
-                    self.started[p.job_id] = now
-                    self.first_start.setdefault(p.job_id, now)
-                    heapq.heappush(self.events, (now + self.by_id[p.job_id].duration, 0, self.seq, p.job_id,
-                                                 self.gen[p.job_id]))
-                    self.seq += 1
-                milli = p.gpu_fraction_milli or WHOLE * len(p.gpu_uuids)
-                if p.mig is not None:
-                    prof = migcat.profile(p.gpu_model, p.mig.profile)
-                    milli = prof.milli if prof else 0
-                self.held_milli[p.job_id] = self.held_milli.get(p.job_id, 0) + milli
-                self.windows.change(now, requests[p.job_id].team, held=milli / WHOLE)
-            for v in plan.preemptions:
-                if v.job_id in self.started:
-                    self.lost_gpu_s[v.reason] += self._stop(v.job_id, now)
-                    self.gen[v.job_id] += 1
-                    self.preempted[v.job_id] += 1
-                    self.preempt_reasons[v.reason] += 1
-                    self.series.preempt_t.append(now)
-                    self.pending[v.job_id] = requests[v.job_id]
-            if not plan.preemptions:
-                break
+        plan = self.sched.cycle(list(self.pending.values()), now)
+        self.cycles += 1
+        self.ledger.apply(plan, requests)
+        for p in plan.placements:
+            if p.job_id in self.pending:
+                del self.pending[p.job_id]
+                self.started[p.job_id] = now
+                self.first_start.setdefault(p.job_id, now)
+                heapq.heappush(self.events, (now + self.by_id[p.job_id].duration, FINISH, self.seq, p.job_id,
+                                             self.gen[p.job_id]))
+                self.seq += 1
+            milli = p.gpu_fraction_milli or WHOLE * len(p.gpu_uuids)
+            if p.mig is not None:
+                prof = migcat.profile(p.gpu_model, p.mig.profile)
+                milli = prof.milli if prof else 0
+            self.held_milli[p.job_id] = self.held_milli.get(p.job_id, 0) + milli
+            self.windows.change(now, requests[p.job_id].team, held=milli / WHOLE)
+        for v in plan.preemptions:
+            if v.job_id in self.started:
+                self.lost_gpu_s[v.reason] += self._stop(v.job_id, now)
+                self.gen[v.job_id] += 1
+                self.preempted[v.job_id] += 1
+                self.preempt_reasons[v.reason] += 1
+                self.series.preempt_t.append(now)
+                self.pending[v.job_id] = requests[v.job_id]
+        if plan.preemptions:
+            heapq.heappush(self.events, (now + self.cycle_interval, WAKE, self.seq, "", 0))
+            self.seq += 1
         return bool(plan.placements)
 
     def _sample(self, now: float) -> None:
