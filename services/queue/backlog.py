@@ -14,17 +14,22 @@ from services.queue.domain import backlog_refusal, grant_rate
 
 
 class Backlog:
-    """The backlog as last counted (`count(cap)`, at most every `backlog_refresh_s`) plus the jobs admitted since,
-    and the times of this instance's recent grants. Between counts a grant is not subtracted: the estimate errs
-    towards refusing, never towards a queue longer than the limit. A submission reserves its place before asking
-    quota (`reserve`), then either takes it (`admitted`: the job is stored pending) or gives it back (`release`),
-    so the submissions of a burst in flight together cannot all pass the same check."""
+    """The backlog as last counted (`count(cap, window_s)`, at most every `backlog_refresh_s`) plus the jobs admitted
+    since; the grant rate from the jobs every replica granted in the window as of that count, or from this
+    instance's own recent grants when those say more (they are seen at once). Between counts a grant is not
+    subtracted: the estimate errs towards refusing, never towards a queue longer than the limit. A submission
+    reserves its place before asking quota (`reserve`), then either takes it (`admitted`: the job is stored pending)
+    or gives it back (`release`), so the submissions of a burst in flight together cannot all pass the same check.
 
-    def __init__(self, settings: QueueSettings, count: Callable[[int], Awaitable[int]],
+    With N queue replicas each consumes about 1/N of the grants: a rate from its own alone made Retry-After N times
+    too long."""
+
+    def __init__(self, settings: QueueSettings, count: Callable[[int, float], Awaitable[tuple[int, int]]],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self._count, self._clock = settings, count, clock
         self.waiting = 0  # pending jobs: the last count and those admitted since
         self.reserved = 0  # submissions between their check and their commit
+        self.granted_in_window = 0  # jobs every replica granted in the window before the last count
         self._counted_at: float | None = None
         self._grants: deque[float] = deque()
         self._lock = asyncio.Lock()
@@ -37,9 +42,9 @@ class Backlog:
         await self._recount(limit)
         now = self._clock()
         self._forget_grants(now)
-        refusal = backlog_refusal(self.waiting + self.reserved, limit, grant_rate(self._grants, now=now,
-                                                                  window_s=self.settings.grant_rate_window_s),
-                                  ceiling_s=self.settings.retry_after_max_s)
+        window = self.settings.grant_rate_window_s
+        rate = max(grant_rate(self._grants, now=now, window_s=window), self.granted_in_window / window)
+        refusal = backlog_refusal(self.waiting + self.reserved, limit, rate, ceiling_s=self.settings.retry_after_max_s)
         if refusal is None:
             self.reserved += 1
         return refusal
@@ -71,7 +76,7 @@ class Backlog:
         async with self._lock:  # one count in flight; the others use its answer
             if self._fresh():
                 return
-            self.waiting = await self._count(limit + 1)
+            self.waiting, self.granted_in_window = await self._count(limit + 1, self.settings.grant_rate_window_s)
             self._counted_at = self._clock()
 
     def _fresh(self) -> bool:

@@ -164,9 +164,9 @@ class QueueHandlers:
         return Reply.success(store.view_data(row) | {"created": True} |
                              ({k: v for k, v in extra.items() if v} if needs_approval else {}))
 
-    async def _count_waiting(self, cap: int) -> int:
+    async def _count_waiting(self, cap: int, window_s: float) -> tuple[int, int]:
         async with self.rt.pool.acquire() as conn:
-            return await store.pending_count(conn, cap)
+            return await store.backlog_counts(conn, cap, window_s)
 
     async def _replay(self, scope: str, key: str, request_hash: str) -> Reply | None:
         async with self.rt.pool.acquire() as conn:

@@ -230,8 +230,11 @@ async def due_requeues(conn: asyncpg.Connection, now: datetime, limit: int = 100
             RETURNING {_COLUMNS}""", now, limit)
 
 
-async def pending_count(conn: asyncpg.Connection, cap: int) -> int:
-    """Jobs waiting for placement (state pending), counted up to `cap` at most (the admission limit needs no more,
-    and the count's cost stays bounded however long the queue grows)."""
-    return await conn.fetchval(
-        "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE state = 'pending' LIMIT $1) AS waiting", cap)
+async def backlog_counts(conn: asyncpg.Connection, cap: int, window_s: float) -> tuple[int, int]:
+    """(jobs waiting for placement (state pending) counted up to `cap` at most — the admission limit needs no more,
+    and the count's cost stays bounded however long the queue grows —, jobs granted in the last `window_s` seconds
+    by any replica: the ones whose last start is that recent)."""
+    row = await conn.fetchrow(
+        """SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE state = 'pending' LIMIT $1) AS waiting),
+                  (SELECT count(*) FROM jobs WHERE started_at > now() - make_interval(secs => $2))""", cap, window_s)
+    return row[0], row[1]

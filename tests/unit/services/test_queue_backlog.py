@@ -62,9 +62,9 @@ async def test_the_backlog_is_recounted_only_when_stale_and_reservations_hold_pl
     counts: list[int] = []
     in_db = {"pending": 2}
 
-    async def count(cap: int) -> int:
+    async def count(cap: int, window_s: float) -> tuple[int, int]:
         counts.append(cap)
-        return min(cap, in_db["pending"])
+        return min(cap, in_db["pending"]), 0
 
     clock = Clock()
     backlog = Backlog(QueueSettings(max_backlog=3, backlog_refresh_s=1.0), count, clock)
@@ -82,8 +82,8 @@ async def test_the_backlog_is_recounted_only_when_stale_and_reservations_hold_pl
 
 
 async def test_retry_after_follows_the_grants_seen_in_the_window() -> None:
-    async def count(cap: int) -> int:
-        return 5
+    async def count(cap: int, window_s: float) -> tuple[int, int]:
+        return 5, 0
 
     clock = Clock()
     backlog = Backlog(QueueSettings(max_backlog=5, grant_rate_window_s=10.0, retry_after_max_s=100), count, clock)
@@ -96,8 +96,33 @@ async def test_retry_after_follows_the_grants_seen_in_the_window() -> None:
     assert refusal is not None and refusal.details["retry_after_s"] == 100
 
 
+async def test_retry_after_counts_the_grants_of_every_replica() -> None:
+    """Two queue replicas share the grants: this one consumed 5 of the 20 granted in the window, the database
+    counts all 20, and Retry-After is the time to grant the excess at the fleet's rate, not at a quarter of it."""
+    windows: list[float] = []
+    in_db = {"granted": 20}
+
+    async def count(cap: int, window_s: float) -> tuple[int, int]:
+        windows.append(window_s)
+        return 6, in_db["granted"]
+
+    clock = Clock()
+    settings = QueueSettings(max_backlog=5, grant_rate_window_s=10.0, retry_after_max_s=100, backlog_refresh_s=1.0)
+    backlog = Backlog(settings, count, clock)
+    for _ in range(5):
+        backlog.granted()
+    refusal = await backlog.reserve()
+    assert windows == [10.0]
+    assert refusal is not None and refusal.details["grants_per_s"] == 2.0 and refusal.details["retry_after_s"] == 1
+    clock.now += 11  # its own grants left the window, and the next count finds none in it either
+    in_db["granted"] = 0
+    refusal = await backlog.reserve()
+    assert len(windows) == 2
+    assert refusal is not None and refusal.details["grants_per_s"] == 0.0 and refusal.details["retry_after_s"] == 100
+
+
 async def test_without_a_limit_nothing_is_counted() -> None:
-    async def count(cap: int) -> int:
+    async def count(cap: int, window_s: float) -> tuple[int, int]:
         raise AssertionError("no limit: no count")
 
     backlog = Backlog(QueueSettings(max_backlog=0), count)

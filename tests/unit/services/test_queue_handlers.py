@@ -83,8 +83,8 @@ class FakeQueueStore(FakeStore):
     async def set_requeue_at(self, conn: Any, job_id: str, at: datetime | None) -> None:
         self.requeue_at[job_id] = at
 
-    async def pending_count(self, conn: Any, cap: int) -> int:
-        return min(cap, sum(1 for j in self.jobs.values() if j["state"] == "pending"))
+    async def backlog_counts(self, conn: Any, cap: int, window_s: float) -> tuple[int, int]:
+        return min(cap, sum(1 for j in self.jobs.values() if j["state"] == "pending")), 0
 
 
 @pytest.fixture
