@@ -15,7 +15,15 @@ from libs.core.explain import pending as _pending
 from libs.core.fit import WHOLE_KIND, Shape
 from libs.core.model import JobRequest
 from libs.core.plan import Preemption, ReasonFacts, Reservation
-from libs.core.preempt import NotYet, Preemptor, QuotaPreemptor, Victims, find_quota_victims, find_victims
+from libs.core.preempt import (
+    NotYet,
+    Preemptor,
+    QuotaPreemptor,
+    Victims,
+    find_quota_victims,
+    find_victims,
+    known_without_candidates,
+)
 from libs.core.reasons import (
     NO_FEASIBLE_NODE,
     PREEMPTED_BY_PRIORITY,
@@ -43,9 +51,12 @@ class BlockedPhases:
                                                               for m in allowed))
         reclaim = hit[1]
         pkey = (sid, allowed, job.team, prio, reclaim)
-        if pkey in ctx.preempt_fail:
-            return False, facts
+        if pkey in ctx.preempt_fail:  # a job of its kind found nothing this cycle: so would it, among as many
+            return False, _considered(ctx, facts, ctx.preempt_fail[pkey])
         ctx.n_searches += 1
+        if known_without_candidates(st, job, shape, allowed, prio, reclaim, ctx.taken, ledger, ctx.victim_memo):
+            ctx.preempt_fail[pkey] = 0
+            return False, _considered(ctx, facts, 0)
         pre = Preemptor(job=job, shape=shape, allowed=allowed, priority=prio, reclaim=reclaim,
                         demand=max((self._amount(shape, m) for m in allowed), default=0),
                         fits_node=lambda idx: self._fits_node(idx, shape, sid, allowed),
@@ -54,7 +65,7 @@ class BlockedPhases:
                              ctx.victim_memo)
         facts = _considered(ctx, facts, found.considered)
         if not isinstance(found, Victims):
-            ctx.preempt_fail.add(pkey)
+            ctx.preempt_fail[pkey] = found.considered
             return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
         self._hold_for(ctx, job, prio, found, facts)
         return True, facts
@@ -71,7 +82,7 @@ class BlockedPhases:
         reclaim = self._reclaims(ctx, paths, amounts)
         pkey = ("quota", self._sid(shape), amounts, job.team, job.project, prio, preemptible, reclaim)
         if pkey in ctx.preempt_fail:
-            return False, facts
+            return False, _considered(ctx, facts, ctx.preempt_fail[pkey])
         ctx.n_searches += 1
         sid = self._sid(shape)
         pre = QuotaPreemptor(job=job, paths=paths, priority=prio, amounts=amounts,
@@ -82,7 +93,7 @@ class BlockedPhases:
         found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now)
         facts = _considered(ctx, facts, found.considered)
         if not isinstance(found, Victims):
-            ctx.preempt_fail.add(pkey)
+            ctx.preempt_fail[pkey] = found.considered
             return False, replace(facts, wait=found.wait) if isinstance(found, NotYet) else facts
         whys = sorted({why for _, why in found.chosen})
         scope = paths[2] if any(w == PREEMPTED_WITHIN_QUOTA for w in whys) and \
@@ -158,7 +169,7 @@ class BlockedPhases:
         if start_by == INF:
             ctx.draining = True
         for i in idxs:
-            ctx.reserved[i] = (job.job_id, start_by)
+            ctx.hold(i, job.job_id, start_by)
             st.set_hidden(i, True)
         ctx.held_next[job.job_id] = (list(idxs), start_by)
         ctx.reservations.append(Reservation(job.job_id, tuple(st.nodes[i].name for i in idxs), start_by,

@@ -29,6 +29,7 @@ class CycleContext:
     reservations: list[Reservation] = field(default_factory=list)
     reconfigs: dict[tuple[str, str], tuple[list, list]] = field(default_factory=dict)
     reserved: dict[int, tuple[str, float]] = field(default_factory=dict)  # node -> (holder, start by)
+    holders: dict[str, int] = field(default_factory=dict)  # holder -> its nodes in `reserved` (`hold`, `unhold`)
     nominated: set[int] = field(default_factory=set)  # nodes a preemptor waits on
     taken: set[str] = field(default_factory=set)  # chosen victims and jobs placed now: not preemptible again
     held_next: dict[str, tuple[list[int], float]] = field(default_factory=dict)  # reservations for next cycle
@@ -40,7 +41,7 @@ class CycleContext:
     considered: dict = field(default_factory=dict)  # (id of facts, victims weighed) -> (facts, facts with them)
     epoch: tuple = ()  # `_epoch` now: it moves only while a job is answered in full
     victim_memo: dict = field(default_factory=dict)  # preemption candidates per search kind (preempt.find_victims)
-    preempt_fail: set = field(default_factory=set)  # searches that found nothing
+    preempt_fail: dict = field(default_factory=dict)  # searches that found nothing -> candidates they weighed
     reserve_memo: set = field(default_factory=set)  # shapes whose reservation will not get better this cycle
     reserve_tries: int = 0
     draining: bool = False  # a soft hold is being drained for one starving job
@@ -49,3 +50,19 @@ class CycleContext:
     placed_last: bool = False  # the last job the fair-share order yielded was placed (its team's share moved)
     head_of_line: bool = False  # FIFO: a job that does not fit blocks every job after it
     nodes_by_class: dict[int, int] | None = None  # schedulable nodes per node class (for Unschedulable), on demand
+
+    def hold(self, idx: int, holder: str, start_by: float) -> None:
+        """Node `idx` reserved for `holder` (kept with `holders`, so "does this job hold nodes?" costs a lookup)."""
+        old = self.reserved.get(idx)
+        if old is not None:
+            self.unhold(idx)
+        self.reserved[idx] = (holder, start_by)
+        self.holders[holder] = self.holders.get(holder, 0) + 1
+
+    def unhold(self, idx: int) -> None:
+        holder = self.reserved.pop(idx)[0]
+        n = self.holders[holder] - 1
+        if n:
+            self.holders[holder] = n
+        else:
+            del self.holders[holder]

@@ -310,7 +310,7 @@ class Scheduler(BlockedPhases, PlacementSearch):
             if rid in ctx.jobs:
                 for i in idxs:
                     if i not in ctx.reserved:
-                        ctx.reserved[i] = (rid, start_by)
+                        ctx.hold(i, rid, start_by)
                         self.state.set_hidden(i, True)
 
     def _preemptible_now(self, now: float) -> list[RunningJob]:
@@ -359,7 +359,7 @@ class Scheduler(BlockedPhases, PlacementSearch):
         """One job, or, when a job just like it (`_like`) was turned away while nothing has changed since, its
         answer again: with a deep queue most jobs are the same few asks, and each would only meet the memos the
         first left (quota, placement, reasons, preemption searches), so the answer is the same, reached sooner."""
-        known = None if ctx.head_of_line or ctx.reserved else self._like_ids.get(job.job_id)
+        known = None if ctx.head_of_line or job.job_id in ctx.holders else self._like_ids.get(job.job_id)
         key = known[1] if known is not None and known[0] is job else self._like(ctx, job)  # `_like`, its common case
         epoch = ctx.epoch
         if key is not None:
@@ -368,20 +368,20 @@ class Scheduler(BlockedPhases, PlacementSearch):
                 r = hit[1]
                 ctx.reasons.append(PendingReason(job.job_id, r.reason, r.message, r.facts))
                 return
-            memos = self._memos(ctx)
             n = len(ctx.reasons)
         self._schedule_one(ctx, job)
         ctx.epoch = self._epoch(ctx)
-        # turned away, nothing moved and nothing new remembered: every lookup it made found what a job just like
-        # it will find (memos only grow, and an entry changes only with the state), so that job meets the same
-        if key is not None and len(ctx.reasons) == n + 1 and ctx.epoch == epoch and self._memos(ctx) == memos:
-            r = ctx.reasons[-1]
-            ctx.like_memo[key] = (epoch, r)
+        # turned away and nothing moved: a job just like it meets the memos this one left (each an answer that
+        # changes only with the state: admission, placement, diagnosis; a search that found nothing, or a shape
+        # whose hold will not get better, is not tried again this cycle), so its answer is this one. Not when the
+        # answer says how long this job waited (a preemption not yet worth it): that is its own.
+        if key is not None and len(ctx.reasons) == n + 1 and ctx.epoch == epoch and ctx.reasons[-1].facts.wait is None:
+            ctx.like_memo[key] = (epoch, ctx.reasons[-1])
 
     def _like(self, ctx: CycleContext, job: JobRequest) -> tuple | None:
         """What decides a job's answer besides the state: jobs with the same key get the same answer from the same
         state. None for jobs whose answer depends on more (their id, alternatives, replicas, a hold of their own)."""
-        if ctx.head_of_line or (ctx.reserved and any(rid == job.job_id for rid, _ in ctx.reserved.values())):
+        if ctx.head_of_line or job.job_id in ctx.holders:
             return None
         hit = self._like_ids.get(job.job_id)
         if hit is not None and hit[0] is job:  # kept per request object, as its normalised form is
@@ -404,11 +404,6 @@ class Scheduler(BlockedPhases, PlacementSearch):
         return (ctx.ledger.version, len(ctx.placements), len(ctx.preemptions), len(ctx.reservations),
                 len(ctx.taken), len(ctx.reserved), len(ctx.nominated), len(ctx.reconfigs), len(ctx.held_next),
                 ctx.draining)
-
-    def _memos(self, ctx: CycleContext) -> tuple:
-        """What the cycle has remembered and searched so far: unchanged while a job only met earlier answers."""
-        return (len(ctx.fail_memo), len(ctx.preempt_fail), len(ctx.reserve_memo), len(ctx.admit_memo),
-                ctx.n_searches, ctx.reserve_tries, self.n_scored, ctx.nodes_by_class is None)
 
     def _schedule_one(self, ctx: CycleContext, job: JobRequest) -> None:
         """One job through admission, placement and, when it does not fit, its reason, preemption, reservation."""
@@ -527,9 +522,9 @@ class Scheduler(BlockedPhases, PlacementSearch):
         held nodes only for a job that ends before their holder starts, or (soft holds) when nothing else fits.
         Returns the takes (None: it does not fit) and the key its failure is remembered under."""
         st, reserved, now = self.state, ctx.reserved, ctx.now
-        own = [i for i, (rid, _) in reserved.items() if rid == job.job_id]
+        own = [i for i, (rid, _) in reserved.items() if rid == job.job_id] if job.job_id in ctx.holders else []
         for i in own:  # a job may always use what is reserved for it
-            del reserved[i]
+            ctx.unhold(i)
             st.set_hidden(i, False)
         if own:
             ctx.fail_memo.clear()
