@@ -56,14 +56,17 @@ ratios do.
 
 Replay speed: plans are unchanged by the speed-ups (the pinned replay and a plan-equality test hold): admission
 and the guarantee test are remembered per quota-ledger version, a job just like one turned away with nothing
-changed since gets that answer again, preemption searches skip nodes (and quotas) where no set of victims could
-make room, preemption candidates are kept per cycle, a quota preemption search first tries every candidate
-gone at once (one placement trial instead of up to 256 when nothing can help: 10,731 of 31,813 searches on the
-first 3,000 jobs), the ledger sums siblings' lending once per version, the deep-queue walk does less per job,
-and a preemption search with no reclaim possible looks at the preemptor's own team only. `default` still needs
-2.6x `best-fit`'s CPU here (2.8x in the previous table, 3.1x before that; the target is 2x): it runs about 1.45x
-the cycles (each preemption reruns the cycle at once) and a job that misses the answer of one just like it costs
-about 5x a `best-fit` miss (quota admission, diagnosis, preemption searches). The CPU column is the fairer
+changed since gets that answer again (since December 2026 from the first of its kind: a failed preemption search
+records how many candidates it weighed, so every look-alike says the same, and the second full answer per kind
+and placement is gone: 715,084 full answers on the first 3,000 jobs became 452,764), preemption searches skip
+nodes (and quotas) where no set of victims could make room, preemption candidates are kept per cycle, a quota
+preemption search first tries every candidate gone at once, the ledger sums siblings' lending once per version,
+the deep-queue walk does less per job, whether a job holds reserved nodes is a lookup, and a one-node job is
+tried on held nodes (diagnosis, soft holds) only when one of them has room. One change of the model, not of
+plans: the replay used to rerun the whole cycle at once after each preemption, starting the preemptor with no
+delay and costing one more walk over the deep queue per preemption (1.45x `best-fit`'s cycles); the preemptor now
+starts at the next cycle, as on the platform after its victims' grace period (docs/sim.md, Timed replay), which
+moved `default`'s row (mean JCT 272,114 s -> 268,388 s, 3,521 -> 3,229 preemptions). The CPU column is the fairer
 figure when the machine is shared."""
 
 

@@ -38,6 +38,7 @@ class CycleContext:
     admit_memo: dict = field(default_factory=dict)  # (paths, amounts, ...) -> (ledger version, answer)
     like_memo: dict = field(default_factory=dict)  # a job's `_like` id -> (epoch, its pending reason)
     rendered: dict = field(default_factory=dict)  # a blocked job's facts -> its message
+    quota_facts: dict = field(default_factory=dict)  # (shape, quota refusal) -> the facts of a job it refuses
     considered: dict = field(default_factory=dict)  # (id of facts, victims weighed) -> (facts, facts with them)
     epoch: tuple = ()  # `_epoch` now: it moves only while a job is answered in full
     victim_memo: dict = field(default_factory=dict)  # preemption candidates per search kind (preempt.find_victims)

@@ -423,7 +423,10 @@ class Scheduler(BlockedPhases, PlacementSearch):
                 ctx.reasons.append(_pending(job.job_id, NO_FEASIBLE_NODE,
                                             ReasonFacts(cause="no_model", ask=shape.describe())))
                 return
-            facts = ReasonFacts(cause="quota", ask=shape.describe(), quota=refusal)
+            fkey = (shape, refusal)  # one object per refusal: the facts' copies below are then made once each
+            facts = ctx.quota_facts.get(fkey)
+            if facts is None:
+                facts = ctx.quota_facts[fkey] = ReasonFacts(cause="quota", ask=shape.describe(), quota=refusal)
             if ctx.eligible_victims:  # its quota refuses it: make room within that quota, or wait
                 if ctx.laps:
                     ctx.laps.to("preemption")
@@ -553,6 +556,8 @@ class Scheduler(BlockedPhases, PlacementSearch):
     def _with_open(self, ctx: CycleContext, opened: list[int], job: JobRequest, shape: Shape, sid: int,
                    allowed: frozenset) -> list[Take] | None:
         """Try the job with the held nodes `opened` usable (and held again afterwards)."""
+        if shape.members == 1 and not any(self._fits_node(i, shape, sid, allowed) for i in opened):
+            return None  # one node, and none of the held ones has room: nothing to open them for
         for i in opened:
             self.state.set_hidden(i, False)
         takes = self._place(job, shape, sid, allowed)
