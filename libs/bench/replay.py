@@ -9,6 +9,7 @@ of reclaim preemptions) and where `default` replayed far slower than `best-fit`.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -80,21 +81,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=0.1,
                    help="multiply submit times by this (default 0.1: arrivals compressed 10x)")
     p.add_argument("--limit", type=int, default=0, help="replay only the first N jobs (0: all; a smoke run)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of default and best-fit back to back (default 1): CPU as the median over rounds, "
+                        "the ratio as the median of each round's own; the plans must be equal every round")
     p.add_argument("--no-ablation", action="store_true",
                    help="skip the row of `default` with reclaim hysteresis (reclaim_min_runtime_s=600)")
     return p
 
 
-def rows(nodes, jobs, ablation: bool) -> list[tuple[str, dict]]:
-    out = []
-    for p in POLICIES:
-        print(f"replay {p} ...", file=sys.stderr)
-        out.append((p, engine.replay(nodes, jobs, p).metrics))
+PAIRED = ("default", "best-fit")  # the pair whose CPU ratio is the target: replayed `repeat` times, back to back
+
+
+def rows(nodes, jobs, ablation: bool, repeat: int = 1) -> list[tuple[str, dict]]:
+    """One replay per policy (and the ablation), and `repeat` rounds of `PAIRED` back to back: the plans are the
+    same every round (checked), their CPU seconds are not — each round's go into `cpu_runs`, `cpu_s` is the median,
+    and the ratio to best-fit is the median of the rounds' own ratios (a drifting machine moves both of a round)."""
+    out: dict[str, dict] = {}
+    for r in range(repeat):
+        for p in POLICIES if r == 0 else PAIRED:
+            print(f"replay {p} (round {r + 1} of {repeat if p in PAIRED else 1}) ...", file=sys.stderr)
+            m = engine.replay(nodes, jobs, p).metrics
+            first = out.setdefault(p, {**m, "cpu_runs": []})
+            if (m["jct_mean_s"], m["preemptions"], m["cycles"]) != (first["jct_mean_s"], first["preemptions"],
+                                                                   first["cycles"]):
+                raise RuntimeError(f"replay of {p} differed between rounds: the simulator is not deterministic")
+            first["cpu_runs"].append(m["cpu_s"])
+    for m in out.values():
+        m["cpu_s"] = statistics.median(m["cpu_runs"])
+    results = [(p, out[p]) for p in POLICIES]
     if ablation:
         print("replay default with reclaim hysteresis ...", file=sys.stderr)
-        out.append((f"default, reclaim hysteresis {engine.RECLAIM_MIN_RUNTIME_S:g} s",
-                    engine.replay(nodes, jobs, "default", policy_overrides=HYSTERESIS).metrics))
-    return out
+        m = engine.replay(nodes, jobs, "default", policy_overrides=HYSTERESIS).metrics
+        results.append((f"default, reclaim hysteresis {engine.RECLAIM_MIN_RUNTIME_S:g} s", {**m, "cpu_runs": [m["cpu_s"]]}))
+    return results
+
+
+def cpu_ratio(m: dict, base: dict) -> float:
+    """The median over rounds of this policy's CPU over best-fit's in the same round (one round: the plain ratio)."""
+    pairs = list(zip(m["cpu_runs"], base["cpu_runs"], strict=False))
+    if len(pairs) < 2 or len(m["cpu_runs"]) != len(base["cpu_runs"]):
+        return m["cpu_s"] / base["cpu_s"]
+    return statistics.median(a / b for a, b in pairs)
 
 
 def section(results: list[tuple[str, dict]], command: str, gpus: int, n_nodes: int, n_jobs: int,
@@ -117,8 +144,8 @@ def section(results: list[tuple[str, dict]], command: str, gpus: int, n_nodes: i
         "",
         "| policy | JCT mean (s) | JCT p99 | queue mean (s) | reclaim preemptions | all preemptions | "
         "GPU-h lost (reclaim / all) | jobs preempted 2+ | fair share mean | worst | hours below 0.8 | Jain | "
-        "wall (s) | CPU (s) | CPU vs best-fit |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "wall (s) | CPU (s) | CPU vs best-fit | CPU per round (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in results:
         f = m["fair_share_windows"]
@@ -127,13 +154,17 @@ def section(results: list[tuple[str, dict]], command: str, gpus: int, n_nodes: i
             f"{m['reclaim_preemptions']:,} | {m['preemptions']:,} | {m['reclaim_work_lost_gpu_h']:,.0f} / "
             f"{m['work_lost_gpu_h']:,.0f} | {m['jobs_preempted_twice_or_more']:,} | {f['mean_ratio']:.3f} | "
             f"{f['worst_ratio']:.2f} | {f['share_below'] * 100:.1f}% | {m['jain_fairness']:.3f} | "
-            f"{m['wall_s']:.1f} | {m['cpu_s']:.1f} | {m['cpu_s'] / base['cpu_s']:.2f}x |")
+            f"{m['wall_s']:.1f} | {m['cpu_s']:.1f} | {cpu_ratio(m, base):.2f}x | "
+            f"{', '.join(f'{c:.1f}' for c in m['cpu_runs'])} |")
     lines += ["", NOTES, "", END]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.repeat < 1:
+        print("gpupool bench replay: --repeat must be at least 1", file=sys.stderr)
+        return 2
     if not (simcli.DEFAULT_NODES.exists() and simcli.DEFAULT_TASKS.exists()):
         print("gpupool bench replay: the openb trace is not in ../shared/traces", file=sys.stderr)
         return 2
@@ -141,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = argparse.Namespace(format="openb", trace=simcli.DEFAULT_TASKS, seed=0, limit=args.limit,
                             time_scale=args.time_scale)
     jobs = simcli.load_jobs(ns)
-    results = rows(nodes, jobs, not args.no_ablation)
+    results = rows(nodes, jobs, not args.no_ablation, args.repeat)
     cmd = "gpupool bench replay" + (" " + " ".join(argv) if argv else "")
     text = section(results, cmd, sum(len(n.gpus) for n in nodes), len(nodes), len(jobs), args.time_scale)
     write_section(Path(args.out), BEGIN, END, text)
