@@ -71,7 +71,8 @@ moved `default`'s row (mean JCT 272,114 s -> 268,388 s, 3,521 -> 3,229 preemptio
 figure when the machine is shared, but on this 2-vCPU virtual machine even CPU seconds drift by a fifth within
 minutes (the same `best-fit` replay took 72.6 to 107 s of CPU in one session; here `default`'s row took more
 than its own hysteresis variant, which does more work): back-to-back pairs of the same code in the same session
-gave `default` 2.12x, 2.23x and 2.53x `best-fit`'s CPU, this table 2.66x. The 2x target is not shown."""
+gave `default` 2.12x, 2.23x and 2.53x `best-fit`'s CPU, a single run of each 2.66x; hence `--repeat N`, which
+replays the pair N times back to back and takes medians (the per-round column). The 2x target is not shown."""
 
 
 def build_parser() -> argparse.ArgumentParser:
