@@ -119,10 +119,9 @@ def rows(nodes, jobs, ablation: bool, repeat: int = 1) -> list[tuple[str, dict]]
 
 def cpu_ratio(m: dict, base: dict) -> float:
     """The median over rounds of this policy's CPU over best-fit's in the same round (one round: the plain ratio)."""
-    pairs = list(zip(m["cpu_runs"], base["cpu_runs"], strict=False))
-    if len(pairs) < 2 or len(m["cpu_runs"]) != len(base["cpu_runs"]):
+    if len(m["cpu_runs"]) < 2 or len(m["cpu_runs"]) != len(base["cpu_runs"]):
         return m["cpu_s"] / base["cpu_s"]
-    return statistics.median(a / b for a, b in pairs)
+    return statistics.median(a / b for a, b in zip(m["cpu_runs"], base["cpu_runs"], strict=True))
 
 
 def section(results: list[tuple[str, dict]], command: str, gpus: int, n_nodes: int, n_jobs: int,

@@ -15,15 +15,7 @@ from libs.core.explain import pending as _pending
 from libs.core.fit import WHOLE_KIND, Shape
 from libs.core.model import JobRequest
 from libs.core.plan import Preemption, ReasonFacts, Reservation
-from libs.core.preempt import (
-    NotYet,
-    Preemptor,
-    QuotaPreemptor,
-    Victims,
-    find_quota_victims,
-    find_victims,
-    known_without_candidates,
-)
+from libs.core.preempt import NotYet, Preemptor, QuotaPreemptor, Victims, find_quota_victims, find_victims
 from libs.core.reasons import (
     NO_FEASIBLE_NODE,
     PREEMPTED_BY_PRIORITY,
@@ -54,9 +46,6 @@ class BlockedPhases:
         if pkey in ctx.preempt_fail:  # a job of its kind found nothing this cycle: so would it, among as many
             return False, _considered(ctx, facts, ctx.preempt_fail[pkey])
         ctx.n_searches += 1
-        if known_without_candidates(st, job, shape, allowed, prio, reclaim, ctx.taken, ledger, ctx.victim_memo):
-            ctx.preempt_fail[pkey] = 0
-            return False, _considered(ctx, facts, 0)
         pre = Preemptor(job=job, shape=shape, allowed=allowed, priority=prio, reclaim=reclaim,
                         demand=max((self._amount(shape, m) for m in allowed), default=0),
                         fits_node=lambda idx: self._fits_node(idx, shape, sid, allowed),

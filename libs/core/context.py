@@ -54,8 +54,7 @@ class CycleContext:
 
     def hold(self, idx: int, holder: str, start_by: float) -> None:
         """Node `idx` reserved for `holder` (kept with `holders`, so "does this job hold nodes?" costs a lookup)."""
-        old = self.reserved.get(idx)
-        if old is not None:
+        if idx in self.reserved:
             self.unhold(idx)
         self.reserved[idx] = (holder, start_by)
         self.holders[holder] = self.holders.get(holder, 0) + 1

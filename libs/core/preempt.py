@@ -93,7 +93,7 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
     st = state
     job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
     if memo is not None and job.job_id not in st.running:
-        key = _memo_key(job, shape, allowed, prio, reclaim, taken, ledger)
+        key = (job.team, prio, reclaim, None if shape.kind == CPU_KIND else allowed, len(taken), ledger.version)
         hit = memo.get(key)
         if hit is None:
             if not reclaim:  # only its own team's work can be a victim: look at that alone (same order)
@@ -114,23 +114,6 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
     if got is None:
         return NoVictims(n)
     return NotYet(got.wait, n) if isinstance(got, NotYet) else Victims(got.chosen, got.nodes, n)
-
-
-def _memo_key(job: JobRequest, shape: Shape, allowed: frozenset, prio: int, reclaim: bool, taken: set[str],
-              ledger: QuotaLedger) -> tuple:
-    """What a search's candidates depend on besides the cycle's (`find_victims`' memo)."""
-    return job.team, prio, reclaim, None if shape.kind == CPU_KIND else allowed, len(taken), ledger.version
-
-
-def known_without_candidates(state: ClusterState, job: JobRequest, shape: Shape, allowed: frozenset, prio: int,
-                             reclaim: bool, taken: set[str], ledger: QuotaLedger, memo: dict) -> bool:
-    """`find_victims` would answer NoVictims(0) from its memo: a search of the same kind this cycle, with nothing
-    placed, chosen or borrowed since, found no candidate at all (the shape does not matter then). Lets the caller
-    skip building the search; False when unknown."""
-    if job.job_id in state.running:
-        return False
-    hit = memo.get(_memo_key(job, shape, allowed, prio, reclaim, taken, ledger))
-    return hit is not None and not hit[0]
 
 
 def _candidates(st: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,

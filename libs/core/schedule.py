@@ -545,25 +545,13 @@ class Scheduler(BlockedPhases, PlacementSearch):
         if not takes:
             takes = self._place(job, shape, sid, allowed)
         if takes is None and qualifying:
-            takes = self._with_open(ctx, [i for i, (rid, _) in reserved.items() if rid in qualifying],
-                                    job, shape, sid, allowed)
+            takes = self._place_opened(job, shape, sid, allowed,
+                                       [i for i, (rid, _) in reserved.items() if rid in qualifying])
         if takes is None:  # a soft hold (unknown start) only steers: use it when nothing else fits
             soft = [i for i, (rid, start_by) in reserved.items() if start_by == INF and rid not in qualifying]
             if soft:
-                takes = self._with_open(ctx, soft, job, shape, sid, allowed)
+                takes = self._place_opened(job, shape, sid, allowed, soft)
         return takes, memo_key
-
-    def _with_open(self, ctx: CycleContext, opened: list[int], job: JobRequest, shape: Shape, sid: int,
-                   allowed: frozenset) -> list[Take] | None:
-        """Try the job with the held nodes `opened` usable (and held again afterwards)."""
-        if shape.members == 1 and not any(self._fits_node(i, shape, sid, allowed) for i in opened):
-            return None  # one node, and none of the held ones has room: nothing to open them for
-        for i in opened:
-            self.state.set_hidden(i, False)
-        takes = self._place(job, shape, sid, allowed)
-        for i in opened:
-            self.state.set_hidden(i, True)
-        return takes
 
     def _commit(self, ctx: CycleContext, job: JobRequest, shape: Shape, takes: list[Take],
                 paths: tuple[str, str, str], prio: int, preemptible: bool, min_rt: float) -> None:

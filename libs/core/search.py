@@ -523,6 +523,19 @@ class PlacementSearch:
                 return d, level[d]
         return None
 
+    def _place_opened(self, job: JobRequest, shape: Shape, sid: int, allowed: frozenset,
+                      opened: list[int]) -> list[Take] | None:
+        """Place the job with the held nodes `opened` usable (held again afterwards; the caller's placement failed
+        without them). A one-node job can then only go to one of them: when none has room, nothing is opened."""
+        if shape.members == 1 and not any(self._fits_node(i, shape, sid, allowed) for i in opened):
+            return None
+        for i in opened:
+            self.state.set_hidden(i, False)
+        takes = self._place(job, shape, sid, allowed)
+        for i in opened:
+            self.state.set_hidden(i, True)
+        return takes
+
     def _fits_node(self, idx: int, shape: Shape, sid: int, allowed: frozenset) -> bool:
         ns = self.state.nodes[idx]
         if not ns.schedulable or not ns.host_fits(shape.cpu, shape.mem) or not shape.selector <= ns.labels:
@@ -580,16 +593,9 @@ class PlacementSearch:
                                                          **ask, **self._census(shape, sid, allowed))
         if reserved:
             opened = list(reserved)
-            if shape.members == 1:  # one node: it fits a held one (none other fits), no trial placement needed
-                fits = any(self._fits_node(i, shape, sid, allowed) for i in opened)
-            else:
-                for i in opened:
-                    st.set_hidden(i, False)
-                mark = st.mark()
-                fits = bool(self._place(job, shape, sid, allowed))
-                st.rollback(mark)
-                for i in opened:
-                    st.set_hidden(i, True)
+            mark = st.mark()
+            fits = bool(self._place_opened(job, shape, sid, allowed, opened))
+            st.rollback(mark)
             if fits:
                 holders = tuple(sorted({reserved[i][0] for i in opened}))
                 return RESERVED_FOR_GANG, ReasonFacts(cause="reserved", holders=holders, **ask)
