@@ -14,8 +14,16 @@ from libs.core.context import CycleContext
 from libs.core.explain import pending as _pending
 from libs.core.fit import WHOLE_KIND, Shape
 from libs.core.model import JobRequest
-from libs.core.plan import Preemption, ReasonFacts, Reservation
-from libs.core.preempt import NotYet, Preemptor, QuotaPreemptor, Victims, find_quota_victims, find_victims
+from libs.core.plan import Preemption, ReasonFacts, Reservation, with_considered
+from libs.core.preempt import (
+    NotYet,
+    Preemptor,
+    QuotaPreemptor,
+    Victims,
+    find_quota_victims,
+    find_victims,
+    victim_candidates,
+)
 from libs.core.reasons import (
     NO_FEASIBLE_NODE,
     PREEMPTED_BY_PRIORITY,
@@ -36,18 +44,17 @@ class BlockedPhases:
         recorded; the facts, with the candidates weighed and why it waits instead when preempting would cost more
         than waiting)."""
         st, ledger = self.state, ctx.ledger
-        rkey = ("reclaim", paths[1], sid, allowed)
-        hit = ctx.admit_memo.get(rkey)
-        if hit is None or hit[0] != ledger.version:  # its team within its guarantee: borrowers are candidates
-            hit = ctx.admit_memo[rkey] = (ledger.version, any(ledger.within_guarantee(paths, m, self._amount(shape, m))
-                                                              for m in allowed))
-        reclaim = hit[1]
+        amounts, demand = self._allowed_amounts(shape, sid, allowed)
+        reclaim = self._reclaims(ctx, paths, amounts)  # its team within its guarantee: borrowers are candidates
         pkey = (sid, allowed, job.team, prio, reclaim)
         if pkey in ctx.preempt_fail:  # a job of its kind found nothing this cycle: so would it, among as many
             return False, _considered(ctx, facts, ctx.preempt_fail[pkey])
         ctx.n_searches += 1
-        pre = Preemptor(job=job, shape=shape, allowed=allowed, priority=prio, reclaim=reclaim,
-                        demand=max((self._amount(shape, m) for m in allowed), default=0),
+        if not victim_candidates(st, ctx.eligible_victims, job, shape, allowed, prio, reclaim, ledger, ctx.taken,
+                                 self.policy, ctx.now, ctx.victim_memo)[0]:
+            ctx.preempt_fail[pkey] = 0  # nobody to weigh (most searches): no search to set up
+            return False, _considered(ctx, facts, 0)
+        pre = Preemptor(job=job, shape=shape, allowed=allowed, priority=prio, reclaim=reclaim, demand=demand,
                         fits_node=lambda idx: self._fits_node(idx, shape, sid, allowed),
                         place=lambda: self._place(job, shape, sid, allowed))
         found = find_victims(st, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
@@ -79,7 +86,8 @@ class BlockedPhases:
                              demand=max((a for _, a in amounts), default=0),
                              place=lambda allowed: self._place(job, shape, sid, allowed),
                              monotone=not shape.is_gang)
-        found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now)
+        found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
+                                   ctx.victim_memo)
         facts = _considered(ctx, facts, found.considered)
         if not isinstance(found, Victims):
             ctx.preempt_fail[pkey] = found.considered
@@ -176,5 +184,5 @@ def _considered(ctx: CycleContext, facts: ReasonFacts, n: int) -> ReasonFacts:
     key = (id(facts), n)
     hit = ctx.considered.get(key)
     if hit is None or hit[0] is not facts:
-        hit = ctx.considered[key] = (facts, replace(facts, victims_considered=n))
+        hit = ctx.considered[key] = (facts, with_considered(facts, n))
     return hit[1]

@@ -87,39 +87,47 @@ def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Pre
     """Decide victims (never act) among `candidates` (running work preemptible now), none of `taken` (victims
     and jobs placed earlier in the cycle): same team and lower priority, or borrowers when the job's team is
     within its guarantee. Never a victim of higher priority than the preemptor. NoVictims: no set of victims
-    makes room. `memo` (one cycle's, the same `candidates` and `now` throughout): the candidates of one kind of search,
-    kept while nothing was placed, chosen or borrowed since, and the candidates by team (without a reclaim, only
-    the preemptor's own team's work can be chosen)."""
-    st = state
-    job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
-    if memo is not None and job.job_id not in st.running:
-        key = (job.team, prio, reclaim, None if shape.kind == CPU_KIND else allowed, len(taken), ledger.version)
-        hit = memo.get(key)
-        if hit is None:
-            if not reclaim:  # only its own team's work can be a victim: look at that alone (same order)
-                by_team = memo.get(_BY_TEAM)
-                if by_team is None:
-                    by_team = memo[_BY_TEAM] = {}
-                    for rj in candidates:
-                        by_team.setdefault(rj.team, []).append(rj)
-                candidates = by_team.get(job.team, ())
-            hit = memo[key] = _candidates(st, candidates, pre, ledger, taken, policy, now)
-    else:
-        hit = _candidates(st, candidates, pre, ledger, taken, policy, now)
-    cands, budget, by_node = hit
+    makes room. `memo`: as `victim_candidates`."""
+    cands, budget, by_node = victim_candidates(state, candidates, pre.job, pre.shape, pre.allowed, pre.priority,
+                                               pre.reclaim, ledger, taken, policy, now, memo)
     if not cands:
         return NoVictims(0)
-    got = _search(st, cands, budget, by_node, pre, policy, now)
+    got = _search(state, cands, budget, by_node, pre, policy, now)
     n = len(cands)
     if got is None:
         return NoVictims(n)
     return NotYet(got.wait, n) if isinstance(got, NotYet) else Victims(got.chosen, got.nodes, n)
 
 
-def _candidates(st: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
-                taken: set[str], policy: Policy, now: float) -> tuple[list[tuple], dict[str, int], dict]:
+def victim_candidates(st: ClusterState, candidates: Iterable[RunningJob], job: JobRequest, shape: Shape,
+                      allowed: frozenset, prio: int, reclaim: bool, ledger: QuotaLedger, taken: set[str],
+                      policy: Policy, now: float, memo: dict | None = None) -> tuple[list[tuple], dict, dict]:
+    """The candidates `find_victims` weighs for the job, cheapest first, each team's reclaim budget and the
+    candidates on each node (no candidates: no search, and no `Preemptor` is needed to know it). `memo` (one
+    cycle's, the same `candidates` and `now` throughout): the candidates of one kind of search, kept while nothing
+    was placed, chosen or borrowed since, and the candidates by team (without a reclaim, only the preemptor's own
+    team's work can be chosen)."""
+    if memo is None or job.job_id in st.running:
+        return _candidates(st, candidates, job, shape, allowed, prio, reclaim, ledger, taken, policy, now)
+    key = (job.team, prio, reclaim, None if shape.kind == CPU_KIND else allowed, len(taken), ledger.version)
+    hit = memo.get(key)
+    if hit is None:
+        if not reclaim:  # only its own team's work can be a victim: look at that alone (same order)
+            by_team = memo.get(_BY_TEAM)
+            if by_team is None:
+                by_team = memo[_BY_TEAM] = {}
+                for rj in candidates:
+                    by_team.setdefault(rj.team, []).append(rj)
+            candidates = by_team.get(job.team, ())
+        hit = memo[key] = _candidates(st, candidates, job, shape, allowed, prio, reclaim, ledger, taken, policy,
+                                      now)
+    return hit
+
+
+def _candidates(st: ClusterState, candidates: Iterable[RunningJob], job: JobRequest, shape: Shape,
+                allowed: frozenset, prio: int, reclaim: bool, ledger: QuotaLedger, taken: set[str], policy: Policy,
+                now: float) -> tuple[list[tuple], dict[str, int], dict]:
     """find_victims' candidates, cheapest first, each team's reclaim budget, and the candidates on each node."""
-    job, shape, allowed, prio, reclaim = pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim
     budget: dict[str, int] = {}
     lent: dict[tuple, int] = {}  # (team path, models) -> what the team borrows of them (the ledger is fixed here)
     cands: list[tuple] = []
@@ -323,42 +331,36 @@ class QuotaPreemptor:
 
 
 def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: QuotaPreemptor,
-                       ledger: QuotaLedger, taken: set[str], policy: Policy, now: float) -> Victims | NotYet | NoVictims:
+                       ledger: QuotaLedger, taken: set[str], policy: Policy, now: float,
+                       memo: dict | None = None) -> Victims | NotYet | NoVictims:
     """Victims that make room within the quota that refuses `pre.job` (module docstring), decided, never acted
-    on: once they are gone the job is admitted and fits. NoVictims: no such set."""
-    st, job, paths, prio = state, pre.job, pre.paths, pre.priority
+    on: once they are gone the job is admitted and fits. NoVictims: no such set. `memo` (one cycle's, the same
+    `candidates` and `now` throughout): the candidates of one kind of search and whether their release would
+    admit the job, kept while nothing was placed, chosen or borrowed since."""
+    st, job, paths = state, pre.job, pre.paths
     refusing = ledger.refusing_paths(paths, pre.amounts, job.job_id, guarantee_only=pre.guarantee_only)
     project_only = refusing <= {paths[2]}  # only the project is full: other projects' work would not help
-    models = {m for m, _ in pre.amounts}
-    budget: dict[str, int] = {}
-    lent: dict[tuple, int] = {}
-    cands: list[tuple] = []
-    for rj in candidates:
-        if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
-            continue
-        if not (set(rj.milli_by_model) & models):
-            continue
-        vpaths = ledger.paths(rj.team, rj.project)
-        if rj.team == job.team:
-            if rj.priority >= prio or (project_only and rj.project != job.project):
-                continue
-            why = PREEMPTED_WITHIN_QUOTA
-        elif pre.reclaim:
-            if not _reclaimable(rj, ledger, policy.reclaim_min_runtime_s, now, budget, lent):
-                continue
-            why = RECLAIMED_FOR_GUARANTEE
-        else:
-            continue
-        milli = sum(rj.milli_by_model.values())
-        lost = milli * max(0.0, now - rj.started_at)
-        cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team, rj.started_at, vpaths, rj.milli_by_model))
+    key = None
+    if memo is not None and job.job_id not in st.running:
+        key = ("quota", job.team, job.project, pre.priority, project_only, pre.reclaim,
+               tuple(m for m, _ in pre.amounts), len(taken), ledger.version)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _quota_candidates(st, candidates, pre, project_only, ledger, taken, policy, now)
+    else:
+        hit = _quota_candidates(st, candidates, pre, project_only, ledger, taken, policy, now)
+    cands, budget = hit
     n = len(cands)
     if not cands:
         return NoVictims(0)
-    if not _admitted_without(ledger, pre, cands):
+    akey = (key, pre.amounts, pre.guarantee_only) if key is not None else None
+    admitted = memo.get(akey) if memo is not None and akey is not None else None
+    if admitted is None:
+        admitted = _admitted_without(ledger, pre, cands)
+        if memo is not None and akey is not None:
+            memo[akey] = admitted
+    if not admitted:
         return NoVictims(n)  # not even with every candidate gone would its quota admit it: no release can help
-    # Kueue's order: other teams' borrowed work, then the lowest priority, then the most recently started
-    cands.sort(key=lambda c: (c[3] != RECLAIMED_FOR_GUARANTEE, c[0], -c[6], c[2]))
 
     def fits() -> list[Take] | None:
         allowed, _ = ledger.admissible(paths, pre.amounts, job.job_id, guarantee_only=pre.guarantee_only)
@@ -420,16 +422,54 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
     return Victims(tuple((c[2], c[3]) for c in sel), tuple(sorted({t.node for t in takes})), n)
 
 
+def _quota_candidates(st: ClusterState, candidates: Iterable[RunningJob], pre: QuotaPreemptor, project_only: bool,
+                      ledger: QuotaLedger, taken: set[str], policy: Policy,
+                      now: float) -> tuple[list[tuple], dict[str, int]]:
+    """find_quota_victims' candidates in Kueue's order (other teams' borrowed work, then the lowest priority, then
+    the most recently started) and each team's reclaim budget."""
+    job, prio = pre.job, pre.priority
+    models = {m for m, _ in pre.amounts}
+    budget: dict[str, int] = {}
+    lent: dict[tuple, int] = {}
+    cands: list[tuple] = []
+    for rj in candidates:
+        if rj.job_id in taken or rj.job_id == job.job_id or rj.priority > prio:
+            continue
+        if not (set(rj.milli_by_model) & models):
+            continue
+        if rj.team == job.team:
+            if rj.priority >= prio or (project_only and rj.project != job.project):
+                continue
+            why = PREEMPTED_WITHIN_QUOTA
+        elif pre.reclaim:
+            if not _reclaimable(rj, ledger, policy.reclaim_min_runtime_s, now, budget, lent):
+                continue
+            why = RECLAIMED_FOR_GUARANTEE
+        else:
+            continue
+        milli = sum(rj.milli_by_model.values())
+        lost = milli * max(0.0, now - rj.started_at)
+        cands.append((rj.priority, lost, rj.job_id, why, milli, rj.team, rj.started_at,
+                      ledger.paths(rj.team, rj.project), rj.milli_by_model))
+    cands.sort(key=lambda c: (c[3] != RECLAIMED_FOR_GUARANTEE, c[0], -c[6], c[2]))
+    return cands, budget
+
+
 def _admitted_without(ledger: QuotaLedger, pre: QuotaPreemptor, cands: list[tuple]) -> bool:
     """Whether the job's quota would admit it with every candidate's use taken out of the ledger (restored after):
-    necessary for any set of victims to make room, and cheap next to trying them one by one."""
+    necessary for any set of victims to make room, and cheap next to trying them one by one. The candidates' use
+    is summed per quota path and model first (whole milli-GPUs: the same counts as taking them out one by one)."""
     version = ledger.version
-    for c in cands:
-        ledger.remove(c[7], c[8])
-    allowed, _ = ledger.admissible(pre.paths, pre.amounts, pre.job.job_id, guarantee_only=pre.guarantee_only)
+    total: dict[tuple, int] = {}
     for c in cands:
         for model, milli in c[8].items():
-            ledger.add(c[7], model, milli)
+            k = (c[7], model)
+            total[k] = total.get(k, 0) + milli
+    for (vpaths, model), milli in total.items():
+        ledger.add(vpaths, model, -milli)
+    allowed, _ = ledger.admissible(pre.paths, pre.amounts, pre.job.job_id, guarantee_only=pre.guarantee_only)
+    for (vpaths, model), milli in total.items():
+        ledger.add(vpaths, model, milli)
     ledger.restore(version)
     return bool(allowed)
 

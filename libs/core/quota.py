@@ -42,6 +42,8 @@ class QuotaLedger:
         self._paths: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._unassigned: dict[tuple[str, str], int] = {}  # (parent, model) -> its pool no child is guaranteed
         self._sibling_sums: dict[tuple[str, str], tuple[int, tuple[int, float, int]]] = {}  # -> (version, sums)
+        self._refusal_memo: dict[tuple, tuple[int, tuple]] = {}  # (paths, amounts, guarantee only) -> (version, ...)
+        self._signatures: dict[tuple, tuple] = {}  # (paths, model, guarantee only) -> `_signature`
 
     @classmethod
     def holding(cls, tree: QuotaTree, capacity: dict[str, int], strict: bool,
@@ -64,15 +66,50 @@ class QuotaLedger:
     def admission(self, paths: tuple[str, str, str], amounts: Iterable[tuple[str, int]], *,
                   guarantee_only: bool) -> tuple[list[str], QuotaFacts | None]:
         """`admissible` with the first refusal as facts (`explain.quota_text` says them)."""
+        if not self.has_entries and not guarantee_only:  # no quota at all: every model, as `refusal_facts` says
+            return [m for m, _ in amounts], None
         allowed: list[str] = []
         first: QuotaFacts | None = None
-        for model, amount in amounts:
-            got = self.refusal_facts(paths, model, amount, guarantee_only=guarantee_only)
+        for model, got in self._refusals(paths, amounts, guarantee_only):
             if got is None:
                 allowed.append(model)
             elif first is None:
                 first = got
         return allowed, first
+
+    def _refusals(self, paths: tuple[str, str, str], amounts: Iterable[tuple[str, int]],
+                  guarantee_only: bool) -> tuple[tuple[str, QuotaFacts | None], ...]:
+        """Each model of `amounts` with its refusal (None: admissible), kept for the ledger's version (a version
+        names one content of `usage`, so an answer at it holds whenever the ledger is back at it)."""
+        amounts = tuple(amounts)
+        key = (paths, amounts, guarantee_only)
+        hit = self._refusal_memo.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        seen: dict[tuple, QuotaFacts | None] = {}  # models whose entries and amount agree get one answer
+        out = []
+        for m, a in amounts:
+            k = (self._signature(paths, m, guarantee_only), a)
+            if k in seen:
+                got = seen[k]
+            else:
+                got = seen[k] = self.refusal_facts(paths, m, a, guarantee_only=guarantee_only)
+            out.append((m, got))
+        got_all = tuple(out)
+        self._refusal_memo[key] = (self.version, got_all)
+        return got_all
+
+    def _signature(self, paths: tuple[str, str, str], model: str, guarantee_only: bool) -> tuple:
+        """What `refusal_facts` reads of `model`: the entry at each level of `paths` (a wildcard entry counts every
+        model alike), and the model itself only where a refusal would name it (no entry at the team level for a
+        guarantee-only job, or no entry anywhere under a strict quota)."""
+        key = (paths, model, guarantee_only)
+        sig = self._signatures.get(key)
+        if sig is None:
+            entries = tuple(self.entry(p, model) for p in paths)
+            named = (guarantee_only and entries[1] is None) or (self.strict and all(e is None for e in entries))
+            sig = self._signatures[key] = (tuple(id(e) for e in entries), model if named else None)
+        return sig
 
     def refusal(self, paths: tuple[str, str, str], model: str, amount: int, job_id: str, *,
                 guarantee_only: bool) -> tuple[str, str] | None:
@@ -95,12 +132,7 @@ class QuotaLedger:
     def refusing_paths(self, paths: tuple[str, str, str], amounts: Iterable[tuple[str, int]], job_id: str, *,
                        guarantee_only: bool) -> set[str]:
         """The levels of the job's path that refuse it, over the models it may use."""
-        out: set[str] = set()
-        for model, amount in amounts:
-            got = self.refusal_facts(paths, model, amount, guarantee_only=guarantee_only)
-            if got is not None:
-                out.add(got.path)
-        return out
+        return {got.path for _, got in self._refusals(paths, amounts, guarantee_only) if got is not None}
 
     def paths(self, team: str, project: str) -> tuple[str, str, str]:
         key = (team, project)

@@ -341,19 +341,22 @@ class Scheduler(BlockedPhases, PlacementSearch):
             while heap:
                 share, _, _, team = heappop(heap)
                 q = queues[team]
+                top = heap[0] if heap else None  # the next team's entry: fixed while this team goes on
                 while True:
                     job = q.popleft()
                     ctx.placed_last = False
                     yield job
                     if not q:
                         break
-                    s = share_of(team, hist) if ctx.placed_last else share
+                    if ctx.placed_last:
+                        share = share_of(team, hist)
+                    if top is None or top[0] > share:  # no other team, or each is further behind: go on
+                        continue
                     head = q[0]
-                    nxt = (s, head.submitted_at, head.job_id, team)
-                    if heap and heap[0] < nxt:  # another team is next; else this one goes on, no heap round trip
+                    nxt = (share, head.submitted_at, head.job_id, team)
+                    if top < nxt:  # another team is next; else this one goes on, no heap round trip
                         heappush(heap, nxt)
                         break
-                    share = s
 
     def _schedule_job(self, ctx: CycleContext, job: JobRequest) -> None:
         """One job, or, when a job just like it (`_like`) was turned away while nothing has changed since, its
@@ -531,8 +534,8 @@ class Scheduler(BlockedPhases, PlacementSearch):
             st.set_hidden(i, False)
         if own:
             ctx.fail_memo.clear()
-        qualifying = tuple(sorted({rid for idx, (rid, start_by) in reserved.items()
-                                   if job.max_runtime_s is not None and now + job.max_runtime_s <= start_by}))
+        qualifying = () if job.max_runtime_s is None or not reserved else tuple(sorted(
+            {rid for rid, start_by in reserved.values() if now + job.max_runtime_s <= start_by}))
         memo_key = (sid, allowed, qualifying)
         if memo_key in ctx.fail_memo:
             return None, memo_key

@@ -51,6 +51,8 @@ class PlacementSearch:
         self.elig_memo: dict = {}  # (node class, shape, models) -> positions of GPUs that could serve it
         self.n_scored = 0  # node groups scored (the cycle resets it: a statistic of its plan)
         self._shape_ids: dict = {}
+        self._allowed_memo: dict = {}
+        self._models_memo: dict = {}  # shape -> the models that could serve it  # (shape id, models) -> (what it takes of each, the most of them)
         self._kinds: dict[str, KindPolicy] = {k.kind: k for k in policy.kinds}
         self._models = sorted(state.capacity)
         self._model_mem: dict[str, int] = {}
@@ -549,7 +551,28 @@ class PlacementSearch:
             return p.milli if p else 0
         return shape.gpu_milli_total()
 
-    def _models_for(self, shape: Shape) -> list[str]:
+    def _allowed_amounts(self, shape: Shape, sid: int, allowed: frozenset) -> tuple[tuple[tuple[str, int], ...], int]:
+        """What the shape would take of each model in `allowed` (sorted by model), and the most of those (its
+        demand): fixed for the cluster's models, so kept."""
+        key = (sid, allowed)
+        got = self._allowed_memo.get(key)
+        if got is None:
+            if len(self._allowed_memo) > 100_000:
+                self._allowed_memo.clear()
+            amounts = tuple((m, self._amount(shape, m)) for m in sorted(allowed))
+            got = self._allowed_memo[key] = (amounts, max((a for _, a in amounts), default=0))
+        return got
+
+    def _models_for(self, shape: Shape) -> tuple[str, ...]:
+        """The cluster's GPU models that could serve the shape (by its models, memory, MIG profile): kept."""
+        got = self._models_memo.get(shape)
+        if got is None:
+            if len(self._models_memo) > 100_000:
+                self._models_memo.clear()
+            got = self._models_memo[shape] = tuple(self._models_of(shape))
+        return got
+
+    def _models_of(self, shape: Shape) -> list[str]:
         if shape.kind == CPU_KIND:
             return list(self._models)
         out = []
