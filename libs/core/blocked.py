@@ -50,15 +50,16 @@ class BlockedPhases:
         if pkey in ctx.preempt_fail:  # a job of its kind found nothing this cycle: so would it, among as many
             return False, _considered(ctx, facts, ctx.preempt_fail[pkey])
         ctx.n_searches += 1
-        if not victim_candidates(st, ctx.eligible_victims, job, shape, allowed, prio, reclaim, ledger, ctx.taken,
-                                 self.policy, ctx.now, ctx.victim_memo)[0]:
+        weighed = victim_candidates(st, ctx.eligible_victims, job, shape, allowed, prio, reclaim, ledger, ctx.taken,
+                                    self.policy, ctx.now, ctx.victim_memo)
+        if not weighed[0]:
             ctx.preempt_fail[pkey] = 0  # nobody to weigh (most searches): no search to set up
             return False, _considered(ctx, facts, 0)
         pre = Preemptor(job=job, shape=shape, allowed=allowed, priority=prio, reclaim=reclaim, demand=demand,
                         fits_node=lambda idx: self._fits_node(idx, shape, sid, allowed),
                         place=lambda: self._place(job, shape, sid, allowed))
         found = find_victims(st, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
-                             ctx.victim_memo)
+                             ctx.victim_memo, weighed)
         facts = _considered(ctx, facts, found.considered)
         if not isinstance(found, Victims):
             ctx.preempt_fail[pkey] = found.considered
@@ -85,7 +86,7 @@ class BlockedPhases:
                              guarantee_only=self._guarantee_only(ctx, preemptible), reclaim=reclaim,
                              demand=max((a for _, a in amounts), default=0),
                              place=lambda allowed: self._place(job, shape, sid, allowed),
-                             monotone=not shape.is_gang)
+                             monotone=not shape.is_gang, shape=shape)
         found = find_quota_victims(self.state, ctx.eligible_victims, pre, ledger, ctx.taken, self.policy, ctx.now,
                                    ctx.victim_memo)
         facts = _considered(ctx, facts, found.considered)

@@ -83,13 +83,16 @@ _BY_TEAM = object()  # find_victims' memo: the candidates by team
 
 
 def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
-                 taken: set[str], policy: Policy, now: float, memo: dict | None = None) -> Victims | NotYet | NoVictims:
+                 taken: set[str], policy: Policy, now: float, memo: dict | None = None,
+                 weighed: tuple | None = None) -> Victims | NotYet | NoVictims:
     """Decide victims (never act) among `candidates` (running work preemptible now), none of `taken` (victims
     and jobs placed earlier in the cycle): same team and lower priority, or borrowers when the job's team is
     within its guarantee. Never a victim of higher priority than the preemptor. NoVictims: no set of victims
-    makes room. `memo`: as `victim_candidates`."""
-    cands, budget, by_node = victim_candidates(state, candidates, pre.job, pre.shape, pre.allowed, pre.priority,
-                                               pre.reclaim, ledger, taken, policy, now, memo)
+    makes room. `memo`: as `victim_candidates`; `weighed`: what `victim_candidates` just gave for this job."""
+    if weighed is None:
+        weighed = victim_candidates(state, candidates, pre.job, pre.shape, pre.allowed, pre.priority, pre.reclaim,
+                                    ledger, taken, policy, now, memo)
+    cands, budget, by_node = weighed
     if not cands:
         return NoVictims(0)
     got = _search(state, cands, budget, by_node, pre, policy, now)
@@ -300,6 +303,20 @@ def _may_fit(st: ClusterState, idx: int, cands: list[tuple], shape: Shape, allow
     return False
 
 
+def _room_anywhere(st: ClusterState, sel: list[tuple], pre: QuotaPreemptor) -> bool:
+    """False only when no node could take the one-node job even with every victim of `sel` gone (`_may_fit`, a
+    necessary condition): then releasing them, which costs a placement search, cannot make room either."""
+    if pre.shape is None:
+        return True
+    by_node: dict[int, list[tuple]] = {}
+    for c in sel:
+        for t in st.holds.get(c[2], ()):
+            by_node.setdefault(t.node, []).append(c)
+    models = frozenset(m for m, _ in pre.amounts)
+    return any(_may_fit(st, ns.idx, by_node.get(ns.idx, []), pre.shape, models)
+               for ns in st.nodes if ns.schedulable and not ns.hidden)
+
+
 def _within_budget(sel: list[tuple], budget: dict[str, int]) -> bool:
     spent: dict[str, int] = {}
     for c in sel:
@@ -328,6 +345,7 @@ class QuotaPreemptor:
     demand: int
     place: Callable[[frozenset], list[Take] | None]
     monotone: bool = False  # one node's job: whether it fits can only grow as victims go (gangs may not)
+    shape: Shape | None = None  # a one-node job's shape: nodes it could never fit are known without a release
 
 
 def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: QuotaPreemptor,
@@ -391,7 +409,7 @@ def find_quota_victims(state: ClusterState, candidates: Iterable[RunningJob], pr
         sel.append(c)
         if not _within_budget(sel, budget):
             sel.pop()
-    if pre.monotone and without(sel) is None:
+    if pre.monotone and (not _room_anywhere(st, sel, pre) or without(sel) is None):
         return NoVictims(n)  # not even with all of them gone: no shorter run of them can help either
     scan, sel = sel, []
     mark = st.mark()

@@ -44,6 +44,7 @@ class QuotaLedger:
         self._sibling_sums: dict[tuple[str, str], tuple[int, tuple[int, float, int]]] = {}  # -> (version, sums)
         self._refusal_memo: dict[tuple, tuple[int, tuple]] = {}  # (paths, amounts, guarantee only) -> (version, ...)
         self._signatures: dict[tuple, tuple] = {}  # (paths, model, guarantee only) -> `_signature`
+        self._team_terms: dict[tuple[str, str], tuple[str, int] | None] = {}  # (team path, model) -> its terms
 
     @classmethod
     def holding(cls, tree: QuotaTree, capacity: dict[str, int], strict: bool,
@@ -185,10 +186,14 @@ class QuotaLedger:
 
     def within_guarantee(self, paths: tuple[str, ...], model: str, milli: int) -> bool:
         """True when the team level (paths[1]) would stay within its guarantee after taking `milli`."""
-        e = self.entry(paths[1], model)
-        if e is None:
+        key = (paths[1], model)
+        terms = self._team_terms.get(key, ())
+        if terms == ():  # the team entry's counted model and guarantee: fixed for the ledger's life
+            e = self.entry(paths[1], model)
+            terms = self._team_terms[key] = None if e is None else (e.gpu_model, int(e.guaranteed * 1000))
+        if terms is None:
             return False
-        return self.used(paths[1], e.gpu_model) + milli <= int(e.guaranteed * 1000)
+        return self.usage.get((paths[1], terms[0]), 0) + milli <= terms[1]
 
     def check(self, paths: tuple[str, ...], model: str, milli: int) -> str | None:
         """None when admissible, else a message for a `QuotaExceeded` reason."""

@@ -13,6 +13,7 @@ from core_builders import job, node, running, snapshot
 
 from libs.core import Policy, Scheduler, teams_quota
 from libs.core import blocked as blocked_mod
+from libs.core import preempt as preempt_mod
 from libs.core.plan import QuotaFacts, ReasonFacts, with_considered
 from libs.core.policy import QuotaEntry, QuotaTree
 from libs.core.quota import QuotaLedger
@@ -121,3 +122,22 @@ def test_the_fast_considered_copy_equals_dataclasses_replace():
     copy = with_considered(facts, 7)
     assert copy == replace(facts, victims_considered=7)
     assert copy.victims_considered == 7 and facts.victims_considered == 1
+
+
+def test_skipping_releases_where_no_node_could_take_the_job_leaves_the_plan_unchanged(monkeypatch):
+    policy = Policy(quotas=teams_quota({"a": 3, "b": 3, "c": 2}))
+    real, room = blocked_mod.find_quota_victims, preempt_mod._room_anywhere
+    skipped = []
+    for seed in range(6):
+        snap, queue = _case(seed)
+        queue += [job(f"big{i}", 4, team="a", priority_class="high", at=10.0 + i, cpu_milli=48000) for i in range(3)]
+        monkeypatch.setattr(preempt_mod, "_room_anywhere", lambda *a: skipped.append(not (r := room(*a))) or r)
+        monkeypatch.setattr(blocked_mod, "find_quota_victims", real)
+        with_check = Scheduler(snap, policy).cycle(queue, 3600.0)
+        monkeypatch.setattr(blocked_mod, "find_quota_victims",
+                            lambda st, c, pre, *a: real(st, c, replace(pre, shape=None), *a))  # always release
+        without = Scheduler(snap, policy).cycle(queue, 3600.0)
+        assert with_check.placements == without.placements
+        assert with_check.preemptions == without.preemptions
+        assert with_check.pending == without.pending
+    assert sum(skipped) >= 3  # searches were cut short: no node had room even with their victims gone
