@@ -247,15 +247,18 @@ class Scheduler(BlockedPhases, PlacementSearch):
         self._restore_reservations(ctx)
         ctx.eligible_victims = self._preemptible_now(now)
         ctx.epoch = self._epoch(ctx)
-        jobs_in_order = self._order(ctx)
         laps = ctx.laps
-        while True:
-            if laps and laps.cur != "order":  # (switching to the phase it is in changes no total)
-                laps.to("order")
-            job = next(jobs_in_order, None)
-            if job is None:
-                break
-            self._schedule_job(ctx, job)
+        for run, until_placed in self._order(ctx):  # runs of jobs in order (`_order`)
+            while run:
+                if laps and laps.cur != "order":  # (switching to the phase it is in changes no total)
+                    laps.to("order")
+                job = run.popleft()
+                ctx.placed_last = False
+                self._schedule_job(ctx, job)
+                if until_placed is None:  # fifo, priority: the whole run
+                    continue
+                if not until_placed or ctx.placed_last:
+                    break
         return self._finish(ctx)
 
     def _begin(self, pending: Iterable[JobRequest], now: float) -> CycleContext:
@@ -320,15 +323,19 @@ class Scheduler(BlockedPhases, PlacementSearch):
         return [rj for _, rj in sorted(self.state.running.items())
                 if rj.preemptible and now - rj.started_at >= rj.min_runtime_s]
 
-    def _order(self, ctx: CycleContext) -> Iterator[JobRequest]:
+    def _order(self, ctx: CycleContext) -> Iterator[tuple[deque, bool | None]]:
         """3. The order jobs are tried in: fifo, priority, or priority -> fair share (each team's dominant share,
-        recomputed after it placed a job) -> submit time -> id."""
+        recomputed after it placed a job) -> submit time -> id. Yields runs the cycle takes jobs from in turn:
+        (jobs, None) to take them all; fair share yields one team's jobs, (jobs, True) to take them until one is
+        placed (only a placement moves the team's share, and the next team's turn comes only after one) or
+        (jobs, False) to take exactly one (the next team's entry ties with this team's share: compare job by job),
+        and goes on from what the cycle left (`ctx.placed_last`: whether the last job taken was placed)."""
         order, valid, meta = self.policy.setting("order"), ctx.valid, ctx.meta
         if order == "fifo":
-            yield from sorted(valid, key=lambda j: (j.submitted_at, j.job_id))
+            yield deque(sorted(valid, key=lambda j: (j.submitted_at, j.job_id))), None
             return
         if order == "priority":
-            yield from sorted(valid, key=lambda j: (-meta[j.job_id][1], j.submitted_at, j.job_id))
+            yield deque(sorted(valid, key=lambda j: (-meta[j.job_id][1], j.submitted_at, j.job_id))), None
             return
         by_prio: dict[int, dict[str, list[JobRequest]]] = {}
         for j in valid:
@@ -343,14 +350,12 @@ class Scheduler(BlockedPhases, PlacementSearch):
                 q = queues[team]
                 top = heap[0] if heap else None  # the next team's entry: fixed while this team goes on
                 while True:
-                    job = q.popleft()
-                    ctx.placed_last = False
-                    yield job
+                    yield q, top is None or top[0] > share  # no other team, or each is further behind: a run
                     if not q:
                         break
                     if ctx.placed_last:
                         share = share_of(team, hist)
-                    if top is None or top[0] > share:  # no other team, or each is further behind: go on
+                    if top is None or top[0] > share:
                         continue
                     head = q[0]
                     nxt = (share, head.submitted_at, head.job_id, team)
