@@ -59,7 +59,11 @@ class ShimStarter:
         """The new shim's pid. OSError when neither way could start it; ServerUnanswered when the server took
         the request and did not answer (the caller must treat the launch as failed: a shim may exist)."""
         async with self._lock:
-            if self._failures < MAX_FAILURES:
+            # two tries: a server killed a moment ago can still look alive and is only found dead when the
+            # request bounces; the second try starts its replacement
+            for _try in range(2):
+                if self._failures >= MAX_FAILURES:
+                    break
                 try:
                     pid = await self._fork(attempt_dir, shim_log, report_fd)
                     self._failures = 0
@@ -67,7 +71,7 @@ class ShimStarter:
                 except ServerUnanswered:
                     self._broken("did not answer")
                     raise
-                except OSError as e:  # not sent: spawning instead cannot start a second shim
+                except OSError as e:  # not taken: trying again or spawning cannot start a second shim
                     self._broken(str(e))
             return spawn_shim(self._python, self._env, attempt_dir, shim_log, report_fd)
 

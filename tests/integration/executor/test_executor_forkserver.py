@@ -53,6 +53,25 @@ async def test_a_dead_fork_server_is_replaced_at_the_next_launch(make_executor, 
     assert ex._starter.server_pid not in (None, first)
 
 
+async def test_a_server_that_looks_alive_but_bounces_the_request_is_replaced_at_once(make_executor, reports,
+                                                                                     monkeypatch) -> None:
+    ex = make_executor()
+    await ex.launch(spec("f-warm", ["true"]))
+    await reports.next()
+    first = ex._starter.server_pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while stat(first)[0] != "Z":  # dead, not yet reaped: its socket is closed
+        assert time.monotonic() < deadline, "the server did not die"
+        time.sleep(0.01)
+    looks = iter([True])  # the first liveness check races the kill and still sees it running
+    real = forkserver._alive
+    monkeypatch.setattr(forkserver, "_alive", lambda pid: next(looks, None) or real(pid))
+    await ex.launch(spec("f-next", ["sh", "-c", "exit 5"]))
+    assert (await reports.next()).exit_code == 5
+    assert ex._starter.server_pid not in (None, first)  # forked by a new server, not spawned
+
+
 async def test_a_fork_server_that_never_answers_fails_the_launch_and_is_replaced(make_executor, reports,
                                                                                  monkeypatch) -> None:
     monkeypatch.setattr(forkserver, "REPLY_TIMEOUT_S", 0.5)
