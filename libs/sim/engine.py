@@ -181,7 +181,9 @@ class _ReplayRun:
         stuck = False  # FIFO: the last cycle placed nothing; only a finish can change that
         while self.events:
             now = max(self.events[0][0], last_cycle + self.cycle_interval)
-            freed = self._intake(now)
+            freed, live = self._intake(now)
+            if not live and self.events:
+                continue  # only finishes of preempted runs were due: nothing happened, no cycle (see `_intake`)
             if head_of_line and stuck and not freed:
                 continue  # exact shortcut: new arrivals queue behind a head that still does not fit
             placed = self._cycle(now)
@@ -191,25 +193,31 @@ class _ReplayRun:
             if not self.events and self.pending:
                 break  # nothing left will ever free capacity: the rest cannot run
 
-    def _intake(self, horizon: float) -> bool:
-        """Finishes and arrivals up to `horizon`; True when something finished (capacity freed)."""
-        freed = False
+    def _intake(self, horizon: float) -> tuple[bool, bool]:
+        """Finishes and arrivals up to `horizon`: (something finished (capacity freed), something happened). The
+        finish a preempted run had been due at is no event (its job went back to the queue): the platform would
+        not wake for it, so neither does the replay (it once did, and a sixth of a preempting replay's cycles ran
+        only for such stale finishes)."""
+        freed = live = False
         events, requests = self.events, self.requests
         while events and events[0][0] <= horizon:
             t, kind, _, job_id, g = heapq.heappop(events)
             if kind == WAKE:
+                live = True
                 continue
             if kind == FINISH:
                 if self.gen[job_id] != g or job_id not in self.started:
                     continue
+                live = True
                 self._stop(job_id, t)
                 self.finished[job_id] = t
                 self.windows.change(t, requests[job_id].team, wants=-gpus_of(requests[job_id]))
                 freed = True
             else:
+                live = True
                 self.pending[job_id] = requests[job_id]
                 self.windows.change(t, requests[job_id].team, wants=gpus_of(requests[job_id]))
-        return freed
+        return freed, live
 
     def _cycle(self, now: float) -> bool:
         """One scheduling cycle, its plan applied; True when it placed. Victims leave at once and requeue; their
