@@ -3,8 +3,9 @@
 A shim is a Python process per attempt. Spawned fresh (`python -S -P -c ...`), the interpreter's start and the
 shim's imports are most of a launch's CPU (~20 ms of ~26 here). The fork server (`shim.serve`) is one interpreter
 per executor, started at the first launch, that forks each shim instead: the same fds, session and code, for the
-cost of a fork. When the server cannot be used (it did not start, died, or answered nonsense), the shim is spawned
-as before, and after `MAX_FAILURES` failures in a row the executor stops trying the server."""
+cost of a fork. A server found dead when a request bounces (killed a moment before, it can still look alive) is
+replaced at once by a second try; when the server cannot be used (it did not start, or answered nonsense), the
+shim is spawned as before, and after `MAX_FAILURES` failures in a row the executor stops trying the server."""
 
 from __future__ import annotations
 
