@@ -301,7 +301,7 @@ class Scheduler(BlockedPhases, PlacementSearch):
                         hit = (j, (INVALID_REQUEST, str(e)))
                 cache[j.job_id] = hit
             m = hit[1]
-            if m[0] == INVALID_REQUEST:
+            if m[0] is INVALID_REQUEST:  # (identity: a shape's dataclass equality is slower to say no)
                 ctx.reasons.append(_pending(j.job_id, INVALID_REQUEST, ReasonFacts(cause="invalid", detail=m[1])))
                 continue
             ctx.meta[j.job_id] = m

@@ -51,8 +51,8 @@ class PlacementSearch:
         self.elig_memo: dict = {}  # (node class, shape, models) -> positions of GPUs that could serve it
         self.n_scored = 0  # node groups scored (the cycle resets it: a statistic of its plan)
         self._shape_ids: dict = {}
-        self._allowed_memo: dict = {}
-        self._models_memo: dict = {}  # shape -> the models that could serve it  # (shape id, models) -> (what it takes of each, the most of them)
+        self._allowed_memo: dict = {}  # (shape id, models) -> (what it takes of each, the most of them)
+        self._models_memo: dict = {}  # shape -> the models that could serve it
         self._kinds: dict[str, KindPolicy] = {k.kind: k for k in policy.kinds}
         self._models = sorted(state.capacity)
         self._model_mem: dict[str, int] = {}
