@@ -251,7 +251,9 @@ async def test_poison_raised_by_a_handler_is_dead_lettered_at_once(
 
     await start_consumer(js, consumers, fast_spec("refuses"), refuses)
     await publish_event(js, SUBJECT, job().to_cloudevent("/gpupool/queue"))
-    await eventually(lambda: settled(js, "refuses"), what="dead letter")
+    # the outcome first: consumer info can lag the delivery, so "settled" alone once read true before it came
+    await eventually(lambda: dlq_count(js, 1), what="dead letter")
+    await eventually(lambda: settled(js, "refuses"), what="terminated")
     [dead] = await dlq_messages(js)
     assert dead.headers["Gpupool-Dlq-Reason"] == "UnknownTeam"
     assert dead.headers["Gpupool-Dlq-Delivered"] == "1"
@@ -278,6 +280,11 @@ async def test_undecodable_messages_are_dead_lettered_and_the_next_good_message_
     await publish_event(js, SUBJECT, good)
 
     await start_consumer(js, consumers, fast_spec("picky"), handler)
+
+    async def parked_and_handled() -> bool:
+        return await dlq_count(js, len(poison)) and handled == [good.id]
+
+    await eventually(parked_and_handled, what="four parked, one handled")
     await eventually(lambda: settled(js, "picky"), what="all five settled")
     assert handled == [good.id]
     dead = await dlq_messages(js)
