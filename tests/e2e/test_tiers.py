@@ -100,9 +100,13 @@ def gang(api, name: str, *args: str, **fields) -> str:  # type: ignore[no-untype
 
 
 async def finished(api, job_id: str, timeout: float = 60) -> dict:  # type: ignore[no-untyped-def]
-    """(keeps the event loop running: the watchers' messages are taken meanwhile)"""
-    return await eventually_async(lambda: (job := api.get(f"/v1/jobs/{job_id}").json())["state"] in (
-        "completed", "failed", "cancelled") and job, f"job {job_id} to finish", timeout=timeout)
+    """(keeps the event loop running: the watchers' messages are taken meanwhile; on a timeout the job as the API
+    last showed it, history and pending reason included, goes into the failure)"""
+    try:
+        return await eventually_async(lambda: (job := api.get(f"/v1/jobs/{job_id}").json())["state"] in (
+            "completed", "failed", "cancelled") and job, f"job {job_id} to finish", timeout=timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the job: {api.get(f'/v1/jobs/{job_id}').json()}") from e
 
 
 def work_processes(job_id: str) -> dict[int, dict[str, str]]:
