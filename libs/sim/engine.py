@@ -202,19 +202,17 @@ class _ReplayRun:
         events, requests = self.events, self.requests
         while events and events[0][0] <= horizon:
             t, kind, _, job_id, g = heapq.heappop(events)
+            if kind == FINISH and (self.gen[job_id] != g or job_id not in self.started):
+                continue  # a stale finish
+            live = True
             if kind == WAKE:
-                live = True
                 continue
             if kind == FINISH:
-                if self.gen[job_id] != g or job_id not in self.started:
-                    continue
-                live = True
                 self._stop(job_id, t)
                 self.finished[job_id] = t
                 self.windows.change(t, requests[job_id].team, wants=-gpus_of(requests[job_id]))
                 freed = True
             else:
-                live = True
                 self.pending[job_id] = requests[job_id]
                 self.windows.change(t, requests[job_id].team, wants=gpus_of(requests[job_id]))
         return freed, live
