@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import operator
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from libs.contracts.events import AllocatedGpu, DecidedPlacement, GpuSpec
+from libs.contracts.events import (
+    AllocatedGpu,
+    DecidedPlacement,
+    DecidedPreemption,
+    GpuSpec,
+    SchedulingCycleDecided,
+)
 from libs.contracts.fleet import BLOCK_LABEL, RACK_LABEL
 from libs.contracts.reasons import MAX_LISTED, PendingFacts, PreemptionWait, QuotaRefusal, Victim
 from libs.contracts.work import ISOLATION_LABEL_PREFIX
@@ -526,6 +532,20 @@ def decided_placements(plan: Plan, applied: set[str]) -> list[DecidedPlacement]:
                                     mig_profile=p.mig.profile if p.mig else None, applied=p.job_id in applied))
     return out
 
+
+
+def decided_cycle(cycle_id: str, decided_at: datetime, policy: str, snapshot: Snapshot, units: int, plan: Plan,
+                  applied: set[str], policy_revision: int | None, digests: tuple[str, str]) -> SchedulingCycleDecided:
+    """What a recorded cycle decided, with the versions it read (`units` pending) and its (input, plan) digests."""
+    return SchedulingCycleDecided(
+        cycle_id=cycle_id, decided_at=decided_at, policy=policy, input_digest=digests[0], plan_digest=digests[1],
+        versions={"policy_revision": policy_revision or 0, "nodes": len(snapshot.nodes),
+                  "gpus": sum(len(n.gpus) for n in snapshot.nodes), "running": len(snapshot.running),
+                  "pending_units": units},
+        placements=decided_placements(plan, applied),
+        preemptions=[DecidedPreemption(victim=v.job_id, preemptor=v.preemptor, reason=v.reason)
+                     for v in plan.preemptions],
+        pending_by_reason=dict(Counter(r.reason for r in plan.pending)))
 
 def workload_environment(gpus: list[AllocatedGpu], allocation_id: str | None = None) -> dict[str, str]:
     """The environment that keeps a workload inside what it was granted. Whole GPUs: only those are visible. A

@@ -12,6 +12,24 @@ from uuid import uuid4
 from libs.core import JobRequest, Plan, Policy, Snapshot, codec
 
 
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """A codec text kept as its frame and its long lists: `frame` is the text with each list written as its token
+    (a JSON string, `tokens[name]`), `lists[name]` the JSON text of each of that list's items, in order. `text()`
+    puts them together: the codec's text, exactly. Kept apart, a cycle's lists can be recorded as what changed
+    against an earlier cycle's (services/placement/recording.py)."""
+
+    frame: str
+    tokens: dict[str, str]
+    lists: dict[str, list[str]]
+
+    def text(self) -> str:
+        text = self.frame
+        for name, token in self.tokens.items():
+            text = text.replace(token, "[" + ",".join(self.lists[name]) + "]", 1)
+        return text
+
+
 class DecisionEncoder:
     """`codec.dumps` of a cycle's input and plan, exactly (same text, same digests), reusing the JSON of the items
     seen in recent cycles: the pool, what runs and the backlog barely change from one cycle to the next, and
@@ -27,12 +45,12 @@ class DecisionEncoder:
         self._old_ids: dict[int, tuple[Any, str]] = {}
         self._new_ids: dict[int, tuple[Any, str]] = {}
         self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
-        self._last_list: tuple[tuple | None, str] = (None, "")  # the last list encoded (kept alive) and its text
+        self._last_list: tuple[tuple | None, list[str]] = (None, [])  # the last list encoded (kept alive), its items
 
     def turn(self) -> None:
         self._old, self._new = self._new, {}
         self._old_ids, self._new_ids = self._new_ids, {}
-        self._last_list = (None, "")
+        self._last_list = (None, [])
 
     def _item(self, value: Any) -> str:
         key = id(value)
@@ -50,7 +68,8 @@ class DecisionEncoder:
         self._new_ids[key] = (value, text)
         return text
 
-    def _list(self, values: tuple) -> str:
+    def _list(self, values: tuple) -> list[str]:
+        """Each item's JSON text."""
         if values is self._last_list[0]:  # a plan's reasons: its JSON and its digest encode them both
             return self._last_list[1]
         new_ids, old_ids, parts = self._new_ids, self._old_ids, []
@@ -63,18 +82,16 @@ class DecisionEncoder:
                     continue
                 new_ids[id(v)] = seen
             parts.append(seen[1])
-        text = "[" + ",".join(parts) + "]"
-        self._last_list = (values, text)
-        return text
+        self._last_list = (values, parts)
+        return parts
 
-    def _compose(self, value: Any, lists: dict[str, tuple]) -> str:
-        text = codec.dumps(value)
-        for name, values in lists.items():
-            text = text.replace(json.dumps(self._token + name), self._list(values), 1)
-        return text
+    def _compose(self, value: Any, lists: dict[str, tuple]) -> Encoded:
+        return Encoded(codec.dumps(value), {name: json.dumps(self._token + name) for name in lists},
+                       {name: self._list(values) for name, values in lists.items()})
 
-    def input_json(self, snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> str:
-        """codec.dumps({"snapshot": snapshot, "pending": tuple(pending), "policy": policy, "now": now})."""
+    def input_parts(self, snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> Encoded:
+        """codec.dumps({"snapshot": snapshot, "pending": tuple(pending), "policy": policy, "now": now}), as its
+        frame and its lists (the nodes, the waiting requests and what runs)."""
         lists: dict[str, tuple] = {"nodes": snapshot.nodes, "pending": tuple(pending)}
         swap: dict[str, Any] = {"nodes": self._token + "nodes"}
         if snapshot.running:  # an empty field equal to its default is left out of the encoding
@@ -82,12 +99,20 @@ class DecisionEncoder:
         return self._compose({"snapshot": dataclasses.replace(snapshot, **swap), "pending": self._token + "pending",
                               "policy": policy, "now": now}, lists)
 
+    def input_json(self, snapshot: Snapshot, pending: Iterable[JobRequest], policy: Policy, now: float) -> str:
+        """codec.dumps({"snapshot": snapshot, "pending": tuple(pending), "policy": policy, "now": now})."""
+        return self.input_parts(snapshot, pending, policy, now).text()
+
+    def plan_parts(self, plan: Plan) -> Encoded:
+        """codec.dumps(plan), as its frame and its pending reasons."""
+        return self._compose(dataclasses.replace(plan, pending=self._token + "pending"), {"pending": plan.pending})
+
     def plan_json(self, plan: Plan) -> str:
         """codec.dumps(plan)."""
-        return self._compose(dataclasses.replace(plan, pending=self._token + "pending"), {"pending": plan.pending})
+        return self.plan_parts(plan).text()
 
     def plan_digest(self, plan: Plan) -> str:
         """codec.plan_digest(plan)."""
-        parts = (codec.dumps(plan.placements), self._list(plan.pending), codec.dumps(plan.preemptions),
-                 codec.dumps(plan.mig_reconfigs), codec.dumps(plan.reservations))
+        parts = (codec.dumps(plan.placements), "[" + ",".join(self._list(plan.pending)) + "]",
+                 codec.dumps(plan.preemptions), codec.dumps(plan.mig_reconfigs), codec.dumps(plan.reservations))
         return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()

@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,7 +37,6 @@ from libs.contracts.events import (
     AllocationGranted,
     AllocationPreempting,
     AllocationReleased,
-    DecidedPreemption,
     EndpointReady,
     EndpointUnready,
     GpuHealthChanged,
@@ -54,7 +53,6 @@ from libs.contracts.events import (
     NodeUncordoned,
     PriorityClassSet,
     QuotaSet,
-    SchedulingCycleDecided,
     TeamCreated,
     WorkExited,
     WorkReady,
@@ -83,7 +81,7 @@ from services.placement.domain import (
     backoff_reasons,
     build_policy,
     build_snapshot,
-    decided_placements,
+    decided_cycle,
     gang_ready,
     gang_start_due,
     offered_models,
@@ -96,6 +94,7 @@ from services.placement.domain import (
 from services.placement.encoder import DecisionEncoder
 from services.placement.fragmentation import Fragmentation
 from services.placement.reasons import ReasonRows, Written, same_reasons
+from services.placement.recording import DeltaRecorder, stored_texts
 from services.placement.reporting import report_holdings, report_plan
 from services.placement.rollouts import Rollouts
 
@@ -117,6 +116,7 @@ class PlacementHandlers:
         self._order_written: tuple[str, ...] | None = None  # the queue order last written (None: not known)
         self._recorded = 0
         self._encoder = DecisionEncoder()
+        self._recorder = DeltaRecorder()  # each recorded decision as a delta against a keyframe
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
         self._live = WantedJobs("allocation_id")  # the live allocations, the same way
         self._pool = WantedJobs("key")  # the nodes with their GPUs, the same way
@@ -421,6 +421,7 @@ class PlacementHandlers:
                 self._reasons.forget()
                 self._last_reasons, self._order_written = None, None
                 self._scheduler.forget()  # and its scheduler: a new leader builds from the store
+                self._recorder.forget()  # and its keyframe: the next record is one
                 continue  # a follower keeps its read model current and waits for the lease
             started = time.perf_counter()
             try:
@@ -437,6 +438,7 @@ class PlacementHandlers:
                 log.exception("scheduling_cycle_failed")
                 self._order_written = None  # rolled back with the cycle
                 self._scheduler.forget()
+                self._recorder.forget()
                 await asyncio.sleep(0.5)
             took = time.perf_counter() - started
 
@@ -517,6 +519,7 @@ class PlacementHandlers:
         if recorded is not None:
             self._last_reasons = recorded
             self._encoder.turn()
+            self._recorder.committed()
         for u in written:
             SCHEDULING_DECISIONS.labels(outcome="placed").inc()
             log.info("job_placed", extra={"job_id": u.job_id, "allocation_ids": [a[0] for a in u.allocations],
@@ -546,22 +549,17 @@ class PlacementHandlers:
         recorded, None if nothing was."""
         if not plan.placements and not plan.preemptions and same_reasons(plan.pending, self._last_reasons):
             return None
-        encoded = self._encoder.input_json(snapshot, requests, policy, now).encode()  # once: digest and gzip
+        parts = {"input": self._encoder.input_parts(snapshot, requests, policy, now),
+                 "plan": self._encoder.plan_parts(plan)}
         cycle_id = uuid7()
-        decided = SchedulingCycleDecided(
-            cycle_id=cycle_id, decided_at=utcnow(), policy=policy.name,
-            input_digest=hashlib.sha256(encoded).hexdigest(), plan_digest=self._encoder.plan_digest(plan),
-            versions={"policy_revision": policy_revision or 0, "nodes": len(snapshot.nodes),
-                      "gpus": sum(len(n.gpus) for n in snapshot.nodes), "running": len(snapshot.running),
-                      "pending_units": len(requests)},
-            placements=decided_placements(plan, applied),
-            preemptions=[DecidedPreemption(victim=v.job_id, preemptor=v.preemptor, reason=v.reason)
-                         for v in plan.preemptions],
-            pending_by_reason=dict(Counter(r.reason for r in plan.pending)))
+        decided = decided_cycle(cycle_id, utcnow(), policy.name, snapshot, len(requests), plan, applied,
+                                policy_revision, (hashlib.sha256(parts["input"].text().encode()).hexdigest(),
+                                                  self._encoder.plan_digest(plan)))
+        base_id, record = self._recorder.record(cycle_id, parts)
         await store.record_decision(
             uow.conn, cycle_id=cycle_id, decided_at=decided.decided_at, policy=policy.name,
             input_digest=decided.input_digest, plan_digest=decided.plan_digest,
-            input_gz=gzip.compress(encoded, compresslevel=1), plan_json=self._encoder.plan_json(plan),
+            record_gz=gzip.compress(record.encode(), compresslevel=1), base_id=base_id,
             summary=decided.model_dump_json(),
             keep=self.settings.decision_retention if self._recorded % PRUNE_EVERY == 0 else None)
         await uow.emit(decided)
@@ -684,14 +682,15 @@ class PlacementHandlers:
         return Reply.success(page(rows, cmd.limit, lambda r: json.loads(r["summary"]), lambda i: i["cycle_id"]))
 
     async def get_decision(self, cmd: GetDecision) -> Reply:
-        """The recorded input travels as it is stored (gzip, base64): a large fleet's snapshot stays small."""
+        """The recorded input travels gzipped (base64): a large fleet's snapshot stays small."""
         async with self.rt.pool.acquire() as conn:
             row = await store.get_decision(conn, cmd.cycle_id)
         if row is None:
             return Reply.failure(404, "DecisionNotFound",
                                  f"no recorded cycle {cmd.cycle_id} (never recorded, or older than the retention)")
+        input_text, plan_text = stored_texts(row)
         return Reply.success({**json.loads(row["summary"]), "input_gzip_base64": base64.b64encode(
-            row["input_gz"]).decode(), "plan": json.loads(row["plan_json"])})
+            gzip.compress(input_text.encode(), compresslevel=6)).decode(), "plan": json.loads(plan_text)})
 
     async def list_allocations(self, cmd: ListAllocations) -> Reply:
         async with self.rt.pool.acquire() as conn:

@@ -725,18 +725,20 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
 
 # --- decisions (recorded cycles) ----------------------------------------------------------------------------------
 async def record_decision(conn: asyncpg.Connection, *, cycle_id: str, decided_at: datetime, policy: str,
-                          input_digest: str, plan_digest: str, input_gz: bytes, plan_json: str, summary: str,
+                          input_digest: str, plan_digest: str, record_gz: bytes, base_id: str | None, summary: str,
                           keep: int | None) -> None:
-    """Record a cycle; with `keep`, also drop all but the newest `keep` (callers prune now and then, not on every
-    record)."""
+    """Record a cycle (its record, services/placement/recording.py: a keyframe, or a delta against `base_id`); with
+    `keep`, also drop all but the newest `keep` (callers prune now and then, not on every record), except the
+    keyframes the kept deltas need."""
     await conn.execute(
-        """INSERT INTO decisions (cycle_id, decided_at, policy, input_digest, plan_digest, input_gz, plan_json,
+        """INSERT INTO decisions (cycle_id, decided_at, policy, input_digest, plan_digest, record_gz, base_id,
                                   summary) VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb)""",
-        cycle_id, decided_at, policy, input_digest, plan_digest, input_gz, plan_json, summary)
+        cycle_id, decided_at, policy, input_digest, plan_digest, record_gz, base_id, summary)
     if keep is not None:
         await conn.execute(
-            """DELETE FROM decisions WHERE cycle_id < (SELECT cycle_id FROM decisions ORDER BY cycle_id DESC
-                                                        OFFSET $1 LIMIT 1)""", keep - 1)
+            """DELETE FROM decisions d
+               WHERE cycle_id < (SELECT cycle_id FROM decisions ORDER BY cycle_id DESC OFFSET $1 LIMIT 1)
+                 AND NOT EXISTS (SELECT 1 FROM decisions k WHERE k.base_id = d.cycle_id)""", keep - 1)
 
 
 async def list_decisions(conn: asyncpg.Connection, *, limit: int, before: str | None) -> list[asyncpg.Record]:
@@ -746,8 +748,10 @@ async def list_decisions(conn: asyncpg.Connection, *, limit: int, before: str | 
 
 
 async def get_decision(conn: asyncpg.Connection, cycle_id: str) -> asyncpg.Record | None:
-    return await conn.fetchrow("SELECT cycle_id, summary, input_gz, plan_json FROM decisions WHERE cycle_id = $1",
-                               cycle_id)
+    """The recorded cycle with its keyframe's record (`base_gz`) when it is a delta."""
+    return await conn.fetchrow(
+        """SELECT d.cycle_id, d.summary, d.input_gz, d.plan_json, d.record_gz, b.record_gz AS base_gz
+           FROM decisions d LEFT JOIN decisions b ON b.cycle_id = d.base_id WHERE d.cycle_id = $1""", cycle_id)
 
 
 async def analyze(conn: asyncpg.Connection) -> None:

@@ -6,6 +6,7 @@ transaction wakes the cycle only once the batch committed."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import hashlib
 import json
@@ -91,8 +92,40 @@ async def test_a_cycle_places_many_units_together_and_records_one_replayable_dec
     result = replay(SimpleNamespace(**reply.result))
     assert result["same"] and result["placements"] == 3, result
     # the recorded input is what the digest says
-    doc = await rt.pool.fetchrow("SELECT input_gz, input_digest FROM decisions")
-    assert hashlib.sha256(gzip.decompress(doc["input_gz"])).hexdigest() == doc["input_digest"]
+    digest = await rt.pool.fetchval("SELECT input_digest FROM decisions")
+    assert hashlib.sha256(gzip.decompress(base64.b64decode(reply.result["input_gzip_base64"]))).hexdigest() == digest
+
+
+
+async def test_turnovers_are_recorded_as_deltas_that_replay_and_the_prune_keeps_their_keyframe(  # type: ignore[no-untyped-def]
+        placement, monkeypatch) -> None:
+    rt, h = placement
+    monkeypatch.setattr("services.placement.handlers.PRUNE_EVERY", 1)
+    h.settings.decision_retention = 2
+    await want(rt, *(job(f"j{k}") for k in range(8)))
+    assert await h.run_cycle() == 3  # the keyframe: 3 placed, 5 wait
+    for k in range(3):  # a job completes, the next one gets its GPU: each cycle a delta on the keyframe
+        async with rt.uow() as uow:
+            await h._release(uow, f"j{k}", "JobCompleted", NOW, finished=True)
+        assert await h.run_cycle() == 1
+    assert rt.pool is not None
+    rows = await rt.pool.fetch("SELECT cycle_id, base_id, input_digest FROM decisions ORDER BY cycle_id")
+    # the newest two are kept, and the keyframe both stand on although it is older
+    assert len(rows) == 3 and rows[0]["base_id"] is None
+    assert [r["base_id"] for r in rows[1:]] == [rows[0]["cycle_id"]] * 2
+    for r in rows:
+        reply = await h.get_decision(GetDecision(cycle_id=r["cycle_id"]))
+        assert hashlib.sha256(gzip.decompress(base64.b64decode(reply.result["input_gzip_base64"]))).hexdigest() \
+            == r["input_digest"]
+        result = replay(SimpleNamespace(**reply.result))
+        assert result["same"], result
+    # a failed cycle forgets the keyframe: the next record is a keyframe of its own
+    h._recorder.forget()
+    async with rt.uow() as uow:
+        await h._release(uow, "j3", "JobCompleted", NOW, finished=True)
+    assert await h.run_cycle() == 1
+    newest = await rt.pool.fetchrow("SELECT base_id FROM decisions ORDER BY cycle_id DESC LIMIT 1")
+    assert newest["base_id"] is None
 
 
 async def test_a_unit_the_store_refuses_is_left_out_and_the_others_of_its_cycle_commit(placement, monkeypatch) -> None:  # type: ignore[no-untyped-def]
