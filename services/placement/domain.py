@@ -6,7 +6,7 @@ import dataclasses
 import ipaddress
 import operator
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -214,6 +214,24 @@ def queue_order(pending: Iterable[PendingReason]) -> tuple[str, ...]:
     priority, then fair share, then submit time), each job once: what `explain` reports as its position."""
     return tuple(dict.fromkeys(split_unit(r.job_id)[0] for r in pending))
 
+
+
+def order_still_holds(written: tuple[str, ...] | None, order: tuple[str, ...], waits: Callable[[str], bool]) -> bool:
+    """Whether the stored order `written` still gives every job of `order` its position: `order` is `written`
+    without some jobs, none of which `waits` any more (placed, finished). `explain` counts only the jobs still
+    waiting ahead, so a turnover (the head job placed, nothing new) need not write 10,000 ids again."""
+    if written is None or len(order) > len(written):
+        return False
+    rest, gone = iter(written), []
+    for job in order:
+        for w in rest:
+            if w == job:
+                break
+            gone.append(w)
+        else:
+            return False
+    gone.extend(rest)
+    return not any(map(waits, gone))
 
 def closed_gpus(gpus: Iterable[Row], running: Iterable[Row]) -> set[str]:
     """GPUs that take no new work this cycle: one draining for a new sharing mode, and one whose live work does

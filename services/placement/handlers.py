@@ -86,6 +86,7 @@ from services.placement.domain import (
     gang_start_due,
     offered_models,
     on_work_end,
+    order_still_holds,
     queue_order,
     replica_back_off,
     split_unit,
@@ -507,7 +508,7 @@ class PlacementHandlers:
             report_plan(plan)
             reasons = self._reasons.rows(plan.pending, requests, snapshot.nodes, backoff_reasons(backing_off))
             await self._write_reasons(uow, reasons)  # for `explain`
-            await self._write_order(uow, queue_order(plan.pending))
+            await self._write_order(uow, queue_order(plan.pending), applied)
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
         # committed: remember what is now in the store
@@ -533,10 +534,13 @@ class PlacementHandlers:
         if changed:
             await store.record_pending_reasons(uow.conn, changed)
 
-    async def _write_order(self, uow, order: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
-        """Keep the order this cycle tried the waiting jobs in (explain's position), when it changed. A cycle that
-        fails after this forgets what was written (`scheduling_loop`), so the next one writes it again."""
-        if order != self._order_written:
+    async def _write_order(self, uow, order: tuple[str, ...], placed: set[str] | None = None) -> None:  # type: ignore[no-untyped-def]
+        """Keep the order this cycle tried the waiting jobs in (explain's position), when it changed other than by
+        jobs leaving (`order_still_holds`; `placed`: units this cycle placed). A cycle that fails after this
+        forgets what was written (`scheduling_loop`), so the next one writes it again."""
+        wanted, jobs = self._wanted.rows, {split_unit(u)[0] for u in placed or ()}
+        if order != self._order_written and not order_still_holds(
+                self._order_written, order, lambda j: j in wanted and j not in jobs):
             await store.record_queue_order(uow.conn, order)
             self._order_written = order
 

@@ -398,7 +398,8 @@ async def set_fair_share_half_life(conn: asyncpg.Connection, half_life_s: float)
 
 
 async def record_queue_order(conn: asyncpg.Connection, job_ids: tuple[str, ...]) -> None:
-    """The order the cycle tried the waiting jobs in (explain's positions)."""
+    """The order the cycle tried the waiting jobs in (explain's positions: a job's counts the jobs ahead of it
+    that still wait, so jobs placed or finished since need no new write)."""
     await conn.execute(
         """INSERT INTO queue_order (id, job_ids, decided_at) VALUES (true, $1, now())
            ON CONFLICT (id) DO UPDATE SET job_ids = EXCLUDED.job_ids, decided_at = EXCLUDED.decided_at""",
@@ -684,7 +685,9 @@ async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:
     """What placement knows about a job: waiting (reason, position) and/or holding GPUs (and any preemption)."""
     wanted = await conn.fetchrow(
         """SELECT job_id, replicas, satisfied, priority, priority_class, reason, message, facts::text AS facts,
-                  (SELECT array_position(job_ids, p.job_id) FROM queue_order) AS position,
+                  (SELECT (SELECT count(*) FROM unnest(o.job_ids[:array_position(o.job_ids, p.job_id)]) u(j)
+                                 JOIN pending_jobs w ON w.job_id = u.j AND NOT w.satisfied)
+                   FROM queue_order o WHERE p.job_id = ANY(o.job_ids)) AS position,
                   (SELECT count(*) FROM pending_jobs p2 WHERE NOT p2.satisfied AND (p2.priority > p.priority
                       OR (p2.priority = p.priority AND (p2.submitted_at, p2.job_id) < (p.submitted_at, p.job_id))))
                       AS ahead

@@ -104,11 +104,16 @@ async def test_turnovers_are_recorded_as_deltas_that_replay_and_the_prune_keeps_
     h.settings.decision_retention = 2
     await want(rt, *(job(f"j{k}") for k in range(8)))
     assert await h.run_cycle() == 3  # the keyframe: 3 placed, 5 wait
+    assert rt.pool is not None
+    written = await rt.pool.fetchval("SELECT decided_at FROM queue_order")
     for k in range(3):  # a job completes, the next one gets its GPU: each cycle a delta on the keyframe
         async with rt.uow() as uow:
             await h._release(uow, f"j{k}", "JobCompleted", NOW, finished=True)
         assert await h.run_cycle() == 1
-    assert rt.pool is not None
+    # the jobs that got GPUs only left the queue's order: it is not written again, and positions still hold
+    assert await rt.pool.fetchval("SELECT decided_at FROM queue_order") == written
+    async with rt.pool.acquire() as conn:
+        assert [(await store.explain(conn, j))["position"] for j in ("j6", "j7")] == [1, 2]
     rows = await rt.pool.fetch("SELECT cycle_id, base_id, input_digest FROM decisions ORDER BY cycle_id")
     # the newest two are kept, and the keyframe both stand on although it is older
     assert len(rows) == 3 and rows[0]["base_id"] is None

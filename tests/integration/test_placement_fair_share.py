@@ -76,3 +76,22 @@ async def test_explain_reports_the_last_cycles_order_and_estimates_for_a_newer_j
     assert (late["position"], late["position_basis"]) == (1, "last_cycle")
     assert (early["position"], early["position_basis"]) == (2, "last_cycle")
     assert (newest["position"], newest["position_basis"]) == (3, "estimate")  # behind both, by submit time
+
+
+async def test_explains_position_counts_only_the_jobs_still_waiting_ahead(db) -> None:  # type: ignore[no-untyped-def]
+    async with db.acquire() as conn:
+        for i, job in enumerate(("a", "b", "c", "d")):
+            await store.add_pending(conn, JobSubmitted(
+                job_id=job, name=job, team="ml", project="p", kind="batch", priority_class="normal", priority=0,
+                gpus=1, submitted_at=NOW + timedelta(seconds=i)), None)
+        await store.record_queue_order(conn, ("c", "a", "b", "d"))
+        # `c` got its GPU and `a` finished since the order was written: neither waits ahead any more
+        jobs = await store.claim_jobs(conn, ["c"])
+        await store.insert_allocation(conn, "a-c", jobs["c"], 0, "c", "n1",
+                                      [AllocatedGpu(uuid="G0", index=0, model="H100")], NOW, {})
+        await store.refresh_satisfied(conn, "c")
+        await store.release(conn, "a", "JobCancelled", NOW, finished=True)
+        b, d = [await store.explain(conn, j) for j in ("b", "d")]
+        assert (b["position"], b["position_basis"]) == (1, "last_cycle")
+        assert (d["position"], d["position_basis"]) == (2, "last_cycle")
+        assert (await store.explain(conn, "c"))["state"] != "pending"
