@@ -471,34 +471,41 @@ class RequestBuilder:
 
 class WantedJobs:
     """Placement's copy of the wanted jobs (pending_jobs rows not yet satisfied), refreshed by each cycle's read
-    with only what changed: the read returns every wanted job's id with the transaction that last changed its row
-    (`changed_xid`), and whole rows only for changes at or above `horizon` — the xmin of the previous read's
-    snapshot. Every transaction below that xmin had ended before the previous read, so a row it last changed was
-    read then (or earlier) exactly as it is now. Rows that did not change stay the same objects from cycle to
-    cycle (what RequestBuilder relies on)."""
+    with only what changed: the read returns whole rows only for changes at or above `horizon` — the xmin of the
+    previous read's snapshot — with the keys of rows gone since and how many rows there are now. Every transaction
+    below that xmin had ended before the previous read, so a row it last changed was read then (or earlier)
+    exactly as it is now. Every row inserted or changed since comes back, so a copy that holds as many rows as the
+    store says holds the same ones; one that does not (a removal it was not told of) is forgotten and read whole.
+    Rows that did not change stay the same objects from cycle to cycle (what RequestBuilder relies on). The live
+    allocations (`"allocation_id"`) and the nodes (`"key"`) are kept the same way."""
 
     def __init__(self, key: str = "job_id") -> None:
-        self.key = key  # the rows' id (the live allocations are kept the same way, by "allocation_id")
-        self.rows: dict[str, tuple[str, Row]] = {}
+        self.key = key
+        self.rows: dict[str, Row] = {}
         self.horizon = "0"
 
-    def merge(self, ids: list[str], xids: list[str], changed: list[Row], xmin: str) -> list[Row] | None:
-        """The wanted rows now, or None (and forget everything, so the next read is a full one) if a row that did
-        not come back whole is not the one remembered: then the copy cannot be trusted."""
-        fresh = {r[self.key]: r for r in changed}
-        rows: dict[str, tuple[str, Row]] = {}
-        for job_id, xid in zip(ids, xids, strict=True):
-            row = fresh.get(job_id)
-            if row is not None:
-                rows[job_id] = (xid, row)
-                continue
-            known = self.rows.get(job_id)
-            if known is None or known[0] != xid:
-                self.rows, self.horizon = {}, "0"
-                return None
-            rows[job_id] = known
-        self.rows, self.horizon = rows, xmin
-        return [row for _, row in rows.values()]
+    def forget(self) -> None:
+        self.rows, self.horizon = {}, "0"
+
+    def merge(self, changed: list[Row], gone: Iterable[str], count: int, xmin: str, *,
+              ordered: bool = False) -> list[Row] | None:
+        """The rows now (`ordered`: sorted by key, else new rows last), or None (and forget everything, so the next
+        read is a full one) if the copy does not hold `count` rows."""
+        rows, key = self.rows, self.key
+        for k in gone:
+            rows.pop(k, None)
+        added = False
+        for r in changed:
+            k = r[key]
+            added = added or k not in rows
+            rows[k] = r
+        if len(rows) != count:
+            self.forget()
+            return None
+        if ordered and added:
+            self.rows = rows = {k: rows[k] for k in sorted(rows)}
+        self.horizon = xmin
+        return list(rows.values())
 
 
 def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams: Iterable[Row],

@@ -127,34 +127,28 @@ _LIVE_ROW_GROUP = " GROUP BY a.allocation_id, p.replicas, p.replica_set"
 _POOL_PARTS = _NODES_GPUS + """,
   'running', (SELECT coalesce(json_agg(r), '[]') FROM (""" + _LIVE_ROW + _LIVE_ROW_GROUP + """) r)"""
 
-# The live allocations as a cycle reads them: every one's id and version (the later of the transactions that last
-# changed it and its wanted job, whose replicas it reads), whole rows only at or above the horizon ($2, LiveRows).
-# The versions are worked out once (the join with the wanted jobs was half of this read when done twice).
+# The live allocations as a cycle reads them (`WantedJobs("allocation_id")`): how many there are, whole rows only of
+# those changed at or above the horizon ($2) — the allocation's own row or its wanted job's (whose replicas it
+# reads), or a wanted job gone meanwhile (`pending_gone`) — and the ids of those released at or above it. Nothing
+# is read of the rest: every change is stamped with its transaction (`changed_xid`), and the count tells a copy
+# that missed one.
 _RUNNING_SINCE = """
-  'running', (WITH v AS MATERIALIZED (
-      SELECT a.allocation_id, greatest(a.changed_xid, coalesce(p.changed_xid, '0'::xid8)) AS version
-      FROM allocations a LEFT JOIN pending_jobs p USING (job_id) WHERE a.released_at IS NULL)
-    SELECT json_build_object(
-      'ids', coalesce(json_agg(v.allocation_id ORDER BY v.allocation_id), '[]'),
-      'xids', coalesce(json_agg(v.version::text ORDER BY v.allocation_id), '[]'),
-      'rows', (SELECT coalesce(json_agg(r), '[]') FROM (""" + _LIVE_ROW + """
-            AND a.allocation_id IN (SELECT allocation_id FROM v WHERE version >= $2::text::xid8)""" + \
-            _LIVE_ROW_GROUP + """) r))
-    FROM v)"""
+  'running', json_build_object(
+    'count', (SELECT count(*) FROM allocations WHERE released_at IS NULL),
+    'gone', (SELECT coalesce(json_agg(allocation_id), '[]') FROM allocations
+             WHERE released_at IS NOT NULL AND changed_xid >= $2::text::xid8),
+    'rows', (SELECT coalesce(json_agg(r), '[]') FROM (""" + _LIVE_ROW + """
+            AND (a.changed_xid >= $2::text::xid8 OR p.changed_xid >= $2::text::xid8
+                 OR a.job_id IN (SELECT job_id FROM pending_gone WHERE changed_xid >= $2::text::xid8))""" + \
+            _LIVE_ROW_GROUP + """) r))"""
 
-# The pool as a cycle reads it: every node's key and version (the latest transaction that changed the node or one
-# of its GPUs, with its GPU count: a GPU that moved to another node changes the count of the one it left), and
-# whole nodes, each with its GPUs, only at or above the horizon ($3, `WantedJobs("key")`). Versions are bigints:
-# max() over xid8 needs PostgreSQL 16.
+# The pool as a cycle reads it (`WantedJobs("key")`): how many nodes and GPUs there are, and whole nodes, each with
+# its GPUs, only where the node or one of its GPUs changed at or above the horizon ($3). Nodes are never deleted;
+# a GPU that moved to another node leaves the count of the one it left wrong, and the counts tell.
 _NODES_SINCE = """
-  'nodes', (WITH v AS (
-      SELECT n.cluster, n.node, greatest(n.changed_xid::text::bigint, max(g.changed_xid::text::bigint)) AS xid,
-             count(g.uuid) AS n_gpus
-      FROM nodes n LEFT JOIN gpus g USING (cluster, node) GROUP BY n.cluster, n.node)
-    SELECT json_build_object(
-      'ids', coalesce(json_agg(v.cluster || chr(31) || v.node ORDER BY v.cluster, v.node), '[]'),
-      'xids', coalesce(json_agg(v.xid::text || ':' || v.n_gpus ORDER BY v.cluster, v.node), '[]'),
-      'rows', (SELECT coalesce(json_agg(r), '[]') FROM (
+  'nodes', json_build_object(
+    'count', (SELECT count(*) FROM nodes), 'gpus', (SELECT count(*) FROM gpus),
+    'rows', (SELECT coalesce(json_agg(r), '[]') FROM (
           SELECT n.cluster || chr(31) || n.node AS key, n.cluster, n.node, n.schedulable, n.labels, n.address,
                  n.cpu_milli, n.memory_mib,
                  coalesce(json_agg(json_build_object(
@@ -162,21 +156,22 @@ _NODES_SINCE = """
                      'memory_mib', g.memory_mib, 'health', g.health, 'sharing', g.sharing, 'draining', g.draining,
                      'numa_node', g.numa_node, 'nvlink_domain', g.nvlink_domain) ORDER BY g.idx, g.uuid)
                    FILTER (WHERE g.uuid IS NOT NULL), '[]') AS gpus
-          FROM v JOIN nodes n USING (cluster, node) LEFT JOIN gpus g USING (cluster, node)
-          WHERE v.xid >= $3::text::bigint GROUP BY n.cluster, n.node) r))
-    FROM v)"""
+          FROM nodes n LEFT JOIN gpus g USING (cluster, node)
+          WHERE n.changed_xid >= $3::text::xid8
+             OR (n.cluster, n.node) IN (SELECT cluster, node FROM gpus WHERE changed_xid >= $3::text::xid8)
+          GROUP BY n.cluster, n.node) r))"""
 
 _STATE = """
 SELECT json_build_object(""" + _NODES_SINCE + "," + _RUNNING_SINCE + """,
-  'pending', (SELECT json_build_object(
-        'ids', coalesce(json_agg(q.job_id), '[]'), 'xids', coalesce(json_agg(q.changed_xid::text), '[]'),
-        'rows', coalesce(json_agg(q) FILTER (WHERE q.changed_xid >= $1::text::xid8), '[]'))
-      FROM (
+  'pending', json_build_object(
+    'count', (SELECT count(*) FROM pending_jobs WHERE NOT satisfied),
+    'gone', (SELECT coalesce(json_agg(job_id), '[]') FROM pending_gone WHERE changed_xid >= $1::text::xid8),
+    'rows', (SELECT coalesce(json_agg(q), '[]') FROM (
       SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
              gang_nodes, gpus_per_node, replicas, max_runtime_s, gpu_fraction_milli, gpu_memory_mib, mig_profile,
              exclusive, isolation, not_before, replica_failures, replica_set, cpu_milli, memory_mib, node_selector,
-             preemptible, changed_xid
-      FROM pending_jobs WHERE NOT satisfied) q),
+             preemptible, satisfied
+      FROM pending_jobs WHERE changed_xid >= $1::text::xid8) q)),
   'xmin', pg_snapshot_xmin(pg_current_snapshot())::text,
   'usage', (SELECT coalesce(json_agg(u), '[]') FROM (SELECT team, gpu_model, gpu_seconds, as_of FROM team_usage) u),
   'teams', (SELECT coalesce(json_agg(t), '[]') FROM (SELECT team, org FROM policy_teams) t),
@@ -229,32 +224,37 @@ async def load_state(conn: asyncpg.Connection, wanted: WantedJobs, live: WantedJ
     cycle runs it every time it wakes, so the number of round trips is what it costs). Rows come back as dicts
     with the columns' Python types (timestamps as datetimes, double precision as floats).
 
-    Of the wanted jobs only the rows changed since `wanted`'s last read come back whole (with thousands waiting,
-    reading them all every cycle was most of a cycle's cost); `state["pending"]` is the merged list. The same for
-    the live allocations with `live` (a `WantedJobs("allocation_id")`; without one, all are read). If a merge finds
-    a row it cannot account for, everything of it is read again. And the same for the nodes with `pool` (a
-    `WantedJobs("key")`): a node comes back whole, with its GPUs (`gpus`), only when it or one of its GPUs changed;
-    `state["gpus"]` lists the GPUs of every node."""
+    Of the wanted jobs only the rows changed since `wanted`'s last read come back (with thousands waiting, reading
+    them all every cycle was most of a cycle's cost), with the jobs gone since (`pending_gone`) and how many are
+    wanted; `state["pending"]` is the merged list. The same for the live allocations with `live` (a
+    `WantedJobs("allocation_id")`; without one, all are read), and for the nodes with `pool` (a `WantedJobs("key")`:
+    a node comes back whole, with its GPUs (`gpus`), only when it or one of its GPUs changed); `state["gpus"]` lists
+    the GPUs of every node. If a merged copy does not hold as many as the store says, everything of it is read
+    again."""
     live = live if live is not None else WantedJobs("allocation_id")
     pool = pool if pool is not None else WantedJobs("key")
     state = json.loads(await conn.fetchval(_STATE, wanted.horizon, live.horizon, pool.horizon))
     pending, running, nodes = state["pending"], state["running"], state["nodes"]
     state["pending"], state["running"] = pending["rows"], running["rows"]
     _convert(state)
-    merged = wanted.merge(pending["ids"], pending["xids"], state["pending"], state["xmin"])
+    xmin = state["xmin"]
+    merged = wanted.merge([r for r in state["pending"] if not r["satisfied"]],
+                          [r["job_id"] for r in state["pending"] if r["satisfied"]] + pending["gone"],
+                          pending["count"], xmin)
     if merged is None:
-        log.warning("wanted_jobs_reloaded", extra={"wanted": len(pending["ids"])})
+        log.warning("wanted_jobs_reloaded", extra={"wanted": pending["count"]})
         return await load_state(conn, wanted, live, pool)
-    held = live.merge(running["ids"], running["xids"], state["running"], state["xmin"])
+    held = live.merge(state["running"], running["gone"], running["count"], xmin)
     if held is None:
-        log.warning("live_allocations_reloaded", extra={"live": len(running["ids"])})
+        log.warning("live_allocations_reloaded", extra={"live": running["count"]})
         return await load_state(conn, wanted, live, pool)
-    known = pool.merge(nodes["ids"], nodes["xids"], nodes["rows"], state["xmin"])
-    if known is None:
-        log.warning("pool_reloaded", extra={"nodes": len(nodes["ids"])})
+    known = pool.merge(nodes["rows"], (), nodes["count"], xmin, ordered=True)
+    gpus = [g for n in known or () for g in n["gpus"]]
+    if known is None or len(gpus) != nodes["gpus"]:
+        pool.forget()
+        log.warning("pool_reloaded", extra={"nodes": nodes["count"]})
         return await load_state(conn, wanted, live, pool)
-    state["pending"], state["running"], state["nodes"] = merged, held, known
-    state["gpus"] = [g for n in known for g in n["gpus"]]
+    state["pending"], state["running"], state["nodes"], state["gpus"] = merged, held, known, gpus
     return state
 
 
@@ -738,6 +738,8 @@ async def record_decision(conn: asyncpg.Connection, *, cycle_id: str, decided_at
                                   summary) VALUES ($1,$2,$3,$4,$5,$6,$7,$8::jsonb)""",
         cycle_id, decided_at, policy, input_digest, plan_digest, record_gz, base_id, summary)
     if keep is not None:
+        # and the wanted jobs deleted over an hour ago: a replica whose last read is older reads everything again
+        await conn.execute("DELETE FROM pending_gone WHERE gone_at < now() - interval '1 hour'")
         await conn.execute(
             """DELETE FROM decisions d
                WHERE cycle_id < (SELECT cycle_id FROM decisions ORDER BY cycle_id DESC OFFSET $1 LIMIT 1)

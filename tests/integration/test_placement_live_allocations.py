@@ -52,7 +52,7 @@ async def run(conn: asyncpg.Connection, job_id: str, gpu: int, replicas: int = 1
 
 async def read(pool: asyncpg.Pool, live: WantedJobs) -> tuple[dict[str, dict], int]:
     """The live rows by job id, how many came back whole; and checks the read equals a full one."""
-    before = {id(r) for _, r in live.rows.values()}
+    before = {id(r) for r in live.rows.values()}
     async with pool.acquire() as conn:
         state = await store.load_state(conn, WantedJobs(), live)
         full = await store.load_state(conn, WantedJobs(), WantedJobs("allocation_id"))

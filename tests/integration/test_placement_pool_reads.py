@@ -44,7 +44,7 @@ async def pool(nats_url: str, fresh_database_dsn: str) -> AsyncIterator[asyncpg.
 
 async def read(pool: asyncpg.Pool, known: WantedJobs) -> tuple[dict[str, dict], int, list[dict]]:
     """The nodes by name, how many came back whole, the GPUs; and checks the read equals a full one."""
-    before = {id(r) for _, r in known.rows.values()}
+    before = {id(r) for r in known.rows.values()}
     async with pool.acquire() as conn:
         state = await store.load_state(conn, WantedJobs(), None, known)
         full = await store.load_state(conn, WantedJobs(), None, WantedJobs("key"))
