@@ -136,18 +136,23 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     """MIG is dynamic here: a GPU in MIG mode has exactly the instances live allocations hold (the agent creates
     an instance with its grant and destroys it with its release), so every other slot is free to plan. A GPU
     whose NUMA node is unknown gets -1 (one group of its own). `usage`: each team's decayed GPU-seconds per model
-    (`team_usage`), fair share's history. `memo`: reuse the objects of rows unchanged since its last snapshot."""
+    (`team_usage`), fair share's history. `memo`: reuse the objects of rows unchanged since its last snapshot. A
+    node row with `gpus` (the cycle's read) has its GPUs there; other nodes' are taken from `gpus`."""
     running = list(running)
     gpus = list(gpus)
     memo = memo or SnapshotMemo()
     closed = memo.closed_gpus(gpus, running)
-    rows: dict[tuple[str, str], list[Row]] = defaultdict(list)
-    for g in gpus:
-        rows[(g["cluster"], g["node"])].append(g)
+    rows: dict[tuple[str, str], list[Row]] | None = None
     built_nodes, built_running = {}, {}
     for n in nodes:
         key = (n["cluster"], n["node"])
-        mine = rows[key]
+        mine = n.get("gpus")  # the cycle's read gives each node with its GPUs (`gpus` lists the same rows)
+        if mine is None:
+            if rows is None:
+                rows = defaultdict(list)
+                for g in gpus:
+                    rows[(g["cluster"], g["node"])].append(g)
+            mine = rows[key]
         shut = frozenset(g["uuid"] for g in mine if g["uuid"] in closed) if closed else frozenset()
         hit = memo.nodes.get(key)
         if hit is None or (hit[0] is not n and hit[0] != n) or hit[1] != mine or hit[2] != shut:

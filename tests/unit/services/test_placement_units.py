@@ -180,22 +180,30 @@ def test_build_requests_and_the_builder_agree() -> None:
 def test_wanted_jobs_keep_unchanged_rows_and_take_changed_ones() -> None:
     wanted_jobs = WantedJobs()
     a, b = wanted("a"), wanted("b")
-    assert wanted_jobs.merge(["a", "b"], ["10", "11"], [a, b], "12") == [a, b]
+    assert wanted_jobs.merge([a, b], [], 2, "12") == [a, b]
     assert wanted_jobs.horizon == "12"
     b2 = wanted("b", replicas=2)
     c = wanted("c")
-    now = wanted_jobs.merge(["a", "b", "c"], ["10", "13", "14"], [b2, c], "15")
+    now = wanted_jobs.merge([b2, c], [], 3, "15")
     assert now == [a, b2, c] and now[0] is a
-    assert wanted_jobs.merge(["c"], ["14"], [], "16") == [c]  # a and b no longer wanted
+    assert wanted_jobs.merge([], ["a", "b"], 1, "16") == [c]  # a and b no longer wanted
+    assert wanted_jobs.merge([], ["x"], 1, "17") == [c]  # gone before it was ever seen
 
 
-def test_wanted_jobs_refuse_a_row_they_cannot_account_for_and_start_over() -> None:
+def test_wanted_jobs_that_do_not_hold_as_many_rows_as_the_store_start_over() -> None:
     wanted_jobs = WantedJobs()
-    wanted_jobs.merge(["a"], ["10"], [wanted("a")], "12")
-    assert wanted_jobs.merge(["a", "b"], ["10", "9"], [], "13") is None  # "b" is news but came without its row
+    wanted_jobs.merge([wanted("a")], [], 1, "12")
+    assert wanted_jobs.merge([], [], 2, "13") is None  # one was added that the read did not return
     assert wanted_jobs.rows == {} and wanted_jobs.horizon == "0"
-    wanted_jobs.merge(["a"], ["10"], [wanted("a")], "12")
-    assert wanted_jobs.merge(["a"], ["11"], [], "13") is None  # "a" changed, but its new row did not come
+    wanted_jobs.merge([wanted("a"), wanted("b")], [], 2, "12")
+    assert wanted_jobs.merge([], [], 1, "13") is None  # one left that the read did not tell of
+
+
+def test_kept_rows_in_key_order_when_asked() -> None:
+    nodes = WantedJobs("key")
+    rows = [{"key": k} for k in ("c", "a", "b")]
+    assert [r["key"] for r in nodes.merge(rows, (), 3, "5", ordered=True)] == ["a", "b", "c"]
+    assert [r["key"] for r in nodes.merge([{"key": "0"}], (), 4, "6", ordered=True)] == ["0", "a", "b", "c"]
 
 
 def test_the_queue_order_is_the_order_the_core_tried_the_jobs_in_each_job_once() -> None:
