@@ -124,14 +124,17 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
             "cpu_ms_per_turnover": cpu}
 
 
-def run_benchmark(depths: list[int], turnovers: int, clients: int, nodes: int) -> list[dict]:
+def run_benchmark(depths: list[int], turnovers: int, clients: int, nodes: int,
+                  telemetry_s: float = 2.0) -> list[dict]:
     rows = []
     gpus = nodes * GPUS_PER_NODE
     fleet = ";".join([f"H100-80GB*{GPUS_PER_NODE}"] * nodes)
     for depth in depths:
-        with tempfile.TemporaryDirectory(prefix="gpupool-backlog-") as tmp, Platform(Path(tmp), fleet) as platform:
+        with (tempfile.TemporaryDirectory(prefix="gpupool-backlog-") as tmp,
+              Platform(Path(tmp), fleet, ("--telemetry-interval", str(telemetry_s))) as platform):
             print(f"[bench] backlog {depth}: {gpus + depth} jobs, then {turnovers} turnovers", flush=True)
-            rows.append(asyncio.run(measure(platform.run, depth, turnovers, clients, gpus)) | {"nodes": nodes})
+            rows.append(asyncio.run(measure(platform.run, depth, turnovers, clients, gpus))
+                        | {"nodes": nodes, "telemetry_s": telemetry_s})
             print(f"[bench] backlog {depth}: {json.dumps(rows[-1])}", flush=True)
     return rows
 
@@ -146,7 +149,8 @@ def markdown(rows: list[dict], command: str) -> str:
         "",
         f"`{command}` — a real `gpupool up` on {nodes} simulated nodes × {GPUS_PER_NODE} GPUs per depth; {gpus} + "
         f"depth one-GPU jobs submitted over HTTP ({gpus} run, the rest wait), then running jobs completed one at a "
-        "time, each timed until the next job started (`job.started` on NATS). Every scheduling cycle considers the "
+        "time, each timed until the next job started (`job.started` on NATS); the agent samples every GPU's "
+        f"telemetry every {base.get('telemetry_s', 2.0):g} s throughout. Every scheduling cycle considers the "
         f"whole backlog. Machine: {benchdoc.machine()}. The first depth is the baseline of the ratios (same command, "
         "same machine).",
         "",
@@ -170,7 +174,7 @@ def markdown(rows: list[dict], command: str) -> str:
               "last read (`pending_jobs.changed_xid` against the previous read's snapshot xmin; placement keeps the "
               "rest in memory), reuses the schedulable units and the core's normalised requests of unchanged jobs, "
               "and still orders and considers every waiting job (the core's `schedule` is one pass over them with "
-              "per-shape memos) and records the cycle's whole input for replay.", END]
+              "per-shape memos) and records the cycle's input for replay (as a delta against a keyframe).", END]
     return "\n".join(lines)
 
 
@@ -188,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turnovers", type=int, default=30, help="jobs completed one at a time per depth")
     parser.add_argument("--clients", type=int, default=16, help="concurrent submitters while filling the backlog")
     parser.add_argument("--nodes", type=int, default=8, help=f"simulated nodes of {GPUS_PER_NODE} H100s")
+    parser.add_argument("--telemetry-interval", type=float, default=2.0,
+                        help="seconds between the simulated agent's telemetry samples of every GPU")
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"),
                         help="markdown file whose backlog section is (re)written")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
@@ -196,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     gpus = args.nodes * GPUS_PER_NODE
     if not depths or min(depths) < 0 or args.nodes < 1 or not 1 <= args.turnovers <= gpus:
         parser.error(f"--depths must be non-negative integers, --nodes at least 1 and --turnovers 1..{gpus}")
-    rows = run_benchmark(depths, args.turnovers, args.clients, args.nodes)
+    if not 0.1 <= args.telemetry_interval <= 3600:
+        parser.error("--telemetry-interval must be within 0.1..3600 seconds")
+    rows = run_benchmark(depths, args.turnovers, args.clients, args.nodes, args.telemetry_interval)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     command = "gpupool bench backlog " + " ".join(argv if argv is not None else sys.argv[1:])
