@@ -25,6 +25,7 @@ added back, latest first, while the job is still admitted and fits).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -80,6 +81,8 @@ class Preemptor:
 
 
 _BY_TEAM = object()  # find_victims' memo: the candidates by team
+_LOWEST = object()  # and each team's lowest priority among them
+INF = math.inf
 
 
 def find_victims(state: ClusterState, candidates: Iterable[RunningJob], pre: Preemptor, ledger: QuotaLedger,
@@ -118,9 +121,14 @@ def victim_candidates(st: ClusterState, candidates: Iterable[RunningJob], job: J
         if not reclaim:  # only its own team's work can be a victim: look at that alone (same order)
             by_team = memo.get(_BY_TEAM)
             if by_team is None:
-                by_team = memo[_BY_TEAM] = {}
+                by_team, lowest = memo[_BY_TEAM], memo[_LOWEST] = {}, {}
                 for rj in candidates:
                     by_team.setdefault(rj.team, []).append(rj)
+                    if rj.priority < lowest.get(rj.team, INF):
+                        lowest[rj.team] = rj.priority
+            if memo[_LOWEST].get(job.team, INF) >= prio:  # none of its team's work is below it: no candidate
+                hit = memo[key] = ([], {}, {})
+                return hit
             candidates = by_team.get(job.team, ())
         hit = memo[key] = _candidates(st, candidates, job, shape, allowed, prio, reclaim, ledger, taken, policy,
                                       now)
