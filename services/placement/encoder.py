@@ -41,22 +41,25 @@ class DecisionEncoder:
         self._new: dict[Any, str] = {}
         # the same by the very object (id -> (object, text); the entry keeps it alive, so its id stays its own):
         # a cycle meets most objects of the last one again, and hashing a node's or a request's fields each
-        # time cost more than encoding them once
-        self._old_ids: dict[int, tuple[Any, str]] = {}
-        self._new_ids: dict[int, tuple[Any, str]] = {}
+        # time cost more than encoding them once. Kept across cycles, and pruned to what the last recorded cycle
+        # used once it holds more than twice that (one lookup per item, not a move from an old dict to a new one)
+        self._ids: dict[int, tuple[Any, str]] = {}
+        self._used: list[tuple] = []  # the lists encoded since the last turn
         self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
         self._last_list: tuple[tuple | None, list[str]] = (None, [])  # the last list encoded (kept alive), its items
 
     def turn(self) -> None:
         self._old, self._new = self._new, {}
-        self._old_ids, self._new_ids = self._new_ids, {}
+        used, self._used = self._used, []
+        if len(self._ids) > 2 * sum(map(len, used)):
+            ids = self._ids
+            self._ids = {id(v): ids[id(v)] for values in used for v in values if id(v) in ids}
         self._last_list = (None, [])
 
     def _item(self, value: Any) -> str:
         key = id(value)
-        seen = self._new_ids.get(key) or self._old_ids.get(key)
+        seen = self._ids.get(key)
         if seen is not None and seen[0] is value:
-            self._new_ids[key] = seen
             return seen[1]
         try:
             text = self._new.get(value)
@@ -65,23 +68,18 @@ class DecisionEncoder:
                 self._new[value] = text
         except TypeError:  # not hashable (nor, then, known to be immutable)
             return codec.dumps(value)
-        self._new_ids[key] = (value, text)
+        self._ids[key] = (value, text)
         return text
 
     def _list(self, values: tuple) -> list[str]:
         """Each item's JSON text."""
         if values is self._last_list[0]:  # a plan's reasons: its JSON and its digest encode them both
             return self._last_list[1]
-        new_ids, old_ids, parts = self._new_ids, self._old_ids, []
+        self._used.append(values)
+        get, item, parts = self._ids.get, self._item, []
         for v in values:  # `_item`, its common case (an object met before) inline: 10,000s of them a cycle
-            seen = new_ids.get(id(v))
-            if seen is None or seen[0] is not v:
-                seen = old_ids.get(id(v))
-                if seen is None or seen[0] is not v:
-                    parts.append(self._item(v))
-                    continue
-                new_ids[id(v)] = seen
-            parts.append(seen[1])
+            seen = get(id(v))
+            parts.append(seen[1] if seen is not None and seen[0] is v else item(v))
         self._last_list = (values, parts)
         return parts
 

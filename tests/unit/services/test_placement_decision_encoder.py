@@ -56,3 +56,16 @@ def test_the_encoder_writes_exactly_what_the_codec_writes_across_cycles() -> Non
         assert enc.plan_digest(plan) == codec.plan_digest(plan)
         assert codec.loads(enc.input_json(snapshot, requests, policy, 1.8e9))["snapshot"] == snapshot
         enc.turn()
+
+
+def test_the_encoder_forgets_objects_no_cycle_uses_any_more() -> None:
+    enc = DecisionEncoder()
+    policy = build_policy("default", [], [], [], 300.0, 7 * 24 * 3600.0)
+    snapshot = build_snapshot(NODES, GPUS, [])
+    for c in range(30):  # every cycle a new backlog: the old requests must not pile up
+        requests = build_requests([wanted(k) for k in range(c * 10, c * 10 + 10)], {},
+                                  {"fractional": {"L40S"}, "mig": {"A100-80GB"}})
+        assert enc.input_json(snapshot, requests, policy, 1.0) == codec.dumps(
+            {"snapshot": snapshot, "pending": tuple(requests), "policy": policy, "now": 1.0})
+        enc.turn()
+        assert len(enc._ids) <= 2 * (len(snapshot.nodes) + len(requests)) + 1
