@@ -87,7 +87,6 @@ from services.placement.domain import (
     offered_models,
     on_work_end,
     order_still_holds,
-    queue_order,
     replica_back_off,
     split_unit,
     workload_environment,
@@ -508,7 +507,7 @@ class PlacementHandlers:
             report_plan(plan)
             reasons = self._reasons.rows(plan.pending, requests, snapshot.nodes, backoff_reasons(backing_off))
             await self._write_reasons(uow, reasons)  # for `explain`
-            await self._write_order(uow, queue_order(plan.pending), applied)
+            await self._write_order(uow, self._reasons.order, applied)  # `queue_order(plan.pending)`
             recorded = await self._record_decision(uow, snapshot, requests, policy, now, plan, applied,
                                                    state["policy_revision"])
         # committed: remember what is now in the store

@@ -63,7 +63,9 @@ class ReasonRows:
 
     def __init__(self) -> None:
         self.written: dict[str, Written] = {}
-        self._by_object: dict[int, tuple[PendingReason, Written]] = {}  # the last cycle's rows, by reason object
+        # the last cycle's rows, by reason object: (the reason, its row, its job)
+        self._by_object: dict[int, tuple[PendingReason, Written, str]] = {}
+        self.order: tuple[str, ...] = ()  # the last `rows`' jobs in the order the plan lists them
 
     def forget(self) -> None:
         """The store may hold other reasons than these (another replica led meanwhile): the next cycle writes all."""
@@ -72,7 +74,8 @@ class ReasonRows:
     def rows(self, pending: Iterable[PendingReason], requests: Iterable[JobRequest], nodes: Iterable[Node] | None,
              extra: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Written]:
         """Each wanted job's row as `explain` shows it: `domain.pending_reasons` with `domain.pending_facts` (a job
-        of several units has its last unit's), then `extra`'s reasons (jobs backing off; no facts)."""
+        of several units has its last unit's), then `extra`'s reasons (jobs backing off; no facts). Sets `order`:
+        the plan's jobs, each once, in the order it lists them (`domain.queue_order`)."""
         pending = tuple(pending)
         shown = ShownReason(pending, requests, nodes)
         known, by_object = self._by_object, {}
@@ -84,10 +87,10 @@ class ReasonRows:
                 f = facts.get(id(r.facts))
                 if f is None:
                     f = facts[id(r.facts)] = (r.facts, facts_json(r.facts))
-                hit = (r, (*shown(r), f[1]))
+                hit = (r, (*shown(r), f[1]), split_unit(r.job_id)[0])
             by_object[id(r)] = hit
-            out[split_unit(r.job_id)[0]] = hit[1]
-        self._by_object = by_object
+            out[hit[2]] = hit[1]
+        self._by_object, self.order = by_object, tuple(out)
         for job_id, (reason, message) in (extra or {}).items():
             row = out.get(job_id)
             out[job_id] = (reason, message, row[2] if row is not None else None)

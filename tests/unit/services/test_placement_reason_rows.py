@@ -93,3 +93,15 @@ def test_same_reasons_compares_job_reason_and_message_in_order() -> None:
     assert same_reasons((a, b), (a, b)) and same_reasons((a,), (PendingReason("a", "R", "m", ReasonFacts("x")),))
     assert not same_reasons((a, b), (b, a)) and not same_reasons((a,), None) and not same_reasons((a,), (a, b))
     assert not same_reasons((a,), (PendingReason("a", "R", "other"),))
+
+
+def test_the_rows_give_the_queue_order_each_job_once_in_the_plans_order() -> None:
+    from services.placement.domain import queue_order
+
+    rows = ReasonRows()
+    pending = (PendingReason("s#1", "X", "m"), PendingReason("a", "X", "m"), PendingReason("s#0", "Y", "m"),
+               PendingReason("b", "X", "m"))
+    for _ in range(2):  # fresh rows, then the same objects again
+        got = rows.rows(pending, (), None, {"backing-off": ("ReplicaBackingOff", "later")})
+        assert rows.order == queue_order(pending) == ("s", "a", "b")
+        assert list(got) == ["s", "a", "b", "backing-off"]  # a job backing off has a row, not a place
