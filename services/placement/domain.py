@@ -278,6 +278,36 @@ def offered_models(gpus: Iterable[Row]) -> dict[str, set[str]]:
     return out
 
 
+def live_facts(running: Iterable[Row]) -> tuple[dict[str, set[int]], datetime | None, set[str]]:
+    """From the live allocations, in one pass: the replicas each job holds, the earliest preemption deadline
+    (None: none is being preempted) and the units whose victims are being preempted for them."""
+    live: dict[str, set[int]] = defaultdict(set)
+    deadline, waiting = None, set()
+    for r in running:
+        live[r["job_id"]].add(r["replica"])
+        at = r["preempt_deadline"]
+        if at is not None:
+            waiting.add(r["preempted_by"])
+            if deadline is None or at < deadline:
+                deadline = at
+    return live, deadline, waiting
+
+
+class PoolFacts:
+    """What a cycle derives from the pool's GPU rows — the models each sharing mode offers (`offered_models`) and
+    each GPU's model — worked out again only when the pool's read changed something (`WantedJobs.changed`)."""
+
+    def __init__(self) -> None:
+        self.offered: dict[str, set[str]] = {}
+        self.models: dict[str, str] = {}
+        self._known = False
+
+    def update(self, gpus: list[Row], changed: bool) -> None:
+        if changed or not self._known:
+            self.offered, self.models = offered_models(gpus), {g["uuid"]: g["model"] for g in gpus}
+            self._known = True
+
+
 def dev_share(row: Row, offered: Mapping[str, set[str]], fraction_milli: int,
               memory_mib: int) -> dict[str, Any]:
     """A dev job that asks for one GPU and names no share gets every share the pool offers, in this order: a
@@ -488,6 +518,7 @@ class WantedJobs:
         self.key = key
         self.rows: dict[str, Row] = {}
         self.horizon = "0"
+        self.changed = True
 
     def forget(self) -> None:
         self.rows, self.horizon = {}, "0"
@@ -497,6 +528,7 @@ class WantedJobs:
         """The rows now (`ordered`: sorted by key, else new rows last), or None (and forget everything, so the next
         read is a full one) if the copy does not hold `count` rows."""
         rows, key = self.rows, self.key
+        size = len(rows)
         for k in gone:
             rows.pop(k, None)
         added = False
@@ -504,6 +536,7 @@ class WantedJobs:
             k = r[key]
             added = added or k not in rows
             rows[k] = r
+        self.changed = bool(changed) or len(rows) != size  # whether this read changed the copy
         if len(rows) != count:
             self.forget()
             return None

@@ -73,6 +73,7 @@ from services.placement.cache import KeptScheduler
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
     RELEASE_AT_ONCE,
+    PoolFacts,
     RendezvousPorts,
     RequestBuilder,
     SnapshotMemo,
@@ -84,7 +85,7 @@ from services.placement.domain import (
     decided_cycle,
     gang_ready,
     gang_start_due,
-    offered_models,
+    live_facts,
     on_work_end,
     order_still_holds,
     replica_back_off,
@@ -120,6 +121,7 @@ class PlacementHandlers:
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
         self._live = WantedJobs("allocation_id")  # the live allocations, the same way
         self._pool = WantedJobs("key")  # the nodes with their GPUs, the same way
+        self._pool_facts = PoolFacts()  # what the cycle derives from the GPUs, while they do not change
         self._requests = RequestBuilder()
         self._normalized = NormalizeMemo()  # the core's normalised requests (RequestBuilder keeps their objects)
         self._scheduler = KeptScheduler()  # the core's Scheduler, kept between committed cycles (cache.py)
@@ -459,21 +461,18 @@ class PlacementHandlers:
             state = await store.load_state(uow.conn, self._wanted, self._live, self._pool)
             t1 = time.perf_counter()
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
-            deadlines = [r["preempt_deadline"] for r in running if r["preempt_deadline"] is not None]
-            self._next_deadline = min(deadlines) if deadlines else None
+            # the replicas each job holds, the earliest preemption deadline, and the units whose victims are
+            # still checkpointing: those wait for them instead of choosing more victims
+            live, self._next_deadline, waiting = live_facts(running)
             self._gang_due = gang_start_due(running, self.settings.gang_start_timeout_s)
             report_holdings(running, state["quotas"], state["teams"])
-            live: dict[str, set[int]] = defaultdict(set)
-            for r in running:
-                live[r["job_id"]].add(r["replica"])
-            # A unit whose victims are still checkpointing waits for them instead of choosing more victims.
-            waiting = {r["preempted_by"] for r in running if r["preempt_deadline"] is not None}
             # a replicated job in its crash-loop back-off waits (its reason says so)
             now_at = utcnow()
             backing_off = {r["job_id"]: r for r in state["pending"]
                            if r["not_before"] is not None and r["not_before"] > now_at}
             ready = [r for r in state["pending"] if r["job_id"] not in backing_off] if backing_off else state["pending"]
-            requests = [q for q in self._requests.build(ready, live, offered_models(gpus),
+            self._pool_facts.update(gpus, self._pool.changed)
+            requests = [q for q in self._requests.build(ready, live, self._pool_facts.offered,
                                                         self.settings.dev_fraction_milli,
                                                         self.settings.dev_gpu_memory_mib)
                         if q.job_id not in waiting]
@@ -499,7 +498,7 @@ class PlacementHandlers:
             units: dict[str, list[Placement]] = defaultdict(list)
             for p in plan.placements:
                 units[p.job_id].append(p)
-            written = await self._apply_units(uow, units, {g["uuid"]: g["model"] for g in gpus},
+            written = await self._apply_units(uow, units, self._pool_facts.models,
                                               {r["job_id"]: r["traceparent"] for r in state["pending"]},
                                               RendezvousPorts.of(nodes, running, self.settings.rendezvous_range())
                                               ) if units else []

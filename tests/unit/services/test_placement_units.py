@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from libs.core import (
     Allocation,
@@ -233,3 +233,35 @@ def test_a_draining_gpu_and_one_whose_work_does_not_fit_its_mode_take_no_new_wor
     nodes = [{"cluster": "c", "node": "n", "schedulable": True, "labels": {}}]
     snap = build_snapshot(nodes, gpus, [])
     assert [g.healthy for g in snap.nodes[0].gpus] == [True, True, True, False]
+
+
+def test_pool_facts_are_worked_out_again_only_when_the_pools_read_changed_it() -> None:
+    from services.placement.domain import PoolFacts
+
+    pool = WantedJobs("key")
+    gpu = {"uuid": "g0", "model": "H100", "health": "healthy", "sharing": "exclusive"}
+    nodes = pool.merge([{"key": "n", "gpus": [gpu]}], (), 1, "5")
+    assert pool.changed
+    facts = PoolFacts()
+    facts.update([g for n in nodes for g in n["gpus"]], pool.changed)
+    assert facts.offered == {"exclusive": {"H100"}} and facts.models == {"g0": "H100"}
+    pool.merge([], (), 1, "6")
+    assert not pool.changed  # nothing came back: what was derived holds
+    facts.update([{**gpu, "model": "ignored"}], pool.changed)
+    assert facts.models == {"g0": "H100"}
+    pool.merge([{"key": "n", "gpus": [{**gpu, "sharing": "mig", "model": "A100"}]}], (), 1, "7")
+    assert pool.changed
+    facts.update([{**gpu, "sharing": "mig", "model": "A100"}], pool.changed)
+    assert facts.offered == {"mig": {"A100"}} and facts.models == {"g0": "A100"}
+
+
+def test_live_facts_give_replicas_the_earliest_deadline_and_who_waits_for_victims() -> None:
+    from services.placement.domain import live_facts
+
+    t = datetime(2026, 12, 3, tzinfo=UTC)
+    running = [{"job_id": "a", "replica": 0, "preempt_deadline": None, "preempted_by": None},
+               {"job_id": "a", "replica": 2, "preempt_deadline": t + timedelta(seconds=9), "preempted_by": "x"},
+               {"job_id": "b", "replica": 0, "preempt_deadline": t + timedelta(seconds=3), "preempted_by": "y#1"}]
+    live, deadline, waiting = live_facts(running)
+    assert live == {"a": {0, 2}, "b": {0}} and deadline == t + timedelta(seconds=3) and waiting == {"x", "y#1"}
+    assert live_facts([])[1:] == (None, set())
