@@ -73,11 +73,9 @@ from services.placement.cache import KeptScheduler
 from services.placement.config import PlacementSettings
 from services.placement.domain import (
     RELEASE_AT_ONCE,
-    PoolFacts,
     RendezvousPorts,
     RequestBuilder,
     SnapshotMemo,
-    WantedJobs,
     allocated_gpus,
     backoff_reasons,
     build_policy,
@@ -94,6 +92,7 @@ from services.placement.domain import (
 )
 from services.placement.encoder import DecisionEncoder
 from services.placement.fragmentation import Fragmentation
+from services.placement.incremental import PoolFacts, WantedJobs
 from services.placement.reasons import ReasonRows, Written, same_reasons
 from services.placement.recording import DeltaRecorder, stored_texts
 from services.placement.reporting import report_holdings, report_plan

@@ -10,7 +10,8 @@ from typing import Any
 import asyncpg
 
 from libs.contracts.events import AllocatedGpu, JobSubmitted, NodeRegistered, PriorityClassSet, QuotaSet
-from services.placement.domain import WantedJobs, nvlink_domains
+from services.placement.domain import nvlink_domains
+from services.placement.incremental import WantedJobs
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ import pytest
 
 from libs.contracts.events import AllocatedGpu, GpuSpec, JobSubmitted, NodeRegistered
 from services.placement import store
-from services.placement.domain import WantedJobs, build_snapshot
+from services.placement.domain import build_snapshot
+from services.placement.incremental import WantedJobs
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 pytestmark = pytest.mark.integration

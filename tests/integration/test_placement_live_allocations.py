@@ -16,7 +16,7 @@ from libs.contracts.events import AllocatedGpu, GpuSpec, JobSubmitted, NodeRegis
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
-from services.placement.domain import WantedJobs
+from services.placement.incremental import WantedJobs
 
 pytestmark = pytest.mark.integration
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

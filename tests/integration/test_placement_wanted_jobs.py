@@ -14,7 +14,7 @@ from libs.contracts.events import JobSubmitted
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.config import PlacementSettings
-from services.placement.domain import WantedJobs
+from services.placement.incremental import WantedJobs
 
 pytestmark = pytest.mark.integration
 NOW = datetime(2026, 11, 30, tzinfo=UTC)

@@ -20,13 +20,13 @@ from libs.core import (
 )
 from services.placement.domain import (
     RequestBuilder,
-    WantedJobs,
     allocated_gpus,
     build_requests,
     queue_order,
     split_unit,
     unit_id,
 )
+from services.placement.incremental import WantedJobs
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -236,7 +236,7 @@ def test_a_draining_gpu_and_one_whose_work_does_not_fit_its_mode_take_no_new_wor
 
 
 def test_pool_facts_are_worked_out_again_only_when_the_pools_read_changed_it() -> None:
-    from services.placement.domain import PoolFacts
+    from services.placement.incremental import PoolFacts
 
     pool = WantedJobs("key")
     gpu = {"uuid": "g0", "model": "H100", "health": "healthy", "sharing": "exclusive"}
