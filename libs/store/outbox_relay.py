@@ -1,6 +1,7 @@
 """Publishes committed outbox rows to JetStream, in commit order, at least once.
 
-Rows are locked with SKIP LOCKED so two replicas never publish the same row concurrently. A crash between
+Relays of one database (replicas) take turns by a session advisory lock, so two never publish the same row
+concurrently, and no transaction is open while a batch is published (see `publish_pending`). A crash between
 publish and marking the row sent republishes it with the same Nats-Msg-Id: the stream's duplicate window drops
 it, and consumers' inboxes catch anything later. Nothing is ever lost: a row stays until JetStream acked it.
 
@@ -26,6 +27,7 @@ from libs.observability.metrics import OUTBOX_PENDING, OUTBOX_RELAYED
 log = logging.getLogger(__name__)
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+RELAY_LOCK_KEY = 0x6F75_7462  # "outb": the session advisory lock the relays of one database take turns by
 # (subject, payload, headers) -> awaitable that raises unless the stream stored the message. The store knows
 # nothing of NATS; the service's bootstrap passes libs.bus.publisher.publish_raw bound to its JetStream context.
 PublishFn = Callable[[str, bytes, dict[str, str]], Awaitable[Any]]
@@ -91,42 +93,51 @@ class OutboxRelay:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
 
     async def publish_pending(self) -> int:
-        """Publish one batch; returns how many rows were published.
+        """Publish one batch; returns how many rows were published (0 as well while another relay of the same
+        database — a replica — is publishing).
+
+        No transaction is open while the batch is published: the rows are read by one statement and marked by a
+        short transaction afterwards, and relays of one database take turns by a session advisory lock. A
+        transaction held across the publish (it used to be: rows locked FOR UPDATE until JetStream acked them,
+        for as long as a busy event loop took to read the acks) holds back every snapshot's xmin in the
+        cluster, and with it the horizon placement's incremental read re-reads from (services/placement).
 
         On a failed publish, the rows already published are marked and the failing row's `attempts`/`last_error`
-        recorded *in the committed transaction*, then the error is raised (raising inside the transaction block
-        would roll that bookkeeping back and leave published rows unmarked)."""
+        recorded, then the error is raised."""
         failure: Exception | None = None
-        async with self.pool.acquire() as conn, _marking_transaction(conn):
-            rows = await conn.fetch(
-                """SELECT seq, event_id, subject, payload, traceparent FROM outbox
-                   WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED""",
-                self.batch)
-            published: list[int] = []
-            if self.publish_batch is not None and len(rows) > 1:
-                results = await self.publish_batch([_message(row) for row in rows])
+        async with self.pool.acquire() as conn:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", RELAY_LOCK_KEY):
+                return 0
+            try:
+                rows = await conn.fetch(
+                    """SELECT seq, event_id, subject, payload, traceparent FROM outbox
+                       WHERE published_at IS NULL ORDER BY seq LIMIT $1""", self.batch)
+                published: list[int] = []
                 failed: list[tuple[int, str]] = []
-                for row, result in zip(rows, results, strict=True):
-                    if isinstance(result, BaseException):
-                        failure = failure or (result if isinstance(result, Exception) else RuntimeError(result))
-                        failed.append((row["seq"], repr(result)[:500]))
-                    else:
+                if self.publish_batch is not None and len(rows) > 1:
+                    results = await self.publish_batch([_message(row) for row in rows])
+                    for row, result in zip(rows, results, strict=True):
+                        if isinstance(result, BaseException):
+                            failure = failure or (result if isinstance(result, Exception) else RuntimeError(result))
+                            failed.append((row["seq"], repr(result)[:500]))
+                        else:
+                            published.append(row["seq"])
+                else:
+                    for row in rows:
+                        try:
+                            await self.publish(*_message(row))
+                        except Exception as exc:
+                            failure = exc
+                            failed.append((row["seq"], repr(exc)[:500]))
+                            break
                         published.append(row["seq"])
-                if failed:
-                    await conn.executemany(
-                        "UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1", failed)
-            else:
-                for row in rows:
-                    try:
-                        await self.publish(*_message(row))
-                    except Exception as exc:
-                        failure = exc
-                        await conn.execute(
-                            "UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1",
-                            row["seq"], repr(exc)[:500])
-                        break
-                    published.append(row["seq"])
-            await self._mark(conn, published)
+                async with _marking_transaction(conn):
+                    await self._mark(conn, published)
+                    if failed:
+                        await conn.executemany(
+                            "UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE seq = $1", failed)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", RELAY_LOCK_KEY)
         if published:
             OUTBOX_RELAYED.labels(service=self.service).inc(len(published))
         if failure is not None:

@@ -279,6 +279,32 @@ async def test_relay_running_in_the_background_publishes_soon_after_commit(
     assert msg.headers["Nats-Msg-Id"] == event.id
 
 
+
+async def test_relay_holds_no_transaction_while_it_publishes_and_replicas_take_turns(
+        db: asyncpg.Pool, js: JetStreamContext) -> None:
+    """A transaction open across the publish would hold back every snapshot's xmin in the cluster (placement reads
+    again everything changed since the oldest open transaction); a second relay of the same database waits its
+    turn instead of publishing the same rows."""
+    for n in range(3):
+        async with UnitOfWork(db, "/gpupool/queue") as uow:
+            await uow.emit(job(f"j-{n}"))
+    seen: dict[str, object] = {}
+    other = OutboxRelay(db, functools.partial(publish_raw, js), "test-replica")
+
+    async def publish_and_look(subject: str, payload: bytes, headers: dict[str, str]):  # type: ignore[no-untyped-def]
+        if not seen:
+            seen["open"] = await db.fetchval(
+                """SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                   AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL""")
+            seen["replica_sent"] = await other.publish_pending()  # the lock is held: it waits its turn
+        return await publish_raw(js, subject, payload, headers)
+
+    relay = OutboxRelay(db, publish_and_look, "test")
+    assert await relay.publish_pending() == 3
+    assert seen == {"open": 0, "replica_sent": 0}
+    assert len(await stream_messages(js)) == 3  # each once
+    assert await other.publish_pending() == 0 and await relay.pending_count() == 0
+
 async def _stream_count(js: JetStreamContext, n: int) -> bool:
     return (await js.stream_info(EVENTS_STREAM.name)).state.messages == n
 
