@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import secrets
 import signal
@@ -35,6 +36,15 @@ from libs.devstack.servers import (
 from libs.runtime.processes import pid_alive
 
 BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
+AGENT_HEARTBEAT_S = 5.0  # the agent's default HEARTBEAT_S (services/agent/config.py)
+
+
+def node_lost_after_s(interval_s: float, heartbeat_s: float = AGENT_HEARTBEAT_S) -> float:
+    """Inventory's NODE_LOST_AFTER_S for an agent sampling every `interval_s`: a node sampled by change still sends
+    at its first sample after `heartbeat_s`, so three such gaps, and never under inventory's own 15 s default (at
+    a 10 s interval the default declared busy nodes lost between two samples)."""
+    gap = max(interval_s, math.ceil(heartbeat_s / interval_s - 1e-9) * interval_s)
+    return max(15.0, 3 * gap)
 SERVICE_DATABASES = (*BACKEND_SERVICES, "gateway")  # each with its own database (and, embedded, its own role)
 DEFAULT_TEAMS = "research,inference,platform,default"
 
@@ -225,6 +235,8 @@ class Stack:
                             "ENVIRONMENT": opts.environment, "LOG_LEVEL": opts.log_level, "INSTANCE": process}
                 if name == "quota":
                     settings["SEED_TEAMS"] = DEFAULT_TEAMS
+                if name == "inventory":  # a node is lost only after missing three of the agent's samples
+                    settings["NODE_LOST_AFTER_S"] = f"{node_lost_after_s(opts.agent_interval_s):g}"
                 if opts.nats_cluster:
                     settings["STREAM_REPLICAS"] = "3"
                 settings.update(opts.service_env.get(name, {}))
