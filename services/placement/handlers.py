@@ -488,7 +488,10 @@ class PlacementHandlers:
             snapshot, now = build_snapshot(nodes, gpus, running, state["usage"], self._snapshots), time.time()
             with self._tracer.start_as_current_span("scheduling cycle", attributes={
                     "gpupool.pending_units": len(requests), "gpupool.nodes": len(nodes)}) as span:
-                plan = self._scheduler.plan(snapshot, requests, policy, now, time.perf_counter, self._normalized)
+                # in a worker thread: the core is pure Python and holds the GIL, but the event loop gets its turns
+                # (the outbox relay, the consumers) instead of waiting out a long cycle at fleet size
+                plan = await asyncio.to_thread(self._scheduler.plan, snapshot, requests, policy, now,
+                                               time.perf_counter, self._normalized)
                 span.set_attribute("gpupool.placements", len(plan.placements))
                 span.set_attribute("gpupool.preemptions", len(plan.preemptions))
             t2 = time.perf_counter()
