@@ -253,6 +253,9 @@ async def test_cordon_and_drain_by_an_operator_and_a_job_failed_past_the_restart
                 assert time.monotonic() < deadline, job
                 time.sleep(0.1)
             assert "RestartLimitReached" in job["message"]
+            # reclamation's decisions travel on its own publisher: the job's state can be read before the second
+            # one reaches this watcher
+            await watch.wait("ReclaimDecided", lambda e: e.job_id == mover, n=2)
             assert [d.attempt for d in watch.of("ReclaimDecided", lambda e: e.job_id == mover)] == [1, 2]
             assert operator.post(f"/v1/nodes/{other}/uncordon").status_code == 200
             audit = [e["action"] for e in api.get("/v1/audit", params={"limit": 50}).json()["items"]]
