@@ -120,9 +120,6 @@ def mix_of(jobs: Iterable[JobRequest], policy: Policy,
     if memo is not None:
         spec_of = _remembered(spec_of, memo)
     if typical:
-        if memo is not None:  # each spec looked up in one pass (a call per job cost more than counting them)
-            return typical_requests(Counter(_remembered_specs(jobs, request_spec, memo)),
-                                    2 * policy.max_workload_shapes)
         return derive_typical(jobs, 2 * policy.max_workload_shapes, spec_of)  # type: ignore[arg-type]
     return derive_workload(jobs, policy.max_workload_shapes, spec_of)
 
@@ -138,20 +135,6 @@ def _remembered(spec_of: Callable[[JobRequest], tuple | None],
             hit = memo[job.job_id] = (job, spec_of, spec_of(job))
         return hit[2]
     return spec
-
-
-def _remembered_specs(jobs: Iterable[JobRequest], spec_of: Callable[[JobRequest], tuple | None],
-                      memo: dict[str, tuple]) -> list[tuple | None]:
-    """`_remembered(spec_of, memo)` of each job, in one loop."""
-    if len(memo) > 200_000:
-        memo.clear()
-    get, out = memo.get, []
-    for job in jobs:
-        hit = get(job.job_id)
-        if hit is None or hit[0] is not job or hit[1] is not spec_of:
-            hit = memo[job.job_id] = (job, spec_of, spec_of(job))
-        out.append(hit[2])
-    return out
 
 
 def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:

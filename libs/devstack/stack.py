@@ -36,6 +36,8 @@ from libs.devstack.servers import (
 from libs.runtime.processes import pid_alive
 
 BACKEND_SERVICES = ("inventory", "quota", "queue", "placement", "reclamation", "accounting")
+SERVICE_DATABASES = (*BACKEND_SERVICES, "gateway")  # each with its own database (and, embedded, its own role)
+DEFAULT_TEAMS = "research,inference,platform,default"
 AGENT_HEARTBEAT_S = 5.0  # the agent's default HEARTBEAT_S (services/agent/config.py)
 
 
@@ -45,8 +47,6 @@ def node_lost_after_s(interval_s: float, heartbeat_s: float = AGENT_HEARTBEAT_S)
     a 10 s interval the default declared busy nodes lost between two samples)."""
     gap = max(interval_s, math.ceil(heartbeat_s / interval_s - 1e-9) * interval_s)
     return max(15.0, 3 * gap)
-SERVICE_DATABASES = (*BACKEND_SERVICES, "gateway")  # each with its own database (and, embedded, its own role)
-DEFAULT_TEAMS = "research,inference,platform,default"
 
 
 @dataclass

@@ -220,7 +220,6 @@ def queue_order(pending: Iterable[PendingReason]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(split_unit(r.job_id)[0] for r in pending))
 
 
-
 def order_still_holds(written: tuple[str, ...] | None, order: tuple[str, ...], waits: Callable[[str], bool]) -> bool:
     """Whether the stored order `written` still gives every job of `order` its position: `order` is `written`
     without some jobs, none of which `waits` any more (placed, finished). `explain` counts only the jobs still
@@ -237,6 +236,7 @@ def order_still_holds(written: tuple[str, ...] | None, order: tuple[str, ...], w
             return False
     gone.extend(rest)
     return not any(map(waits, gone))
+
 
 def closed_gpus(gpus: Iterable[Row], running: Iterable[Row]) -> set[str]:
     """GPUs that take no new work this cycle: one draining for a new sharing mode, and one whose live work does
@@ -539,7 +539,6 @@ def decided_placements(plan: Plan, applied: set[str]) -> list[DecidedPlacement]:
     return out
 
 
-
 def decided_cycle(cycle_id: str, decided_at: datetime, policy: str, snapshot: Snapshot, units: int, plan: Plan,
                   applied: set[str], policy_revision: int | None, digests: tuple[str, str]) -> SchedulingCycleDecided:
     """What a recorded cycle decided, with the versions it read (`units` pending) and its (input, plan) digests."""
@@ -552,6 +551,7 @@ def decided_cycle(cycle_id: str, decided_at: datetime, policy: str, snapshot: Sn
         preemptions=[DecidedPreemption(victim=v.job_id, preemptor=v.preemptor, reason=v.reason)
                      for v in plan.preemptions],
         pending_by_reason=dict(Counter(r.reason for r in plan.pending)))
+
 
 def workload_environment(gpus: list[AllocatedGpu], allocation_id: str | None = None) -> dict[str, str]:
     """The environment that keeps a workload inside what it was granted. Whole GPUs: only those are visible. A

@@ -57,10 +57,8 @@ class PoolFacts:
 
     def __init__(self) -> None:
         self.offered: dict[str, set[str]] = {}
-        self.models: dict[str, str] = {}
-        self._known = False
+        self.models: dict[str, str] = {}  # empty until worked out (or while the pool has no GPU)
 
     def update(self, gpus: list[Row], changed: bool) -> None:
-        if changed or not self._known:
+        if changed or not self.models:
             self.offered, self.models = offered_models(gpus), {g["uuid"]: g["model"] for g in gpus}
-            self._known = True

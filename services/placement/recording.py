@@ -119,7 +119,8 @@ def _text(parts: dict[str, Encoded], sections: list[tuple[str, str]], bodies: li
     return SEP.join([json.dumps(header, separators=(",", ":")), *("\n".join(b) for b in bodies)])
 
 
-def _read(record: str) -> tuple[dict, list[list[str]]]:
+def _read(record: str) -> tuple[dict, dict[tuple[str, str], list[str]]]:
+    """The record's header and each section's lines, by (part, list)."""
     head, *bodies = record.split(SEP)
     try:
         header = json.loads(head)
@@ -132,25 +133,22 @@ def _read(record: str) -> tuple[dict, list[list[str]]]:
     if header.get("format") != FORMAT or len(bodies) != len(sections):
         raise RecordError(f"record of format {header.get('format')!r} with {len(bodies)} sections for "
                           f"{len(sections)}")
-    return header, [b.split("\n") if b else [] for b in bodies]
+    return header, dict(zip(sections, (b.split("\n") if b else [] for b in bodies), strict=True))
 
 
 def expand(record: str, base: str | None = None) -> dict[str, str]:
     """Each part's text (`Encoded.text()` as recorded) from a record and, for a delta, its keyframe's record."""
-    header, bodies = _read(record)
-    sections = [tuple(s) for s in header["sections"]]
-    lists = dict(zip(sections, bodies, strict=True))
+    header, lists = _read(record)
     if header["delta"]:
         if base is None:
             raise RecordError("a delta record without its keyframe")
-        kf_header, kf_bodies = _read(base)
+        kf_header, kf = _read(base)
         if kf_header["delta"]:
             raise RecordError("a delta's base is itself a delta")
-        kf = dict(zip((tuple(s) for s in kf_header["sections"]), kf_bodies, strict=True))
         lists = {key: _apply(ops, kf.get(key)) for key, ops in lists.items()}
     out = {}
     for part, p in header["parts"].items():
-        names = {name: lists[(part, name)] for (q, name) in sections if q == part}
+        names = {name: items for (q, name), items in lists.items() if q == part}
         out[part] = Encoded(p["frame"], p["tokens"], names).text()
     return out
 
