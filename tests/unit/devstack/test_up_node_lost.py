@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from libs.devstack import stack as devstack
+from tests.unit.devstack.stacks import processes
 
 
 def test_the_node_lost_timeout_covers_three_sampling_gaps_and_never_drops_under_the_default() -> None:
@@ -17,31 +18,17 @@ def test_the_node_lost_timeout_covers_three_sampling_gaps_and_never_drops_under_
 
 
 def test_up_hands_inventory_the_timeout_for_its_agents_interval(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    st = devstack.Stack(devstack.StackOptions(data_dir=tmp_path, agent_interval_s=10.0))
-    st.nats_url = "nats://127.0.0.1:4222"
-    st.admin_dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
-    st.admin_token = "gpt_" + "x" * 40
-    monkeypatch.setattr(devstack.ServiceProcess, "start", lambda self: None)
-    monkeypatch.setattr(devstack.Stack, "wait_ready", lambda self, procs, timeout: None)
-    st._start_services(say=lambda *_: None)
-    try:
-        [inventory] = [p for p in st.processes if p.name == "inventory"]
-        assert inventory.env["GPUPOOL_INVENTORY_NODE_LOST_AFTER_S"] == "30"
-    finally:
-        for p in st.processes:
-            p.close_listener()
+    with processes(tmp_path, monkeypatch, agent_interval_s=10.0) as procs:
+        assert procs["inventory"].env["GPUPOOL_INVENTORY_NODE_LOST_AFTER_S"] == "30"
 
 
 def test_a_timeout_given_for_inventory_wins(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    st = devstack.Stack(devstack.StackOptions(data_dir=tmp_path, agent_interval_s=10.0,
-                                              service_env={"inventory": {"NODE_LOST_AFTER_S": "120"}}))
-    st.nats_url, st.admin_dsn, st.admin_token = "nats://x:1", "postgresql://p@x:1/p", "gpt_" + "x" * 40
-    monkeypatch.setattr(devstack.ServiceProcess, "start", lambda self: None)
-    monkeypatch.setattr(devstack.Stack, "wait_ready", lambda self, procs, timeout: None)
-    st._start_services(say=lambda *_: None)
-    try:
-        [inventory] = [p for p in st.processes if p.name == "inventory"]
-        assert inventory.env["GPUPOOL_INVENTORY_NODE_LOST_AFTER_S"] == "120"
-    finally:
-        for p in st.processes:
-            p.close_listener()
+    with processes(tmp_path, monkeypatch, agent_interval_s=10.0,
+                   service_env={"inventory": {"NODE_LOST_AFTER_S": "120"}}) as procs:
+        assert procs["inventory"].env["GPUPOOL_INVENTORY_NODE_LOST_AFTER_S"] == "120"
+
+
+def test_the_heartbeat_up_assumes_is_the_agents_default() -> None:
+    from services.agent.config import AgentSettings
+
+    assert AgentSettings.model_fields["heartbeat_s"].default == devstack.AGENT_HEARTBEAT_S

@@ -20,17 +20,7 @@ import pytest
 from libs.devstack import servers
 from libs.devstack import stack as devstack
 from libs.runtime.http import OpsEndpoint
-
-
-def started(tmp_path: Path, mp: pytest.MonkeyPatch) -> devstack.Stack:
-    st = devstack.Stack(devstack.StackOptions(data_dir=tmp_path))
-    st.nats_url = "nats://127.0.0.1:4222"
-    st.admin_dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
-    st.admin_token = "gpt_" + "x" * 40
-    mp.setattr(devstack.ServiceProcess, "start", lambda self: None)
-    mp.setattr(devstack.Stack, "wait_ready", lambda self, procs, timeout: None)
-    st._start_services(say=lambda *_: None)
-    return st
+from tests.unit.devstack.stacks import processes, started
 
 
 def test_every_process_gets_its_own_bound_port_even_when_the_kernel_repeats_one(tmp_path: Path) -> None:
@@ -95,13 +85,11 @@ async def test_the_ops_endpoint_serves_on_an_inherited_socket() -> None:
 def test_the_otlp_flag_turns_export_on_for_every_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`gpupool up --otlp-endpoint URL`: each service, the gateway and the agent get the SDK's endpoint setting."""
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    assert all("OTEL_EXPORTER_OTLP_ENDPOINT" not in p.env for p in started(tmp_path / "off", monkeypatch).processes)
-    st = devstack.Stack(devstack.StackOptions(data_dir=tmp_path / "on", otlp_endpoint="http://collector:4318"))
-    st.nats_url, st.admin_dsn, st.admin_token = "nats://127.0.0.1:4222", "postgresql://p@h/postgres", "gpt_" + "x" * 40
-    st._start_services(say=lambda *_: None)
-    names = {p.name for p in st.processes}
-    assert {"gateway", "agent", "queue", "placement"} <= names
-    assert {p.env.get("OTEL_EXPORTER_OTLP_ENDPOINT") for p in st.processes} == {"http://collector:4318"}
+    with processes(tmp_path / "off", monkeypatch) as off:
+        assert all("OTEL_EXPORTER_OTLP_ENDPOINT" not in p.env for p in off.values())
+    with processes(tmp_path / "on", monkeypatch, otlp_endpoint="http://collector:4318") as on:
+        assert {"gateway", "agent", "queue", "placement"} <= set(on)
+        assert {p.env.get("OTEL_EXPORTER_OTLP_ENDPOINT") for p in on.values()} == {"http://collector:4318"}
     from libs.cli.main import build_parser
     args = build_parser().parse_args(["up", "--otlp-endpoint", "http://collector:4318"])
     assert args.otlp_endpoint == "http://collector:4318"
