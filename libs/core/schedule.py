@@ -23,8 +23,10 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from itertools import chain
 from operator import attrgetter
 
+from libs.core.answers import SameAnswers
 from libs.core.blocked import BlockedPhases
 from libs.core.context import CycleContext
 from libs.core.cycle import _CPU, _MEM, PHASES, _class_of, _Laps, decayed_history, mix_of
@@ -61,6 +63,25 @@ _OVER_QUOTA = QuotaFacts("", "", "over_quota")  # refused without a refusal to n
 
 
 _SUBMITTED = attrgetter("submitted_at", "job_id")  # the order of one team's jobs within a priority
+_PATIENCE = 64  # teams that tie take turns job by job; after this many without a placement, merge them
+
+
+def _merged(heap: list[tuple], queues: dict[str, deque]) -> deque:
+    """The jobs of the teams in `heap` in the order the heap would give them while no share moves: by share, then
+    submit time and id across teams of the same share (each team's queue is already in that order)."""
+    out: deque = deque()
+    by_share: dict[float, list[str]] = {}
+    for share, _, _, team in heap:
+        by_share.setdefault(share, []).append(team)
+    for share in sorted(by_share):
+        teams = by_share[share]
+        if len(teams) == 1:
+            out.extend(queues[teams[0]])
+        else:
+            out.extend(sorted(chain.from_iterable(queues[t] for t in teams), key=_SUBMITTED))
+    heap.clear()
+    return out
+
 
 class Scheduler(BlockedPhases, PlacementSearch):
     """Scheduling state that outlives one cycle. `schedule()` is the one-shot form.
@@ -83,6 +104,7 @@ class Scheduler(BlockedPhases, PlacementSearch):
         self.held: dict[str, tuple[list[int], float]] = {}  # reservations carried to the next cycle
         self.n_finite = 0  # running jobs with a declared end (without any, every reservation's start is unknown)
         self.norm_cache: dict[str, tuple] = {}  # job id -> (request object, normalised form), across cycles
+        self.answers: SameAnswers | None = None  # the last cycle's reasons, reused when unchanged (a caller's)
         self.alt_cache: dict[str, tuple] = {}  # job id -> (request object, its alternatives normalised)
         self._shape_amounts: dict[Shape, tuple] = {}  # shape -> ((model, milli it would take), ...)
         self._like_keys: dict[tuple, int] = {}  # what decides a job's answer (`_like`) -> a small id
@@ -247,13 +269,26 @@ class Scheduler(BlockedPhases, PlacementSearch):
         self._restore_reservations(ctx)
         ctx.eligible_victims = self._preemptible_now(now)
         ctx.epoch = self._epoch(ctx)
-        laps = ctx.laps
+        laps, hol, like_ids, like_memo, holders = ctx.laps, ctx.head_of_line, self._like_ids, ctx.like_memo, ctx.holders
+        append, last = ctx.reasons.append, (self.answers.last if self.answers is not None else {}).get
         for run, until_placed in self._order(ctx):  # runs of jobs in order (`_order`)
             while run:
                 if laps and laps.cur != "order":  # (switching to the phase it is in changes no total)
                     laps.to("order")
                 job = run.popleft()
                 ctx.placed_last = False
+                # `_schedule_job`'s common case inline: a job just like one answered since the state last moved
+                known = None if hol or job.job_id in holders else like_ids.get(job.job_id)
+                if known is not None and known[0] is job and known[1] is not None:
+                    hit = like_memo.get(known[1])
+                    if hit is not None and hit[0] is ctx.epoch:
+                        r, prev = hit[1], last(job.job_id)  # its answer; last cycle's, the same object if equal
+                        append(prev if prev is not None and prev.facts is r.facts and prev.reason == r.reason
+                               and prev.message == r.message else PendingReason(job.job_id, r.reason, r.message,
+                                                                                r.facts))
+                        if until_placed is False:
+                            break
+                        continue
                 self._schedule_job(ctx, job)
                 if until_placed is None:  # fifo, priority: the whole run
                     continue
@@ -267,9 +302,12 @@ class Scheduler(BlockedPhases, PlacementSearch):
         st.commit()
         self.n_scored = 0
         n_groups = sum(len(g) for g in st.groups.values())
-        jobs: dict[str, JobRequest] = {}
-        for j in pending:
-            jobs.setdefault(j.job_id, j)
+        pending = pending if isinstance(pending, list | tuple) else list(pending)
+        jobs = {j.job_id: j for j in pending}
+        if len(jobs) != len(pending):  # an id twice: the first of each counts
+            jobs = {}
+            for j in pending:
+                jobs.setdefault(j.job_id, j)
         hist = decayed_history(self.history, p.fair_share_half_life_s, now)
         ledger = QuotaLedger.holding(p.quotas, st.capacity, p.strict_quota, self.usage_tp)
         return CycleContext(now=now, jobs=jobs, hist=hist, ledger=ledger, laps=laps, n_groups=n_groups,
@@ -280,32 +318,35 @@ class Scheduler(BlockedPhases, PlacementSearch):
         cache = self.norm_cache
         if len(cache) > 200_000:
             cache.clear()
-        for j in ctx.jobs.values():
-            hit = cache.get(j.job_id)
+        get, meta, valid = cache.get, ctx.meta, ctx.valid
+        for job_id, j in ctx.jobs.items():
+            hit = get(job_id)
             if hit is None or hit[0] is not j:
-                r = self._resolve(j.priority_class, j.priority, j.preemptible, j.kind)
-                if r is None:
-                    hit = (j, (INVALID_REQUEST, f"unknown priority class {j.priority_class!r}"))
-                else:
-                    try:
-                        shape = normalize(j)
-                        if self._kind(j.kind).prefer_shared:
-                            shape = replace(shape, prefer_shared=True)
-                        if j.alternatives:
-                            if shape.total != 1 or shape.members != 1:
-                                raise Invalid("alternative shares are for a one-GPU request (gpus=1)")
-                            self.alt_cache.pop(j.job_id, None)
-                            self._alternatives(j)  # raises Invalid for a share that is not one
-                        hit = (j, (shape, *r))
-                    except Invalid as e:
-                        hit = (j, (INVALID_REQUEST, str(e)))
-                cache[j.job_id] = hit
+                hit = cache[job_id] = (j, self._normalized(j))
             m = hit[1]
             if m[0] is INVALID_REQUEST:  # (identity: a shape's dataclass equality is slower to say no)
-                ctx.reasons.append(_pending(j.job_id, INVALID_REQUEST, ReasonFacts(cause="invalid", detail=m[1])))
+                ctx.reasons.append(_pending(job_id, INVALID_REQUEST, ReasonFacts(cause="invalid", detail=m[1])))
                 continue
-            ctx.meta[j.job_id] = m
-            ctx.valid.append(j)
+            meta[job_id] = m
+            valid.append(j)
+
+    def _normalized(self, j: JobRequest) -> tuple:
+        """(shape, priority, preemptible, minimum runtime), or (INVALID_REQUEST, why)."""
+        r = self._resolve(j.priority_class, j.priority, j.preemptible, j.kind)
+        if r is None:
+            return (INVALID_REQUEST, f"unknown priority class {j.priority_class!r}")
+        try:
+            shape = normalize(j)
+            if self._kind(j.kind).prefer_shared:
+                shape = replace(shape, prefer_shared=True)
+            if j.alternatives:
+                if shape.total != 1 or shape.members != 1:
+                    raise Invalid("alternative shares are for a one-GPU request (gpus=1)")
+                self.alt_cache.pop(j.job_id, None)
+                self._alternatives(j)  # raises Invalid for a share that is not one
+            return (shape, *r)
+        except Invalid as e:
+            return (INVALID_REQUEST, str(e))
 
     def _restore_reservations(self, ctx: CycleContext) -> None:
         """2. Reservations made last cycle hold for jobs still pending, also against jobs ordered before them."""
@@ -345,7 +386,20 @@ class Scheduler(BlockedPhases, PlacementSearch):
             queues = {t: deque(sorted(js, key=_SUBMITTED)) for t, js in by_prio[prio].items()}
             heap = [(share_of(t, hist), q[0].submitted_at, q[0].job_id, t) for t, q in queues.items()]
             heapq.heapify(heap)
+            quiet, patience = 0, _PATIENCE  # jobs taken one by one since the last placement; when to merge
             while heap:
+                if quiet >= patience:  # shares stand still while nothing is placed: the rest in one merged run
+                    merged = _merged(heap, queues)
+                    yield merged, True
+                    if not merged:
+                        break
+                    queues = {}  # one was placed: back to the teams' queues, its team's share moved
+                    for j in merged:
+                        queues.setdefault(j.team, deque()).append(j)
+                    heap = [(share_of(t, hist), q[0].submitted_at, q[0].job_id, t) for t, q in queues.items()]
+                    heapq.heapify(heap)
+                    quiet, patience = 0, 2 * patience  # each merge costs the rest's length: ever rarer
+                    continue
                 share, _, _, team = heappop(heap)
                 q = queues[team]
                 top = heap[0] if heap else None  # the next team's entry: fixed while this team goes on
@@ -354,12 +408,14 @@ class Scheduler(BlockedPhases, PlacementSearch):
                     if not q:
                         break
                     if ctx.placed_last:
-                        share = share_of(team, hist)
+                        share, quiet = share_of(team, hist), 0
+                    else:
+                        quiet += 1
                     if top is None or top[0] > share:
                         continue
                     head = q[0]
                     nxt = (share, head.submitted_at, head.job_id, team)
-                    if top < nxt:  # another team is next; else this one goes on, no heap round trip
+                    if top < nxt or quiet >= patience:  # another team is next (or merge); else this one goes on
                         heappush(heap, nxt)
                         break
 
@@ -374,11 +430,16 @@ class Scheduler(BlockedPhases, PlacementSearch):
             hit = ctx.like_memo.get(key)
             if hit is not None and hit[0] == epoch:
                 r = hit[1]
-                ctx.reasons.append(PendingReason(job.job_id, r.reason, r.message, r.facts))
+                r = PendingReason(job.job_id, r.reason, r.message, r.facts)
+                ctx.reasons.append(self.answers.same(r) if self.answers is not None else r)
                 return
-            n = len(ctx.reasons)
+        n = len(ctx.reasons)
         self._schedule_one(ctx, job)
-        ctx.epoch = self._epoch(ctx)
+        if self.answers is not None and len(ctx.reasons) == n + 1:
+            ctx.reasons[-1] = self.answers.same(ctx.reasons[-1])
+        now_epoch = self._epoch(ctx)
+        if now_epoch != epoch:  # kept the same object while equal: the memo's check is then `is`
+            ctx.epoch = now_epoch
         # turned away and nothing moved: a job just like it meets the memos this one left (each an answer that
         # changes only with the state: admission, placement, diagnosis; a search that found nothing, or a shape
         # whose hold will not get better, is not tried again this cycle), so its answer is this one. Not when the
@@ -600,6 +661,8 @@ class Scheduler(BlockedPhases, PlacementSearch):
             st.set_hidden(i, False)
         self.held = ctx.held_next
         st.commit()
+        if self.answers is not None:
+            self.answers.turn(ctx.reasons)
         mig_changes = tuple(
             MigReconfig(node, uuid, tuple(d), tuple(c)) for (node, uuid), (d, c) in sorted(ctx.reconfigs.items())
         )

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from libs.core import Allocation, JobRequest, NormalizeMemo, Plan, Policy, Scheduler, Snapshot, mix_of
-from services.placement.reasons import SameReasons
+from libs.core.answers import SameAnswers
 
 
 def by_unit(running: Iterable[Allocation]) -> dict[str, tuple[Allocation, ...]]:
@@ -50,7 +50,7 @@ class KeptScheduler:
         self._lost = "none yet"  # why none is kept: "none yet", "not committed", "preempted", "forgotten"
         self.rebuilt = ""  # why the last cycle built a new scheduler ("" when it kept one)
         self.build_s = 0.0  # the last cycle's time to build or update the scheduler
-        self._reasons = SameReasons()
+        self._answers = SameAnswers()  # each unchanged pending reason, last cycle's very object
         self._specs: dict[str, tuple] = {}  # each request's workload spec (mix_of's memo)
 
     def forget(self) -> None:
@@ -79,7 +79,8 @@ class KeptScheduler:
         if memo is not None:
             sched.norm_cache = memo.for_policy(policy)
         self.rebuilt, self.build_s = why, (clock() - started) if clock is not None else 0.0
-        plan = self._reasons.same(sched.cycle(requests, now))
+        sched.answers = self._answers
+        plan = sched.cycle(requests, now)
         if _keepable(plan):
             self._in_flight = _Kept(sched, snapshot.nodes, policy, running,
                                     frozenset(p.job_id for p in plan.placements))

@@ -1,8 +1,8 @@
 """A cycle's pending reasons against the last cycle's: what `explain` shows is written only where it changed.
 
 With thousands of jobs waiting, nearly all of them wait for the same reason, with the same facts, cycle after
-cycle. `SameReasons` hands a plan's unchanged reasons back as last plan's very objects, so whatever reads them
-next (the reasons written here, the recorded decision's encoding) knows an unchanged one by its identity.
+cycle. The core hands a plan's unchanged reasons back as last plan's very objects (`libs.core.answers`, kept by
+`cache.KeptScheduler`), so what reads them here knows an unchanged one by its identity.
 `ReasonRows` keeps the (reason, message, facts JSON) this replica last wrote for each wanted job, and gives a cycle
 only the rows that differ from them, for one statement; after a reset (a replica that did not lead a while: another
 one may have written meanwhile) it gives them all.
@@ -11,9 +11,8 @@ one may have written meanwhile) it gives them all.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 
-from libs.core import JobRequest, Node, PendingReason, Plan
+from libs.core import JobRequest, Node, PendingReason
 from libs.core.plan import ReasonFacts
 from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
 from services.placement.domain import ShownReason, facts_json, split_unit
@@ -21,44 +20,10 @@ from services.placement.domain import ShownReason, facts_json, split_unit
 Written = tuple[str, str, "str | None"]  # (reason, message, facts JSON) as pending_jobs holds them
 
 
-class SameReasons:
-    """Gives a plan's pending reasons back as the very objects of the last plan where they are equal: a unit that
-    waits for the same reason with the same facts as last cycle gets last cycle's `PendingReason`, and equal facts
-    are one `ReasonFacts` object from cycle to cycle. The plan is equal (same values, same order); what reads
-    it after — the recorded decision's encoding, the facts' JSON, the reasons written for `explain` — then knows
-    an unchanged reason by its identity, without hashing or comparing 10,000 of them field by field each cycle."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, PendingReason] = {}
-        self._facts: dict[ReasonFacts, ReasonFacts] = {}  # the facts the last plan used, each one object
-
-    def same(self, plan: Plan) -> Plan:
-        last, known = self._last, self._facts
-        seen: dict[int, tuple[ReasonFacts, ReasonFacts]] = {}  # id -> (the object, keeping its id its own; canon)
-        facts: dict[ReasonFacts, ReasonFacts] = {}
-        out: list[PendingReason] = []
-        for r in plan.pending:
-            f = r.facts
-            hit = seen.get(id(f))
-            if hit is None:  # once per facts object: the core shares one among the jobs it answered alike
-                canon = facts.get(f) or known.get(f) or f
-                facts[canon] = canon
-                seen[id(f)] = hit = (f, canon)
-            canon = hit[1]
-            prev = last.get(r.job_id)
-            if prev is not None and prev.facts is canon and prev.reason == r.reason and prev.message == r.message:
-                r = prev
-            elif canon is not f:
-                r = PendingReason(r.job_id, r.reason, r.message, canon)
-            out.append(r)
-        self._last, self._facts = {r.job_id: r for r in out}, facts
-        return replace(plan, pending=tuple(out))
-
-
 class ReasonRows:
     """What this replica wrote to `pending_jobs` (reason, message, facts) for each wanted job, as of the last
     committed cycle, and which rows a new cycle changes. A unit's row is remembered by its `PendingReason` object
-    (the same one as last cycle's when `SameReasons` found it unchanged), so an unchanged backlog costs a lookup
+    (the same one as last cycle's when the core found it unchanged, `libs.core.answers`), so an unchanged backlog costs a lookup
     per job, not a message and facts compared field by field."""
 
     def __init__(self) -> None:
@@ -108,7 +73,7 @@ class ReasonRows:
 
 def same_reasons(now: tuple[PendingReason, ...], before: tuple[PendingReason, ...] | None) -> bool:
     """Whether two plans' pending reasons say the same: each job's reason and message, in the same order (what
-    `codec.reasons_digest` covers), told by identity first (`SameReasons`)."""
+    `codec.reasons_digest` covers), told by identity first (`libs.core.answers`)."""
     if before is None or len(now) != len(before):
         return False
     return all(a is b or (a.job_id, a.reason, a.message) == (b.job_id, b.reason, b.message)

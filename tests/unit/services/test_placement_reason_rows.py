@@ -1,14 +1,15 @@
 """A cycle's pending reasons against the last one's (services/placement/reasons.py): an unchanged reason is the last
-plan's very object (`SameReasons`), only rows that changed are written for `explain` (`ReasonRows`), all of them
+plan's very object (`libs.core.answers.SameAnswers`), only rows that changed are written for `explain` (`ReasonRows`), all of them
 again after `forget`, and the rows are what `domain.pending_reasons` and `domain.pending_facts` say."""
 
 from __future__ import annotations
 
 from libs.core import Gpu, JobRequest, Node, PendingReason, Plan, Policy, Snapshot, schedule
+from libs.core.answers import SameAnswers
 from libs.core.plan import ReasonFacts
 from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
 from services.placement.domain import ISOLATION_LABEL_PREFIX, pending_facts, pending_reasons
-from services.placement.reasons import ReasonRows, SameReasons, same_reasons
+from services.placement.reasons import ReasonRows, same_reasons
 
 
 def _node(name: str, gpus: int = 2) -> Node:
@@ -27,34 +28,25 @@ def _plan(*reasons: PendingReason) -> Plan:
     return Plan(placements=(), pending=tuple(reasons))
 
 
-def test_unchanged_reasons_are_the_last_plans_objects_and_the_plan_stays_equal() -> None:
-    snap, jobs = _backlog()
-    same = SameReasons()
-    first = same.same(schedule(snap, jobs, Policy(), now=0.0))
-    again = schedule(snap, jobs, Policy(), now=0.0)
-    kept = same.same(again)
-    assert kept == again  # same values, same order
-    assert all(a is b for a, b in zip(kept.pending, first.pending, strict=True))
-    assert first.pending[0].facts is first.pending[1].facts  # equal facts are one object
-
-    moved = PendingReason("j0", "NoFeasibleNode", "another message", first.pending[0].facts)
-    later = same.same(_plan(moved, *again.pending[1:]))
-    assert later.pending[0] is not first.pending[0] and later.pending[0] == moved
-    assert all(a is b for a, b in zip(later.pending[1:], first.pending[1:], strict=True))
+def _same(answers: SameAnswers, *reasons: PendingReason) -> Plan:
+    """A plan of `reasons` as a core given `answers` makes it: each unchanged one last cycle's object."""
+    out = tuple(answers.same(r) for r in reasons)
+    answers.turn(out)
+    return _plan(*out)
 
 
 def test_only_changed_rows_are_written_and_a_reset_writes_all() -> None:
     facts = ReasonFacts(cause="no_room", ask="1 GPU")
     rows = ReasonRows()
-    same = SameReasons()
-    plan = same.same(_plan(PendingReason("a", "NoFeasibleNode", "full", facts),
-                           PendingReason("b", "NoFeasibleNode", "full", facts)))
+    same = SameAnswers()
+    plan = _same(same, PendingReason("a", "NoFeasibleNode", "full", facts),
+                 PendingReason("b", "NoFeasibleNode", "full", facts))
     now = rows.rows(plan.pending, (), None)
     assert [c[0] for c in rows.changed(now)] == ["a", "b"]  # nothing written yet: all
     rows.committed(now)
 
-    plan = same.same(_plan(PendingReason("a", "NoFeasibleNode", "full", ReasonFacts(cause="no_room", ask="1 GPU")),
-                           PendingReason("b", "QuotaExceeded", "over quota", ReasonFacts(cause="quota"))))
+    plan = _same(same, PendingReason("a", "NoFeasibleNode", "full", ReasonFacts(cause="no_room", ask="1 GPU")),
+                 PendingReason("b", "QuotaExceeded", "over quota", ReasonFacts(cause="quota")))
     now = rows.rows(plan.pending, (), None)
     changed = rows.changed(now)
     assert changed == [("b", "QuotaExceeded", "over quota", now["b"][2])]  # a's is unchanged: not written
@@ -77,7 +69,7 @@ def test_a_failed_cycle_leaves_the_written_rows_as_they_were() -> None:
 
 def test_rows_are_what_explain_shows_per_job_with_backoff_reasons_on_top() -> None:
     snap, jobs = _backlog()
-    plan = SameReasons().same(schedule(snap, jobs, Policy(), now=0.0))
+    plan = schedule(snap, jobs, Policy(), now=0.0)
     assert any(r.reason == NO_NODE_MATCHES_SELECTOR for r in plan.pending)
     replicas = _plan(PendingReason("svc#0", "NoFeasibleNode", "first"),
                      PendingReason("svc#1", "NoFeasibleNode", "last", ReasonFacts(cause="no_room")))
