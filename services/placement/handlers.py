@@ -4,7 +4,6 @@ pure core, and commits each placement with its AllocationGranted event in one tr
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import gzip
 import hashlib
@@ -28,11 +27,9 @@ from libs.contracts.commands import (
     ListDecisions,
     ReleaseAllocation,
     Reply,
-    page,
 )
 from libs.contracts.envelope import CloudEvent, utcnow, uuid7
 from libs.contracts.events import (
-    AllocatedGpu,
     AllocationGangReady,
     AllocationGranted,
     AllocationPreempting,
@@ -83,7 +80,6 @@ from services.placement.domain import (
     decided_cycle,
     gang_ready,
     gang_start_due,
-    live_facts,
     on_work_end,
     order_still_holds,
     replica_back_off,
@@ -92,9 +88,10 @@ from services.placement.domain import (
 )
 from services.placement.encoder import DecisionEncoder
 from services.placement.fragmentation import Fragmentation
-from services.placement.incremental import PoolFacts, WantedJobs
+from services.placement.incremental import LiveTally, PoolFacts, WantedJobs
+from services.placement.queries import PlacementQueries
 from services.placement.reasons import ReasonRows, Written, same_reasons
-from services.placement.recording import DeltaRecorder, stored_texts
+from services.placement.recording import DeltaRecorder
 from services.placement.reporting import report_holdings, report_plan
 from services.placement.rollouts import Rollouts
 
@@ -105,7 +102,7 @@ POLICY_WHY = "revision-guarded upsert: a replayed or older policy event never re
 PRUNE_EVERY = 50  # decisions beyond the retention are deleted every this many records (a busy queue records often)
 
 
-class PlacementHandlers:
+class PlacementHandlers(PlacementQueries):
     def __init__(self, runtime: ServiceRuntime, settings: PlacementSettings, lease: LeaderLease | None = None) -> None:
         self.rt = runtime
         self.settings = settings
@@ -119,6 +116,7 @@ class PlacementHandlers:
         self._recorder = DeltaRecorder()  # each recorded decision as a delta against a keyframe
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
         self._live = WantedJobs("allocation_id")  # the live allocations, the same way
+        self._tally = LiveTally()  # what the cycle derives from them, kept up to date with their changes
         self._pool = WantedJobs("key")  # the nodes with their GPUs, the same way
         self._pool_facts = PoolFacts()  # what the cycle derives from the GPUs, while they do not change
         self._requests = RequestBuilder()
@@ -462,9 +460,10 @@ class PlacementHandlers:
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             # the replicas each job holds, the earliest preemption deadline, and the units whose victims are
             # still checkpointing: those wait for them instead of choosing more victims
-            live, self._next_deadline, waiting = live_facts(running)
+            self._tally.update(self._live)
+            live, self._next_deadline, waiting = self._tally.facts()
             self._gang_due = gang_start_due(running, self.settings.gang_start_timeout_s)
-            report_holdings(running, state["quotas"], state["teams"])
+            report_holdings(self._tally, state["quotas"], state["teams"])
             # a replicated job in its crash-loop back-off waits (its reason says so)
             now_at = utcnow()
             backing_off = {r["job_id"]: r for r in state["pending"]
@@ -670,56 +669,6 @@ class PlacementHandlers:
             await store.refresh_satisfied(uow.conn, row["job_id"], after_release=True)
         self._kick.set()
         return Reply.success({"allocation_id": cmd.allocation_id, "released": released})
-
-    # --- queries -----------------------------------------------------------------------------------------------
-    async def explain(self, cmd: JobRef) -> Reply:
-        async with self.rt.pool.acquire() as conn:
-            doc = await store.explain(conn, cmd.job_id)
-        if doc is None:
-            return Reply.failure(404, "JobUnknownToPlacement",
-                                 f"placement has not seen job {cmd.job_id} (not submitted, or not yet delivered)")
-        return Reply.success({"job_id": cmd.job_id, **doc})
-
-    async def list_decisions(self, cmd: ListDecisions) -> Reply:
-        async with self.rt.pool.acquire() as conn:
-            rows = await store.list_decisions(conn, limit=cmd.limit + 1, before=cmd.before)
-        return Reply.success(page(rows, cmd.limit, lambda r: json.loads(r["summary"]), lambda i: i["cycle_id"]))
-
-    async def get_decision(self, cmd: GetDecision) -> Reply:
-        """The recorded input travels gzipped (base64): a large fleet's snapshot stays small."""
-        async with self.rt.pool.acquire() as conn:
-            row = await store.get_decision(conn, cmd.cycle_id)
-        if row is None:
-            return Reply.failure(404, "DecisionNotFound",
-                                 f"no recorded cycle {cmd.cycle_id} (never recorded, or older than the retention)")
-        input_text, plan_text = stored_texts(row)
-        return Reply.success({**json.loads(row["summary"]), "input_gzip_base64": base64.b64encode(
-            gzip.compress(input_text.encode(), compresslevel=6)).decode(), "plan": json.loads(plan_text)})
-
-    async def list_allocations(self, cmd: ListAllocations) -> Reply:
-        async with self.rt.pool.acquire() as conn:
-            rows = await store.list_allocations(conn, job_id=cmd.job_id, active=cmd.active, limit=cmd.limit + 1,
-                                                after=cmd.after)
-        def view(r) -> dict:  # type: ignore[no-untyped-def]
-            gpus = json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]
-            return {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",
-                                         "release_reason", "preempt_reason", "attempt", "kind", "cpu_milli",
-                                         "memory_mib", "preemptible")},
-                    "work": json.loads(r["work"]) if r["work"] else None,
-                    "environment": {**workload_environment([AllocatedGpu.model_validate(g) for g in gpus],
-                                                           r["allocation_id"]),
-                                    **json.loads(r["rendezvous_env"] or "{}")} if r["work"] else {},
-                    "gang_wait": r["gang_wait"],
-                    "endpoint": {"url": r["endpoint_url"], "ports": json.loads(r["endpoint_ports"] or "{}"),
-                                 "ready": bool(r["endpoint_ready"]), "since": r["endpoint_at"].isoformat(),
-                                 "reason": r["endpoint_reason"] or None} if r["endpoint_url"] else None,
-                    "exit": json.loads(r["exit"]) if r["exit"] else None,
-                    "preempt_deadline": r["preempt_deadline"].isoformat() if r["preempt_deadline"] else None,
-                    "granted_at": r["granted_at"].isoformat(),
-                    "released_at": r["released_at"].isoformat() if r["released_at"] else None,
-                    "gpus": gpus}
-
-        return Reply.success(page(rows, cmd.limit, view, lambda item: item["allocation_id"]))
 
 
 @dataclass

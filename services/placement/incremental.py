@@ -4,7 +4,8 @@ the wanted jobs, the live allocations and the pool (`WantedJobs`), and what a cy
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from services.placement.domain import Row, offered_models
 
@@ -24,6 +25,10 @@ class WantedJobs:
         self.rows: dict[str, Row] = {}
         self.horizon = "0"
         self.changed = True
+        self.merges = 0  # merges that returned rows, counted: a reader of `delta` knows whether it saw the last one
+        # the last such merge's change: (rows it removed or replaced, rows it added or put in their place), or None
+        # when it started from an empty copy (every row is new: a reader starts over)
+        self.delta: tuple[list[Row], list[Row]] | None = None
 
     def forget(self) -> None:
         self.rows, self.horizon = {}, "0"
@@ -33,13 +38,20 @@ class WantedJobs:
         """The rows now (`ordered`: sorted by key, else new rows last), or None (and forget everything, so the next
         read is a full one) if the copy does not hold `count` rows."""
         rows, key = self.rows, self.key
-        size = len(rows)
+        size, fresh = len(rows), not rows
+        removed: list[Row] = []
         for k in gone:
-            rows.pop(k, None)
+            old = rows.pop(k, None)
+            if old is not None:
+                removed.append(old)
         added = False
         for r in changed:
             k = r[key]
-            added = added or k not in rows
+            old = rows.get(k)
+            if old is None:
+                added = True
+            else:
+                removed.append(old)
             rows[k] = r
         self.changed = bool(changed) or len(rows) != size  # whether this read changed the copy
         if len(rows) != count:
@@ -48,6 +60,8 @@ class WantedJobs:
         if ordered and added:
             self.rows = rows = {k: rows[k] for k in sorted(rows)}
         self.horizon = xmin
+        self.merges += 1
+        self.delta = None if fresh else (removed, list(changed))
         return list(rows.values())
 
 
@@ -62,3 +76,90 @@ class PoolFacts:
     def update(self, gpus: list[Row], changed: bool) -> None:
         if changed or not self.models:
             self.offered, self.models = offered_models(gpus), {g["uuid"]: g["model"] for g in gpus}
+
+
+class LiveTally:
+    """What a cycle derives from the live allocations, kept from cycle to cycle and brought up to date with only
+    the copy's last change (`WantedJobs.delta`): the replicas each job holds, the allocations being preempted (the
+    earliest deadline, the units their victims make room for), and the GPUs held per state, model and team for
+    /metrics. Worked out whole again when it missed a change or the copy started over."""
+
+    def __init__(self) -> None:
+        self._seen = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.replicas: dict[str, dict[int, int]] = {}  # job -> replica -> its live allocations
+        self.preempting: dict[str, Row] = {}  # allocation id -> row, for those with a preemption deadline
+        self.states: dict[str, int] = {"running": 0, "preempting": 0}
+        self.by_model: dict[str, int] = {}  # GPU model -> milli-GPUs held (shares by their share)
+        self.by_team: dict[tuple[str, str], int] = {}  # (team, GPU model) -> milli-GPUs held
+
+    def update(self, live: WantedJobs) -> None:
+        if live.delta is None or live.merges != self._seen + 1:
+            self._reset()
+            removed, added = (), live.rows.values()
+        else:
+            removed, added = live.delta
+        for r in removed:
+            self._count(r, -1)
+        for r in added:
+            self._count(r, 1)
+        self._seen = live.merges
+
+    def _count(self, r: Row, sign: int) -> None:
+        held = self.replicas.setdefault(r["job_id"], {})
+        n = held.get(r["replica"], 0) + sign
+        if n > 0:
+            held[r["replica"]] = n
+        else:
+            held.pop(r["replica"], None)
+            if not held:
+                del self.replicas[r["job_id"]]
+        state = "running"
+        if r["preempt_deadline"] is not None:
+            state = "preempting"
+            if sign > 0:
+                self.preempting[r["allocation_id"]] = r
+            else:
+                self.preempting.pop(r["allocation_id"], None)
+        self.states[state] += sign
+        gpus = sign * len(r["gpu_uuids"]) * r["share_milli"]
+        model = r["gpu_model"] or ""
+        _add(self.by_model, model, gpus)
+        _add(self.by_team, (r["team"], model), gpus)
+
+    def facts(self) -> tuple[dict[str, set[int]], Any, set[str]]:
+        """`domain.live_facts` of the live allocations: the replicas each job holds, the earliest preemption deadline
+        (None: none is being preempted) and the units whose victims are being preempted for them."""
+        deadlines = [r["preempt_deadline"] for r in self.preempting.values()]
+        return (_KeySets(self.replicas), min(deadlines) if deadlines else None,
+                {r["preempted_by"] for r in self.preempting.values()})
+
+
+def _add(totals: dict, key: Any, amount: int) -> None:
+    total = totals.get(key, 0) + amount
+    if total:
+        totals[key] = total
+    else:
+        totals.pop(key, None)
+
+
+class _KeySets(Mapping[str, Any]):
+    """job -> the replicas it holds (a set-like view of the tally's counts), without copying them each cycle."""
+
+    def __init__(self, counts: dict[str, dict[int, int]]) -> None:
+        self._counts = counts
+
+    def __getitem__(self, job_id: str) -> Any:
+        return self._counts[job_id].keys()
+
+    def get(self, job_id: str, default: Any = None) -> Any:
+        held = self._counts.get(job_id)
+        return held.keys() if held is not None else default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts)
+
+    def __len__(self) -> int:
+        return len(self._counts)

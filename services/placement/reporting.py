@@ -3,7 +3,7 @@ against guarantees, the core's time per phase, and what is left pending by reaso
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,26 +19,18 @@ from libs.observability.metrics import (
 )
 
 
-def report_holdings(running: Iterable[Any], quotas: Iterable[Any], teams: Iterable[Any]) -> None:
+def report_holdings(held: Any, quotas: Iterable[Any], teams: Iterable[Any]) -> None:
     """/metrics: live allocations by state, GPUs held per model, and per team what it holds against what it is
-    guaranteed (shares counted by their share)."""
-    states: Counter[str] = Counter()
-    by_model: dict[str, float] = defaultdict(float)
-    by_team: dict[tuple[str, str], float] = defaultdict(float)
-    for r in running:
-        states["preempting" if r["preempt_deadline"] is not None else "running"] += 1
-        held = len(r["gpu_uuids"]) * r["share_milli"] / 1000
-        by_model[r["gpu_model"] or ""] += held
-        by_team[(r["team"], r["gpu_model"] or "")] += held
+    guaranteed (shares counted by their share). `held`: the live allocations' tally (`incremental.LiveTally`)."""
     for state in ("running", "preempting"):
-        ALLOCATIONS.labels(state=state).set(states[state])
+        ALLOCATIONS.labels(state=state).set(held.states[state])
     GPUS_ALLOCATED.clear()
-    for model, held in by_model.items():
-        GPUS_ALLOCATED.labels(gpu_model=model).set(held)
-    org_of = {t["team"]: t["org"] for t in teams}
+    for model, milli in held.by_model.items():
+        GPUS_ALLOCATED.labels(gpu_model=model).set(milli / 1000)
     QUOTA_USED_GPUS.clear()
-    for (team, model), held in by_team.items():
-        QUOTA_USED_GPUS.labels(team=team, gpu_model=model).set(held)
+    for (team, model), milli in held.by_team.items():
+        QUOTA_USED_GPUS.labels(team=team, gpu_model=model).set(milli / 1000)
+    org_of = {t["team"]: t["org"] for t in teams}
     QUOTA_GUARANTEED_GPUS.clear()
     for q in quotas:
         org, _, team = q["path"].partition("/")

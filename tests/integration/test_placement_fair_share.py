@@ -96,3 +96,11 @@ async def test_explains_position_counts_only_the_jobs_still_waiting_ahead(db) ->
         assert (b["position"], b["position_basis"]) == (1, "last_cycle")
         assert (d["position"], d["position_basis"]) == (2, "last_cycle")
         assert (await store.explain(conn, "c"))["state"] != "pending"
+
+
+async def test_the_queue_order_reads_back_as_written_with_any_ids(db) -> None:  # type: ignore[no-untyped-def]
+    """Sent as one text the server splits, or as an array when an id holds a newline; an empty order is none."""
+    for order in (("c", "a", "b"), ("x\ny", "z"), (), ("only",)):
+        async with db.acquire() as conn:
+            await store.record_queue_order(conn, order)
+            assert tuple(await conn.fetchval("SELECT job_ids FROM queue_order")) == order
