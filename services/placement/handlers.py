@@ -100,6 +100,7 @@ CONSUMER = "placement"
 # the policy read model needs no inbox: its rows carry the quota service's revisions and the newer one wins
 POLICY_WHY = "revision-guarded upsert: a replayed or older policy event never replaces a newer row"
 PRUNE_EVERY = 50  # decisions beyond the retention are deleted every this many records (a busy queue records often)
+COUNT_EVERY_S = 1.0  # how often a cycle's read counts the rows its kept copies should hold (`store.load_state`)
 
 
 class PlacementHandlers(PlacementQueries):
@@ -117,6 +118,7 @@ class PlacementHandlers(PlacementQueries):
         self._wanted = WantedJobs()  # the wanted jobs as the last cycle read them (only changes are read again)
         self._live = WantedJobs("allocation_id")  # the live allocations, the same way
         self._tally = LiveTally()  # what the cycle derives from them, kept up to date with their changes
+        self._counted_at = -COUNT_EVERY_S  # when a cycle's read last counted the rows its copies should hold
         self._pool = WantedJobs("key")  # the nodes with their GPUs, the same way
         self._pool_facts = PoolFacts()  # what the cycle derives from the GPUs, while they do not change
         self._requests = RequestBuilder()
@@ -455,7 +457,9 @@ class PlacementHandlers(PlacementQueries):
         whole, never double-allocated. Returns the units placed, or -1 when there was nothing to schedule."""
         t0 = time.perf_counter()
         async with self.rt.uow() as uow:
-            state = await store.load_state(uow.conn, self._wanted, self._live, self._pool)
+            counted = time.monotonic() - self._counted_at >= COUNT_EVERY_S  # (a scan of each table: not each cycle)
+            state = await store.load_state(uow.conn, self._wanted, self._live, self._pool, counted)
+            self._counted_at = time.monotonic() if counted else self._counted_at
             t1 = time.perf_counter()
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             # the replicas each job holds, the earliest preemption deadline, and the units whose victims are

@@ -33,10 +33,10 @@ class WantedJobs:
     def forget(self) -> None:
         self.rows, self.horizon = {}, "0"
 
-    def merge(self, changed: list[Row], gone: Iterable[str], count: int, xmin: str, *,
+    def merge(self, changed: list[Row], gone: Iterable[str], count: int | None, xmin: str, *,
               ordered: bool = False) -> list[Row] | None:
         """The rows now (`ordered`: sorted by key, else new rows last), or None (and forget everything, so the next
-        read is a full one) if the copy does not hold `count` rows."""
+        read is a full one) if the copy does not hold `count` rows (None: not counted this time)."""
         rows, key = self.rows, self.key
         size, fresh = len(rows), not rows
         removed: list[Row] = []
@@ -54,7 +54,7 @@ class WantedJobs:
                 removed.append(old)
             rows[k] = r
         self.changed = bool(changed) or len(rows) != size  # whether this read changed the copy
-        if len(rows) != count:
+        if count is not None and len(rows) != count:
             self.forget()
             return None
         if ordered and added:

@@ -135,12 +135,16 @@ _POOL_PARTS = _NODES_GPUS + """,
 # that missed one.
 _RUNNING_SINCE = """
   'running', json_build_object(
-    'count', (SELECT count(*) FROM allocations WHERE released_at IS NULL),
+    'count', CASE WHEN $4::bool THEN (SELECT count(*) FROM allocations WHERE released_at IS NULL) END,
     'gone', (SELECT coalesce(json_agg(allocation_id), '[]') FROM allocations
              WHERE released_at IS NOT NULL AND changed_xid >= $2::text::xid8),
     'rows', (SELECT coalesce(json_agg(r), '[]') FROM (""" + _LIVE_ROW + """
-            AND (a.changed_xid >= $2::text::xid8 OR p.changed_xid >= $2::text::xid8
-                 OR a.job_id IN (SELECT job_id FROM pending_gone WHERE changed_xid >= $2::text::xid8))""" + \
+            AND a.allocation_id IN (
+              SELECT allocation_id FROM allocations WHERE released_at IS NULL AND changed_xid >= $2::text::xid8
+              UNION SELECT c.allocation_id FROM allocations c JOIN pending_jobs w USING (job_id)
+                    WHERE c.released_at IS NULL AND w.changed_xid >= $2::text::xid8
+              UNION SELECT c.allocation_id FROM allocations c JOIN pending_gone d USING (job_id)
+                    WHERE c.released_at IS NULL AND d.changed_xid >= $2::text::xid8)""" + \
             _LIVE_ROW_GROUP + """) r))"""
 
 # The pool as a cycle reads it (`WantedJobs("key")`): how many nodes and GPUs there are, and whole nodes, each with
@@ -148,7 +152,8 @@ _RUNNING_SINCE = """
 # a GPU that moved to another node leaves the count of the one it left wrong, and the counts tell.
 _NODES_SINCE = """
   'nodes', json_build_object(
-    'count', (SELECT count(*) FROM nodes), 'gpus', (SELECT count(*) FROM gpus),
+    'count', CASE WHEN $4::bool THEN (SELECT count(*) FROM nodes) END,
+    'gpus', CASE WHEN $4::bool THEN (SELECT count(*) FROM gpus) END,
     'rows', (SELECT coalesce(json_agg(r), '[]') FROM (
           SELECT n.cluster || chr(31) || n.node AS key, n.cluster, n.node, n.schedulable, n.labels, n.address,
                  n.cpu_milli, n.memory_mib,
@@ -165,7 +170,7 @@ _NODES_SINCE = """
 _STATE = """
 SELECT json_build_object(""" + _NODES_SINCE + "," + _RUNNING_SINCE + """,
   'pending', json_build_object(
-    'count', (SELECT count(*) FROM pending_jobs WHERE NOT satisfied),
+    'count', CASE WHEN $4::bool THEN (SELECT count(*) FROM pending_jobs WHERE NOT satisfied) END,
     'gone', (SELECT coalesce(json_agg(job_id), '[]') FROM pending_gone WHERE changed_xid >= $1::text::xid8),
     'rows', (SELECT coalesce(json_agg(q), '[]') FROM (
       SELECT job_id, team, project, gpus, gpu_models, priority, priority_class, kind, submitted_at, traceparent,
@@ -220,7 +225,7 @@ async def load_pool(conn: asyncpg.Connection, since: datetime, recent: int) -> d
 
 
 async def load_state(conn: asyncpg.Connection, wanted: WantedJobs, live: WantedJobs | None = None,
-                     pool: WantedJobs | None = None) -> dict[str, Any]:
+                     pool: WantedJobs | None = None, counted: bool = True) -> dict[str, Any]:
     """Everything one scheduling cycle reads, as one statement: one consistent snapshot in one round trip (the
     cycle runs it every time it wakes, so the number of round trips is what it costs). Rows come back as dicts
     with the columns' Python types (timestamps as datetimes, double precision as floats).
@@ -231,10 +236,12 @@ async def load_state(conn: asyncpg.Connection, wanted: WantedJobs, live: WantedJ
     `WantedJobs("allocation_id")`; without one, all are read), and for the nodes with `pool` (a `WantedJobs("key")`:
     a node comes back whole, with its GPUs (`gpus`), only when it or one of its GPUs changed); `state["gpus"]` lists
     the GPUs of every node. If a merged copy does not hold as many as the store says, everything of it is read
-    again."""
+    again. Counting them is a scan of each table: `counted=False` skips it (the copies are then taken as they are;
+    a caller counts now and then, placement every second — a cycle that acts on a stale copy is refused by the
+    store's constraints and locks, never double-allocates)."""
     live = live if live is not None else WantedJobs("allocation_id")
     pool = pool if pool is not None else WantedJobs("key")
-    state = json.loads(await conn.fetchval(_STATE, wanted.horizon, live.horizon, pool.horizon))
+    state = json.loads(await conn.fetchval(_STATE, wanted.horizon, live.horizon, pool.horizon, counted))
     pending, running, nodes = state["pending"], state["running"], state["nodes"]
     state["pending"], state["running"] = pending["rows"], running["rows"]
     _convert(state)
@@ -244,17 +251,17 @@ async def load_state(conn: asyncpg.Connection, wanted: WantedJobs, live: WantedJ
                           pending["count"], xmin)
     if merged is None:
         log.warning("wanted_jobs_reloaded", extra={"wanted": pending["count"]})
-        return await load_state(conn, wanted, live, pool)
+        return await load_state(conn, wanted, live, pool, counted)
     held = live.merge(state["running"], running["gone"], running["count"], xmin)
     if held is None:
         log.warning("live_allocations_reloaded", extra={"live": running["count"]})
-        return await load_state(conn, wanted, live, pool)
+        return await load_state(conn, wanted, live, pool, counted)
     known = pool.merge(nodes["rows"], (), nodes["count"], xmin, ordered=True)
     gpus = [g for n in known or () for g in n["gpus"]]
-    if known is None or len(gpus) != nodes["gpus"]:
+    if known is None or (nodes["gpus"] is not None and len(gpus) != nodes["gpus"]):
         pool.forget()
         log.warning("pool_reloaded", extra={"nodes": nodes["count"]})
-        return await load_state(conn, wanted, live, pool)
+        return await load_state(conn, wanted, live, pool, counted)
     state["pending"], state["running"], state["nodes"], state["gpus"] = merged, held, known, gpus
     return state
 

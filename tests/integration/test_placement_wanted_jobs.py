@@ -164,3 +164,19 @@ async def test_under_concurrent_writers_every_incremental_read_equals_a_full_rea
         await asyncio.gather(*writers, return_exceptions=True)
     assert compared == 60
     assert not [r for r in caplog.records if r.getMessage() == "wanted_jobs_reloaded"]
+
+
+async def test_a_copy_that_lost_a_row_is_read_whole_when_counted_and_kept_when_not(pool) -> None:  # type: ignore[no-untyped-def]
+    """Counting is a scan of each table, so placement counts only now and then (`counted`): a read that does not
+    count takes the copy as it is, the next one that counts finds it short and reads every row again."""
+    async with pool.acquire() as conn:
+        for j in ("a", "b", "c"):
+            await store.add_pending(conn, job(j), None)
+    wanted = WantedJobs()
+    await read(pool, wanted)
+    del wanted.rows["b"]  # a removal the copy was never told of (what the count is there to catch)
+    async with pool.acquire() as conn:
+        uncounted = await store.load_state(conn, wanted, counted=False)
+        assert sorted(r["job_id"] for r in uncounted["pending"]) == ["a", "c"]
+        counted = await store.load_state(conn, wanted, counted=True)
+        assert sorted(r["job_id"] for r in counted["pending"]) == ["a", "b", "c"]
