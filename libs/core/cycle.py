@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
 from libs.core.model import WHOLE, JobRequest
+from libs.core.objmemo import ByObject
 from libs.core.policy import Policy, PriorityClass, WorkloadShape
 
 _CPU, _MEM = "<cpu>", "<memory>"  # fair-share history keys next to GPU model names
@@ -111,30 +112,25 @@ def derive_typical(jobs: Iterable[JobRequest], limit: int = 64,
 
 
 def mix_of(jobs: Iterable[JobRequest], policy: Policy,
-           memo: dict[str, tuple] | None = None) -> tuple[WorkloadShape, ...]:
+           memo: dict[Callable, ByObject] | None = None) -> tuple[WorkloadShape, ...]:
     """The workload mix `policy` scores fragmentation against, derived from `jobs` by its rule: FGD's typical
     requests (`typical_mix`) or the most common GPU shapes (`derive_workload`). `memo`, a dict the caller keeps
-    across calls: each job's spec by its id, used again for the very same request object (the same mix)."""
+    across calls: each request's spec, kept by the request object (the same mix)."""
     typical = bool(policy.setting("typical_mix"))
     spec_of: Callable[[JobRequest], tuple | None] = request_spec if typical else job_spec
     if memo is not None:
-        spec_of = _remembered(spec_of, memo)
+        jobs = jobs if isinstance(jobs, list | tuple) else list(jobs)
+        by = memo.get(spec_of)
+        if by is None:
+            by = memo[spec_of] = ByObject(spec_of)
+        specs = by.of(jobs)
+        if typical:
+            return typical_requests(Counter(specs), 2 * policy.max_workload_shapes)
+        known = dict(zip(map(id, jobs), specs, strict=True))
+        spec_of = lambda j: known[id(j)]  # noqa: E731 (the specs just worked out, by the very request)
     if typical:
         return derive_typical(jobs, 2 * policy.max_workload_shapes, spec_of)  # type: ignore[arg-type]
     return derive_workload(jobs, policy.max_workload_shapes, spec_of)
-
-
-def _remembered(spec_of: Callable[[JobRequest], tuple | None],
-                memo: dict[str, tuple]) -> Callable[[JobRequest], tuple | None]:
-    if len(memo) > 200_000:
-        memo.clear()
-
-    def spec(job: JobRequest) -> tuple | None:
-        hit = memo.get(job.job_id)
-        if hit is None or hit[0] is not job or hit[1] is not spec_of:
-            hit = memo[job.job_id] = (job, spec_of, spec_of(job))
-        return hit[2]
-    return spec
 
 
 def _class_of(classes: tuple[PriorityClass, ...], by_name: dict, name: str, value: int) -> PriorityClass | None:

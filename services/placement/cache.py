@@ -51,7 +51,7 @@ class KeptScheduler:
         self.rebuilt = ""  # why the last cycle built a new scheduler ("" when it kept one)
         self.build_s = 0.0  # the last cycle's time to build or update the scheduler
         self._answers = SameAnswers()  # each unchanged pending reason, last cycle's very object
-        self._specs: dict[str, tuple] = {}  # each request's workload spec (mix_of's memo)
+        self._specs: dict = {}  # each request's workload spec (mix_of's memo)
 
     def forget(self) -> None:
         """Never trust the kept scheduler again (an error, another replica led meanwhile)."""

@@ -6,8 +6,10 @@ import dataclasses
 import ipaddress
 import operator
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from libs.contracts.events import (
@@ -41,6 +43,7 @@ from libs.core import (
     workload_from_counts,
 )
 from libs.core import mig as migcat
+from libs.core.objmemo import ByObject
 from libs.core.plan import ReasonFacts
 from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
 
@@ -326,8 +329,16 @@ def dev_share(row: Row, offered: Mapping[str, set[str]], fraction_milli: int,
 def build_requests(rows: Iterable[Row], live: Mapping[str, set[int]],
                    offered: Mapping[str, set[str]] | None = None, dev_fraction_milli: int = 500,
                    dev_memory_mib: int = 16384) -> list[JobRequest]:
-    """One request per schedulable unit: the whole job (single or gang), or each missing replica."""
-    return RequestBuilder().build(rows, live, offered or {}, dev_fraction_milli, dev_memory_mib)
+    """One request per schedulable unit: the whole job (single or gang), or each missing replica (the plain form of
+    `RequestBuilder.build`, which remembers)."""
+    out: list[JobRequest] = []
+    for r in rows:
+        units, held = _units(r, offered or {}, dev_fraction_milli, dev_memory_mib), live.get(r["job_id"])
+        if not held:
+            out += units
+        elif is_replica_set(r) and not r["gang_nodes"]:
+            out += [u for i, u in enumerate(units) if i not in held]
+    return out
 
 
 def node_selector(user: Mapping[str, str] | None, isolation: str | None) -> tuple[tuple[str, str], ...]:
@@ -365,7 +376,8 @@ class ShownReason:
                  nodes: Iterable[Node] | None = None) -> None:
         self.selectors: dict[str, tuple[tuple[str, str], ...]] = {}
         self.offered: set[tuple[str, str]] | None = None
-        if any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending):
+        self.selecting = any(r.reason == NO_NODE_MATCHES_SELECTOR for r in pending)  # some unit's reason is that
+        if self.selecting:
             self.selectors = {q.job_id: q.node_selector for q in requests if q.node_selector}
             if nodes is not None:
                 self.offered = {kv for n in nodes if n.schedulable for kv in n.labels
@@ -466,27 +478,25 @@ class RequestBuilder:
     request again. Forgets everything when what the pool offers to dev jobs changes (their share depends on it)."""
 
     def __init__(self) -> None:
-        self._memo: dict[str, tuple[Row, list[JobRequest]]] = {}
+        self._units = ByObject()
         self._key: tuple | None = None
 
-    def build(self, rows: Iterable[Row], live: Mapping[str, set[int]], offered: Mapping[str, set[str]],
+    def build(self, rows: Iterable[Row], live: Mapping[str, Collection[int]], offered: Mapping[str, set[str]],
               dev_fraction_milli: int, dev_memory_mib: int) -> list[JobRequest]:
+        """`live`: job -> the replicas it holds (only replicas it does not hold are asked for again)."""
         key = (sorted((k, sorted(v)) for k, v in offered.items()), dev_fraction_milli, dev_memory_mib)
-        memo = self._memo if key == self._key else {}
-        self._key, self._memo = key, {}
-        out: list[JobRequest] = []
-        for r in rows:
-            job_id = r["job_id"]
-            hit = memo.get(job_id)
-            if hit is None or hit[0] is not r:
-                hit = (r, _units(r, offered, dev_fraction_milli, dev_memory_mib))
-            self._memo[job_id] = hit
-            held = live.get(job_id)
-            if not held:
-                out += hit[1]
-            elif is_replica_set(r) and not r["gang_nodes"]:
-                out += [u for i, u in enumerate(hit[1]) if i not in held]
-        return out
+        if key != self._key:
+            self._key, self._units = key, ByObject()
+        rows = rows if isinstance(rows, list) else list(rows)
+        units = self._units.of(rows, lambda r: _units(r, offered, dev_fraction_milli, dev_memory_mib))
+        if live:
+            ids = list(map(itemgetter("job_id"), rows))
+            holding = live.keys() & set(ids)
+            for i in [i for i, job_id in enumerate(ids) if job_id in holding] if holding else ():
+                r, held = rows[i], live[ids[i]]
+                units[i] = ([u for k, u in enumerate(units[i]) if k not in held]
+                            if is_replica_set(r) and not r["gang_nodes"] else [])
+        return list(chain.from_iterable(units))
 
 
 def build_policy(name: str, classes: Iterable[Row], quotas: Iterable[Row], teams: Iterable[Row],

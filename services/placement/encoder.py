@@ -44,6 +44,7 @@ class DecisionEncoder:
         # time cost more than encoding them once. Kept across cycles, and pruned to what the last recorded cycle
         # used once it holds more than twice that (one lookup per item, not a move from an old dict to a new one)
         self._ids: dict[int, tuple[Any, str]] = {}
+        self._texts: dict[int, str] = {}  # the same, id -> text alone (what `_list` looks up)
         self._used: list[tuple] = []  # the lists encoded since the last turn
         self._token = f"\x1e{uuid4().hex}:"  # stands in for a list while the rest is encoded
         self._last_list: tuple[tuple | None, list[str]] = (None, [])  # the last list encoded (kept alive), its items
@@ -54,6 +55,7 @@ class DecisionEncoder:
         if len(self._ids) > 2 * sum(map(len, used)):
             ids = self._ids
             self._ids = {id(v): ids[id(v)] for values in used for v in values if id(v) in ids}
+            self._texts = {key: hit[1] for key, hit in self._ids.items()}
         self._last_list = (None, [])
 
     def _item(self, value: Any) -> str:
@@ -69,17 +71,20 @@ class DecisionEncoder:
         except TypeError:  # not hashable (nor, then, known to be immutable)
             return codec.dumps(value)
         self._ids[key] = (value, text)
+        self._texts[key] = text
         return text
 
     def _list(self, values: tuple) -> list[str]:
-        """Each item's JSON text."""
+        """Each item's JSON text: the texts of objects met before looked up by their ids without a Python step per
+        item (10,000s a cycle), then the others encoded. An id found is the very object's: `_ids` keeps the object
+        it was taken from alive, so no other object can have that id meanwhile."""
         if values is self._last_list[0]:  # a plan's reasons: its JSON and its digest encode them both
             return self._last_list[1]
         self._used.append(values)
-        get, item, parts = self._ids.get, self._item, []
-        for v in values:  # `_item`, its common case (an object met before) inline: 10,000s of them a cycle
-            seen = get(id(v))
-            parts.append(seen[1] if seen is not None and seen[0] is v else item(v))
+        parts = list(map(self._texts.get, map(id, values)))
+        if None in parts:
+            for i in [i for i, text in enumerate(parts) if text is None]:
+                parts[i] = self._item(values[i])
         self._last_list = (values, parts)
         return parts
 

@@ -4,7 +4,7 @@ the wanted jobs, the live allocations and the pool (`WantedJobs`), and what a cy
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from services.placement.domain import Row, offered_models
@@ -129,11 +129,12 @@ class LiveTally:
         _add(self.by_model, model, gpus)
         _add(self.by_team, (r["team"], model), gpus)
 
-    def facts(self) -> tuple[dict[str, set[int]], Any, set[str]]:
-        """`domain.live_facts` of the live allocations: the replicas each job holds, the earliest preemption deadline
-        (None: none is being preempted) and the units whose victims are being preempted for them."""
+    def facts(self) -> tuple[dict[str, dict[int, int]], Any, set[str]]:
+        """`domain.live_facts` of the live allocations: the replicas each job holds (as the keys of each job's
+        replica -> allocations count), the earliest preemption deadline (None: none is being preempted) and the
+        units whose victims are being preempted for them."""
         deadlines = [r["preempt_deadline"] for r in self.preempting.values()]
-        return (_KeySets(self.replicas), min(deadlines) if deadlines else None,
+        return (self.replicas, min(deadlines) if deadlines else None,
                 {r["preempted_by"] for r in self.preempting.values()})
 
 
@@ -143,23 +144,3 @@ def _add(totals: dict, key: Any, amount: int) -> None:
         totals[key] = total
     else:
         totals.pop(key, None)
-
-
-class _KeySets(Mapping[str, Any]):
-    """job -> the replicas it holds (a set-like view of the tally's counts), without copying them each cycle."""
-
-    def __init__(self, counts: dict[str, dict[int, int]]) -> None:
-        self._counts = counts
-
-    def __getitem__(self, job_id: str) -> Any:
-        return self._counts[job_id].keys()
-
-    def get(self, job_id: str, default: Any = None) -> Any:
-        held = self._counts.get(job_id)
-        return held.keys() if held is not None else default
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._counts)
-
-    def __len__(self) -> int:
-        return len(self._counts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from libs.core import JobRequest, Node, PendingReason
+from libs.core.objmemo import ByObject
 from libs.core.plan import ReasonFacts
 from libs.core.reasons import NO_NODE_MATCHES_SELECTOR
 from services.placement.domain import ShownReason, facts_json, split_unit
@@ -28,8 +29,7 @@ class ReasonRows:
 
     def __init__(self) -> None:
         self.written: dict[str, Written] = {}
-        # the last cycle's rows, by reason object: (the reason, its row, its job)
-        self._by_object: dict[int, tuple[PendingReason, Written, str]] = {}
+        self._rows = ByObject()  # each reason object of recent cycles -> (its job, its row)
         self.order: tuple[str, ...] = ()  # the last `rows`' jobs in the order the plan lists them
 
     def forget(self) -> None:
@@ -41,24 +41,25 @@ class ReasonRows:
         """Each wanted job's row as `explain` shows it: `domain.pending_reasons` with `domain.pending_facts` (a job
         of several units has its last unit's), then `extra`'s reasons (jobs backing off; no facts). Sets `order`:
         the plan's jobs, each once, in the order it lists them (`domain.queue_order`)."""
-        pending = tuple(pending)
+        pending = pending if isinstance(pending, tuple | list) else tuple(pending)
         shown = ShownReason(pending, requests, nodes)
-        known, by_object = self._by_object, {}
         facts: dict[int, tuple[ReasonFacts, str]] = {}
-        out: dict[str, Written] = {}
-        for r in pending:
-            hit = known.get(id(r))
-            if hit is None or hit[0] is not r or r.reason == NO_NODE_MATCHES_SELECTOR:
-                f = facts.get(id(r.facts))
-                if f is None:
-                    f = facts[id(r.facts)] = (r.facts, facts_json(r.facts))
-                hit = (r, (*shown(r), f[1]), split_unit(r.job_id)[0])
-            by_object[id(r)] = hit
-            out[hit[2]] = hit[1]
-        self._by_object, self.order = by_object, tuple(out)
+
+        def row(r: PendingReason) -> tuple[str, Written]:
+            f = facts.get(id(r.facts))
+            if f is None:
+                f = facts[id(r.facts)] = (r.facts, facts_json(r.facts))
+            return split_unit(r.job_id)[0], (*shown(r), f[1])
+
+        got = self._rows.of(pending, row)
+        if shown.selecting:  # what these show depends on the cycle's requests and nodes: worked out again
+            for i in [i for i, r in enumerate(pending) if r.reason == NO_NODE_MATCHES_SELECTOR]:
+                got[i] = row(pending[i])
+        out = dict(got)
+        self.order = tuple(out)
         for job_id, (reason, message) in (extra or {}).items():
-            row = out.get(job_id)
-            out[job_id] = (reason, message, row[2] if row is not None else None)
+            row_now = out.get(job_id)
+            out[job_id] = (reason, message, row_now[2] if row_now is not None else None)
         return out
 
     def changed(self, rows: Mapping[str, Written]) -> list[tuple[str, str, str, str | None]]:

@@ -56,3 +56,16 @@ def test_every_free_gpu_is_lost_to_a_cpu_only_request() -> None:
     cls, dyn = state.classes[0], state.nodes[0].key[0]
     assert fragmentation(cls, dyn, 1, (), gpuless_share=0.25) == 2000.0  # a quarter of 8 free GPUs
     assert fragmentation(cls, dyn, 1, ()) == 0.0
+
+
+def test_a_kept_memo_gives_the_mix_worked_out_afresh_as_jobs_come_and_go() -> None:
+    import random
+
+    rng = random.Random(3)
+    memo: dict = {}
+    jobs = [job(f"j{i}", rng.choice((0, 1, 2, 8)), cpu_milli=rng.choice((0, 4000))) for i in range(200)]
+    for step in range(30):
+        for policy in (Policy(), Policy(name="spread")):
+            assert mix_of(jobs, policy, memo) == mix_of(jobs, policy)
+        jobs = [j for j in jobs if rng.random() > 0.1] + [job(f"n{step}-{k}", rng.choice((1, 4)), cpu_milli=1000)
+                                                          for k in range(rng.randint(0, 25))]

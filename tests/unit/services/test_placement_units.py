@@ -177,6 +177,22 @@ def test_build_requests_and_the_builder_agree() -> None:
     assert build_requests(rows, live, offered) == RequestBuilder().build(rows, live, offered, 500, 16384)
 
 
+def test_the_remembering_builder_agrees_with_the_plain_one_cycle_after_cycle() -> None:
+    import random
+
+    rng = random.Random(5)
+    builder, rows, n = RequestBuilder(), [], 0
+    for _ in range(40):
+        rows = [r if rng.random() > 0.1 else {**r} for r in rows if rng.random() > 0.1]  # gone, or a new object
+        for _ in range(rng.randint(0, 6)):
+            n += 1
+            rows.append(rng.choice((wanted(f"j{n}"), wanted(f"s{n}", replicas=3, kind="inference"),
+                                    wanted(f"g{n}", gpus=16, gang_nodes=2, gpus_per_node=8))))
+        live = {r["job_id"]: set(rng.sample(range(3), rng.randint(1, 2))) for r in rows if rng.random() < 0.3}
+        offered = rng.choice(({}, {"fractional": {"L40S"}}))
+        assert builder.build(rows, live, offered, 500, 16384) == build_requests(rows, live, offered)
+
+
 def test_wanted_jobs_keep_unchanged_rows_and_take_changed_ones() -> None:
     wanted_jobs = WantedJobs()
     a, b = wanted("a"), wanted("b")
