@@ -107,9 +107,10 @@ class SnapshotMemo:
 
     def __init__(self) -> None:
         self.nodes: dict[tuple[str, str], tuple[Row, list[Row], frozenset, Node]] = {}
-        self.running: dict[str, tuple[Row, Allocation]] = {}
+        self.running = ByObject(_allocation)  # live allocation row -> its Allocation
         self._gpus: tuple[list[Row], set[str], dict[str, str]] = ([], set(), {})  # rows, draining, modes
-        self._misfits: dict[int, tuple[Row, tuple[str, ...]]] = {}  # by live allocation row: GPUs it closes
+        self._misfits = ByObject()  # live allocation row -> the GPUs it closes (while no GPU row changed)
+        self._last: tuple | None = None  # the last snapshot's node rows, GPU rows, closed GPUs and nodes
 
     def closed_gpus(self, gpus: list[Row], running: list[Row]) -> set[str]:
         """`closed_gpus(gpus, running)`, looking again only at the rows that changed: while every GPU row is the
@@ -117,17 +118,17 @@ class SnapshotMemo:
         live allocation's row closes the GPUs it closed then."""
         if not _same_rows(gpus, self._gpus[0]):
             self._gpus = (gpus, {g["uuid"] for g in gpus if g.get("draining")}, {g["uuid"]: g["sharing"] for g in gpus})
-            self._misfits = {}
+            self._misfits = ByObject()
         _, closed, mode = self._gpus
-        closed, known, misfits = set(closed), self._misfits, {}
-        for r in running:
-            hit = known.get(id(r))
-            if hit is None or hit[0] is not r:
-                hit = (r, misfit_gpus(r, mode))
-            misfits[id(r)] = hit
-            closed.update(hit[1])
-        self._misfits = misfits
-        return closed
+        return closed.union(chain.from_iterable(self._misfits.of(running, lambda r: misfit_gpus(r, mode))))
+
+    def same_nodes(self, nodes: list[Row], gpus: list[Row], closed: set[str]) -> tuple[Node, ...] | None:
+        """The last snapshot's nodes when the node and GPU rows are the very same and the same GPUs are closed:
+        nothing a `Node` is made of changed."""
+        last = self._last
+        if last is not None and _same_rows(nodes, last[0]) and _same_rows(gpus, last[1]) and closed == last[2]:
+            return last[3]
+        return None
 
 
 def _same_rows(a: list[Row], b: list[Row]) -> bool:
@@ -141,12 +142,27 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     whose NUMA node is unknown gets -1 (one group of its own). `usage`: each team's decayed GPU-seconds per model
     (`team_usage`), fair share's history. `memo`: reuse the objects of rows unchanged since its last snapshot. A
     node row with `gpus` (the cycle's read) has its GPUs there; other nodes' are taken from `gpus`."""
-    running = list(running)
-    gpus = list(gpus)
+    running = running if isinstance(running, list) else list(running)
+    gpus = gpus if isinstance(gpus, list) else list(gpus)
+    nodes = nodes if isinstance(nodes, list) else list(nodes)
     memo = memo or SnapshotMemo()
     closed = memo.closed_gpus(gpus, running)
+    built = memo.same_nodes(nodes, gpus, closed)
+    if built is None:
+        built = _nodes(nodes, gpus, closed, memo)
+        memo._last = (nodes, gpus, closed, built)
+    return Snapshot(
+        nodes=built,
+        running=tuple(memo.running.of(running)),
+        usage=tuple(UsageRecord(team=u["team"], gpu_model=u["gpu_model"], gpu_seconds=u["gpu_seconds"],
+                                as_of=u["as_of"].timestamp()) for u in usage),
+    )
+
+
+def _nodes(nodes: list[Row], gpus: list[Row], closed: set[str], memo: SnapshotMemo) -> tuple[Node, ...]:
+    """Each node row's `Node` (the last one's where nothing it is made of changed)."""
     rows: dict[tuple[str, str], list[Row]] | None = None
-    built_nodes, built_running = {}, {}
+    built_nodes = {}
     for n in nodes:
         key = (n["cluster"], n["node"])
         mine = n.get("gpus")  # the cycle's read gives each node with its GPUs (`gpus` lists the same rows)
@@ -161,22 +177,8 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
         if hit is None or (hit[0] is not n and hit[0] != n) or hit[1] != mine or hit[2] != shut:
             hit = (n, mine, shut, _node(n, mine, shut))
         built_nodes[key] = hit
-    allocations = []
-    for r in running:
-        aid = r.get("allocation_id")
-        got = memo.running.get(aid) if aid is not None else None
-        if got is None or (got[0] is not r and got[0] != r):
-            got = (r, _allocation(r))
-        if aid is not None:
-            built_running[aid] = got
-        allocations.append(got[1])
-    memo.nodes, memo.running = built_nodes, built_running
-    return Snapshot(
-        nodes=tuple(v[3] for v in built_nodes.values()),
-        running=tuple(allocations),
-        usage=tuple(UsageRecord(team=u["team"], gpu_model=u["gpu_model"], gpu_seconds=u["gpu_seconds"],
-                                as_of=u["as_of"].timestamp()) for u in usage),
-    )
+    memo.nodes = built_nodes
+    return tuple(v[3] for v in built_nodes.values())
 
 
 def _node(n: Row, gpus: list[Row], closed: frozenset) -> Node:
