@@ -24,7 +24,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, is_, itemgetter
 
 from libs.core.answers import SameAnswers
 from libs.core.blocked import BlockedPhases
@@ -63,6 +63,7 @@ _OVER_QUOTA = QuotaFacts("", "", "over_quota")  # refused without a refusal to n
 
 
 _SUBMITTED = attrgetter("submitted_at", "job_id")  # the order of one team's jobs within a priority
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _PATIENCE = 64  # teams that tie take turns job by job; after this many without a placement, merge them
 
 
@@ -319,6 +320,15 @@ class Scheduler(BlockedPhases, PlacementSearch):
         if len(cache) > 200_000:
             cache.clear()
         get, meta, valid = cache.get, ctx.meta, ctx.valid
+        # the common case without a Python step per job: every request met before, as this very object, none invalid
+        ids, jobs = list(ctx.jobs), list(ctx.jobs.values())
+        hits = list(map(get, ids))
+        if None not in hits and all(map(is_, map(_FIRST, hits), jobs)):
+            metas = list(map(_SECOND, hits))
+            if str not in set(map(type, map(_FIRST, metas))):  # (an invalid one's is (INVALID_REQUEST, why))
+                ctx.meta.update(zip(ids, metas, strict=True))
+                valid.extend(jobs)
+                return
         for job_id, j in ctx.jobs.items():
             hit = get(job_id)
             if hit is None or hit[0] is not j:
