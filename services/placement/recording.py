@@ -9,7 +9,8 @@ have. `expand` gives back the exact texts (and so the digests) that were recorde
 
 The record is text: a JSON header, then one section per list, each a line per item (an item's text is compact
 JSON: it has no newline) or, in a delta, a line per operation: `=start,count` (that many of the keyframe's items
-from `start`; JSON never starts with `=`) or an item's text. Sections are separated by a group separator (`\\x1d`),
+from `start`), `@p1,p2,…` (the keyframe's items at those positions, one each; JSON starts with neither `=` nor
+`@`) or an item's text. Sections are separated by a group separator (`\\x1d`),
 which JSON never holds unescaped.
 
 Pure: no I/O. The handler stores the record, gives its base's cycle id with it, and tells the recorder when the
@@ -52,22 +53,32 @@ def _sections(parts: dict[str, Encoded]) -> list[tuple[str, str]]:
 def _delta(items: list[str], index: dict[str, int]) -> tuple[list[str], int]:
     """The operations that rebuild `items` from the keyframe's list, and how many items are new. The runs are found
     without a Python step per item (tens of thousands a cycle, almost all in a few long runs): each item's keyframe
-    position (-2: not there), then where a position does not follow the one before, each such break starting an
-    operation: a run of the keyframe's items, or one new item (two new items in a row never follow each other)."""
+    position (-2: not there), then where a position does not follow the one before, each such break starting a
+    run of the keyframe's items or one new item (two new items in a row never follow each other). Runs of one item
+    in a row — a queue that fair share reordered is thousands of them — are one `@` operation listing positions."""
     if not items:
         return [], 0
-    pos = list(map(index.get, items, repeat(-2, len(items))))
-    starts = [0, *compress(range(1, len(pos)), map((1).__ne__, map(sub, islice(pos, 1, None), pos)))]
+    n = len(items)
+    pos = list(map(index.get, items, repeat(-2, n)))
+    starts = [0, *compress(range(1, n), map((1).__ne__, map(sub, islice(pos, 1, None), pos)))]
     ops: list[str] = []
+    singles: list[int] = []
     new = 0
-    for k, at in enumerate(starts):
-        p = pos[at]
-        if p < 0:
-            ops.append(items[at])
+    for start, end in zip(starts, [*islice(starts, 1, None), n], strict=True):
+        at = pos[start]
+        if at >= 0 and end - start == 1:
+            singles.append(at)
+            continue
+        if singles:
+            ops.append("@" + ",".join(map(str, singles)))
+            singles = []
+        if at < 0:
+            ops.append(items[start])
             new += 1
         else:
-            end = starts[k + 1] if k + 1 < len(starts) else len(pos)
-            ops.append(f"={p},{end - at}")
+            ops.append(f"={at},{end - start}")
+    if singles:
+        ops.append("@" + ",".join(map(str, singles)))
     return ops, new
 
 
@@ -167,6 +178,11 @@ def _apply(ops: list[str], items: list[str] | None) -> list[str]:
             if a < 0 or n < 1 or a + n > len(items):
                 raise RecordError(f"a delta's run {op} outside its keyframe's {len(items)} items")
             out.extend(items[a:a + n])
+        elif op.startswith("@"):  # single items of the keyframe, by position
+            at = [int(x) for x in op[1:].split(",")]
+            if min(at) < 0 or max(at) >= len(items):
+                raise RecordError(f"a delta's positions outside its keyframe's {len(items)} items")
+            out.extend(map(items.__getitem__, at))
         else:
             out.append(op)
     return out

@@ -38,10 +38,10 @@ def test_every_record_reads_back_exactly_across_random_changes_and_keyframes() -
     nodes = [item("n", k) for k in range(30)]
     pending = [item("j", k) for k in range(200)]
     keyframes: dict[str, str] = {}
-    kinds = []
+    kinds, listed = [], 0
     for cycle in range(40):
         for _ in range(rng.randint(0, 6)):  # jobs leave, arrive, nodes change, order moves
-            op = rng.choice(["leave", "arrive", "node", "swap"])
+            op = rng.choice(["leave", "arrive", "node", "swap", "swap", "interleave"])
             if op == "leave" and pending:
                 pending.pop(rng.randrange(len(pending)))
             elif op == "arrive":
@@ -49,6 +49,8 @@ def test_every_record_reads_back_exactly_across_random_changes_and_keyframes() -
             elif op == "node":
                 k = rng.randrange(len(nodes))
                 nodes[k] = item("n", k, cycle)
+            elif op == "interleave":  # fair share reordered the queue: thousands of runs of one item
+                pending = pending[0::2] + pending[1::2]
             elif len(pending) > 2:
                 a, b = rng.sample(range(len(pending)), 2)
                 pending[a], pending[b] = pending[b], pending[a]
@@ -63,9 +65,11 @@ def test_every_record_reads_back_exactly_across_random_changes_and_keyframes() -
             keyframes[cycle_id] = record
         else:
             assert len(record) < len(keyframes[base]) / 2  # a delta is much smaller than its keyframe
+            listed += any(line.startswith("@") and "," in line for line in record.replace("\x1d", "\n").split("\n"))
         rec.committed()
     # a keyframe first, then at most `every` deltas against each
     assert kinds[0] and sum(kinds) >= 40 // 6 and not all(kinds)
+    assert listed  # reordered items went as positions
 
 
 def test_a_delta_stands_only_on_a_committed_keyframe() -> None:
@@ -103,7 +107,14 @@ def test_a_record_that_cannot_be_read_back_says_why() -> None:
     with pytest.raises(RecordError, match="is itself a delta"):
         expand(delta, delta)
     with pytest.raises(RecordError, match="outside its keyframe"):
-        expand(delta.replace("=1,1", "=1,5"), key)
+        expand(delta.replace("@1", "@1,5"), key)  # a single item kept, by position
+    runs = DeltaRecorder()
+    _, first = runs.record("k1", encoded([item("n", 0)], [item("j", k) for k in range(8)], 1))
+    runs.committed()
+    _, longer = runs.record("k2", encoded([item("n", 0)], [item("j", k) for k in range(9)], 2))
+    assert "\x1d=0,8\n" in longer  # a run of eight kept
+    with pytest.raises(RecordError, match="outside its keyframe"):
+        expand(longer.replace("=0,8", "=0,12"), first)
     with pytest.raises(RecordError, match="header"):
         expand("not json" + delta)
     with pytest.raises(RecordError, match="sections"):
