@@ -80,7 +80,8 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     deadline = time.monotonic() + 300 + gpus / 10
     while len(started) < gpus:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(started)} of {gpus} jobs started within {300 + gpus / 10:.0f} s")
+            why = await _not_started(run, clients, set(started))
+            raise RuntimeError(f"only {len(started)} of {gpus} jobs started within {300 + gpus / 10:.0f} s; {why}")
         await asyncio.sleep(0.1)
     await asyncio.sleep(3.0)  # the cycles that met the whole backlog have run
 
@@ -122,6 +123,36 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
             "cycles_per_turnover": round(cycles / turnovers, 2),
             "cycle_mean_ms": round((cycle_s_after - cycle_s_before) * 1000 / cycles, 1) if cycles else None,
             "cpu_ms_per_turnover": cpu}
+
+
+async def _not_started(run: dict, clients: int, started: set[str]) -> str:
+    """What the platform says of the jobs whose start was never seen (a few of them): their state and, for those
+    not running, why (`explain`), so a run that fails says where a job stopped."""
+    from libs.bench.loadgen import Client
+
+    api = Client(run["gateway_url"], run["admin_token"], size=2)
+    try:
+        states: dict[str, list[str]] = {}
+        after = None
+        while True:
+            status, body = await api.call("GET", "/v1/jobs?limit=1000" + (f"&cursor={after}" if after else ""))
+            if status != 200:
+                return f"listing jobs: {status} {body}"
+            for job in body.get("items", []):
+                if job["job_id"] not in started:
+                    states.setdefault(job.get("state", "?"), []).append(job["job_id"])
+            after = body.get("next")
+            if not after:
+                break
+        out = [f"{state}: {len(ids)} ({', '.join(ids[:5])})" for state, ids in sorted(states.items())]
+        for job_id in [i for state, ids in states.items() if state not in ("running",) for i in ids][:3]:
+            status, body = await api.call("GET", f"/v1/jobs/{job_id}/explain")
+            out.append(f"explain {job_id}: {json.dumps(body)[:600]}")
+        return "jobs never seen starting, by state: " + "; ".join(out)
+    except Exception as e:  # noqa: BLE001 (a diagnosis must not hide the failure it diagnoses)
+        return f"no diagnosis: {e!r}"
+    finally:
+        await api.close()
 
 
 def run_benchmark(depths: list[int], turnovers: int, clients: int, nodes: int,
