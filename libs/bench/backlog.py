@@ -77,11 +77,13 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     if errors:
         raise RuntimeError(f"{len(errors)} submissions failed, e.g. {errors[:3]}")
     # every GPU's first job starts: at fleet size that is thousands of grants and starts on a shared machine
-    deadline = time.monotonic() + 300 + gpus / 10
+    # (at 1,024 nodes on 2 cores the first 8,192 starts took ~1,100 s behind 100 waiting jobs: give it time)
+    allowed_s = 300 + gpus / 4
+    deadline = time.monotonic() + allowed_s
     while len(started) < gpus:
         if time.monotonic() > deadline:
             why = await _not_started(run, clients, set(started))
-            raise RuntimeError(f"only {len(started)} of {gpus} jobs started within {300 + gpus / 10:.0f} s; {why}")
+            raise RuntimeError(f"only {len(started)} of {gpus} jobs started within {allowed_s:.0f} s; {why}")
         await asyncio.sleep(0.1)
     await asyncio.sleep(3.0)  # the cycles that met the whole backlog have run
 
