@@ -66,7 +66,13 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     async def submitter() -> None:
         while todo:
             i = todo.pop()
-            status, body = await api.call("POST", "/v1/jobs", {"name": f"backlog-{i}", "team": "research", "gpus": 1})
+            while True:
+                status, body = await api.call("POST", "/v1/jobs", {"name": f"backlog-{i}", "team": "research",
+                                                                   "gpus": 1})
+                if status != 429:
+                    break
+                # the queue is full (its max backlog): a client waits as Retry-After says, as users' tools do
+                await asyncio.sleep(min(float(body.get("retry_after_s") or 1), 5.0) if isinstance(body, dict) else 1)
             if status != 201:
                 errors.append(f"{status}: {body}")
 
