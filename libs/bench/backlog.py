@@ -42,7 +42,7 @@ def cycle_counters(run: dict) -> tuple[float, float]:
 
 
 async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int) -> dict:
-    from libs.bench.loadgen import Client
+    from libs.bench.loadgen import Client, HttpError
 
     nc = await nats.connect(servers=run["nats_url"].split(","))
     started: dict[str, float] = {}
@@ -66,14 +66,19 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     async def submitter() -> None:
         while todo:
             i = todo.pop()
-            while True:
-                status, body = await api.call("POST", "/v1/jobs", {"name": f"backlog-{i}", "team": "research",
-                                                                   "gpus": 1})
+            for attempt in range(1000):
+                try:  # (the same Idempotency-Key: a submission sent again is never a second job)
+                    status, body = await api.call("POST", "/v1/jobs", {"name": f"backlog-{i}", "team": "research",
+                                                                       "gpus": 1}, {"Idempotency-Key": f"b-{i}"})
+                except HttpError:  # a kept-alive connection the gateway closed while this client waited
+                    if attempt > 5:
+                        raise
+                    continue
                 if status != 429:
                     break
                 # the queue is full (its max backlog): a client waits as Retry-After says, as users' tools do
                 await asyncio.sleep(min(float(body.get("retry_after_s") or 1), 5.0) if isinstance(body, dict) else 1)
-            if status != 201:
+            if status not in (200, 201):  # 200: a submission replayed (same key) after a lost reply
                 errors.append(f"{status}: {body}")
 
     t0 = time.monotonic()
