@@ -66,14 +66,17 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     async def submitter() -> None:
         while todo:
             i = todo.pop()
-            for attempt in range(1000):
+            cut = 0
+            while True:
                 try:  # (the same Idempotency-Key: a submission sent again is never a second job)
                     status, body = await api.call("POST", "/v1/jobs", {"name": f"backlog-{i}", "team": "research",
                                                                        "gpus": 1}, {"Idempotency-Key": f"b-{i}"})
-                except HttpError:  # a kept-alive connection the gateway closed while this client waited
-                    if attempt > 5:
+                except (HttpError, OSError):  # a kept-alive connection the gateway closed or reset meanwhile (each
+                    cut += 1  # of the pool's may be: each is replaced by a fresh one)
+                    if cut > 4 * clients + 5:
                         raise
                     continue
+                cut = 0  # (only failures in a row count: a long wait for room meets many closed connections)
                 if status != 429:
                     break
                 # the queue is full (its max backlog): a client waits as Retry-After says, as users' tools do
