@@ -62,6 +62,9 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     api = Client(run["gateway_url"], run["admin_token"], size=clients * 2)
     todo = list(range(gpus + depth))
     errors: list[str] = []
+    # the queue admits more only as jobs start: if it stays full this long (a depth above its max backlog, or
+    # nothing starting), the run cannot fill and says so
+    full_until = time.monotonic() + 300 + gpus / 4
 
     async def submitter() -> None:
         while todo:
@@ -79,6 +82,9 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
                 cut = 0  # (only failures in a row count: a long wait for room meets many closed connections)
                 if status != 429:
                     break
+                if time.monotonic() > full_until:
+                    raise RuntimeError(f"the queue stayed full (429) past the fill's deadline: is the depth above its "
+                                       f"max backlog? {body}")
                 # the queue is full (its max backlog): a client waits as Retry-After says, as users' tools do
                 await asyncio.sleep(min(float(body.get("retry_after_s") or 1), 5.0) if isinstance(body, dict) else 1)
             if status not in (200, 201):  # 200: a submission replayed (same key) after a lost reply
