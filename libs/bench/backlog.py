@@ -42,7 +42,7 @@ def cycle_counters(run: dict) -> tuple[float, float]:
 
 
 async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int) -> dict:
-    from libs.bench.loadgen import Client, HttpError
+    from libs.bench.loadgen import Client
 
     nc = await nats.connect(servers=run["nats_url"].split(","))
     started: dict[str, float] = {}
@@ -59,46 +59,12 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     await nc.subscribe("gpupool.job.started", cb=on_started)
     await nc.flush()
 
-    api = Client(run["gateway_url"], run["admin_token"], size=clients * 2)
-    todo = list(range(gpus + depth))
-    errors: list[str] = []
-    # the queue admits more only as jobs start: if it stays full this long (a depth above its max backlog, or
-    # nothing starting), the run cannot fill and says so
-    full_until = time.monotonic() + 300 + gpus / 4
-
-    async def submitter() -> None:
-        while todo:
-            i = todo.pop()
-            cut = 0
-            while True:
-                try:  # (the same Idempotency-Key: a submission sent again is never a second job)
-                    status, body = await api.call("POST", "/v1/jobs", {"name": f"backlog-{i}", "team": "research",
-                                                                       "gpus": 1}, {"Idempotency-Key": f"b-{i}"})
-                except (HttpError, OSError):  # a kept-alive connection the gateway closed or reset meanwhile (each
-                    cut += 1  # of the pool's may be: each is replaced by a fresh one)
-                    if cut > 4 * clients + 5:
-                        raise
-                    continue
-                cut = 0  # (only failures in a row count: a long wait for room meets many closed connections)
-                if status != 429:
-                    break
-                if time.monotonic() > full_until:
-                    raise RuntimeError(f"the queue stayed full (429) past the fill's deadline: is the depth above its "
-                                       f"max backlog? {body}")
-                # the queue is full (its max backlog): a client waits as Retry-After says, as users' tools do
-                await asyncio.sleep(min(float(body.get("retry_after_s") or 1), 5.0) if isinstance(body, dict) else 1)
-            if status not in (200, 201):  # 200: a submission replayed (same key) after a lost reply
-                errors.append(f"{status}: {body}")
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(submitter() for _ in range(clients)))
-    submit_s = time.monotonic() - t0
-    await api.close()
-    if errors:
-        raise RuntimeError(f"{len(errors)} submissions failed, e.g. {errors[:3]}")
     # every GPU's first job starts: at fleet size that is thousands of grants and starts on a shared machine
     # (at 1,024 nodes on 2 cores the first 8,192 starts took ~1,100 s behind 100 waiting jobs: give it time)
     allowed_s = 300 + gpus / 4
+    t0 = time.monotonic()
+    await _fill(run, gpus + depth, clients, full_until=t0 + allowed_s)
+    submit_s = time.monotonic() - t0
     deadline = time.monotonic() + allowed_s
     while len(started) < gpus:
         if time.monotonic() > deadline:
@@ -145,6 +111,47 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
             "cycles_per_turnover": round(cycles / turnovers, 2),
             "cycle_mean_ms": round((cycle_s_after - cycle_s_before) * 1000 / cycles, 1) if cycles else None,
             "cpu_ms_per_turnover": cpu}
+
+
+async def _fill(run: dict, jobs: int, clients: int, full_until: float) -> None:
+    """Submit `jobs` one-GPU jobs over HTTP from `clients` concurrent submitters. The queue admits more only as
+    jobs start: a 429 is waited out as Retry-After says (as users' tools do) until `full_until` (a depth above its
+    max backlog, or nothing starting: the run cannot fill, and says so)."""
+    from libs.bench.loadgen import Client, HttpError
+
+    api = Client(run["gateway_url"], run["admin_token"], size=clients * 2)
+    todo = list(range(jobs))
+    errors: list[str] = []
+
+    async def submitter() -> None:
+        while todo:
+            i = todo.pop()
+            cut = 0
+            while True:
+                try:  # (the same Idempotency-Key: a submission sent again is never a second job)
+                    status, body = await api.call("POST", "/v1/jobs", {"name": f"backlog-{i}", "team": "research",
+                                                                       "gpus": 1}, {"Idempotency-Key": f"b-{i}"})
+                except (HttpError, OSError):  # a kept-alive connection the gateway closed or reset meanwhile (each
+                    cut += 1  # of the pool's may be: each is replaced by a fresh one)
+                    if cut > 4 * clients + 5:
+                        raise
+                    continue
+                cut = 0  # (only failures in a row count: a long wait for room meets many closed connections)
+                if status != 429:
+                    break
+                if time.monotonic() > full_until:
+                    raise RuntimeError(f"the queue stayed full (429) past the fill's deadline: is the depth above its "
+                                       f"max backlog? {body}")
+                await asyncio.sleep(min(float(body.get("retry_after_s") or 1), 5.0) if isinstance(body, dict) else 1)
+            if status not in (200, 201):  # 200: a submission replayed (same key) after a lost reply
+                errors.append(f"{status}: {body}")
+
+    try:
+        await asyncio.gather(*(submitter() for _ in range(clients)))
+    finally:
+        await api.close()
+    if errors:
+        raise RuntimeError(f"{len(errors)} submissions failed, e.g. {errors[:3]}")
 
 
 async def _not_started(run: dict, clients: int, started: set[str]) -> str:
