@@ -39,6 +39,3 @@ class ByObject:
             self._values = {k: v for k, v in self._values.items() if k in keep}
             self._alive = {k: v for k, v in self._alive.items() if k in keep}
         return got
-
-    def clear(self) -> None:
-        self._values, self._alive = {}, {}

@@ -122,13 +122,15 @@ class SnapshotMemo:
         _, closed, mode = self._gpus
         return closed.union(chain.from_iterable(self._misfits.of(running, lambda r: misfit_gpus(r, mode))))
 
-    def same_nodes(self, nodes: list[Row], gpus: list[Row], closed: set[str]) -> tuple[Node, ...] | None:
-        """The last snapshot's nodes when the node and GPU rows are the very same and the same GPUs are closed:
-        nothing a `Node` is made of changed."""
+    def nodes_of(self, nodes: list[Row], gpus: list[Row], closed: set[str]) -> tuple[Node, ...]:
+        """The snapshot's nodes: the last snapshot's tuple whole when the node and GPU rows are the very same and
+        the same GPUs are closed (nothing a `Node` is made of changed), else built again (`_nodes`)."""
         last = self._last
         if last is not None and _same_rows(nodes, last[0]) and _same_rows(gpus, last[1]) and closed == last[2]:
             return last[3]
-        return None
+        built = _nodes(nodes, gpus, closed, self)
+        self._last = (nodes, gpus, closed, built)
+        return built
 
 
 def _same_rows(a: list[Row], b: list[Row]) -> bool:
@@ -147,12 +149,8 @@ def build_snapshot(nodes: Iterable[Row], gpus: Iterable[Row], running: Iterable[
     nodes = nodes if isinstance(nodes, list) else list(nodes)
     memo = memo or SnapshotMemo()
     closed = memo.closed_gpus(gpus, running)
-    built = memo.same_nodes(nodes, gpus, closed)
-    if built is None:
-        built = _nodes(nodes, gpus, closed, memo)
-        memo._last = (nodes, gpus, closed, built)
     return Snapshot(
-        nodes=built,
+        nodes=memo.nodes_of(nodes, gpus, closed),
         running=tuple(memo.running.of(running)),
         usage=tuple(UsageRecord(team=u["team"], gpu_model=u["gpu_model"], gpu_seconds=u["gpu_seconds"],
                                 as_of=u["as_of"].timestamp()) for u in usage),
@@ -285,7 +283,8 @@ def offered_models(gpus: Iterable[Row]) -> dict[str, set[str]]:
 
 def live_facts(running: Iterable[Row]) -> tuple[dict[str, set[int]], datetime | None, set[str]]:
     """From the live allocations, in one pass: the replicas each job holds, the earliest preemption deadline
-    (None: none is being preempted) and the units whose victims are being preempted for them."""
+    (None: none is being preempted) and the units whose victims are being preempted for them. The plain form the
+    cycle's `incremental.LiveTally` (kept from each read's change) is checked against."""
     live: dict[str, set[int]] = defaultdict(set)
     deadline, waiting = None, set()
     for r in running:

@@ -459,7 +459,8 @@ class PlacementHandlers(PlacementQueries):
         async with self.rt.uow() as uow:
             counted = time.monotonic() - self._counted_at >= COUNT_EVERY_S  # (a scan of each table: not each cycle)
             state = await store.load_state(uow.conn, self._wanted, self._live, self._pool, counted)
-            self._counted_at = time.monotonic() if counted else self._counted_at
+            if counted:
+                self._counted_at = time.monotonic()
             t1 = time.perf_counter()
             nodes, gpus, running = state["nodes"], state["gpus"], state["running"]
             # the replicas each job holds, the earliest preemption deadline, and the units whose victims are
