@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import defaultdict
 from pathlib import Path
 
 import nats
@@ -29,16 +30,23 @@ BEGIN, END = "<!-- backlog-benchmark:begin -->", "<!-- backlog-benchmark:end -->
 GPUS_PER_NODE = 8
 
 
-def cycle_counters(run: dict) -> tuple[float, float]:
-    """(cycles run, seconds spent in them) from placement's metrics."""
-    text = urllib.request.urlopen(run["metrics"]["placement"], timeout=10).read().decode()
-    count = total = 0.0
+def cycle_counters(run: dict) -> dict[str, float]:
+    """Cycles run ("cycles"), seconds spent in them ("total") and in each part of them (load, build, core, store)
+    from placement's metrics."""
+    return cycle_sums(urllib.request.urlopen(run["metrics"]["placement"], timeout=10).read().decode())
+
+
+def cycle_sums(text: str) -> dict[str, float]:
+    sums: dict[str, float] = defaultdict(float)
     for line in text.splitlines():
-        if line.startswith("gpupool_scheduling_cycle_seconds_count"):
-            count += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("gpupool_scheduling_cycle_seconds_sum"):
-            total += float(line.rsplit(" ", 1)[1])
-    return count, total
+        name, _, value = line.rpartition(" ")
+        if name.startswith("gpupool_scheduling_cycle_seconds_count"):
+            sums["cycles"] += float(value)
+        elif name.startswith("gpupool_scheduling_cycle_seconds_sum"):
+            sums["total"] += float(value)
+        elif name.startswith('gpupool_scheduling_cycle_part_seconds_sum{part="'):
+            sums[name.split('"')[1]] += float(value)
+    return dict(sums)
 
 
 async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int) -> dict:
@@ -75,7 +83,7 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
 
     meter = ProcessMeter(run)
     api = Client(run["gateway_url"], run["admin_token"], size=2)
-    cycles_before, cycle_s_before = cycle_counters(run)
+    sums_before = cycle_counters(run)
     before = meter.sample()
     latencies: list[float] = []
     running = list(order)
@@ -98,10 +106,11 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
         running += order[seen:]
     wall = time.monotonic() - t1
     after = meter.sample()
-    cycles_after, cycle_s_after = cycle_counters(run)
+    sums_after = cycle_counters(run)
     await api.close()
     await nc.close()
-    cycles = cycles_after - cycles_before
+    spent = {k: v - sums_before.get(k, 0.0) for k, v in sums_after.items()}
+    cycles = spent.get("cycles", 0)
     cpu = {name: round((after[name][0] - before[name][0]) * 1000 / turnovers, 1) for name in after if name in before}
     return {"depth": depth, "turnovers": turnovers, "submit_per_s": round((gpus + depth) / submit_s, 1),
             "next_start_p50_ms": round(pct(latencies, 50) * 1000, 1),
@@ -109,7 +118,9 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
             "next_start_max_ms": round(max(latencies) * 1000, 1),
             "turnovers_per_s": round(turnovers / wall, 2),
             "cycles_per_turnover": round(cycles / turnovers, 2),
-            "cycle_mean_ms": round((cycle_s_after - cycle_s_before) * 1000 / cycles, 1) if cycles else None,
+            "cycle_mean_ms": round(spent["total"] * 1000 / cycles, 1) if cycles else None,
+            "cycle_parts_mean_ms": {k: round(v * 1000 / cycles, 1) for k, v in spent.items()
+                                    if k not in ("cycles", "total")} if cycles else {},
             "cpu_ms_per_turnover": cpu}
 
 
@@ -215,7 +226,7 @@ def markdown(rows: list[dict], command: str) -> str:
         "same machine).",
         "",
         "| waiting jobs | complete → next job started p50 | p90 | max | placement CPU ms per turnover | "
-        "PostgreSQL CPU ms per turnover | cycles per turnover | mean cycle |",
+        "PostgreSQL CPU ms per turnover | cycles per turnover | mean cycle (its parts, ms) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -223,7 +234,7 @@ def markdown(rows: list[dict], command: str) -> str:
         lines.append(f"| {r['depth']} | {r['next_start_p50_ms']:.0f} ms | {r['next_start_p90_ms']:.0f} ms | "
                      f"{r['next_start_max_ms']:.0f} ms | {cpu.get('placement', 0):.1f} | {cpu.get('postgres', 0):.1f} | "
                      f"{r['cycles_per_turnover']:.2f} | "
-                     f"{'–' if r['cycle_mean_ms'] is None else format(r['cycle_mean_ms'], '.1f') + ' ms'} |")
+                     f"{_cycle_cell(r)} |")
     if len(rows) > 1:
         deep = rows[-1]
         ratio = deep["depth"] / max(base["depth"], 1)
@@ -236,6 +247,15 @@ def markdown(rows: list[dict], command: str) -> str:
               "and still orders and considers every waiting job (the core's `schedule` is one pass over them with "
               "per-shape memos) and records the cycle's input for replay (as a delta against a keyframe).", END]
     return "\n".join(lines)
+
+
+def _cycle_cell(row: dict) -> str:
+    """The mean cycle and, where placement reported them, its parts: "120.0 ms (load 8 · core 70 · store 42)"."""
+    if row["cycle_mean_ms"] is None:
+        return "–"
+    parts = row.get("cycle_parts_mean_ms") or {}
+    named = " · ".join(f"{k} {parts[k]:.0f}" for k in ("load", "build", "core", "store") if k in parts)
+    return f"{row['cycle_mean_ms']:.1f} ms" + (f" ({named})" if named else "")
 
 
 def _ratio(deep: dict, base: dict, name: str) -> str:

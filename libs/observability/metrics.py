@@ -44,6 +44,11 @@ SCHEDULING_PHASE_SECONDS = Histogram(
     "gpupool_scheduling_phase_seconds", "Time of one phase of the core's cycle (from Plan.stats)", ["phase"],
     buckets=CYCLE_BUCKETS,
 )
+SCHEDULING_CYCLE_PART_SECONDS = Histogram(
+    "gpupool_scheduling_cycle_part_seconds", "Time of one part of a scheduling cycle: load (the store's changes read), "
+    "build (the kept core's indexes brought up to date), core (the facts, requests and snapshot, then schedule() "
+    "in a worker thread: its GIL waits included), store (the plan, reasons, order and decision written and committed)", ["part"], buckets=CYCLE_BUCKETS,
+)
 SCHEDULING_DECISIONS = Counter(
     "gpupool_scheduling_decisions_total",
     "Decisions of scheduling cycles: units placed, victims preempted, placements the store refused as stale",

@@ -58,6 +58,7 @@ from libs.contracts.work import WorkExit, WorkSpec
 from libs.core import NormalizeMemo, PendingReason, Placement, Preemption
 from libs.observability.metrics import (
     PENDING_UNITS,
+    SCHEDULING_CYCLE_PART_SECONDS,
     SCHEDULING_CYCLE_SECONDS,
     SCHEDULING_DECISIONS,
 )
@@ -448,6 +449,8 @@ class PlacementHandlers(PlacementQueries):
         placed = await self._cycle()
         if placed >= 0:
             SCHEDULING_CYCLE_SECONDS.labels(policy=self.settings.policy).observe(time.perf_counter() - started)
+            for key, seconds in self.phases.items():
+                SCHEDULING_CYCLE_PART_SECONDS.labels(part=key[:-2]).observe(seconds)
         return max(placed, 0)
 
     async def _cycle(self) -> int:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from nats.js import JetStreamContext
+from prometheus_client import REGISTRY
 
 from libs.cli.decisions import replay
 from libs.contracts.commands import GetDecision
@@ -79,7 +80,12 @@ async def granted_jobs(rt: ServiceRuntime) -> list[str]:
 async def test_a_cycle_places_many_units_together_and_records_one_replayable_decision(placement) -> None:  # type: ignore[no-untyped-def]
     rt, h = placement
     await want(rt, job("a"), job("b"), job("c"))
+    stored_before = REGISTRY.get_sample_value("gpupool_scheduling_cycle_part_seconds_count", {"part": "store"}) or 0
     assert await h.run_cycle() == 3
+    # /metrics splits the cycle into its parts (the backlog benchmark reports them)
+    assert REGISTRY.get_sample_value("gpupool_scheduling_cycle_part_seconds_count", {"part": "store"}) == \
+        stored_before + 1
+    assert set(h.phases) == {"load_s", "build_s", "core_s", "store_s"}
     held = await holdings(rt)
     assert sorted(held) == ["a", "b", "c"] and sorted(sum(held.values(), [])) == ["G0", "G1", "G2"]
     assert await granted_jobs(rt) == ["a", "b", "c"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.bench.backlog import BEGIN, END, markdown
+from libs.bench.backlog import BEGIN, END, cycle_sums, markdown
 
 
 def row(depth: int, p50: float, placement: float, cycle: float | None = 20.0) -> dict:
@@ -23,3 +23,21 @@ def test_the_deepest_backlog_is_compared_with_the_first_run_of_the_same_command(
 
 def test_a_single_depth_has_no_ratio() -> None:
     assert "From " not in markdown([row(1000, 40.0, 10.0)], "gpupool bench backlog --depths 1000")
+
+
+def test_the_mean_cycle_is_split_into_its_parts_where_placement_reports_them() -> None:
+    parts = row(100, 40.0, 10.0, 120.0) | {"cycle_parts_mean_ms": {"store": 42.0, "load": 8.2, "core": 69.6}}
+    assert "| 1.50 | 120.0 ms (load 8 · core 70 · store 42) |" in markdown([parts], "gpupool bench backlog")
+
+
+def test_placement_metrics_are_summed_per_part() -> None:
+    text = "\n".join([
+        "# HELP gpupool_scheduling_cycle_seconds x",
+        'gpupool_scheduling_cycle_seconds_count{policy="default"} 4.0',
+        'gpupool_scheduling_cycle_seconds_sum{policy="default"} 0.5',
+        'gpupool_scheduling_cycle_seconds_bucket{le="0.1",policy="default"} 3.0',
+        'gpupool_scheduling_cycle_part_seconds_sum{part="load"} 0.1',
+        'gpupool_scheduling_cycle_part_seconds_count{part="load"} 4.0',
+        'gpupool_scheduling_cycle_part_seconds_sum{part="store"} 0.25',
+    ])
+    assert cycle_sums(text) == {"cycles": 4.0, "total": 0.5, "load": 0.1, "store": 0.25}
