@@ -19,12 +19,17 @@ class HttpError(RuntimeError):
     pass
 
 
+class StaleConnection(HttpError):
+    """A kept-alive connection the server had closed while it sat idle: the request never reached it."""
+
+
 class Connection:
     def __init__(self, host: str, port: int, token: str) -> None:
         self.host, self.port = host, port
         self.head = f"Host: {host}:{port}\r\nAuthorization: Bearer {token}\r\nConnection: keep-alive\r\n"
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.answered = 0  # responses read on this connection
 
     async def open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -44,9 +49,12 @@ class Connection:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.writer.write(f"{method} {path} HTTP/1.1\r\n{self.head}{extra}Content-Type: application/json\r\n"
                           f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        status_line = await self.reader.readline()
+        try:
+            status_line = await self.reader.readline()
+        except ConnectionResetError:
+            status_line = b""
         if not status_line:
-            raise HttpError("connection closed")
+            raise StaleConnection("connection closed") if self.answered else HttpError("connection closed")
         status = int(status_line.split(b" ", 2)[1])
         length = 0
         chunked = False
@@ -72,6 +80,7 @@ class Connection:
             raw = bytes(data)
         else:
             raw = await self.reader.readexactly(length) if length else b""
+        self.answered += 1
         return status, (json.loads(raw) if raw else None)
 
 
@@ -91,7 +100,12 @@ class Client:
         conn = await self.free.get()
         self.calls += 1
         try:
-            return await conn.call(method, path, body, headers)
+            try:
+                return await conn.call(method, path, body, headers)
+            except StaleConnection:  # closed by the server while idle (its keep-alive timeout): once more, afresh
+                await conn.close()
+                conn = Connection(self.host, self.port, self.token)
+                return await conn.call(method, path, body, headers)
         except (OSError, HttpError, asyncio.IncompleteReadError, ValueError):
             await conn.close()
             conn = Connection(self.host, self.port, self.token)  # a fresh one next time
