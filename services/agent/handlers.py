@@ -76,15 +76,31 @@ TELEMETRY_SAMPLES = Counter("gpupool_agent_telemetry_samples_total", "GPU sample
                             "unchanged (sampling by change)", ["outcome"])
 SAMPLES_SENT, SAMPLES_UNCHANGED = TELEMETRY_SAMPLES.labels("sent"), TELEMETRY_SAMPLES.labels("unchanged")
 SNAPSHOT_PAGES = 50  # at most 50,000 live allocations read at start
+SNAPSHOT_PAGE_TIMEOUT_S = 10.0  # a page of 1,000 from a placement busy with a fleet's cycles
+SNAPSHOT_RETRY_S = (2.0, 30.0)  # a failed fetch's back-off, per process: first and longest
 
 
 class _Snapshot:
     """Placement's live allocations, fetched once for every simulated node of a process: a node reuses a fetch
-    that started after it subscribed to allocation events (so it missed nothing), else starts a new one."""
+    that started after it subscribed to allocation events (so it missed nothing), else starts a new one. A failed
+    fetch is the answer for every node until the process's own back-off (2 s → 30 s) ends: at fleet size a thousand
+    nodes retrying on their own timers kept a busy placement answering pages nobody waited for any more."""
 
     def __init__(self) -> None:
         self.started = -1.0
         self.task: asyncio.Task[list[dict]] | None = None
+        self.retry_at = 0.0  # while a failed fetch is younger than this, it is the answer
+        self.delay = SNAPSHOT_RETRY_S[0]
+
+    async def fetch(self, nc: NatsClient) -> list[dict]:
+        try:
+            items = await _fetch_live(nc)
+        except BaseException:
+            self.retry_at = time.monotonic() + self.delay
+            self.delay = min(SNAPSHOT_RETRY_S[1], self.delay * 2)
+            raise
+        self.delay = SNAPSHOT_RETRY_S[0]
+        return items
 
 
 _SNAPSHOTS: dict[int, _Snapshot] = {}
@@ -95,7 +111,7 @@ async def _fetch_live(nc: NatsClient) -> list[dict]:
     after: str | None = None
     for _ in range(SNAPSHOT_PAGES):
         reply = await request(nc, subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS,
-                              ListAllocations(active=True, limit=1000, after=after), timeout=2.0)
+                              ListAllocations(active=True, limit=1000, after=after), timeout=SNAPSHOT_PAGE_TIMEOUT_S)
         if not reply.ok:
             raise ServiceUnavailable(f"list_allocations refused: {reply.error}")
         result = reply.result or {}
@@ -109,9 +125,11 @@ async def _fetch_live(nc: NatsClient) -> list[dict]:
 async def live_snapshot(nc: NatsClient, subscribed_at: float) -> list[dict]:
     snap = _SNAPSHOTS.setdefault(id(nc), _Snapshot())
     failed = snap.task is not None and snap.task.done() and (snap.task.cancelled() or snap.task.exception())
-    if snap.task is None or snap.started < subscribed_at or failed:
+    if failed and time.monotonic() < snap.retry_at:
+        pass  # the process's back-off: the failure stands for every node until it ends
+    elif snap.task is None or snap.started < subscribed_at or failed:
         snap.started = time.monotonic()
-        snap.task = asyncio.ensure_future(_fetch_live(nc))
+        snap.task = asyncio.ensure_future(snap.fetch(nc))
     return await asyncio.shield(snap.task)
 
 

@@ -1,0 +1,69 @@
+"""The agent's start-up and resync listing of placement's live allocations, shared by a process's simulated nodes:
+a failure stands for every node until the process's back-off ends (no fetch storm from a thousand nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from libs.bus.rpc import ServiceUnavailable
+from services.agent import handlers
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def fetches(monkeypatch):  # type: ignore[no-untyped-def]
+    """Placement's answers in turn (a list to return, or an exception to raise); the fetches made are counted."""
+    answers: list = []
+    made: list[int] = []
+
+    async def fetch(nc):  # type: ignore[no-untyped-def]
+        made.append(1)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(handlers, "_fetch_live", fetch)
+    monkeypatch.setattr(handlers, "_SNAPSHOTS", {})
+    return answers, made
+
+
+async def many_nodes_ask(nc: object, subscribed_at: float, nodes: int = 50) -> list:
+    return await asyncio.gather(*(handlers.live_snapshot(nc, subscribed_at) for _ in range(nodes)),  # type: ignore[arg-type]
+                                return_exceptions=True)
+
+
+async def test_a_failed_listing_is_every_nodes_answer_until_the_back_off_ends_then_one_fetch_retries(fetches) -> None:
+    answers, made = fetches
+    nc = object()
+    answers += [ServiceUnavailable("no reply"), [{"allocation_id": "a1"}]]
+    first = await many_nodes_ask(nc, 0.0)
+    assert len(made) == 1 and all(isinstance(r, ServiceUnavailable) for r in first)
+    # each node retries on its own timer: within the back-off the failure stands, nothing is fetched
+    again = await many_nodes_ask(nc, 0.0)
+    assert len(made) == 1 and all(isinstance(r, ServiceUnavailable) for r in again)
+    snap = handlers._SNAPSHOTS[id(nc)]
+    assert snap.delay == 2 * handlers.SNAPSHOT_RETRY_S[0]  # the next failure waits twice as long
+    snap.retry_at = 0.0  # the back-off is over
+    after = await many_nodes_ask(nc, 0.0)
+    assert len(made) == 2 and all(r == [{"allocation_id": "a1"}] for r in after)
+    assert snap.delay == handlers.SNAPSHOT_RETRY_S[0]  # a success starts the back-off over
+
+
+async def test_the_back_off_doubles_up_to_its_longest(fetches) -> None:
+    answers, made = fetches
+    nc = object()
+    delays = []
+    for _ in range(6):
+        answers.append(ServiceUnavailable("no reply"))
+        await many_nodes_ask(nc, 0.0, nodes=3)
+        snap = handlers._SNAPSHOTS[id(nc)]
+        delays.append(snap.retry_at - handlers.time.monotonic())
+        snap.retry_at = 0.0
+    assert len(made) == 6
+    first, longest = handlers.SNAPSHOT_RETRY_S
+    expected = [min(longest, first * 2 ** i) for i in range(6)]
+    assert all(abs(d - e) < 0.5 for d, e in zip(delays, expected, strict=True)), delays
