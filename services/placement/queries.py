@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+from types import SimpleNamespace
 
 from libs.contracts.commands import GetDecision, JobRef, ListAllocations, ListDecisions, Reply, page
-from libs.contracts.events import AllocatedGpu
 from libs.runtime.service import ServiceRuntime
 from services.placement import store
 from services.placement.domain import workload_environment
@@ -53,7 +53,9 @@ class PlacementQueries:
                                          "release_reason", "preempt_reason", "attempt", "kind", "cpu_milli",
                                          "memory_mib", "preemptible")},
                     "work": json.loads(r["work"]) if r["work"] else None,
-                    "environment": {**workload_environment([AllocatedGpu.model_validate(g) for g in gpus],
+                    # the GPUs as placement's store holds them (written from a validated grant): read, not
+                    # validated again — at fleet size the agents' listing is thousands of rows
+                    "environment": {**workload_environment([SimpleNamespace(**g) for g in gpus],  # type: ignore[misc]
                                                            r["allocation_id"]),
                                     **json.loads(r["rendezvous_env"] or "{}")} if r["work"] else {},
                     "gang_wait": r["gang_wait"],

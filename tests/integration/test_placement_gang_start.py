@@ -94,6 +94,10 @@ async def test_the_gang_starts_once_every_member_is_ready_and_only_once(placemen
     assert len(await outbox(rt, "gpupool.allocation.gang_ready")) == 2
     listed = (await h.list_allocations(ListAllocations(job_id="g", active=True, limit=10))).result["items"]
     assert [i["gang_wait"] for i in listed] == [False, False]
+    # the listing gives each member the environment its work runs with (the agent launches a missed grant from it)
+    assert [i["environment"]["CUDA_VISIBLE_DEVICES"] for i in listed] == [
+        ",".join(g["uuid"] for g in i["gpus"]) for i in listed] and all(i["gpus"] for i in listed)
+    assert [i["environment"]["GPUPOOL_ALLOCATION_ID"] for i in listed] == [i["allocation_id"] for i in listed]
 
 
 async def test_a_gang_not_ready_in_time_is_stopped_whole_and_a_ready_report_of_an_older_attempt_is_ignored(placement) -> None:  # type: ignore[no-untyped-def]
