@@ -548,6 +548,9 @@ class ListAllocations(Command):
     active: bool | None = None
     limit: int = Field(default=100, ge=1, le=1000)
     after: str | None = None
+    cluster: str | None = Field(default=None, pattern=NAME_PATTERN, description="only this cluster's allocations")
+    node: str | None = Field(default=None, pattern=NAME_PATTERN,
+                             description="only this node's (an agent's resync asks for its own node's only)")
 
 
 class ListDecisions(Command):

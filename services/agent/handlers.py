@@ -81,10 +81,12 @@ SNAPSHOT_RETRY_S = (2.0, 30.0)  # a failed fetch's back-off, per process: first 
 
 
 class _Snapshot:
-    """Placement's live allocations, fetched once for every simulated node of a process: a node reuses a fetch
-    that started after it subscribed to allocation events (so it missed nothing), else starts a new one. A failed
-    fetch is the answer for every node until the process's own back-off (2 s → 30 s) ends: at fleet size a thousand
-    nodes retrying on their own timers kept a busy placement answering pages nobody waited for any more."""
+    """Placement's live allocations as an agent process lists them. A process hosting one node (a real agent) lists
+    its own node's only; a simulated fleet's process lists the cluster's once for all its nodes, whichever node's
+    connection asks: a node reuses a fetch that started after it subscribed to allocation events (so it missed
+    nothing), else starts a new one. A failed fetch is the answer until the process's back-off (2 s → 30 s) ends.
+    (At 1,024 simulated nodes, each listing the whole cluster on its own connection's timer, placement spent most of
+    its time answering pages.)"""
 
     def __init__(self) -> None:
         self.started = -1.0
@@ -92,9 +94,9 @@ class _Snapshot:
         self.retry_at = 0.0  # while a failed fetch is younger than this, it is the answer
         self.delay = SNAPSHOT_RETRY_S[0]
 
-    async def fetch(self, nc: NatsClient) -> list[dict]:
+    async def fetch(self, nc: NatsClient, scope: tuple[str, str] | None) -> list[dict]:
         try:
-            items = await _fetch_live(nc)
+            items = await _fetch_live(nc, scope)
         except BaseException:
             self.retry_at = time.monotonic() + self.delay
             self.delay = min(SNAPSHOT_RETRY_S[1], self.delay * 2)
@@ -103,15 +105,17 @@ class _Snapshot:
         return items
 
 
-_SNAPSHOTS: dict[int, _Snapshot] = {}
+_SNAPSHOTS: dict[tuple[str, str] | None, _Snapshot] = {}  # by scope: (cluster, node), or None for the cluster
 
 
-async def _fetch_live(nc: NatsClient) -> list[dict]:
+async def _fetch_live(nc: NatsClient, scope: tuple[str, str] | None = None) -> list[dict]:
     items: list[dict] = []
     after: str | None = None
+    cluster, node = scope if scope is not None else (None, None)
     for _ in range(SNAPSHOT_PAGES):
         reply = await request(nc, subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS,
-                              ListAllocations(active=True, limit=1000, after=after), timeout=SNAPSHOT_PAGE_TIMEOUT_S)
+                              ListAllocations(active=True, limit=1000, after=after, cluster=cluster, node=node),
+                              timeout=SNAPSHOT_PAGE_TIMEOUT_S)
         if not reply.ok:
             raise ServiceUnavailable(f"list_allocations refused: {reply.error}")
         result = reply.result or {}
@@ -122,14 +126,15 @@ async def _fetch_live(nc: NatsClient) -> list[dict]:
     return items
 
 
-async def live_snapshot(nc: NatsClient, subscribed_at: float) -> list[dict]:
-    snap = _SNAPSHOTS.setdefault(id(nc), _Snapshot())
+async def live_snapshot(nc: NatsClient, subscribed_at: float, scope: tuple[str, str] | None = None) -> list[dict]:
+    """The live allocations of `scope` ((cluster, node), or None: the whole listing shared by a process's nodes)."""
+    snap = _SNAPSHOTS.setdefault(scope, _Snapshot())
     failed = snap.task is not None and snap.task.done() and (snap.task.cancelled() or snap.task.exception())
     if failed and time.monotonic() < snap.retry_at:
-        pass  # the process's back-off: the failure stands for every node until it ends
+        pass  # the process's back-off: the failure stands until it ends
     elif snap.task is None or snap.started < subscribed_at or failed:
         snap.started = time.monotonic()
-        snap.task = asyncio.ensure_future(snap.fetch(nc))
+        snap.task = asyncio.ensure_future(snap.fetch(nc, scope))
     return await asyncio.shield(snap.task)
 
 
@@ -221,7 +226,9 @@ class NodeAgent:
                  fraction_policy: Literal["auto", "report", "stop"] = "auto", stop_grace_s: float = 10.0,
                  apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0,
                  address: str = "", labels: dict[str, str] | None = None, deadband: Deadband | None = None,
-                 background: str = "") -> None:
+                 background: str = "", shared_listing: bool = False) -> None:
+        # the resync lists this node's allocations, or (one process, many simulated nodes) the cluster's once for all
+        self.listing_scope: tuple[str, str] | None = None if shared_listing else (cluster, node)
         self.deadband = deadband if deadband is not None else Deadband(heartbeat_s=0.0)  # default: every sample
         self.background = background  # simulated load on GPUs no allocation holds (a load test's busy fleet)
         self._sent: dict[str, GpuSample] = {}  # each GPU's last sent sample (sampling by change)
@@ -449,7 +456,7 @@ class NodeAgent:
         delay = 2.0
         while not stop.is_set():
             try:
-                items = await live_snapshot(self.nc, subscribed_at)
+                items = await live_snapshot(self.nc, subscribed_at, self.listing_scope)
             except ServiceUnavailable as exc:
                 log.warning("allocation_sync_retry", extra={"node": self.node, "error": str(exc)})
                 with contextlib.suppress(asyncio.TimeoutError):

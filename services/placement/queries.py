@@ -46,7 +46,7 @@ class PlacementQueries:
     async def list_allocations(self, cmd: ListAllocations) -> Reply:
         async with self.rt.pool.acquire() as conn:
             rows = await store.list_allocations(conn, job_id=cmd.job_id, active=cmd.active, limit=cmd.limit + 1,
-                                                after=cmd.after)
+                                                after=cmd.after, cluster=cmd.cluster, node=cmd.node)
         def view(r) -> dict:  # type: ignore[no-untyped-def]
             gpus = json.loads(r["gpus"]) if isinstance(r["gpus"], str) else r["gpus"]
             return {**{k: r[k] for k in ("allocation_id", "job_id", "replica", "team", "project", "cluster", "node",

@@ -677,7 +677,8 @@ async def upsert_priority_class(conn: asyncpg.Connection, c: PriorityClassSet) -
 
 # --- reads ------------------------------------------------------------------------------------------------------
 async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, active: bool | None, limit: int,
-                           after: str | None) -> list[asyncpg.Record]:
+                           after: str | None, cluster: str | None = None,
+                           node: str | None = None) -> list[asyncpg.Record]:
     return await conn.fetch(
         """SELECT a.allocation_id, a.job_id, a.replica, a.team, a.project, a.cluster, a.node, a.granted_at,
                   a.released_at, a.release_reason, a.preempt_deadline, a.preempt_reason, a.attempt, a.work, a.kind,
@@ -691,8 +692,9 @@ async def list_allocations(conn: asyncpg.Connection, *, job_id: str | None, acti
            WHERE ($1::text IS NULL OR a.job_id = $1)
              AND ($2::boolean IS NULL OR (a.released_at IS NULL) = $2)
              AND ($3::text IS NULL OR a.allocation_id > $3)
+             AND ($5::text IS NULL OR a.cluster = $5) AND ($6::text IS NULL OR a.node = $6)
            GROUP BY a.allocation_id ORDER BY a.allocation_id LIMIT $4""",
-        job_id, active, after, limit)
+        job_id, active, after, limit, cluster, node)
 
 
 async def explain(conn: asyncpg.Connection, job_id: str) -> dict | None:

@@ -98,6 +98,13 @@ async def test_the_gang_starts_once_every_member_is_ready_and_only_once(placemen
     assert [i["environment"]["CUDA_VISIBLE_DEVICES"] for i in listed] == [
         ",".join(g["uuid"] for g in i["gpus"]) for i in listed] and all(i["gpus"] for i in listed)
     assert [i["environment"]["GPUPOOL_ALLOCATION_ID"] for i in listed] == [i["allocation_id"] for i in listed]
+    # an agent's resync asks for its own node's only
+    for member in m:
+        own = (await h.list_allocations(ListAllocations(active=True, limit=10, cluster="c", node=member["node"])))
+        assert [(i["allocation_id"], i["node"]) for i in own.result["items"]] == [
+            (member["allocation_id"], member["node"])]
+    other = await h.list_allocations(ListAllocations(active=True, limit=10, cluster="elsewhere", node=m[0]["node"]))
+    assert other.result["items"] == []
 
 
 async def test_a_gang_not_ready_in_time_is_stopped_whole_and_a_ready_report_of_an_older_attempt_is_ignored(placement) -> None:  # type: ignore[no-untyped-def]

@@ -140,7 +140,7 @@ async def test_the_start_up_query_labels_the_allocations_a_restarted_agent_finds
               {"allocation_id": "elsewhere", "job_id": "job-x", "team": "x", "project": "x", "cluster": "local",
                "node": "n9", "gpus": [g.model_dump() for g in whole(node.uuids, 1)]}]
 
-    async def snapshot(nc, subscribed_at):  # type: ignore[no-untyped-def]
+    async def snapshot(nc, subscribed_at, scope=None):  # type: ignore[no-untyped-def]
         return listed
 
     monkeypatch.setattr(handlers, "live_snapshot", snapshot)
@@ -160,7 +160,7 @@ async def test_a_missed_release_goes_at_the_next_listing_and_a_grant_newer_than_
     await asyncio.sleep(0.01)
     await node.agent._on_allocation(Msg(new))  # granted after the listing began: it may be missing from it
 
-    async def snapshot(nc, subscribed_at):  # type: ignore[no-untyped-def]
+    async def snapshot(nc, subscribed_at, scope=None):  # type: ignore[no-untyped-def]
         return []  # placement lists neither: "old" was released, its release never arrived
 
     monkeypatch.setattr(handlers, "live_snapshot", snapshot)
