@@ -26,6 +26,7 @@ from services.reclamation.config import ReclamationSettings
 from services.reclamation.handlers import ReclamationHandlers, routes
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
+RELEASED_BEFORE = {"early"}  # allocations the fake placement says it released before it was asked
 
 
 class FakeReclamationStore(FakeStore):
@@ -79,7 +80,9 @@ async def reclamation(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyp
 
     async def placement_releases(cmd: ReleaseAllocation) -> Reply:
         released.append(cmd)
-        return Reply.success({"released": [cmd.allocation_id]})
+        if cmd.allocation_id in RELEASED_BEFORE:  # as placement answers for an allocation it released already
+            return Reply.success({"allocation_id": cmd.allocation_id, "released": 0})
+        return Reply.success({"allocation_id": cmd.allocation_id, "released": 1})
     await rt.serve(subjects.CMD_PLACEMENT_RELEASE_ALLOCATION, ReleaseAllocation, placement_releases)
     return rt, fake, released
 
@@ -134,3 +137,18 @@ async def test_a_policy_outside_its_bounds_is_refused(reclamation) -> None:  # t
     rt, _, _ = reclamation
     reply = await rt.request(subjects.CMD_RECLAMATION_SET_POLICY, {"kind": "batch", "idle_util_pct": 250})
     assert reply.error is not None and (reply.error.status, reply.error.reason) == (400, "InvalidRequest")
+
+
+async def test_a_reclaim_of_an_allocation_placement_released_already_is_forgotten_not_asked_for_again(  # type: ignore[no-untyped-def]
+        reclamation) -> None:
+    """A release can overtake its grant's event (both reach reclamation on their own consumers): the tracker made
+    from the late grant is reclaimed with its node, placement says it released it already, and the tracker goes —
+    kept, its release would be asked for after every event handled. One released now waits for its event."""
+    rt, fake, released = reclamation
+    await rt.deliver(granted("early", "j1"))
+    await rt.deliver(granted("a2", "j2"))
+    await rt.deliver(lost("n1"))
+    assert sorted(r.allocation_id for r in released) == ["a2", "early"]
+    assert list(fake.trackers) == ["a2"] and fake.trackers["a2"]["reclaim_reason"] == "NodeLost"
+    await rt.deliver(granted("a3", "j3", node="n2"))  # the next event asks for a2 again, not for early
+    assert [r.allocation_id for r in released].count("early") == 1
