@@ -216,12 +216,17 @@ class InventoryHandlers:
 
     # --- heartbeats: the agent's telemetry sample every interval ----------------------------------------------
     async def sweep_lost_nodes(self, now: datetime | None = None) -> list[NodeLost]:
-        """Declare lost every ready node silent for longer than `node_lost_after_s`, each with its event, in one
-        transaction."""
+        """Declare lost every ready node silent for longer than `node_lost_after_s` (`lost_cutoff`: a whole fleet
+        silent together is given longer), each with its event, in one transaction."""
         now = now or utcnow()
         lost: list[NodeLost] = []
         async with self.rt.uow() as uow:
-            for row in await store.mark_lost(uow.conn, lost_cutoff(now, self.settings.node_lost_after_s), now):
+            newest, ready = await store.ready_reports(uow.conn)
+            cutoff = lost_cutoff(now, self.settings.node_lost_after_s, newest, ready)
+            if cutoff != lost_cutoff(now, self.settings.node_lost_after_s):
+                log.warning("fleet_silent", extra={"ready_nodes": ready, "newest_report": newest.isoformat(),
+                                                   "judged_before": cutoff.isoformat()})
+            for row in await store.mark_lost(uow.conn, cutoff, now):
                 event = NodeLost(cluster=row["cluster"], node=row["node"], last_seen_at=row["last_seen_at"],
                                  detected_at=now)
                 await uow.emit(event)

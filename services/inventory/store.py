@@ -208,6 +208,12 @@ async def apply_samples(conn: asyncpg.Connection, rows: list[SampleRow], rolled:
         *map(list, zip(*rows, strict=True)), [r[0] for r in rolled], [r[1] for r in rolled])
 
 
+async def ready_reports(conn: asyncpg.Connection) -> tuple[datetime | None, int]:
+    """The newest report of any ready node, and how many nodes are ready."""
+    row = await conn.fetchrow("SELECT max(last_seen_at) AS newest, count(*) AS n FROM nodes WHERE state = 'ready'")
+    return row["newest"], row["n"]
+
+
 async def mark_lost(conn: asyncpg.Connection, cutoff: datetime, now: datetime) -> list[asyncpg.Record]:
     """Every ready node silent since before `cutoff` becomes lost; returns them. A concurrent sweep (another
     replica) re-checks `state = 'ready'` after waiting for the row lock, so each node is declared lost once."""

@@ -30,6 +30,7 @@ from libs.contracts.events import (
 from libs.contracts.subjects import EVENTS_STREAM
 from libs.runtime.service import ServiceRuntime
 from services.inventory.config import InventorySettings
+from services.inventory.domain import LOST_PATIENCE
 from services.inventory.handlers import InventoryHandlers
 from services.inventory.handlers import routes as inventory_routes
 from services.placement.config import PlacementSettings
@@ -266,3 +267,34 @@ async def test_a_registration_on_another_nodes_subject_is_refused(inventory) -> 
     assert not reply.ok and reply.error is not None and reply.error.reason == "WrongSubject", reply
     nodes = await request(rt.nc, subjects.QUERY_INVENTORY_LIST_NODES, ListNodes(cluster=CLUSTER), timeout=5)
     assert "phantom" not in {n["node"] for n in nodes.result["items"]}
+
+
+async def test_a_fleet_silent_all_at_once_is_given_longer_than_one_node_silent_alone(
+        inventory: ServiceRuntime, js: JetStreamContext) -> None:
+    """Every node's reports stop together (the bus or inventory falling behind, or a fleet's agent process starved
+    of CPU): nodes are judged against the newest report, so only one silent well before the rest is lost at once;
+    the others are lost only after `LOST_PATIENCE` thresholds without any report."""
+    for node in ("a", "b", "c"):
+        await register(inventory, node)
+    t0 = datetime.now(UTC)
+    await send(js, "a", t0)
+    await send(js, "b", t0)
+    assert inventory.pool is not None
+    pool = inventory.pool
+
+    async def applied() -> bool:
+        return await pool.fetchval("SELECT count(*) FROM nodes WHERE node <> 'c' AND last_seen_at >= $1", t0) == 2
+
+    await eventually(applied, what="the samples applied")
+    await pool.execute("UPDATE nodes SET last_seen_at = $1 WHERE node = 'c'", t0 - timedelta(seconds=20))
+    settings = InventorySettings(nats_url="nats://unused", database_url="postgresql://unused",
+                                 node_lost_after_s=LOST_AFTER_S, instance="inv-test-sweep")
+    sweeper = InventoryHandlers(inventory, settings)
+    # 3 s later, nobody has reported for twice the threshold: c, silent 20 s before the others, is lost; a and b wait
+    await sweeper.sweep_lost_nodes(now=t0 + timedelta(seconds=3))
+    assert await states(inventory) == {"a": "ready", "b": "ready", "c": "lost"}
+    # past the patience, the silence counts: a and b are lost too
+    patience = LOST_PATIENCE * LOST_AFTER_S
+    lost = await sweeper.sweep_lost_nodes(now=t0 + timedelta(seconds=patience + 1))
+    assert await states(inventory) == {"a": "lost", "b": "lost", "c": "lost"}
+    assert sorted(e.node for e in lost) in (["a", "b"], [])  # ([]: the service's own sweeper got there first)
