@@ -183,7 +183,7 @@ async def main() -> None:
                         stop_grace_s=settings.fraction_stop_grace_s, apply_mig=settings.apply_mig,
                         buffer=buffers[id(connections[node])], resync_s=settings.resync_s,
                         address=addresses[node], labels=labels.get(node), deadband=deadband(settings),
-                        background=settings.sim_background, shared_listing=len(backends) > 1)
+                        background=settings.sim_background, fleet_nc=first if len(backends) > 1 else None)
               for node, backend in backends]
     if settings.run_work:
         for agent in agents:

@@ -226,9 +226,14 @@ class NodeAgent:
                  fraction_policy: Literal["auto", "report", "stop"] = "auto", stop_grace_s: float = 10.0,
                  apply_mig: bool = True, buffer: SampleBuffer | None = None, resync_s: float = 30.0,
                  address: str = "", labels: dict[str, str] | None = None, deadband: Deadband | None = None,
-                 background: str = "", shared_listing: bool = False) -> None:
-        # the resync lists this node's allocations, or (one process, many simulated nodes) the cluster's once for all
-        self.listing_scope: tuple[str, str] | None = None if shared_listing else (cluster, node)
+                 background: str = "", fleet_nc: NatsClient | None = None) -> None:
+        # One process, many simulated nodes (`fleet_nc`, one of their connections): the events reach every node
+        # through that one connection's subscriptions, and the resync lists the cluster's allocations once for all;
+        # otherwise the node subscribes on its own connection and lists its own node's. (Each of 1,024 nodes on a
+        # connection of its own, subscribed to every allocation event, decoded each event 1,024 times: the agent
+        # fell so far behind that its nodes' telemetry came too late and inventory declared them lost.)
+        self.events_nc = fleet_nc if fleet_nc is not None else nc
+        self.listing_scope: tuple[str, str] | None = None if fleet_nc is not None else (cluster, node)
         self.deadband = deadband if deadband is not None else Deadband(heartbeat_s=0.0)  # default: every sample
         self.background = background  # simulated load on GPUs no allocation holds (a load test's busy fleet)
         self._sent: dict[str, GpuSample] = {}  # each GPU's last sent sample (sampling by change)
@@ -283,16 +288,16 @@ class NodeAgent:
         sync: asyncio.Task[None] | None = None
         try:
             subscribed_at = time.monotonic()
-            await route(self.nc, subjects.ALLOCATION_ALL, allocation_route, (self.cluster, self.node),
+            await route(self.events_nc, subjects.ALLOCATION_ALL, allocation_route, (self.cluster, self.node),
                         self.apply_allocation)
             if self.work is not None:
                 await self.work.start()  # re-adopts what a previous agent left running, before any grant
             await self.register(stop)
             if self.apply_mig:
-                await route(self.nc, subjects.GPU_SHARING_SET, sharing_route, (self.cluster, self.node),
+                await route(self.events_nc, subjects.GPU_SHARING_SET, sharing_route, (self.cluster, self.node),
                             self.apply_sharing)
             if isinstance(self.backend, SimulatedNvml):
-                await route(self.nc, subjects.SIM_FAULT, fault_route, self.node, self.apply_fault)
+                await route(self.events_nc, subjects.SIM_FAULT, fault_route, self.node, self.apply_fault)
             sync = asyncio.create_task(self.sync_allocations(stop, subscribed_at))
             # A fixed cadence, not "sleep after each sample": a slow publish must not stretch the interval. Nodes
             # of a simulated fleet start at different phases, as a real fleet does, instead of all at once.

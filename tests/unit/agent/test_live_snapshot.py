@@ -93,3 +93,21 @@ async def test_the_listing_asks_placement_for_the_scope_it_was_given(monkeypatch
     subject = handlers.subjects.QUERY_PLACEMENT_LIST_ALLOCATIONS
     assert asked == [(subject, "c1", "n7", None), (subject, "c1", "n7", "p2"), (subject, None, None, None),
                      (subject, None, None, "p2")]
+
+
+async def test_a_fleets_nodes_share_one_connection_for_events_and_one_listing_a_lone_node_keeps_its_own() -> None:
+    from services.agent.handlers import NodeAgent
+    from services.agent.nvml_sim import SimulatedNvml
+
+    class Conn:
+        def jetstream(self) -> object:
+            return object()
+
+    first, second, alone = Conn(), Conn(), Conn()
+    fleet = [NodeAgent(nc, SimulatedNvml(name, ["H100-80GB"], seed=1, clock=lambda: 0.0), "local", name, 1.0,  # type: ignore[arg-type]
+                       fleet_nc=first)  # type: ignore[arg-type]
+             for nc, name in ((first, "n0"), (second, "n1"))]
+    assert [a.events_nc for a in fleet] == [first, first] and [a.nc for a in fleet] == [first, second]
+    assert [a.listing_scope for a in fleet] == [None, None]
+    lone = NodeAgent(alone, SimulatedNvml("n9", ["H100-80GB"], seed=1, clock=lambda: 0.0), "local", "n9", 1.0)  # type: ignore[arg-type]
+    assert lone.events_nc is alone and lone.listing_scope == ("local", "n9")
