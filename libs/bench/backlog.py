@@ -28,6 +28,7 @@ from libs.bench.e2e import Platform, ProcessMeter, pct
 
 BEGIN, END = "<!-- backlog-benchmark:begin -->", "<!-- backlog-benchmark:end -->"
 GPUS_PER_NODE = 8
+SETTLE_S = 600  # the longest wait for the consumers to take in the fill before the turnovers
 
 
 def cycle_counters(run: dict) -> dict[str, float]:
@@ -80,6 +81,7 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
             raise RuntimeError(f"only {len(started)} of {gpus} jobs started within {allowed_s:.0f} s; {why}")
         await asyncio.sleep(0.1)
     await asyncio.sleep(3.0)  # the cycles that met the whole backlog have run
+    settle_s, unsettled = await settle(nc, deadline=time.monotonic() + SETTLE_S)
 
     meter = ProcessMeter(run)
     api = Client(run["gateway_url"], run["admin_token"], size=2)
@@ -121,7 +123,23 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
             "cycle_mean_ms": round(spent["total"] * 1000 / cycles, 1) if cycles else None,
             "cycle_parts_mean_ms": {k: round(v * 1000 / cycles, 1) for k, v in spent.items()
                                     if k not in ("cycles", "total")} if cycles else {},
-            "cpu_ms_per_turnover": cpu}
+            "cpu_ms_per_turnover": cpu, "settle_s": round(settle_s, 1), "unsettled_events": unsettled}
+
+
+async def settle(nc, deadline: float) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Wait until every durable consumer has taken in what the fill published (no message pending or unacknowledged,
+    twice in a row), so turnovers are measured on a platform at rest, not beside the fill's thousands of grants still
+    being accounted and tracked. (seconds waited, messages still pending at the deadline: 0 when it settled)"""
+    js, began, quiet = nc.jetstream(), time.monotonic(), 0
+    while True:
+        pending = 0
+        for stream in await js.streams_info():
+            for consumer in await js.consumers_info(stream.config.name):
+                pending += consumer.num_pending + consumer.num_ack_pending
+        quiet = quiet + 1 if pending == 0 else 0
+        if quiet >= 2 or time.monotonic() > deadline:
+            return time.monotonic() - began, pending
+        await asyncio.sleep(1.0)
 
 
 async def _fill(run: dict, jobs: int, clients: int, full_until: float) -> None:
@@ -219,7 +237,8 @@ def markdown(rows: list[dict], command: str) -> str:
         "## Deep backlog: a freed GPU's next job with thousands waiting",
         "",
         f"`{command}` — a real `gpupool up` on {nodes} simulated nodes × {GPUS_PER_NODE} GPUs per depth; {gpus} + "
-        f"depth one-GPU jobs submitted over HTTP ({gpus} run, the rest wait), then running jobs completed one at a "
+        f"depth one-GPU jobs submitted over HTTP ({gpus} run, the rest wait); once every bus consumer has taken in "
+        f"what the fill published{_settled(rows)}, running jobs are completed one at a "
         "time, each timed until the next job started (`job.started` on NATS); the agent samples every GPU's "
         f"telemetry every {base.get('telemetry_s', 2.0):g} s throughout. Every scheduling cycle considers the "
         f"whole backlog. Machine: {benchdoc.machine()}. The first depth is the baseline of the ratios (same command, "
@@ -247,6 +266,15 @@ def markdown(rows: list[dict], command: str) -> str:
               "and still orders and considers every waiting job (the core's `schedule` is one pass over them with "
               "per-shape memos) and records the cycle's input for replay (as a delta against a keyframe).", END]
     return "\n".join(lines)
+
+
+def _settled(rows: list[dict]) -> str:
+    waited = [r["settle_s"] for r in rows if "settle_s" in r]
+    if not waited:
+        return ""
+    unsettled = [f"{r['unsettled_events']} at depth {r['depth']}" for r in rows if r.get("unsettled_events")]
+    return f" (up to {max(waited):.0f} s" + (f"; still pending at the deadline: {', '.join(unsettled)}" if unsettled
+                                             else "") + ")"
 
 
 def _cycle_cell(row: dict) -> str:

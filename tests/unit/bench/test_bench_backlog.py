@@ -41,3 +41,12 @@ def test_placement_metrics_are_summed_per_part() -> None:
         'gpupool_scheduling_cycle_part_seconds_sum{part="store"} 0.25',
     ])
     assert cycle_sums(text) == {"cycles": 4.0, "total": 0.5, "load": 0.1, "store": 0.25}
+
+
+def test_the_wait_for_the_consumers_is_stated_and_a_deadline_that_cut_it_short_too() -> None:
+    settled = [row(100, 40.0, 10.0) | {"settle_s": 12.4, "unsettled_events": 0},
+               row(10_000, 90.0, 20.0) | {"settle_s": 31.0, "unsettled_events": 0}]
+    assert "what the fill published (up to 31 s), running jobs" in markdown(settled, "gpupool bench backlog")
+    cut = [settled[0], settled[1] | {"settle_s": 600.0, "unsettled_events": 812}]
+    assert "(up to 600 s; still pending at the deadline: 812 at depth 10000)" in markdown(cut, "gpupool bench backlog")
+    assert "what the fill published, running jobs" in markdown([row(100, 40.0, 10.0)], "gpupool bench backlog")
