@@ -207,8 +207,9 @@ class PlacementHandlers(PlacementQueries):
 
     async def _job_finished(self, event: CloudEvent, job_id: str, reason: str, at) -> None:
         async with self.rt.uow() as uow:
-            uow.after_commit(self._wake)
-            await self._release(uow, job_id, reason, at, finished=True)  # and never want it again
+            released, stopping = await self._release(uow, job_id, reason, at, finished=True)  # never wanted again
+            if released or not stopping:  # work asked to stop frees its GPUs later (`on_work_exited` wakes then)
+                uow.after_commit(self._wake)
 
     async def on_job_scaled(self, event: CloudEvent, data: JobScaled) -> None:
         """More replicas: the missing ones become pending units. Fewer: the highest-numbered ones go."""
@@ -220,10 +221,12 @@ class PlacementHandlers(PlacementQueries):
             await self._release(uow, data.job_id, "ScaledDown", utcnow(), min_replica=wanted)
             await store.refresh_satisfied(uow.conn, data.job_id)
 
-    async def _release(self, uow, job_id: str, reason: str, at, **which) -> int:  # type: ignore[no-untyped-def]
+    async def _release(self, uow, job_id: str, reason: str, at, **which) -> tuple[int, int]:  # type: ignore[no-untyped-def]
         """Release the job's live allocations (or `which` of them) with their events, in the caller's unit of
         work. Allocations that run work are not released here but asked to stop (`_stop`): their GPUs go back
-        when the agent reports the work's cgroup empty (`on_work_exited`), unless the node is gone."""
+        when the agent reports the work's cgroup empty (`on_work_exited`), unless the node is gone. Returns
+        (allocations released, allocations asked to stop)."""
+        stopping: list = []
         if reason in RELEASE_AT_ONCE:
             released = await store.release(uow.conn, job_id, reason, at, **which)
         else:  # in one statement: those without work released, those with work asked to stop
@@ -231,7 +234,7 @@ class PlacementHandlers(PlacementQueries):
                                                              max_grace_s=self.settings.max_stop_grace_s, **which)
             await self._announce_stopping(uow, job_id, reason, stopping)
         await self._announce_releases(uow, job_id, reason, released)
-        return len(released)
+        return len(released), len(stopping)
 
     async def _announce_releases(self, uow, job_id: str, reason: str, released, exit: WorkExit | None = None,  # type: ignore[no-untyped-def]
                                  remaining: int | None = None) -> None:
@@ -268,10 +271,10 @@ class PlacementHandlers(PlacementQueries):
         """The agent says the allocation's work ended and its cgroup is empty: now its GPUs may go back. The
         release carries the exit; a failed gang member stops the others (domain.on_work_end)."""
         async with self.rt.uow() as uow:
-            uow.after_commit(self._wake)
             alloc = await store.work_allocation(uow.conn, data.allocation_id)
             if alloc is None or alloc["released_at"] is not None:
-                return  # unknown, or released already (its node was lost, or a report timed out)
+                return  # unknown, or released already (its node was lost, or a report timed out): nothing freed
+            uow.after_commit(self._wake)
             end = on_work_end(stop_reason=alloc["preempt_reason"], exit_reason=data.exit.reason,
                               gang_nodes=alloc["gang_nodes"])
             released = await store.release(uow.conn, data.job_id, end.reason, utcnow(),
@@ -673,7 +676,7 @@ class PlacementHandlers(PlacementQueries):
                 return Reply.success({"allocation_id": cmd.allocation_id, "released": 0})
             # one replica of a replicated job goes alone; a single job or a gang goes whole
             which = {"replica": row["replica"]} if row["replica_set"] else {}
-            released = await self._release(uow, row["job_id"], cmd.reason, utcnow(), **which)
+            released, _ = await self._release(uow, row["job_id"], cmd.reason, utcnow(), **which)
             await store.refresh_satisfied(uow.conn, row["job_id"], after_release=True)
         self._kick.set()
         return Reply.success({"allocation_id": cmd.allocation_id, "released": released})

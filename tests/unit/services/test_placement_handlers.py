@@ -17,6 +17,7 @@ from libs.contracts.events import (
     AllocationPreempting,
     AllocationReleased,
     JobCancelled,
+    JobCompleted,
     JobSubmitted,
     NodeLost,
 )
@@ -167,3 +168,19 @@ async def test_reclamation_releases_a_live_allocation_once_and_an_unknown_one_is
     assert missing.error is not None and (missing.error.status, missing.error.reason) == (404, "AllocationNotFound")
     bad = await rt.request(subjects.CMD_PLACEMENT_RELEASE_ALLOCATION, {"allocation_id": "a1", "reason": "not a code"})
     assert bad.error is not None and bad.error.status == 400 and len(rt.emitted()) == 1
+
+
+async def test_a_finished_job_wakes_the_cycle_only_when_it_freed_gpus_now(placement) -> None:  # type: ignore[no-untyped-def]
+    """A job whose work is asked to stop frees nothing yet: a cycle then would place nothing (with thousands
+    waiting, a whole cycle for nothing); the agent's report of the exit wakes it. One holding GPUs without work
+    frees them at once and wakes it."""
+    rt, fake, h = placement
+    hold(fake, "w1", "j-work", work=True)
+    await rt.deliver(JobCompleted(job_id="j-work", team="research", completed_at=NOW))
+    assert [e.allocation_id for e in rt.emitted(AllocationPreempting)] == ["w1"] and not h._kick.is_set()
+    hold(fake, "p1", "j-plain")
+    await rt.deliver(JobCompleted(job_id="j-plain", team="research", completed_at=NOW))
+    assert [e.allocation_id for e in rt.emitted(AllocationReleased)] == ["p1"] and h._kick.is_set()
+    h._kick.clear()
+    await rt.deliver(JobCancelled(job_id="j-none", team="research", reason="typo", cancelled_at=NOW))
+    assert h._kick.is_set()  # nothing held: it may have been waiting (a reservation for it goes)
