@@ -54,6 +54,15 @@ Row = Mapping[str, Any]
 NO_NODE_OFFERS_ISOLATION = "NoNodeOffersIsolation"
 
 
+def gather_wait(kicked_while_busy: bool, last_cycle_s: float, floor_s: float, cap_s: float) -> float:
+    """How long the scheduling loop lets events gather after a wake. One that came while the last cycle ran means
+    changes arrive faster than cycles: wait as long as that cycle took (capped), so cycles use at most about half of
+    the time and each handles more jobs. One that found the loop idle is a lone change — a freed GPU whose next job
+    waits — or a burst's first: only the floor (at fleet size, waiting a ~100 ms cycle's length there added 50 ms
+    to every turnover)."""
+    return max(floor_s, min(last_cycle_s, cap_s)) if kicked_while_busy else floor_s
+
+
 def unit_id(job_id: str, replica: int, replica_set: bool) -> str:
     """What the core schedules: a whole job (single or gang), or one replica of a replica set (a service)."""
     return f"{job_id}#{replica}" if replica_set else job_id

@@ -81,6 +81,7 @@ from services.placement.domain import (
     decided_cycle,
     gang_ready,
     gang_start_due,
+    gather_wait,
     on_work_end,
     order_still_holds,
     replica_back_off,
@@ -412,12 +413,11 @@ class PlacementHandlers(PlacementQueries):
     async def scheduling_loop(self) -> None:
         took = 0.0
         while True:
+            busy = self._kick.is_set()  # a change came in while the last cycle ran
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=self.settings.cycle_interval_s)
-            # Let the events of a burst gather: one cycle for many of them instead of one each. Under load, wait as
-            # long as the last cycle took (capped): cycles then use at most about half of the time and each one
-            # handles more jobs, while an idle queue still gets its cycle after `cycle_gather_s`.
-            await asyncio.sleep(max(self.settings.cycle_gather_s, min(took, self.settings.cycle_gather_max_s)))
+            # let the events of a burst gather: one cycle for many of them instead of one each (`gather_wait`)
+            await asyncio.sleep(gather_wait(busy, took, self.settings.cycle_gather_s, self.settings.cycle_gather_max_s))
             self._kick.clear()
             if self.lease is not None and not self.lease.is_leader:
                 took = 0.0
