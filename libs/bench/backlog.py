@@ -88,6 +88,7 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
     sums_before = cycle_counters(run)
     before = meter.sample()
     latencies: list[float] = []
+    began_at: list[float] = []  # each turnover's start, seconds into the phase
     running = list(order)
     t1 = time.monotonic()
     for _ in range(turnovers):
@@ -105,6 +106,7 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
                 except TimeoutError:
                     raise RuntimeError(f"no job started within 60 s of completing {job_id} (backlog {depth})") from None
         latencies.append(started[order[seen]] - began)
+        began_at.append(began - t1)
         running += order[seen:]
     wall = time.monotonic() - t1
     after = meter.sample()
@@ -123,7 +125,9 @@ async def measure(run: dict, depth: int, turnovers: int, clients: int, gpus: int
             "cycle_mean_ms": round(spent["total"] * 1000 / cycles, 1) if cycles else None,
             "cycle_parts_mean_ms": {k: round(v * 1000 / cycles, 1) for k, v in spent.items()
                                     if k not in ("cycles", "total")} if cycles else {},
-            "cpu_ms_per_turnover": cpu, "settle_s": round(settle_s, 1), "unsettled_events": unsettled}
+            "cpu_ms_per_turnover": cpu, "settle_s": round(settle_s, 1), "unsettled_events": unsettled,
+            "next_start_ms": [round(x * 1000, 1) for x in latencies],  # every turnover, in order
+            "turnover_at_s": [round(x, 2) for x in began_at]}
 
 
 async def settle(nc, deadline: float) -> tuple[float, int]:  # type: ignore[no-untyped-def]
@@ -254,6 +258,10 @@ def markdown(rows: list[dict], command: str) -> str:
                      f"{r['next_start_max_ms']:.0f} ms | {cpu.get('placement', 0):.1f} | {cpu.get('postgres', 0):.1f} | "
                      f"{r['cycles_per_turnover']:.2f} | "
                      f"{_cycle_cell(r)} |")
+    for r in rows:
+        if r.get("next_start_ms"):
+            lines += ["", f"Every turnover at {r['depth']} waiting, in order (ms): "
+                      + ", ".join(f"{x:.0f}" for x in r["next_start_ms"]) + "."]
     if len(rows) > 1:
         deep = rows[-1]
         ratio = deep["depth"] / max(base["depth"], 1)

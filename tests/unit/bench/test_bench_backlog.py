@@ -50,3 +50,8 @@ def test_the_wait_for_the_consumers_is_stated_and_a_deadline_that_cut_it_short_t
     cut = [settled[0], settled[1] | {"settle_s": 600.0, "unsettled_events": 812}]
     assert "(up to 600 s; still pending at the deadline: 812 at depth 10000)" in markdown(cut, "gpupool bench backlog")
     assert "what the fill published, running jobs" in markdown([row(100, 40.0, 10.0)], "gpupool bench backlog")
+
+
+def test_every_turnover_is_published_in_order() -> None:
+    text = markdown([row(100, 40.0, 10.0) | {"next_start_ms": [41.2, 38.9, 2011.0]}], "gpupool bench backlog")
+    assert "Every turnover at 100 waiting, in order (ms): 41, 39, 2011." in text
