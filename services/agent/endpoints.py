@@ -53,7 +53,9 @@ async def _probe(check: HealthCheck, host: str, ports: dict[str, int], *, env: d
                  uid: int | None) -> tuple[bool, str]:
     if check.exec is not None:
         return await _exec(check.exec, env=env, uid=uid)
-    name = check.tcp or check.port or next(iter(ports))
+    name = check.tcp or check.port or next(iter(ports), None)
+    if name is None or name not in ports:  # none given to it (yet), or gone with its allocation: unhealthy, not a crash
+        return False, f"no port {name or ''} to probe".replace("  ", " ")
     port = ports[name]
     reader, writer = await asyncio.open_connection(host or "127.0.0.1", port)
     try:

@@ -160,3 +160,12 @@ async def test_a_replica_placement_stops_is_drained_first_and_never_restarted() 
     assert not await h.keeper.ended(g, "Stopped", final=False)
     assert h.relaunched == [] and h.kinds() == ["ready", "unready:Draining"]  # no second unready
     h.keeper.forget("a1")
+
+
+async def test_a_probe_with_no_port_to_reach_is_unhealthy_not_a_crashed_watch() -> None:
+    """A replica whose ports are not (or no longer) known: its watch used to die of a StopIteration."""
+    from services.agent.endpoints import probe
+
+    assert await probe(HealthCheck(http="/health"), "127.0.0.1", {}, env={}, uid=None) == (False, "no port to probe")
+    assert await probe(HealthCheck(tcp="grpc"), "127.0.0.1", {"http": 1}, env={}, uid=None) == (
+        False, "no port grpc to probe")
