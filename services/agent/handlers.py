@@ -130,9 +130,8 @@ async def live_snapshot(nc: NatsClient, subscribed_at: float, scope: tuple[str, 
     """The live allocations of `scope` ((cluster, node), or None: the whole listing shared by a process's nodes)."""
     snap = _SNAPSHOTS.setdefault(scope, _Snapshot())
     failed = snap.task is not None and snap.task.done() and (snap.task.cancelled() or snap.task.exception())
-    if failed and time.monotonic() < snap.retry_at:
-        pass  # the process's back-off: the failure stands until it ends
-    elif snap.task is None or snap.started < subscribed_at or failed:
+    backing_off = failed and time.monotonic() < snap.retry_at  # the failure stands until the back-off ends
+    if not backing_off and (snap.task is None or snap.started < subscribed_at or failed):
         snap.started = time.monotonic()
         snap.task = asyncio.ensure_future(snap.fetch(nc, scope))
     return await asyncio.shield(snap.task)
