@@ -290,7 +290,6 @@ class PlacementHandlers(PlacementQueries):
             await store.refresh_satisfied(uow.conn, data.job_id, after_release=True)
             if end.reason == "WorkFailed":
                 await self._back_off(uow, data)
-        self._kick.set()
 
     async def on_work_ready(self, event: CloudEvent, data: WorkReady) -> None:
         """A gang member's grant is applied on its node. Once every member is, each gets `allocation.gang_ready`
