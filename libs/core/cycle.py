@@ -106,9 +106,10 @@ def _rare_tail(counts: Mapping[tuple, float], kept: set) -> tuple[WorkloadShape,
 
 
 def derive_typical(jobs: Iterable[JobRequest], limit: int = 64,
-                   spec_of: Callable[[JobRequest], tuple] = request_spec) -> tuple[WorkloadShape, ...]:
+                   spec_of: Callable[[JobRequest], tuple] = request_spec,
+                   coverage: float = TYPICAL_COVERAGE) -> tuple[WorkloadShape, ...]:
     """The typical-request mix of `jobs`: `typical_requests` over their `request_spec`s."""
-    return typical_requests(Counter(map(spec_of, jobs)), limit)
+    return typical_requests(Counter(map(spec_of, jobs)), limit, coverage)
 
 
 def mix_of(jobs: Iterable[JobRequest], policy: Policy,
@@ -125,11 +126,12 @@ def mix_of(jobs: Iterable[JobRequest], policy: Policy,
             by = memo[spec_of] = ByObject(spec_of)
         specs = by.of(jobs)
         if typical:
-            return typical_requests(Counter(specs), 2 * policy.max_workload_shapes)
+            return typical_requests(Counter(specs), 2 * policy.max_workload_shapes, policy.setting("typical_coverage"))
         known = dict(zip(map(id, jobs), specs, strict=True))
         spec_of = lambda j: known[id(j)]  # noqa: E731 (the specs just worked out, by the very request)
     if typical:
-        return derive_typical(jobs, 2 * policy.max_workload_shapes, spec_of)  # type: ignore[arg-type]
+        return derive_typical(jobs, 2 * policy.max_workload_shapes, spec_of,  # type: ignore[arg-type]
+                              policy.setting("typical_coverage"))
     return derive_workload(jobs, policy.max_workload_shapes, spec_of)
 
 

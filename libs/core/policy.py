@@ -106,35 +106,37 @@ _PRESETS: dict[str, dict] = {
     "fifo": dict(
         order="fifo", fit="first", head_of_line=True, preemption=False, backfill=False,
         w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score", typical_mix=False,
-        scarce_hosts=0,
+        typical_coverage=0.95, scarce_hosts=0,
     ),
     # Priority then submit time; the node (and GPU) left with the least free capacity; no preemption.
     "best-fit": dict(
         order="priority", fit="score", head_of_line=False, preemption=False, backfill=False,
         w_binpack=1.0, w_spread=0.0, w_topology=0.0, w_frag=0.0, frag_ties="score", typical_mix=False,
-        scarce_hosts=0,
+        typical_coverage=0.95, scarce_hosts=0,
     ),
     # gpupool: priority -> fair share -> submit -> id; fragmentation scored as FGD's artifact scores it (whole
     # numbers, int(sigmoid(fall of the expected fragmentation in GPUs) x 100), ties to the lowest node index, which
-    # packs) against FGD's typical requests; the last node able to run a shape of the workload (`scarce_hosts`) is
-    # not broken by smaller work that fits elsewhere; topology as a tie-break inside one whole point;
-    # reservations with backfill; preemption within teams and to reclaim guarantees.
+    # packs) against the most common exact requests (FGD's typical requests, not cut at 95%); a request without
+    # GPUs goes, among tied choices, to the node whose GPUs are the most in use (`frag_ties="busy"`); the last node
+    # able to run a shape of the workload (`scarce_hosts`) is not broken by smaller work that fits elsewhere;
+    # topology as a tie-break inside one whole point; reservations with backfill; preemption within teams and to
+    # reclaim guarantees.
     "default": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
-        w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="index", typical_mix=True,
-        scarce_hosts=2,
+        w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="busy", typical_mix=True,
+        typical_coverage=1.0, scarce_hosts=2,
     ),
     # FGD as published: as default without the topology weight, and fragmentation measured against FGD's typical
     # requests (exact requests covering 95% of the jobs, CPU-only ones included) instead of every GPU shape.
     "fgd": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
         w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=1.0, frag_ties="index", typical_mix=True,
-        scarce_hosts=0,
+        typical_coverage=0.95, scarce_hosts=0,
     ),
     "spread": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
         w_binpack=0.0, w_spread=1.0, w_topology=0.3, w_frag=0.0, frag_ties="score", typical_mix=False,
-        scarce_hosts=0,
+        typical_coverage=0.95, scarce_hosts=0,
     ),
 }
 
@@ -153,13 +155,18 @@ class Policy:
     w_frag: float | None = None
     # "score": the fall in fragmentation is a continuous score and packing breaks near-ties toward the fuller node;
     # "index": FGD's whole-number score, ties to the lowest node index, the kinds' packing weights unused while
-    # fragmentation is scored (w_frag > 0)
+    # fragmentation is scored (w_frag > 0); "busy": as "index", but a request without GPUs goes, among tied
+    # choices, to the node whose GPUs are the most in use first (it needs none of them, so it takes host CPU and
+    # memory where the GPUs are taken already, not where GPU work still needs them)
     frag_ties: str | None = None
     # The mix fragmentation is measured against. False: the most common GPU shapes, each by how often it occurs
     # (`derive_workload`; rare big shapes keep their weight). True: FGD's typical requests (`derive_typical`): the
     # exact requests covering 95% of the jobs with CPU-only ones, each by its share of all jobs — FGD's published
     # fill, but rare big shapes drop out and whole nodes are no longer kept for them.
     typical_mix: bool | None = None
+    # With `typical_mix`: the share of all jobs the typical requests cover, most common first (FGD's 0.95; 1.0:
+    # every exact request, up to 2 x max_workload_shapes of them), each still weighted by its share of all jobs.
+    typical_coverage: float | None = None
     # Scarce hosts: when at most this many nodes can run a whole-GPU shape of the workload now (rare shapes too),
     # smaller work that fits on another node does not take the last of them (a preference before the score, not a
     # hold: work that fits nowhere else still goes there). 0: off.

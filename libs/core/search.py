@@ -268,7 +268,8 @@ class PlacementSearch:
         self._w_spread = p.setting("w_spread")
         self._w_topology = p.setting("w_topology")
         self._max_candidates = p.max_candidates
-        self._frag_index = p.setting("frag_ties") == "index"
+        self._frag_index = p.setting("frag_ties") in ("index", "busy")
+        self._frag_busy = p.setting("frag_ties") == "busy" and self._w_frag > 0
         self._scarce_limit = p.setting("scarce_hosts")
         self._mode_v = self._mode()
 
@@ -303,9 +304,12 @@ class PlacementSearch:
         return best
 
     def _score(self, cid: int, dyn: tuple, mask: int, rep, choice: Choice, shape: Shape,
-               domain: str | None, pack: float) -> float:
+               domain: str | None, pack: float) -> tuple[float, float]:
+        """(score, tie): `tie` orders choices of equal score before the lowest node index does — under
+        `frag_ties="busy"` a request without GPUs prefers the node whose GPUs are the most in use; else 0."""
         cls = self.state.classes[cid]
         after = apply_choice(cls, dyn, choice, shape)
+        tie = used_share(cls, dyn) if self._frag_busy and shape.kind == CPU_KIND else 0.0
         s = 0.0
         w_frag = self._w_frag
         if w_frag:
@@ -335,7 +339,7 @@ class PlacementSearch:
             s += wt * choice.topology
             if domain is not None:
                 s += wt * _nearness(rep.topology, domain)
-        return s
+        return s, tie
 
     def _best(self, shape: Shape, sid: int, per_node: int, allowed: frozenset, exclude: set,
               domain: str | None, pack: float):
@@ -372,7 +376,7 @@ class PlacementSearch:
                 if rep is None:
                     continue
                 if mode == "first":
-                    k = (1, 0.0, -rep.idx)
+                    k = (1, 0.0, 0.0, -rep.idx)
                     if best_key is None or k > best_key:
                         best_key, best = k, (rep.idx, cands[0])
                     continue
@@ -380,7 +384,7 @@ class PlacementSearch:
                 guard = cid in scarce
                 for c in cands:
                     k = (0 if guard and self._breaks_scarce(cid, dyn, rep, c, shape, hosts) else 1,
-                         self._score(cid, dyn, mask, rep, c, shape, domain, pack), -rep.idx)
+                         *self._score(cid, dyn, mask, rep, c, shape, domain, pack), -rep.idx)
                     if best_key is None or k > best_key:
                         best_key, best = k, (rep.idx, c)
                 seen += 1

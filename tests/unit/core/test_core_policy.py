@@ -270,3 +270,23 @@ def test_default_scores_fragmentation_in_whole_numbers_and_gives_ties_to_the_low
     plan = schedule(snapshot(nodes, running=half), [job("f", 1, gpu_fraction_milli=500, gpu_memory_mib=1000)],
                     Policy(workload=shapes), now=0.0)
     assert [(p.node, p.gpu_uuids) for p in plan.placements] == [("b", ("b-gpu0",))]
+
+
+def test_default_gives_a_gpu_less_request_s_tie_to_the_node_whose_gpus_are_busiest() -> None:
+    from libs.core import WorkloadShape
+
+    shapes = (WorkloadShape(gpus=1, gpu_milli=1000, weight=1.0, cpu_milli=4000),)
+    # both nodes keep room for the 1-GPU shape whichever takes the CPU-only job: the same FGD score
+    nodes = [node("a", 4, cpu=64_000), node("b", 4, cpu=64_000), node("c", 4, cpu=64_000)]
+    held = [running("r1", "b", [0]), running("r2", "c", [0, 1, 2])]
+    cpu_only = [job("etl", 0, cpu_milli=8000)]
+
+    def where(policy: Policy, running_=held) -> str:
+        return [p.node for p in schedule(snapshot(nodes, running=running_), cpu_only, policy, now=0.0).placements][0]
+
+    assert where(Policy(workload=shapes)) == "c"  # default: where the GPUs are taken already
+    assert where(Policy(name="fgd", workload=shapes)) == "a"  # FGD as published: the lowest index
+    assert where(Policy(workload=shapes, frag_ties="index")) == "a"
+    # a real difference in fragmentation still decides: c's last GPU would lose the CPU the shape asks for
+    tight = [running("r1", "b", [0]), running("r2", "c", [0, 1, 2], cpu_milli=54_000)]
+    assert where(Policy(workload=shapes), tight) == "b"

@@ -22,8 +22,12 @@ def test_the_most_common_requests_until_they_cover_95_percent_and_the_rest_count
     assert [(w.gpus, w.weight) for w in derive_typical(jobs, limit=1)] == [(1, 0.6), (8, 0.0)]
     gpu, gpuless = mix_probabilities(mix)
     assert [(p, w.gpus) for p, w in gpu] == [(0.6, 1), (0.0, 8)] and gpuless == pytest.approx(0.36)  # not renormalised
-    # the policy decides the rule: FGD's typical requests for default and fgd; by count, every GPU shape, for others
-    assert mix_of(jobs, Policy()) == mix_of(jobs, Policy(name="fgd")) == mix
+    # the policy decides the rule: FGD's typical requests for fgd; for default the same requests not cut at 95%
+    # (each still by its share of all jobs, so the rare one counts by how rare it is); by count, every GPU shape,
+    # for others
+    assert mix_of(jobs, Policy(name="fgd")) == mix_of(jobs, Policy(typical_coverage=0.95)) == mix
+    assert [(w.gpus, w.weight) for w in mix_of(jobs, Policy())] == [(1, 0.6), (0, 0.36), (8, 0.04)]
+    assert [(w.gpus, w.weight) for w in derive_typical(jobs, limit=2, coverage=1.0)] == [(1, 0.6), (0, 0.36), (8, 0.0)]
     assert [(w.gpus, w.weight) for w in mix_of(jobs, Policy(name="spread"))] == [(1, 60.0), (8, 4.0)]
 
 
