@@ -413,7 +413,17 @@ saw the same draw when the scarce-host rule came in: 8-GPU jobs wait longer ther
 preemption-cost rule still cuts restarts (6 against 14, 4 against 29, 10 against 18) and protects the p99 on seed
 2 (1.00 against 1.19); soft holds now move nothing by more than a second; the old packing weight (0.01) is now
 better on seeds 0 and 1 (17.3 s, 50.7 s) and worse on seed 2 (42.1 s), so "the packing weight matters most" stands
-but no longer in favour of 0.03 on every draw. Left open."""
+but no longer in favour of 0.03 on every draw. Left open.
+
+Measured again on 2026-12-06 after CPU-only ties to busy nodes and the uncut typical mix (docs/sim.md, "CPU-only
+ties to busy nodes, and the whole mix"; the rows above). Team seed 1 no longer starves its 8-GPU jobs: 46.2 s
+against best-fit's 49.8 s (it was 193 s, JCT p99 1.17x, now 1.00x). `default` queues less than `best-fit` on all
+four draws (15.1, 46.2, 36.0, 19.1 s against 49.8 and 44.5 s) with mean JCT within 0.4%; on team seed 0 its JCT
+p99 is 1.07x (125,581 s against 116,945 s: one long job restarted later). The preemption-cost rule still cuts
+restarts (8 against 21, 6 against 20, 5 against 27, 5 against 24) and protects the p99 (1.00 against 1.14 and
+1.19 on seeds 1 and 2). The old packing weight (0.01) is now worse on seed 1 (86.9 s) and 10 nodes (22.8 s).
+Another draw of this size does regress: 10 nodes, team seed 2 (docs/sim.md, "Scarce hosts": 190 s against 33 s
+before), where 8-GPU jobs needing 88 cores wait behind long work on the few nodes able to hold them. Left open."""
 
 
 def main(argv: list[str] | None = None) -> int:
