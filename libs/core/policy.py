@@ -126,8 +126,8 @@ _PRESETS: dict[str, dict] = {
         w_binpack=0.0, w_spread=0.0, w_topology=0.3, w_frag=1.0, frag_ties="busy", typical_mix=True,
         typical_coverage=1.0, scarce_hosts=2,
     ),
-    # FGD as published: as default without the topology weight, and fragmentation measured against FGD's typical
-    # requests (exact requests covering 95% of the jobs, CPU-only ones included) instead of every GPU shape.
+    # FGD as published: as default without the topology weight, scarce hosts or busy-node ties (every tie to the
+    # lowest index), against FGD's typical requests cut at 95% of the jobs (CPU-only ones included).
     "fgd": dict(
         order="fair", fit="score", head_of_line=False, preemption=True, backfill=True,
         w_binpack=0.0, w_spread=0.0, w_topology=0.0, w_frag=1.0, frag_ties="index", typical_mix=True,
@@ -161,8 +161,8 @@ class Policy:
     frag_ties: str | None = None
     # The mix fragmentation is measured against. False: the most common GPU shapes, each by how often it occurs
     # (`derive_workload`; rare big shapes keep their weight). True: FGD's typical requests (`derive_typical`): the
-    # exact requests covering 95% of the jobs with CPU-only ones, each by its share of all jobs — FGD's published
-    # fill, but rare big shapes drop out and whole nodes are no longer kept for them.
+    # exact requests covering `typical_coverage` of the jobs with CPU-only ones, each by its share of all jobs —
+    # FGD's published fill at 0.95, where rare big shapes drop out (to weight 0: `scarce_hosts` still knows them).
     typical_mix: bool | None = None
     # With `typical_mix`: the share of all jobs the typical requests cover, most common first (FGD's 0.95; 1.0:
     # every exact request, up to 2 x max_workload_shapes of them), each still weighted by its share of all jobs.

@@ -276,7 +276,7 @@ def test_default_gives_a_gpu_less_request_s_tie_to_the_node_whose_gpus_are_busie
     from libs.core import WorkloadShape
 
     shapes = (WorkloadShape(gpus=1, gpu_milli=1000, weight=1.0, cpu_milli=4000),)
-    # both nodes keep room for the 1-GPU shape whichever takes the CPU-only job: the same FGD score
+    # every node keeps room for the 1-GPU shape whichever takes the CPU-only job: the same FGD score
     nodes = [node("a", 4, cpu=64_000), node("b", 4, cpu=64_000), node("c", 4, cpu=64_000)]
     held = [running("r1", "b", [0]), running("r2", "c", [0, 1, 2])]
     cpu_only = [job("etl", 0, cpu_milli=8000)]
